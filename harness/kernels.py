@@ -1,0 +1,160 @@
+"""Kernel classification (patterns as data) and GEMM kernel-name decoding.
+
+Classification
+--------------
+`PATTERNS` is an ordered tuple of ``(Category, regex)`` pairs; the first regex that
+matches a kernel's name wins (searched case-insensitively in the demangled name, which
+holds the template arguments: a PyTorch ``vectorized_elementwise_kernel`` only says
+*which* functor it runs there).  Order matters: ``triton_softmax_*`` must be softmax
+before ``fusion`` makes it elementwise, ``gemm_fusion_*`` GEMM before elementwise,
+``input_reduce_fusion`` reduction before elementwise.
+
+One rule is phase-aware (`PHASE_RULES`): XLA fuses the whole optimizer update into
+fusions named after HLO ops (``loop_multiply_fusion``, ``fusion_12``...), which the name
+alone would call elementwise; inside the ``optimizer`` range they are the optimizer.
+
+GEMM names and the products of a linear layer
+---------------------------------------------
+cuBLAS is column-major, PyTorch and XLA row-major.  For ``Y = X W^T`` with the weight
+stored ``[out, in]`` (``nn.Linear``), the row-major product is computed as the
+column-major ``Y^T = W X^T``, so the forward GEMM reads the weight transposed: ``tn``.
+Backward ``dX = dY W`` needs no transpose: ``nn``.  ``dW = dY^T X`` transposes the second
+operand: ``nt``.  So a training step shows ``tn`` kernels in forward and ``nn``/``nt``
+kernels in backward; a framework that stores weights ``[in, out]`` (Flax ``Dense``:
+``Y = X W``) shows ``nn`` forward, ``nt``/``tn`` in backward.  XLA may also pick a layout
+that changes which operand is transposed, so the pattern is evidence, not proof.
+
+Name layouts decoded by `decode_gemm` (fields a name lacks stay ``None``):
+
+- cuBLAS xmma: ``sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_...``:
+  arch, ``<A><B>_<C><accumulate>_<scale>`` types, transpose, tile.
+- cuBLAS legacy: ``ampere_sgemm_128x64_tn``, ``sm80_xmma_gemm_f32f32_tf32f32_f32_nn_...``.
+- CUTLASS: ``cutlass_80_tensorop_s1688gemm_128x128_16x5_tt_align4`` (``s1688`` = TF32
+  tensor-core math; ``h16816`` f16; ``bf16_s16816`` bf16), ``cutlass3x_sm90_...``.
+- cuBLASLt nvjet (Hopper): ``nvjet_[smXX_]tst_128x64_64x8_1x1_v_bz_coopA_TNT``: three
+  type letters ``<inputs><accumulate><output>`` (``h`` f16, ``t`` bf16, ``s`` f32),
+  CTA tile ``MxN``, and ``TN?``-style transposes (the first two letters).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Category(str, Enum):
+    """Kernel categories, in the order reports list them."""
+
+    GEMM = "gemm"
+    ATTENTION = "fused_attention"
+    SOFTMAX = "softmax"
+    NORM = "normalization"
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    OPTIMIZER = "optimizer"
+    MEMORY = "copy_memset_transpose"
+    COMMUNICATION = "communication"
+    AUTOTUNING = "autotuning"
+    OTHER = "other"
+
+
+# XLA's compile-time autotuner: redzone checks around candidate buffers, the timer's
+# delay kernel, and the buffer comparators that check candidates against a reference.
+_AUTOTUNING = r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|__?xla_\w*comparison|BufferComparator"
+_XLA_FUSION = r"(?:^|\b)(?:loop|input)_\w*fusion|(?:^|\W)fusion(?:_\d+)?\b|^wrapped_\w+"
+
+PATTERNS: tuple[tuple[Category, str], ...] = (
+    (Category.AUTOTUNING, _AUTOTUNING),
+    (Category.COMMUNICATION, r"nccl"),
+    (Category.ATTENTION, r"flash|fmha|sdpa|attention|mha_"),
+    (Category.SOFTMAX, r"softmax"),
+    (Category.NORM, r"rms_?norm|layer_?norm|RowwiseMoments|group_norm|batch_norm"),
+    (Category.GEMM, r"gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv"),
+    (Category.OPTIMIZER, r"multi_tensor_apply|fused_adam|adam|_foreach_"),
+    (Category.MEMORY, r"memcpy|memset|transpose|copy|\bcat\w*Batched|fill_kernel"),
+    (Category.REDUCTION, r"reduce|reduction|\bargmax|\bargmin|scan_kernel|cumsum"),
+    (Category.ELEMENTWISE, r"elementwise|fusion|\bwrapped_|triton_poi|silu|gelu|rotary"),
+)
+
+# (range name, category, regex): inside that range, a matching name gets the category.
+PHASE_RULES: tuple[tuple[str, Category, str], ...] = (("optimizer", Category.OPTIMIZER, _XLA_FUSION),)
+
+_COMPILED = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in PATTERNS)
+_PHASE_COMPILED = tuple((rng, cat, re.compile(rx, re.IGNORECASE)) for rng, cat, rx in PHASE_RULES)
+
+
+def classify(name: str, ranges: tuple[str, ...] = ()) -> Category:
+    """Category of kernel `name`; `ranges` are the names of the ranges containing it."""
+    for rng, cat, rx in _PHASE_COMPILED:
+        if rng in ranges and rx.search(name):
+            return cat
+    for cat, rx in _COMPILED:
+        if rx.search(name):
+            return cat
+    return Category.OTHER
+
+
+def is_autotuning(name: str) -> bool:
+    """True for XLA compile-time autotuner kernels (not part of the computation)."""
+    return classify(name) is Category.AUTOTUNING
+
+
+@dataclass(frozen=True)
+class GemmInfo:
+    """What a GEMM kernel's name says about it (``None``: the name does not say)."""
+
+    arch: str | None  # "sm80", "sm90"
+    types: str | None  # as written in the name, e.g. "bf16bf16_bf16f32_f32", "tst"
+    math: str | None  # the tensor-core input type: "bf16", "f16", "tf32", "f32"
+    transpose: str | None  # "tn", "nn", "nt", "tt" (cuBLAS column-major view)
+    tile: str | None  # CTA tile, e.g. "128x128x32" or "128x64"
+
+
+_ARCH_NAMES = {"volta": "sm70", "turing": "sm75", "ampere": "sm80", "hopper": "sm90"}
+_NVJET_LETTERS = {"h": "f16", "t": "bf16", "s": "f32", "e": "fp8"}
+_TYPE_TOKEN = r"(?:bf16|f16|f32|tf32|f64|i8|e4m3|e5m2|s8)"
+
+
+def _math_of(types: str) -> str | None:
+    for t in ("tf32", "bf16", "f16", "e4m3", "e5m2", "i8", "f64", "f32"):
+        if t in types:
+            return t
+    return None
+
+
+def decode_gemm(name: str) -> GemmInfo | None:
+    """Decode a GEMM kernel name; ``None`` when the name is not a GEMM's."""
+    if classify(name) is not Category.GEMM:
+        return None
+    arch = types = math = transpose = tile = None
+    if m := re.search(r"\bsm_?(\d{2,3})[a-z]?_|cutlass(?:3x)?_(?:sm)?(\d{2,3})_", name):
+        arch = f"sm{m.group(1) or m.group(2)}"
+    elif m := re.search(r"\b(volta|turing|ampere|hopper)_", name):
+        arch = _ARCH_NAMES[m.group(1)]
+    if m := re.search(r"nvjet_(?:sm\d+_)?([a-z])([a-z])([a-z])_(\d+x\d+)_.*?_([TN])([TN])[TN]?\b", name):
+        arch = arch or "sm90"
+        types = "".join(m.group(i) for i in (1, 2, 3))
+        math = _NVJET_LETTERS.get(m.group(1))
+        tile = m.group(4)
+        transpose = (m.group(5) + m.group(6)).lower()
+        return GemmInfo(arch, types, math, transpose, tile)
+    if m := re.search(rf"gemm_({_TYPE_TOKEN}+_{_TYPE_TOKEN}+(?:_{_TYPE_TOKEN}+)?)_", name):
+        types = m.group(1)
+        # "<A><B>_<C><compute>": the compute token (second group) is the math, e.g. tf32
+        math = _math_of(types.split("_")[1]) or _math_of(types)
+    elif m := re.search(r"(?:^|_)([shd])(\d{3,5})gemm(?:_\w*?)?(?:_(bf16|f16))?_", name):
+        # CUTLASS: <accumulator letter><mma shape>gemm[_<input type>]; s1688/s1684 is TF32
+        types = f"{m.group(1)}{m.group(2)}gemm" + (f"_{m.group(3)}" if m.group(3) else "")
+        tf32 = m.group(1) == "s" and m.group(2) in ("1688", "1684")
+        math = m.group(3) or ("tf32" if tf32 else {"h": "f16", "d": "f64"}.get(m.group(1)))
+    elif re.search(r"_(sgemm|hgemm|dgemm)", name):
+        types = re.search(r"_(sgemm|hgemm|dgemm)", name).group(1)
+        math = {"sgemm": "f32", "hgemm": "f16", "dgemm": "f64"}[types]
+    if m := re.search(r"_(tn|nn|nt|tt)(?:_|$|\b)", name):
+        transpose = m.group(1)
+    if m := re.search(r"tilesize(\d+x\d+x\d+)", name):
+        tile = m.group(1)
+    elif m := re.search(r"_(\d+x\d+)(?:_(\d+)x\d+)?_", name):
+        tile = m.group(1) + (f"x{m.group(2)}" if m.group(2) else "")
+    return GemmInfo(arch, types, math, transpose, tile)

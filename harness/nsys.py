@@ -1,0 +1,228 @@
+"""Nsight Systems: the `nsys profile` command, SQLite export, and reading the export.
+
+Also home of the profile model both sources convert to (`Profile`: kernels + ranges),
+so the nsys reader and the framework-profiler fallback (`harness.framework_profile`)
+feed the same analysis (`harness.breakdown`).
+
+Reading uses these tables of the SQLite export (missing optional tables are skipped):
+``CUPTI_ACTIVITY_KIND_KERNEL`` (required), ``CUPTI_ACTIVITY_KIND_MEMCPY``/``MEMSET``,
+``CUPTI_ACTIVITY_KIND_RUNTIME`` (which thread launched each kernel, by correlationId),
+``NVTX_EVENTS`` (eventType 59 push/pop and 60 start/end ranges; 75 names a domain),
+``StringIds`` and ``DIAGNOSTIC_EVENT`` (the importer's own warnings and errors).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BACKENDS = ("torch", "jax")
+# Range names the harness emits (NVTX, record_function or TraceAnnotation).
+WARMUP = "warmup"
+STEP_RANGES = ("step", "fused_step")
+PHASES = ("forward", "backward", "optimizer")
+ATTENTION_RANGES = ("attn_scores", "attn_softmax", "attn_values")
+HARNESS_RANGES = (WARMUP, *STEP_RANGES, *PHASES, *ATTENTION_RANGES)
+TRACE_FLAGS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none")
+# XLA's own NVTX ranges (domain "TSL") break the nsys importer ("Cannot find string for
+# an exterior index"), which then drops every kernel record; the harness's ranges live
+# in the default domain, so excluding TSL keeps kernels and phase ranges.
+JAX_FLAGS = ("--nvtx-domain-exclude=TSL",)
+NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE = 59, 60, 75
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class ProfileError(Exception):
+    """A profile that cannot be analysed; the message names the likely cause and the fix."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One GPU activity (kernel, memcpy or memset), or a CPU op when no GPU was traced."""
+
+    name: str  # demangled name where the source has one
+    start: int  # ns, same clock as the ranges
+    end: int
+    device: int = 0
+    stream: int = 0
+    thread: int | None = None  # the launching thread, where known
+
+    @property
+    def duration(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Range:
+    """One annotation range (NVTX, record_function or TraceAnnotation)."""
+
+    name: str
+    start: int  # ns
+    end: int
+    thread: int | None = None
+    domain: str = ""
+
+
+@dataclass
+class Profile:
+    """Kernels and ranges of one profiled run, whatever tool recorded them."""
+
+    path: str
+    label: str
+    source: str  # "nsys", "torch.profiler" or "jax.profiler"
+    kernels: list[Kernel]
+    ranges: list[Range]
+    notes: list[str] = field(default_factory=list)  # caveats the report repeats
+    diagnostics: list[str] = field(default_factory=list)  # errors the recorder logged
+
+
+def label_from_path(path: str | Path) -> str:
+    """The backend named in the file name ("torch", "jax"), else the file's stem."""
+    name = Path(path).name.lower()
+    found = [b for b in BACKENDS if b in name]
+    return found[0] if len(found) == 1 else Path(path).name.split(".")[0]
+
+
+def find_nsys(explicit: str | None = None) -> str:
+    """The nsys binary: `explicit`, else ``$NSYS``, else ``nsys`` on PATH."""
+    candidate = explicit or os.environ.get("NSYS") or shutil.which("nsys")
+    if candidate and Path(candidate).is_file():
+        return candidate
+    where = f" ({candidate!r} is not a file)" if candidate else ""
+    raise ProfileError(
+        f"nsys not found{where}: install Nsight Systems and put `nsys` on PATH, or set "
+        "NSYS=/path/to/nsys; without nsys, profile with --profile (framework profiler)"
+    )
+
+
+def profile_command(
+    backend: str, output: str | Path, program: Sequence[str], nsys: str | None = None
+) -> list[str]:
+    """The `nsys profile` argv that runs `program` and writes ``<output>.nsys-rep``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return [
+        find_nsys(nsys),
+        "profile",
+        *TRACE_FLAGS,
+        *(JAX_FLAGS if backend == "jax" else ()),
+        "--force-overwrite=true",
+        f"--output={output}",
+        *program,
+    ]
+
+
+def export_sqlite(report: str | Path, nsys: str | None = None) -> Path:
+    """Export ``X.nsys-rep`` to ``X.sqlite`` beside it (overwriting) and return its path."""
+    report = Path(report)
+    out = report.with_suffix(".sqlite")
+    cmd = [find_nsys(nsys), "export", "--type", "sqlite", "--force-overwrite", "true",
+           "--output", str(out), str(report)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0 or not out.is_file():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ProfileError(f"`nsys export` failed on {report}: {tail[0]} (is it an .nsys-rep "
+                           "written by this nsys version or older?)")
+    return out
+
+
+def _tables(db: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+
+
+def _diagnostics(db: sqlite3.Connection, tables: set[str]) -> list[str]:
+    """Error-level messages nsys recorded while importing (``DIAGNOSTIC_EVENT``)."""
+    if "DIAGNOSTIC_EVENT" not in tables:
+        return []
+    if "ENUM_DIAGNOSTIC_SEVERITY_LEVEL" in tables:
+        sql = ("SELECT d.text FROM DIAGNOSTIC_EVENT d JOIN ENUM_DIAGNOSTIC_SEVERITY_LEVEL e "
+               "ON d.severity = e.id WHERE e.name LIKE '%error%' OR e.name LIKE '%fatal%'")
+    else:
+        sql = "SELECT text FROM DIAGNOSTIC_EVENT WHERE text LIKE '%error%'"
+    return [r[0] for r in db.execute(sql) if r[0]]
+
+
+def _kernels(db: sqlite3.Connection, tables: set[str]) -> list[Kernel]:
+    kcols = _columns(db, "CUPTI_ACTIVITY_KIND_KERNEL")
+    name_col = "demangledName" if "demangledName" in kcols else "shortName"
+    launch = ""
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+        # correlationIds are unique per process only: match the process as well
+        same_pid = ("AND r.globalTid / 16777216 = k.globalPid / 16777216"
+                    if "globalPid" in kcols else "")
+        launch = f"LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId {same_pid}"
+    thread = "r.globalTid" if launch else "NULL"
+    sql = (f"SELECT s.value, k.start, k.end, k.deviceId, k.streamId, {thread} "
+           f"FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON k.{name_col} = s.id {launch}")
+    kernels = [Kernel(*row) for row in db.execute(sql)]
+    for table, what in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
+        if table in tables:
+            kernels += [Kernel(f"[CUDA {what}]", *row) for row in
+                        db.execute(f"SELECT start, end, deviceId, streamId FROM {table}")]
+    return sorted(kernels, key=lambda k: k.start)
+
+
+def _ranges(db: sqlite3.Connection, tables: set[str]) -> list[Range]:
+    if "NVTX_EVENTS" not in tables:
+        return []
+    cols = _columns(db, "NVTX_EVENTS")
+    text = "COALESCE(n.text, s.value)" if "textId" in cols else "n.text"
+    join = "LEFT JOIN StringIds s ON n.textId = s.id" if "textId" in cols else ""
+    domains = dict(db.execute(
+        f"SELECT domainId, text FROM NVTX_EVENTS WHERE eventType = {NVTX_DOMAIN_CREATE}"))
+    rows = db.execute(
+        f"SELECT {text}, n.start, n.end, n.globalTid, n.domainId FROM NVTX_EVENTS n {join} "
+        f"WHERE n.eventType IN ({NVTX_PUSH_POP}, {NVTX_START_END}) AND n.end IS NOT NULL")
+    return sorted((Range(name, start, end, tid, domains.get(dom) or "")
+                   for name, start, end, tid, dom in rows if name),
+                  key=lambda r: r.start)
+
+
+def _open_sqlite(path: Path, tmp: Path) -> sqlite3.Connection:
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise ProfileError(f"{path}: not a gzip file ({exc}); expected .sqlite.gz from "
+                               "`nsys export --type sqlite` then gzip") from None
+    if not raw.startswith(_SQLITE_MAGIC):
+        raise ProfileError(f"{path}: not an SQLite file; pass an .nsys-rep, or its export "
+                           "from `nsys export --type sqlite`")
+    (tmp / "profile.sqlite").write_bytes(raw)
+    return sqlite3.connect(tmp / "profile.sqlite")
+
+
+def read_sqlite(path: str | Path, label: str | None = None) -> Profile:
+    """Read an nsys SQLite export (``.sqlite`` or ``.sqlite.gz``) into a `Profile`."""
+    path = Path(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        db = _open_sqlite(path, Path(tmp))
+        try:
+            tables = _tables(db)
+            if not tables & {"StringIds", "TARGET_INFO_SESSION_START_TIME", "NVTX_EVENTS"}:
+                raise ProfileError(f"{path}: SQLite, but not an nsys export (no nsys tables)")
+            diagnostics = _diagnostics(db, tables)
+            kernels = _kernels(db, tables) if "CUPTI_ACTIVITY_KIND_KERNEL" in tables else []
+            ranges = _ranges(db, tables)
+        finally:
+            db.close()
+    if not kernels:
+        cause = f" nsys recorded: {diagnostics[0]!r}." if diagnostics else ""
+        raise ProfileError(
+            f"{path}: no CUDA kernel records.{cause} Profile with --trace=cuda on a GPU run; "
+            "for JAX add --nvtx-domain-exclude=TSL (XLA's NVTX domain makes the importer "
+            "drop every kernel)")
+    return Profile(str(path), label or label_from_path(path), "nsys", kernels, ranges,
+                   diagnostics=diagnostics)

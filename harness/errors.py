@@ -1,0 +1,21 @@
+"""Turning a backend failure into one honest line: what failed, where, at what size."""
+
+from __future__ import annotations
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An out-of-memory error from either framework (checked by name: no framework import)."""
+    name = type(exc).__name__
+    text = str(exc)
+    return name == "OutOfMemoryError" or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+
+
+def size_label(args) -> str:
+    return f"model {args.model}, batch {args.batch}, ctx {args.ctx}, {args.dtype}"
+
+
+def describe_failure(exc: BaseException, phase: str, args) -> str:
+    if is_oom(exc):
+        return f"out of memory in {phase} ({size_label(args)})"
+    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__} in {phase} ({size_label(args)}): {first_line}"

@@ -1,0 +1,159 @@
+"""One training step of jax_impl, split into separately jitted phases the harness can time.
+
+The split step is three real computations: a jitted forward returning the loss and the
+`jax.vjp` residuals, a jitted backward applying them, and a jitted AdamW update. The
+fused step (value_and_grad and update in one `jit`) is timed beside it, since XLA can
+fuse and schedule across the phase boundaries there.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import jax_impl
+from harness.config import ModelConfig
+from harness.convert import jax_param_dict, torch_to_jax
+
+PRECISION = {
+    "fp32": "everything in float32; matmul precision 'highest' (no TF32, which XLA uses by default)",
+    "tf32": "float32 storage; XLA's default matmul precision (TF32 tensor cores on Ampere and newer)",
+    "bf16": (
+        "matmul weights (every 2-D parameter but the embedding) cast to bf16 inside the jitted "
+        "step and linear inputs cast to the weight dtype, so matmuls take bf16 and give bf16; "
+        "embedding, residual stream, RMSNorm (float32 inside), softmax and loss in float32; "
+        "float32 master weights, gradients and AdamW state"
+    ),
+}
+
+
+def set_matmul_precision(dtype: str) -> None:
+    jax.config.update("jax_default_matmul_precision", "highest" if dtype == "fp32" else None)
+
+
+def compute_params(params, dtype: str):
+    """The parameters as the model sees them: bf16 matmul weights under "bf16"."""
+    if dtype != "bf16":
+        return params
+
+    def cast(path, p):
+        is_embedding = any(getattr(k, "key", None) == "token_embeddings" for k in path)
+        return p.astype(jnp.bfloat16) if p.ndim == 2 and not is_embedding else p
+
+    return jax.tree_util.tree_map_with_path(cast, params)
+
+
+class JaxSession:
+    """Model state, optimizer state and one token batch on a device, each phase jitted."""
+
+    backend = "jax"
+
+    def __init__(self, config: ModelConfig, tokens: np.ndarray, *, device: str, dtype: str, seed: int,
+                 torch_model=None):
+        set_matmul_precision(dtype)
+        self.dtype = dtype
+        self.device = jax.devices("gpu" if device == "cuda" else "cpu")[0]
+        model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(seed))
+        if torch_model is not None:
+            torch_to_jax(torch_model, model)
+        self.graphdef, params = nnx.split(model, nnx.Param)
+        self.params = jax.device_put(params, self.device)
+        self.tx = jax_impl.adamw()
+        self.opt_state = jax.device_put(self.tx.init(self.params), self.device)
+        batch = jax.device_put(jnp.asarray(tokens, dtype=jnp.int32), self.device)
+        self.inputs, self.targets = batch[:, :-1], batch[:, 1:]
+        self._vjp = None
+        self._grads = None
+        # Donating buffers is what a real training loop does; the CPU backend ignores it.
+        donate = (0, 1) if self.device.platform != "cpu" else ()
+        self._loss = jax.jit(self._loss_fn)
+        self._fwd = jax.jit(lambda p, x, y: jax.vjp(lambda q: self._loss_fn(q, x, y), p))
+        self._bwd = jax.jit(lambda vjp: vjp(jnp.ones((), jnp.float32))[0])
+        self._update = jax.jit(self._apply_update, donate_argnums=donate)
+        self._fused = jax.jit(self._fused_step, donate_argnums=donate)
+
+    def _loss_fn(self, params, inputs, targets):
+        model = nnx.merge(self.graphdef, compute_params(params, self.dtype))
+        return jax_impl.cross_entropy_loss(model(inputs), targets)
+
+    def _apply_update(self, params, opt_state, grads):
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    def _fused_step(self, params, opt_state, inputs, targets):
+        loss, grads = jax.value_and_grad(self._loss_fn)(params, inputs, targets)
+        params, opt_state = self._apply_update(params, opt_state, grads)
+        return params, opt_state, loss
+
+    def sync(self, value=None) -> None:
+        jax.block_until_ready(value if value is not None else self.params)
+
+    # -- phases ---------------------------------------------------------------------
+    def forward(self, *, grad: bool = True) -> jax.Array:
+        if not grad:
+            return self._loss(self.params, self.inputs, self.targets)
+        loss, self._vjp = self._fwd(self.params, self.inputs, self.targets)
+        return loss
+
+    def backward(self) -> jax.Array:
+        self._grads, self._vjp = self._bwd(self._vjp), None
+        return self._grads
+
+    def optimizer_step(self):
+        self.params, self.opt_state = self._update(self.params, self.opt_state, self._grads)
+        self._grads = None
+        return self.params
+
+    def zero_grad(self) -> None:
+        self._grads = None
+
+    def fused_step(self) -> jax.Array:
+        self.params, self.opt_state, loss = self._fused(self.params, self.opt_state, self.inputs, self.targets)
+        return loss
+
+    plain_step = fused_step
+
+    # -- memory ---------------------------------------------------------------------
+    def reset_peak_memory(self) -> None:
+        """XLA's allocator keeps one high-water mark per process; it cannot be reset."""
+
+    def peak_memory(self) -> int | None:
+        stats = self.device.memory_stats()
+        return stats.get("peak_bytes_in_use") if stats else None
+
+    # -- values for parity ----------------------------------------------------------
+    def logits(self) -> np.ndarray:
+        fn = jax.jit(lambda p, x: nnx.merge(self.graphdef, compute_params(p, self.dtype))(x))
+        return np.asarray(fn(self.params, self.inputs), dtype=np.float32)
+
+    def loss_and_grads(self) -> tuple[float, dict[str, np.ndarray]]:
+        loss, grads = jax.jit(jax.value_and_grad(self._loss_fn))(self.params, self.inputs, self.targets)
+        return float(loss), {k: np.asarray(v, np.float32) for k, v in _flat(grads).items()}
+
+    def params_dict(self) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v, np.float32) for k, v in _flat(self.params).items()}
+
+    def device_name(self) -> str | None:
+        return getattr(self.device, "device_kind", None) if self.device.platform == "gpu" else None
+
+    def versions(self) -> dict:
+        import flax
+
+        return {"jax": jax.__version__, "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None,
+                "flax": flax.__version__, "optax": optax.__version__}
+
+
+def _flat(state) -> dict[str, jax.Array]:
+    return {".".join(str(k) for k in path): v[...] if hasattr(v, "__getitem__") and not isinstance(v, jax.Array) else v
+            for path, v in nnx.to_flat_state(state)}
+
+
+def is_oom(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, jax.errors.JaxRuntimeError) and ("RESOURCE_EXHAUSTED" in text or "Out of memory" in text)
+
+
+__all__ = ["JaxSession", "PRECISION", "compute_params", "is_oom", "jax_param_dict"]

@@ -1,0 +1,154 @@
+"""The Transformer LM in Flax NNX: pre-norm blocks, RoPE, SwiGLU, RMSNorm, untied head.
+
+Parameter names and layouts match `torch_impl/model.py` one to one (linear weights are
+stored [d_out, d_in] and applied as y = x W^T), so weight conversion is a plain copy.
+The model computes in the dtype of its parameters; mixed precision is applied from
+outside by casting the float32 master parameters before the call (see harness.run).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from harness.config import ModelConfig
+
+
+def trunc_normal(key: jax.Array, shape: tuple[int, ...], std: float) -> jax.Array:
+    """Truncated normal init, cut at +-3 std."""
+    return std * jax.random.truncated_normal(key, -3.0, 3.0, shape, jnp.float32)
+
+
+class Linear(nnx.Module):
+    """Bias-free linear layer, weight [d_out, d_in], std sqrt(2 / (d_in + d_out))."""
+
+    def __init__(self, d_in: int, d_out: int, *, rngs: nnx.Rngs):
+        self.weight = nnx.Param(trunc_normal(rngs.params(), (d_out, d_in), math.sqrt(2.0 / (d_in + d_out))))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        w = self.weight[...]
+        # The input takes the weight's dtype, as torch autocast does for matmuls.
+        return jnp.einsum("...i,oi->...o", x.astype(w.dtype), w)
+
+
+class Embedding(nnx.Module):
+    def __init__(self, vocab_size: int, d_model: int, *, rngs: nnx.Rngs):
+        self.weight = nnx.Param(trunc_normal(rngs.params(), (vocab_size, d_model), 1.0))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return jnp.take(self.weight[...], tokens, axis=0)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, d_model: int, eps: float):
+        self.eps = eps
+        self.weight = nnx.Param(jnp.ones((d_model,), jnp.float32))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # Computed in float32 whatever the input dtype, then cast back.
+        x32 = x.astype(jnp.float32)
+        rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (x32 * rms * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_angles(seq_len: int, d_head: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos and sin of position p times frequency theta^(-2i/d_head), each [seq, d_head/2]."""
+    inv_freq = theta ** (-jnp.arange(0, d_head, 2, dtype=jnp.float32) / d_head)
+    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate adjacent pairs (2i, 2i+1) of the last axis in place of the pair. x: (B, T, nh, hd)."""
+    x1, x2 = x[..., 0::2].astype(jnp.float32), x[..., 1::2].astype(jnp.float32)
+    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
+    out = jnp.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), axis=-1)
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+class CausalSelfAttention(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        d = config.d_model
+        self.num_heads, self.d_head = config.num_heads, config.d_head
+        self.rope_theta, self.attention = config.rope_theta, config.attention
+        self.q_proj, self.k_proj, self.v_proj = (Linear(d, d, rngs=rngs) for _ in range(3))
+        self.output_proj = Linear(d, d, rngs=rngs)
+
+    # The three steps of naive attention are separate methods so that a profiler can
+    # wrap each one from outside (the harness's --annotate-attention).
+    def scores(self, q: jax.Array, k: jax.Array) -> jax.Array:
+        return jnp.einsum("BTNH,BSNH->BNTS", q, k) * (1.0 / math.sqrt(self.d_head))
+
+    def softmax(self, scores: jax.Array) -> jax.Array:
+        T = scores.shape[-1]
+        mask = jnp.tril(jnp.ones((T, T), dtype=bool))
+        # softmax in float32, probabilities back in the input dtype (as torch does).
+        s32 = jnp.where(mask, scores.astype(jnp.float32), -jnp.inf)
+        return jax.nn.softmax(s32, axis=-1).astype(scores.dtype)
+
+    def values(self, probs: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.einsum("BNTS,BSNH->BTNH", probs.astype(v.dtype), v)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        B, T, D = x.shape
+        # (B, T, D) -> (B, T, nh, hd)
+        q, k, v = (p(x).reshape(B, T, self.num_heads, self.d_head) for p in (self.q_proj, self.k_proj, self.v_proj))
+        cos, sin = rope_angles(T, self.d_head, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        scale = 1.0 / math.sqrt(self.d_head)
+        if self.attention == "fused":
+            y = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True)
+        elif self.attention == "pallas":
+            from pallas_kernels import flash_attention
+
+            y = flash_attention(q, k, v, causal=True, sm_scale=scale)
+        else:
+            y = self.values(self.softmax(self.scores(q, k)), v)
+        return self.output_proj(y.reshape(B, T, D))
+
+
+class SwiGLU(nnx.Module):
+    def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs):
+        self.w1 = Linear(d_model, d_ff, rngs=rngs)
+        self.w2 = Linear(d_ff, d_model, rngs=rngs)
+        self.w3 = Linear(d_model, d_ff, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.w2(jax.nn.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.ln1 = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = CausalSelfAttention(config, rngs=rngs)
+        self.ln2 = RMSNorm(config.d_model, config.norm_eps)
+        self.ffn = SwiGLU(config.d_model, config.d_ff, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = x + self.attn(self.ln1(x))
+        return h + self.ffn(self.ln2(h))
+
+
+class TransformerLM(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.token_embeddings = Embedding(config.vocab_size, config.d_model, rngs=rngs)
+        self.layers = nnx.List([TransformerBlock(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.ln_final = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = Linear(config.d_model, config.vocab_size, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """tokens (B, T) int -> logits (B, T, vocab)."""
+        x = self.token_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.ln_final(x))
+
+
+def cross_entropy_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean next-token cross-entropy, computed in float32."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))

@@ -1,0 +1,154 @@
+"""The Transformer LM in PyTorch: pre-norm blocks, RoPE, SwiGLU, RMSNorm, untied head.
+
+Parameter names and layouts match `jax_impl/model.py` one to one (linear weights are
+stored [d_out, d_in] and applied as y = x W^T), so weight conversion is a plain copy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from harness.config import ModelConfig
+
+
+def trunc_normal_(weight: torch.Tensor, std: float) -> torch.Tensor:
+    """Truncated normal init, cut at +-3 std."""
+    return nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+class Linear(nn.Module):
+    """Bias-free linear layer, weight [d_out, d_in], std sqrt(2 / (d_in + d_out))."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in))
+        trunc_normal_(self.weight, math.sqrt(2.0 / (d_in + d_out)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab_size: int, d_model: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        trunc_normal_(self.weight, 1.0)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.weight[tokens]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Computed in float32 whatever the input dtype, then cast back.
+        x32 = x.float()
+        rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * rms * self.weight.float()).to(x.dtype)
+
+
+def rope_angles(seq_len: int, d_head: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position p times frequency theta^(-2i/d_head), each [seq, d_head/2]."""
+    inv_freq = theta ** (-torch.arange(0, d_head, 2, device=device, dtype=torch.float32) / d_head)
+    angles = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs (2i, 2i+1) of the last axis in place of the pair. x: (B, nh, T, hd)."""
+    x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.flatten(-2).to(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        d = config.d_model
+        self.num_heads, self.d_head = config.num_heads, config.d_head
+        self.rope_theta, self.attention = config.rope_theta, config.attention
+        if self.attention == "pallas":
+            raise ValueError("attention='pallas' is a JAX kernel; use 'naive' or 'fused' in torch_impl")
+        self.q_proj, self.k_proj, self.v_proj = Linear(d, d), Linear(d, d), Linear(d, d)
+        self.output_proj = Linear(d, d)
+
+    # The three steps of naive attention are separate methods so that a profiler can
+    # wrap each one from outside (the harness's --annotate-attention).
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.d_head))
+
+    def softmax(self, scores: torch.Tensor) -> torch.Tensor:
+        T = scores.shape[-1]
+        mask = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
+        # softmax in float32 (what autocast would do too), probabilities back in input dtype.
+        return torch.softmax(scores.float().masked_fill(~mask, float("-inf")), dim=-1).to(scores.dtype)
+
+    def values(self, probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return probs.to(v.dtype) @ v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        # (B, T, D) -> (B, nh, T, hd)
+        q, k, v = (
+            proj(x).view(B, T, self.num_heads, self.d_head).transpose(1, 2)
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        cos, sin = rope_angles(T, self.d_head, self.rope_theta, x.device)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.attention == "fused":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(self.d_head))
+        else:
+            y = self.values(self.softmax(self.scores(q, k)), v)
+        return self.output_proj(y.transpose(1, 2).reshape(B, T, D))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1, self.w2, self.w3 = Linear(d_model, d_ff), Linear(d_ff, d_model), Linear(d_model, d_ff)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.ln1 = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = CausalSelfAttention(config)
+        self.ln2 = RMSNorm(config.d_model, config.norm_eps)
+        self.ffn = SwiGLU(config.d_model, config.d_ff)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn(self.ln1(x))
+        return h + self.ffn(self.ln2(h))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.token_embeddings = Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
+        self.ln_final = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = Linear(config.d_model, config.vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) int -> logits (B, T, vocab)."""
+        x = self.token_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.ln_final(x))
+
+
+def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, computed in float32."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

@@ -62,7 +62,7 @@ class TorchSession:
     def forward(self, *, grad: bool = True) -> torch.Tensor:
         with torch.set_grad_enabled(grad), self.autocast():
             self._loss = torch_impl.cross_entropy_loss(self.model(self.inputs), self.targets)
-        return self._loss
+        return self._loss.detach()
 
     def backward(self) -> None:
         self._loss.backward()
@@ -102,7 +102,7 @@ class TorchSession:
         loss = self.forward()
         self.backward()
         grads = {n: p.grad.detach().float().cpu().numpy().copy() for n, p in self.model.named_parameters()}
-        return float(loss.detach()), grads
+        return float(loss), grads
 
     def params(self) -> dict[str, np.ndarray]:
         return {n: p.detach().float().cpu().numpy().copy() for n, p in self.model.named_parameters()}

@@ -1,0 +1,179 @@
+"""Run the same training step in PyTorch and JAX, check they agree, report side by side.
+
+    python -m harness.compare --model large --ctx 256 [--dtype bf16] [--attention fused]
+
+Each backend runs `harness.run` in its own subprocess (JAX preallocates most of the GPU,
+and an out-of-memory in one backend must not poison the other), then `harness.parity`
+compares the two on the same weights and batch. Results go to
+results/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from harness.cli import BACKENDS, MODES, UsageError, add_model_args, choice, fail, non_negative_int, parse_args, \
+    positive_int, select_platform
+from harness.hardware import environment, gpu_slug
+
+SCHEMA = "harness.compare/1"
+
+
+def backend_attention(backend: str, attention: str) -> str:
+    """The Pallas kernel is JAX's; torch runs its fused SDPA opposite it."""
+    return "fused" if backend == "torch" and attention == "pallas" else attention
+
+
+def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
+    """Run `cmd`, passing its stderr (progress) through; return exit code and stderr's tail."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    tail: list[str] = []
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        tail = (tail + [line.rstrip()])[-20:]
+    return proc.wait(), "\n".join(tail)
+
+
+def _common_args(args: argparse.Namespace, backend: str, batch: int) -> list[str]:
+    return ["--model", args.model, "--ctx", str(args.ctx), "--batch", str(batch), "--dtype", args.dtype,
+            "--attention", backend_attention(backend, args.attention), "--device", args.device, "--seed", str(args.seed)]
+
+
+def run_backend(backend: str, args: argparse.Namespace, workdir: str, prefix: list[str] | None = None) -> dict:
+    """harness.run for one backend in a subprocess (optionally under a profiler `prefix`)."""
+    out = os.path.join(workdir, f"{backend}.json")
+    cmd = [*(prefix or []), sys.executable, "-m", "harness.run", "--backend", backend,
+           *_common_args(args, backend, args.batch), "--warmup", str(args.warmup), "--steps", str(args.steps),
+           "--mode", args.mode, "--out", out]
+    if args.fail_in and args.fail_in.split(":")[0] == backend:
+        cmd += ["--fail-in", args.fail_in.split(":")[1]]
+    code, tail = _stream(cmd, dict(os.environ))
+    if os.path.exists(out):
+        with open(out) as f:
+            return json.load(f)
+    return {"status": "error", "error": {"phase": "process", "message": f"harness.run exited with code {code} and no result; last output:\n{tail}"}}
+
+
+def run_parity(args: argparse.Namespace, workdir: str) -> dict:
+    """harness.parity in a subprocess, halving the batch until both models fit at once."""
+    batch = args.batch
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    while True:
+        out = os.path.join(workdir, f"parity-b{batch}.json")
+        cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--json", out]
+        code, tail = _stream(cmd, env)
+        if os.path.exists(out):
+            with open(out) as f:
+                doc = json.load(f)
+            doc["reduced_batch"] = batch != args.batch
+            return doc
+        if "out of memory" in tail and batch > 1:
+            print(f"[parity] out of memory at batch {batch}; retrying at batch {batch // 2}", file=sys.stderr)
+            batch //= 2
+            continue
+        return {"ok": None, "error": tail.strip().splitlines()[-1] if tail.strip() else f"exit code {code}", "batch": batch}
+
+
+def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: dict | None) -> dict:
+    """The compare document: both runs, the phase table, ratios and the parity verdict."""
+    table = []
+    phases = [p for p in ("forward", "backward", "optimizer", "step", "fused_step")
+              if any(p in r.get("phases", {}) for r in runs.values())]
+    for name in phases:
+        row = {"phase": name}
+        for backend, r in runs.items():
+            row[backend] = r["phases"].get(name) if r["status"] == "ok" else None
+        t, j = row.get("torch"), row.get("jax")
+        row["jax_over_torch"] = j["median_ms"] / t["median_ms"] if t and j else None
+        table.append(row)
+    if "fused_step" in phases and runs.get("torch", {}).get("status") == "ok" and runs["jax"].get("status") == "ok":
+        # JAX's fused step is compared with torch's (only) step.
+        fused = next(r for r in table if r["phase"] == "fused_step")
+        fused["torch"] = runs["torch"]["phases"]["step"]
+        fused["jax_over_torch"] = fused["jax"]["median_ms"] / fused["torch"]["median_ms"]
+    ok_runs = [r for r in runs.values() if r.get("status") == "ok"]
+    device = ok_runs[0]["env"].get("device") if ok_runs else None
+    return {
+        "schema": SCHEMA,
+        "ok": all(r.get("status") == "ok" for r in runs.values()) and bool(parity and parity.get("ok")),
+        "options": {k: getattr(args, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
+                                                  "warmup", "steps", "seed")},
+        "device": device,
+        "runs": runs,
+        "table": table,
+        "parity": parity,
+        "env": environment(),
+    }
+
+
+def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
+    attention = "" if args.attention == "naive" else f"-{args.attention}"
+    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{gpu_slug(device if device != 'cpu' else None)}"
+
+
+def write_results(summary: dict, results_root: str, name: str) -> str:
+    """Write summary.json, report.md and phases.png into a temp dir, then move it into place."""
+    from harness.compare_report import plot_phases, render_markdown
+
+    os.makedirs(results_root, exist_ok=True)
+    final = os.path.join(results_root, name)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=results_root)
+    try:
+        with open(os.path.join(tmp, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        if plot_phases(summary, os.path.join(tmp, "phases.png")):
+            summary["plot"] = "phases.png"
+        with open(os.path.join(tmp, "report.md"), "w") as f:
+            f.write(render_markdown(summary))
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness.compare", description=__doc__.split("\n\n")[0])
+    add_model_args(parser)
+    parser.add_argument("--backends", default="torch,jax", help="comma-separated: torch,jax")
+    parser.add_argument("--warmup", type=non_negative_int, default=5)
+    parser.add_argument("--steps", type=positive_int, default=10)
+    parser.add_argument("--mode", type=choice("mode", MODES), default="train")
+    parser.add_argument("--results-dir", default="results", help="parent folder of the result folder")
+    parser.add_argument("--no-parity", action="store_true", help="skip the parity check")
+    parser.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # "backend:phase", for tests
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness.compare_report import format_table
+
+    args = parse_args(build_parser(), argv)
+    try:
+        select_platform(args)
+        backends = [choice("backend", BACKENDS)(b) for b in args.backends.split(",")]
+    except UsageError as exc:
+        return fail(str(exc))
+    with tempfile.TemporaryDirectory(prefix="compare-") as work:
+        runs = {b: run_backend(b, args, work) for b in backends}
+        parity = None if args.no_parity or len(backends) < 2 else run_parity(args, work)
+    summary = summarize_compare(args, runs, parity)
+    path = write_results(summary, args.results_dir, result_dir_name(args, summary["device"]))
+    print(format_table(summary))
+    print(f"wrote {path}")
+    if any(r.get("status") != "ok" for r in runs.values()):
+        return 3
+    if parity is not None and not parity.get("ok"):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Rendering of a compare summary: terminal table, markdown report, phase bar chart."""
+
+from __future__ import annotations
+
+from harness.parity import TOLERANCES
+
+
+def _ms(p: dict | None) -> str:
+    return f"{p['median_ms']:.3f} ± {p['std_ms']:.3f}" if p else "-"
+
+
+def _tf(p: dict | None) -> str:
+    return f"{p['tflops']:.2f}" if p and p.get("tflops") else "-"
+
+
+def _mfu(p: dict | None) -> str:
+    return f"{100 * p['mfu']:.1f}%" if p and p.get("mfu") else "-"
+
+
+def _mem(p: dict | None) -> str:
+    return f"{p['peak_memory_bytes'] / 2**30:.2f}" if p and p.get("peak_memory_bytes") else "-"
+
+
+def _ratio(x: float | None) -> str:
+    return f"{x:.2f}x" if x else "-"
+
+
+def _failures(summary: dict) -> list[str]:
+    return [f"{b}: FAILED: {r['error']['message']}" for b, r in summary["runs"].items() if r.get("status") != "ok"]
+
+
+def parity_verdict(parity: dict | None) -> str:
+    if parity is None:
+        return "not run"
+    if parity.get("ok") is None:
+        return f"could not run: {parity.get('error')}"
+    worst = parity["worst"]
+    detail = ", ".join(f"{q} {w['rel_err']:.1e} (bound {w['tol']:.0e})" for q, w in worst.items())
+    batch = f" at reduced batch {parity['batch']}" if parity.get("reduced_batch") else ""
+    return f"{'PASS' if parity['ok'] else 'FAIL'}{batch}: worst relative errors {detail}"
+
+
+def table_rows(summary: dict) -> list[list[str]]:
+    header = ["phase", "torch ms (median ± std)", "jax ms (median ± std)", "jax/torch",
+              "torch TFLOP/s", "jax TFLOP/s", "torch MFU", "jax MFU", "torch peak GiB", "jax peak GiB"]
+    rows = [header]
+    for row in summary["table"]:
+        t, j = row.get("torch"), row.get("jax")
+        label = row["phase"] + (" (torch: step)" if row["phase"] == "fused_step" else "")
+        rows.append([label, _ms(t), _ms(j), _ratio(row["jax_over_torch"]), _tf(t), _tf(j), _mfu(t), _mfu(j),
+                     _mem(t), _mem(j)])
+    return rows
+
+
+def format_table(summary: dict) -> str:
+    o = summary["options"]
+    rows = table_rows(summary)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"{o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} attention {o['attention']} "
+             f"{o['mode']} on {summary.get('device') or o['device']}"]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines += _failures(summary)
+    for backend, r in summary["runs"].items():
+        if r.get("status") == "ok" and r.get("overhead"):
+            lines.append(f"{backend}: instrumented step / plain loop = {r['overhead']['ratio']:.3f}")
+    lines.append(f"parity: {parity_verdict(summary['parity'])}")
+    return "\n".join(lines)
+
+
+def render_markdown(summary: dict) -> str:
+    o = summary["options"]
+    runs = summary["runs"]
+    out = [f"# {o['model']}, ctx {o['ctx']}, batch {o['batch']}, {o['dtype']}, attention {o['attention']}, "
+           f"{o['mode']} on {summary.get('device') or o['device']}", ""]
+    failures = _failures(summary)
+    if failures:
+        out += ["**Failed runs** (no timings are shown for them):", ""] + [f"- {f}" for f in failures] + [""]
+    rows = table_rows(summary)
+    out += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    out += ["", "Times are medians over measured steps after warm-up, each phase ended by a device "
+            "synchronization; ± is the standard deviation. `step` is forward + backward + optimizer "
+            "inside one NVTX range. JAX's `fused_step` (value_and_grad and AdamW update in one jit) is "
+            "compared with torch's `step`.", ""]
+    out += ["## Parity", "", parity_verdict(summary["parity"]), ""]
+    if summary["parity"] and summary["parity"].get("ok") is not None:
+        out += [f"Tolerance table ({o['dtype']}): " + ", ".join(f"{k} {v:.0e}" for k, v in TOLERANCES[o["dtype"]].items()),
+                ""]
+    out += ["## What each run computed", ""]
+    for backend, r in runs.items():
+        if r.get("status") != "ok":
+            continue
+        ov = r.get("overhead")
+        out += [f"- **{backend}** ({r['options']['attention']} attention): {r['precision']}.",
+                f"  Loss first/last measured step: {r['loss']['first']:.4f} / {r['loss']['last']:.4f}. "
+                f"Memory: {r['memory_note']}."]
+        if ov:
+            out.append(f"  Instrumentation overhead: {ov['compared']}: {ov['instrumented_step_ms']:.3f} ms vs "
+                       f"{ov['plain_step_ms']:.3f} ms, ratio {ov['ratio']:.3f}.")
+        opt = r["phases"].get("optimizer")
+        if opt and opt.get("gb_per_s"):
+            out.append(f"  Optimizer: {opt['bytes'] / 1e9:.2f} GB of AdamW traffic at {opt['gb_per_s']:.0f} GB/s.")
+    ok = [r for r in runs.values() if r.get("status") == "ok"]
+    if ok:
+        r = ok[0]
+        out += ["", f"FLOPs: {r['flops_formula']}. Peak used for MFU: "
+                f"{r['peak_tflops'] if r['peak_tflops'] else 'none (device not in the peak table)'} TFLOP/s "
+                f"({o['dtype']}). Parameters: {r['num_params']:,}.", "", "## Environment", ""]
+        for backend, r in runs.items():
+            if r.get("status") == "ok":
+                out.append(f"- {backend}: " + ", ".join(f"{k} {v}" for k, v in r["env"].items()))
+    if summary.get("plot"):
+        out += ["", f"![phase times]({summary['plot']})"]
+    if summary.get("kernel_breakdown"):
+        out += ["", summary["kernel_breakdown"]]
+    return "\n".join(out) + "\n"
+
+
+def plot_phases(summary: dict, path: str) -> bool:
+    """Grouped bars of median phase time per backend, with std as error bars. False if nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phases = [r["phase"] for r in summary["table"]]
+    backends = [b for b, r in summary["runs"].items() if r.get("status") == "ok"]
+    if not backends or not phases:
+        return False
+    fig, ax = plt.subplots(figsize=(1.6 * len(phases) + 2, 4))
+    width = 0.8 / len(backends)
+    for i, backend in enumerate(backends):
+        ph = summary["runs"][backend]["phases"]
+        xs = [k + i * width for k in range(len(phases))]
+        med = [ph[p]["median_ms"] if p in ph else 0 for p in phases]
+        err = [ph[p]["std_ms"] if p in ph else 0 for p in phases]
+        ax.bar(xs, med, width, yerr=err, capsize=3, label=backend)
+    ax.set_xticks([k + width * (len(backends) - 1) / 2 for k in range(len(phases))], phases)
+    ax.set_ylabel("median time per step (ms)")
+    o = summary["options"]
+    ax.set_title(f"{o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} on {summary.get('device') or o['device']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

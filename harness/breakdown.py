@@ -21,9 +21,10 @@ range boundary belongs to the enclosing range only.
 Steps
 -----
 Kernels inside a ``warmup`` range are left out of every phase.  Measured kernels are
-grouped under their root: the outermost step range (``step``, ``fused_step``) containing
-them, else their outermost range.  Per-step figures divide by the number of root ranges
-outside warm-up.  XLA autotuner kernels are never computation: they are reported apart,
+grouped under their root: the innermost step range (``fused_step`` inside ``step``, else
+``step``) containing them, else their outermost range.  Per-step figures divide by the
+number of root ranges that hold kernels (a JAX ``step`` that only wraps a ``fused_step``
+is a fused step, not a split one).  XLA autotuner kernels are never computation: they are reported apart,
 wherever they ran.  GPU time is the sum of kernel durations (overlap on several streams
 counts twice); "range" time is the wall time of the ranges themselves.
 """
@@ -110,7 +111,7 @@ def load_profile(path: str | Path, label: str | None = None, nsys_bin: str | Non
         return nsys.read_sqlite(path, label)
     if name.endswith((".json", ".json.gz")):
         return framework_profile.load_torch_trace(path, label)
-    if name.endswith(".xplane.pb") or path.is_dir():
+    if name.endswith((".xplane.pb", ".xplane.pb.gz")) or path.is_dir():
         return framework_profile.load_jax_trace(path, label)
     raise ProfileError(f"{path}: not a profile; expected .nsys-rep, .sqlite[.gz] (nsys export), "
                        "a torch.profiler .json or a JAX .xplane.pb")
@@ -132,11 +133,17 @@ def _containing(kernels: list[Kernel], ranges: list[Range]) -> list[list[Range]]
 
 
 def _root_of(path: list[Range]) -> Range:
-    return next((r for r in path if r.name in STEP_RANGES), path[0])
+    """The innermost step range holding the kernel (the JAX harness wraps `fused_step` in
+    a `step`), else its outermost range."""
+    return next((r for r in reversed(path) if r.name in STEP_RANGES), path[0])
+
+
+def _inside(r: Range, outer: Range) -> bool:
+    return outer.start <= r.start and r.end <= outer.end
 
 
 def _in_warmup(r: Range, warmups: list[Range]) -> bool:
-    return any(w.start <= r.start and r.end <= w.end for w in warmups)
+    return any(_inside(r, w) for w in warmups)
 
 
 def _kernel_stats(items: list[tuple[Kernel, str]], steps: int, total: float) -> list[KernelStat]:
@@ -178,6 +185,7 @@ def breakdown(profile: Profile, require: Iterable[str] = ()) -> Breakdown:
     measured_ranges = [r for r in profile.ranges if r.name != WARMUP and not _in_warmup(r, warmups)]
     warm, tune, none = Bucket(), Bucket(), Bucket()
     groups: dict[tuple[str, str], list[tuple[Kernel, str]]] = defaultdict(list)
+    roots: dict[str, set[Range]] = defaultdict(set)  # root name -> instances holding kernels
     for k, path in zip(kernels, _containing(kernels, profile.ranges)):
         names_in = tuple(r.name for r in path)
         category = classify(k.name, names_in)
@@ -189,21 +197,20 @@ def breakdown(profile: Profile, require: Iterable[str] = ()) -> Breakdown:
             _add(warm, k, path)
         else:
             root = _root_of(path)
+            roots[root.name].add(root)
             for r in path[path.index(root):]:
                 groups[(root.name, r.name)].append((k, category.value))
-    steps = defaultdict(int)
-    for r in measured_ranges:
-        steps[r.name] += 1
     phases: dict[str, PhaseStats] = {}
     for (root, name), items in sorted(groups.items(), key=lambda kv: _phase_order(kv[0])):
-        n = steps[root]
+        n = len(roots[root])
         total = sum(k.duration for k, _ in items) / n
         cats: dict[str, float] = defaultdict(float)
         for k, cat in items:
             cats[cat] += k.duration / n
-        wall = sum(r.end - r.start for r in measured_ranges if r.name == name) / n
+        own = [r for r in measured_ranges if r.name == name and any(_inside(r, s) for s in roots[root])]
+        wall = sum(r.end - r.start for r in own) / n
         key = name if root in ("step", name) else f"{root}/{name}"
-        phases[key] = PhaseStats(key, root, n, steps[name], wall, total, len(items) / n,
+        phases[key] = PhaseStats(key, root, n, len(own), wall, total, len(items) / n,
                                  dict(sorted(cats.items(), key=lambda kv: -kv[1])),
                                  _kernel_stats(items, n, total))
     if not phases:

@@ -54,10 +54,15 @@ def torch_profiler(out_path: str | Path) -> Iterator[object]:
 
 @contextlib.contextmanager
 def jax_profiler(out_dir: str | Path) -> Iterator[None]:
-    """Trace the block with jax.profiler into `out_dir` (an ``.xplane.pb`` lands below it)."""
+    """Trace the block with jax.profiler into `out_dir` (an ``.xplane.pb`` lands below it).
+
+    Host tracing at level 1 (annotations and XLA's thunks; no Python tracer, no HLO
+    protos) keeps the file small enough to keep."""
     import jax
 
-    jax.profiler.start_trace(str(out_dir))
+    options = jax.profiler.ProfileOptions()
+    options.host_tracer_level, options.python_tracer_level, options.enable_hlo_proto = 1, 0, False
+    jax.profiler.start_trace(str(out_dir), profiler_options=options)
     try:
         yield
     finally:
@@ -84,8 +89,13 @@ def _innermost(events: list[dict]) -> list[dict]:
     return leaves
 
 
-def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
-    """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a `Profile`."""
+def load_torch_trace(path: str | Path, label: str | None = None,
+                     range_names: Collection[str] = HARNESS_RANGES) -> Profile:
+    """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a `Profile`.
+
+    ``record_function`` ranges named in `range_names` become ranges (torch adds its own,
+    such as ``Optimizer.step#AdamW.step``, which are left out).
+    """
     path = Path(path)
     trace = _read_json(path)
     if "traceEvents" not in trace:
@@ -109,7 +119,7 @@ def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
                    for e in _innermost(sorted(evs, key=lambda e: (e["ts"], -e["dur"])))]
         notes.append(CPU_NOTE.format(what="ops (innermost cpu_op events)"))
     ranges = [Range(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e.get("tid"))
-              for e in events if e.get("cat") == "user_annotation"]
+              for e in events if e.get("cat") == "user_annotation" and e["name"] in range_names]
     if not kernels:
         raise ProfileError(f"{path}: the trace holds neither GPU kernels nor CPU ops; "
                            "was anything run inside the profiler's block?")
@@ -120,7 +130,7 @@ def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
 def _xplane_file(path: Path) -> Path:
     if path.is_file():
         return path
-    found = sorted(path.rglob("*.xplane.pb"), key=lambda p: p.stat().st_mtime)
+    found = sorted(path.rglob("*.xplane.pb*"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise ProfileError(f"{path}: no *.xplane.pb below it; is it the directory passed to "
                            "jax.profiler.start_trace / framework_profile.jax_profiler?")
@@ -129,7 +139,7 @@ def _xplane_file(path: Path) -> Path:
 
 def load_jax_trace(path: str | Path, label: str | None = None,
                    range_names: Collection[str] = HARNESS_RANGES) -> Profile:
-    """Read a JAX profiler trace (``.xplane.pb`` or its directory) into a `Profile`.
+    """Read a JAX profiler trace (``.xplane.pb[.gz]`` or its directory) into a `Profile`.
 
     Host-plane events named in `range_names` become ranges.
     """
@@ -137,7 +147,8 @@ def load_jax_trace(path: str | Path, label: str | None = None,
 
     xplane = _xplane_file(Path(path))
     try:
-        data = ProfileData.from_file(str(xplane))
+        raw = xplane.read_bytes()
+        data = ProfileData.from_serialized_xspace(gzip.decompress(raw) if xplane.suffix == ".gz" else raw)
     except Exception as exc:  # the reader raises bare RuntimeError/ValueError on bad input
         raise ProfileError(f"{xplane}: not a JAX profiler trace ({exc})") from None
     kernels, ranges, cpu_ops = [], [], []

@@ -9,9 +9,11 @@ holds the template arguments: a PyTorch ``vectorized_elementwise_kernel`` only s
 before ``fusion`` makes it elementwise, ``gemm_fusion_*`` GEMM before elementwise,
 ``input_reduce_fusion`` reduction before elementwise.
 
-One rule is phase-aware (`PHASE_RULES`): XLA fuses the whole optimizer update into
-fusions named after HLO ops (``loop_multiply_fusion``, ``fusion_12``...), which the name
-alone would call elementwise; inside the ``optimizer`` range they are the optimizer.
+One rule is phase-aware (`PHASE_RULES`): XLA fuses the optimizer update into fusions
+named after HLO ops (``loop_multiply_fusion``, ``fusion_12``...), and our PyTorch AdamW
+runs plain elementwise kernels per parameter; the name alone would call both elementwise.
+Inside the ``optimizer`` range they are the optimizer, so the two frameworks' category
+shares compare like for like.
 
 GEMM names and the products of a linear layer
 ---------------------------------------------
@@ -62,7 +64,7 @@ class Category(str, Enum):
 # XLA's compile-time autotuner: redzone checks around candidate buffers, the timer's
 # delay kernel, and the buffer comparators that check candidates against a reference.
 _AUTOTUNING = r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|__?xla_\w*comparison|BufferComparator"
-_XLA_FUSION = r"(?:^|\b)(?:loop|input)_\w*fusion|(?:^|\W)fusion(?:_\d+)?\b|^wrapped_\w+"
+_UPDATE_KERNELS = r"(?:^|\b)(?:loop|input)_\w*fusion|(?:^|\W)fusion(?:_\d+)?\b|^wrapped_\w+|elementwise"
 
 PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.AUTOTUNING, _AUTOTUNING),
@@ -75,10 +77,15 @@ PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.MEMORY, r"memcpy|memset|transpose|copy|\bcat\w*Batched|fill_kernel"),
     (Category.REDUCTION, r"reduce|reduction|\bargmax|\bargmin|scan_kernel|cumsum"),
     (Category.ELEMENTWISE, r"elementwise|fusion|\bwrapped_|triton_poi|silu|gelu|rotary"),
+    # CPU fallback (no GPU traced): torch.profiler's aten ops stand in for kernels
+    (Category.GEMM, r"^aten::(?:mm|bmm|addmm|baddbmm|matmul|linear)$"),
+    (Category.MEMORY, r"^aten::(?:fill_|zero_|clone|cat|stack|tril|triu|_to_copy|index\w*|embedding\w*)$"),
+    (Category.REDUCTION, r"^aten::(?:sum|mean|amax|max|min|norm|logsumexp|nll_loss\w*)$"),
+    (Category.ELEMENTWISE, r"^aten::"),
 )
 
 # (range name, category, regex): inside that range, a matching name gets the category.
-PHASE_RULES: tuple[tuple[str, Category, str], ...] = (("optimizer", Category.OPTIMIZER, _XLA_FUSION),)
+PHASE_RULES: tuple[tuple[str, Category, str], ...] = (("optimizer", Category.OPTIMIZER, _UPDATE_KERNELS),)
 
 _COMPILED = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in PATTERNS)
 _PHASE_COMPILED = tuple((rng, cat, re.compile(rx, re.IGNORECASE)) for rng, cat, rx in PHASE_RULES)

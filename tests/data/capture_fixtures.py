@@ -1,0 +1,125 @@
+"""Capture the test fixtures on a CUDA machine from `harness.run`.
+
+    NSYS=/path/to/nsys python tests/data/capture_fixtures.py OUT_DIR [cuda|cpu]
+
+nsys scenarios run `python -m harness.run` under `harness.nsys.profile_command` and keep
+the gzipped SQLite export plus the harness's result JSON.  `*_attn` wraps the naive
+attention's three methods in `attn_scores`/`attn_softmax`/`attn_values` ranges (with a
+device sync at each end) before calling `harness.run.main`, as --annotate-attention would.
+`jax_tsl_included` leaves out --nvtx-domain-exclude=TSL on purpose: its export is the
+real failure (kernel records dropped).  `*_fallback` runs `harness.run.run` inside
+`harness.framework_profile`'s profilers instead of nsys.  Everything lands in
+OUT_DIR/fixtures.tar, rewritten after each scenario so a timeout keeps what finished.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from harness import framework_profile, nsys
+
+WORK = Path("/tmp/fixtures")
+STEPS = ["--warmup", "2", "--steps", "3", "--quiet"]
+NSYS_SCENARIOS: dict[str, tuple[str, list[str]]] = {
+    "torch_tiny_attn": ("torch", ["--model", "tiny", "--ctx", "64", "--mode", "train"]),
+    "jax_tiny_train": ("jax", ["--model", "tiny", "--ctx", "64", "--mode", "train"]),
+    "jax_tsl_included": ("jax", ["--model", "tiny", "--ctx", "64", "--mode", "forward"]),
+    "torch_small_train": ("torch", ["--model", "small", "--ctx", "128", "--mode", "train"]),
+    "jax_small_train": ("jax", ["--model", "small", "--ctx", "128", "--mode", "train"]),
+}
+ATTENTION = {"scores": "attn_scores", "softmax": "attn_softmax", "values": "attn_values"}
+
+
+def gz(src: Path, dst: Path) -> None:
+    with open(src, "rb") as f, gzip.open(dst, "wb", 9) as g:
+        shutil.copyfileobj(f, g)
+
+
+def run_annotated(argv: list[str]) -> int:
+    """harness.run.main with the torch model's attention methods in NVTX ranges."""
+    import torch
+    from torch_impl.model import CausalSelfAttention
+
+    from harness import run
+    from harness.ranges import phase_range
+
+    for method, range_name in ATTENTION.items():
+        def wrapped(self, *args, _fn=getattr(CausalSelfAttention, method), _name=range_name):
+            with phase_range(_name):
+                out = _fn(self, *args)
+                torch.cuda.synchronize()
+            return out
+        setattr(CausalSelfAttention, method, wrapped)
+    return run.main(argv)
+
+
+def capture_nsys(name: str, backend: str, args: list[str], device: str) -> Path:
+    work = WORK / name
+    work.mkdir(parents=True, exist_ok=True)
+    harness = ["-m", "harness.run"] if not name.endswith("_attn") else [__file__, "annotated"]
+    program = [sys.executable, *harness, "--backend", backend, *args, *STEPS, "--device", device,
+               "--out", str(work / f"{name}.harness.json")]
+    cmd = nsys.profile_command(backend, work / "profile", program)
+    if name == "jax_tsl_included":
+        cmd.remove(nsys.JAX_FLAGS[0])
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    (work / f"{name}.log").write_text(" ".join(cmd) + "\n" + done.stdout + done.stderr)
+    gz(nsys.export_sqlite(work / "profile.nsys-rep"), work / f"{name}.sqlite.gz")
+    return work
+
+
+def capture_fallback(backend: str, device: str) -> Path:
+    from harness import ranges, run
+
+    work = WORK / f"{backend}_fallback"
+    work.mkdir(parents=True, exist_ok=True)
+    opts = run.RunOptions(backend=backend, model="tiny", ctx=64, warmup=2, steps=3, device=device)
+    ranges.use_framework_annotations(backend)
+    if backend == "torch":
+        with framework_profile.torch_profiler(work / "trace.json"):
+            doc = run.run(opts)
+        gz(work / "trace.json", work / "torch_tiny_fallback.json.gz")
+    else:
+        with framework_profile.jax_profiler(work / "trace"):
+            doc = run.run(opts)
+        gz(next((work / "trace").rglob("*.xplane.pb")), work / "jax_tiny_fallback.xplane.pb.gz")
+    ranges.use_framework_annotations(None)
+    run.write_json(str(work / f"{backend}_tiny_fallback.harness.json"), doc)
+    return work
+
+
+def pack(out: Path) -> None:
+    tmp = out / "fixtures.tar.tmp"
+    with tarfile.open(tmp, "w") as tar:
+        for f in sorted(WORK.rglob("*")):
+            if f.suffix in (".gz", ".json", ".log") and f.name != "trace.json":
+                tar.add(f, arcname=f"{f.parent.name}/{f.name}")
+    tmp.replace(out / "fixtures.tar")
+
+
+def main(out_dir: str, device: str = "cuda") -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (backend, args) in NSYS_SCENARIOS.items():
+        try:
+            capture_nsys(name, backend, args, device)
+        except nsys.ProfileError as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+        pack(out)
+    for backend in ("torch", "jax"):
+        subprocess.run([sys.executable, __file__, "fallback", backend, device], check=False)
+        pack(out)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "annotated":
+        sys.exit(run_annotated(sys.argv[2:]))
+    if sys.argv[1] == "fallback":
+        capture_fallback(sys.argv[2], sys.argv[3])
+    else:
+        main(*sys.argv[1:])

@@ -1,0 +1,70 @@
+"""Classification patterns and GEMM decoding, on kernel names from real profiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.kernels import Category, classify, decode_gemm, is_autotuning
+
+# Names seen in public nsys/torch.profiler output and in NOTES of the project's GPU machine.
+PUBLIC = {
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": Category.GEMM,
+    "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT": Category.GEMM,
+    "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_16x5_tt_align4>(cutlass_80_tensorop_s1688gemm_128x128_16x5_tt_align4::Params)": Category.GEMM,
+    "gemm_fusion_dot_3": Category.GEMM,
+    "triton_softmax_2": Category.SOFTMAX,
+    "loop_multiply_fusion": Category.ELEMENTWISE,
+    "input_reduce_fusion": Category.REDUCTION,
+    "fmha_cutlassF_f32_aligned_64x64_rf_sm80": Category.ATTENTION,
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1_kernel0_0": Category.ATTENTION,
+    "RedzoneAllocatorKernelImpl": Category.AUTOTUNING,
+    "DelayKernel": Category.AUTOTUNING,
+    "__xla_fp32_comparison": Category.AUTOTUNING,
+    "ncclDevKernel_AllReduce_Sum_f32_RING_LL": Category.COMMUNICATION,
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<4> >": Category.OPTIMIZER,
+    "[CUDA memcpy]": Category.MEMORY,
+    "[CUDA memset]": Category.MEMORY,
+}
+
+
+@pytest.mark.parametrize("name,category", PUBLIC.items())
+def test_public_names(name: str, category: Category) -> None:
+    assert classify(name) is category
+
+
+def test_first_match_wins() -> None:
+    # "softmax" comes before the elementwise "fusion"; "gemm" before it too
+    assert classify("triton_softmax_fusion") is Category.SOFTMAX
+    assert classify("gemm_fusion_dot_1") is Category.GEMM
+    # autotuning comes before everything
+    assert is_autotuning("RedzoneAllocatorKernelImpl")
+    assert not is_autotuning("loop_add_fusion")
+
+
+def test_phase_rule_makes_update_kernels_optimizer() -> None:
+    assert classify("loop_multiply_fusion", ("step", "optimizer")) is Category.OPTIMIZER
+    assert classify("loop_multiply_fusion", ("step", "forward")) is Category.ELEMENTWISE
+    # a GEMM stays a GEMM in the optimizer range
+    assert classify("gemm_fusion_dot_3", ("optimizer",)) is Category.GEMM
+
+
+@pytest.mark.parametrize("name,arch,math,transpose,tile", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+     "sm90", "bf16", "tn", "128x128x64"),
+    ("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4_warpsize2x2x1_tensor16x8x8_kernel",
+     "sm80", "tf32", "nn", "128x128x16"),
+    ("ampere_sgemm_128x64_tn", "sm80", "f32", "tn", "128x64"),
+    ("cutlass_80_tensorop_s1688gemm_128x128_16x5_nt_align4", "sm80", "tf32", "nt", "128x128x16"),
+    ("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x5_tn_align8", "sm80", "bf16", "tn", "64x64x64"),
+    ("nvjet_tst_128x64_64x8_1x1_v_bz_coopA_TNT", "sm90", "bf16", "tn", "128x64"),
+    ("nvjet_sm90_hss_64x8_64x16_1x1_h_bz_splitK_NNT", "sm90", "f16", "nn", "64x8"),
+])
+def test_decode_gemm(name: str, arch: str, math: str, transpose: str, tile: str) -> None:
+    info = decode_gemm(name)
+    assert (info.arch, info.math, info.transpose, info.tile) == (arch, math, transpose, tile)
+
+
+def test_decode_gemm_rejects_non_gemm_and_keeps_unknown_fields_empty() -> None:
+    assert decode_gemm("triton_softmax_2") is None
+    info = decode_gemm("gemm_fusion_dot_3")
+    assert info is not None and info.transpose is None and info.arch is None

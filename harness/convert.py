@@ -48,7 +48,7 @@ def jax_to_torch(jax_model: nnx.Module, torch_model: torch.nn.Module) -> None:
     _check_same_keys(src, dst, "jax_to_torch")
     with torch.no_grad():
         for name, tensor in dst.items():
-            value = np.asarray(src[name], dtype=np.float32)
+            value = np.array(src[name], dtype=np.float32)  # a writable copy
             if value.shape != tuple(tensor.shape):
                 raise ValueError(f"jax_to_torch: {name} has shape {value.shape} in jax, {tuple(tensor.shape)} in torch")
             tensor.copy_(torch.from_numpy(value))

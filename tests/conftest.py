@@ -1,0 +1,20 @@
+import os
+
+# Tests run on the CPU unless a test asks for the GPU explicitly.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import pytest  # noqa: E402
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+HAS_GPU = _has_gpu()
+requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=[requires_gpu, pytest.mark.gpu])]

@@ -1,0 +1,98 @@
+"""harness.run and harness.compare end to end on the CPU, and their failure paths."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import compare
+from harness.run import RunOptions, run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def compare_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    proc = cli("harness.compare", "--model", "tiny", "--ctx", "32", "--batch", "2", "--warmup", "1", "--steps", "3",
+               "--device", "cpu", "--results-dir", str(out))
+    return proc, out
+
+
+def test_compare_writes_a_complete_result_folder(compare_run):
+    proc, out = compare_run
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    folder = out / "tiny-ctx32-fp32-cpu"
+    assert sorted(os.listdir(folder)) == ["phases.png", "report.md", "summary.json"]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["schema"] == "harness.compare/1" and summary["ok"] is True
+    assert summary["parity"]["ok"] is True and summary["parity"]["batch"] == 2
+    for backend in ("torch", "jax"):
+        r = summary["runs"][backend]
+        assert r["status"] == "ok" and r["env"]["git_commit"]
+        ph = r["phases"]
+        for name in ("forward", "backward", "optimizer", "step"):
+            assert ph[name]["n"] == 3 and ph[name]["min_ms"] > 0
+            assert ph[name]["min_ms"] <= ph[name]["median_ms"] <= ph[name]["max_ms"]
+        # the phases happen inside the step: per measured step, their sum is at most the step
+        for i in range(3):
+            assert sum(ph[p]["times_ms"][i] for p in ("forward", "backward", "optimizer")) <= ph["step"]["times_ms"][i]
+        assert ph["backward"]["flops"] == 2 * ph["forward"]["flops"]
+        assert r["overhead"]["ratio"] > 0
+    assert "fused_step" in summary["runs"]["jax"]["phases"]
+    # both backends start from the same weights and batch: same first loss
+    assert summary["runs"]["torch"]["loss"]["first"] == pytest.approx(summary["runs"]["jax"]["loss"]["first"], rel=1e-4)
+    report = (folder / "report.md").read_text()
+    assert "| forward |" in report and "## Parity" in report and "PASS" in report
+    assert "jax/torch" in proc.stdout and "parity: PASS" in proc.stdout
+
+
+def test_run_in_forward_mode_has_only_forward_and_step():
+    doc = run(RunOptions(backend="jax", model="tiny", ctx=16, batch=1, warmup=1, steps=2, mode="forward"))
+    assert doc["status"] == "ok" and set(doc["phases"]) == {"forward", "step"}
+    assert doc["phases"]["step"]["flops"] == doc["phases"]["forward"]["flops"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "gigantic", "--ctx", "8"], "error: unknown model 'gigantic'; choose one of tiny, mini, small"),
+    (["--model", "tiny", "--ctx", "8", "--dtype", "fp8"], "error: unknown dtype 'fp8'; choose one of fp32, tf32, bf16"),
+    (["--model", "tiny", "--ctx", "8", "--attention", "flash"], "error: unknown attention 'flash'; choose one of naive"),
+    (["--model", "tiny", "--ctx", "0"], "error: expected a positive integer, got '0'"),
+])
+def test_bad_input_is_one_line_naming_the_choices(args, message):
+    proc = cli("harness.run", "--backend", "torch", *args)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(message) and len(proc.stderr.strip().splitlines()) == 1
+    proc = cli("harness.run", "--backend", "mxnet", "--model", "tiny", "--ctx", "8")
+    assert proc.returncode == 2 and "unknown backend 'mxnet'; choose one of torch, jax" in proc.stderr
+
+
+def test_simulated_oom_is_reported_and_the_other_backend_still_runs(tmp_path):
+    proc = cli("harness.compare", "--model", "tiny", "--ctx", "16", "--batch", "1", "--warmup", "1", "--steps", "2",
+               "--device", "cpu", "--results-dir", str(tmp_path), "--no-parity", "--fail-in", "jax:backward")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "jax: FAILED: out of memory in backward (model tiny, batch 1, ctx 16, fp32)" in proc.stdout
+    summary = json.loads((tmp_path / "tiny-ctx16-fp32-cpu" / "summary.json").read_text())
+    assert summary["ok"] is False
+    assert summary["runs"]["jax"]["status"] == "oom" and "phases" not in summary["runs"]["jax"]
+    assert summary["runs"]["torch"]["status"] == "ok"
+    assert all(row["jax"] is None for row in summary["table"])  # no timing from the failed run
+    report = (tmp_path / "tiny-ctx16-fp32-cpu" / "report.md").read_text()
+    assert "out of memory in backward" in report
+
+
+def test_interrupted_write_leaves_no_half_written_folder(tmp_path, monkeypatch):
+    import harness.compare_report
+
+    def boom(summary, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness.compare_report, "plot_phases", boom)
+    with pytest.raises(KeyboardInterrupt):
+        compare.write_results({"options": {}}, str(tmp_path), "x-ctx1-fp32-cpu")
+    assert os.listdir(tmp_path) == []

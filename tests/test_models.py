@@ -1,0 +1,139 @@
+"""Each model against independent references: init, RoPE, RMSNorm, causality, fused path."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import jax_impl
+import torch_impl
+from harness.config import get_config
+from harness.convert import jax_param_dict, jax_to_torch, torch_to_jax
+from jax_impl import model as jm
+from torch_impl import model as tm
+
+CFG = get_config("tiny")
+
+
+def rope_reference(x: np.ndarray, theta: float) -> np.ndarray:
+    """RoPE via complex numbers: pair (2i, 2i+1) is z = x[2i] + i x[2i+1], rotated by e^{i p w_i}. x: (T, d)."""
+    T, d = x.shape
+    z = x[:, 0::2] + 1j * x[:, 1::2]
+    w = theta ** (-np.arange(0, d, 2) / d)
+    z = z * np.exp(1j * np.arange(T)[:, None] * w[None, :])
+    out = np.empty_like(x)
+    out[:, 0::2], out[:, 1::2] = z.real, z.imag
+    return out
+
+
+def test_rope_matches_complex_rotation_in_both():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 1, 9, 64)).astype(np.float32)  # (B, nh, T, hd)
+    ref = rope_reference(x[0, 0].astype(np.float64), 10_000.0)
+    cos, sin = tm.rope_angles(9, 64, 10_000.0, "cpu")
+    got_t = tm.apply_rope(torch.from_numpy(x), cos, sin).numpy()[0, 0]
+    cos, sin = jm.rope_angles(9, 64, 10_000.0)
+    got_j = np.asarray(jm.apply_rope(jnp.asarray(x.transpose(0, 2, 1, 3)), cos, sin)).transpose(0, 2, 1, 3)[0, 0]
+    np.testing.assert_allclose(got_t, ref, atol=2e-5)
+    np.testing.assert_allclose(got_j, ref, atol=2e-5)
+    assert np.abs(ref - x[0, 0]).max() > 0.5  # the rotation did something
+
+
+def test_rmsnorm_matches_formula_and_keeps_dtype():
+    x = np.random.default_rng(1).standard_normal((3, 128)).astype(np.float32)
+    ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(tm.RMSNorm(128, 1e-5)(torch.from_numpy(x)).detach().numpy(), ref, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jm.RMSNorm(128, 1e-5)(jnp.asarray(x))), ref, rtol=1e-5)
+    assert tm.RMSNorm(128, 1e-5)(torch.from_numpy(x).bfloat16()).dtype == torch.bfloat16
+    assert jm.RMSNorm(128, 1e-5)(jnp.asarray(x, jnp.bfloat16)).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_init_is_truncated_normal_with_the_stated_std(framework):
+    cfg = get_config("mini")
+    if framework == "torch":
+        torch.manual_seed(0)
+        params = {k: v.detach().numpy() for k, v in torch_impl.TransformerLM(cfg).state_dict().items()}
+    else:
+        params = {k: np.asarray(v) for k, v in jax_param_dict(jax_impl.TransformerLM(cfg, rngs=nnx.Rngs(0))).items()}
+    w1 = params["layers.0.ffn.w1.weight"]
+    std = math.sqrt(2 / (256 + 1024))
+    # A normal cut at +-3 sigma has std 0.9866 sigma.
+    assert w1.shape == (1024, 256) and abs(w1.std() / std - 0.9866) < 0.01 and np.abs(w1).max() <= 3 * std + 1e-7
+    emb = params["token_embeddings.weight"]
+    assert abs(emb.std() - 0.9866) < 0.01 and np.abs(emb).max() <= 3.0 + 1e-6
+    assert np.all(params["layers.1.ln2.weight"] == 1) and np.all(params["ln_final.weight"] == 1)
+    assert params["lm_head.weight"].shape == (10_000, 256)
+    assert not any("bias" in k for k in params)
+
+
+def test_parameter_names_and_shapes_match_across_frameworks():
+    torch.manual_seed(0)
+    t = torch_impl.TransformerLM(CFG)
+    j = jax_param_dict(jax_impl.TransformerLM(CFG, rngs=nnx.Rngs(0)))
+    assert {k: tuple(v.shape) for k, v in t.state_dict().items()} == {k: tuple(v.shape) for k, v in j.items()}
+
+
+def test_conversion_round_trip_is_exact():
+    torch.manual_seed(3)
+    t1, t2 = torch_impl.TransformerLM(CFG), torch_impl.TransformerLM(CFG)
+    j = jax_impl.TransformerLM(CFG, rngs=nnx.Rngs(0))
+    torch_to_jax(t1, j)
+    jax_to_torch(j, t2)
+    for (k, a), b in zip(t1.state_dict().items(), t2.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_conversion_rejects_a_different_architecture():
+    j = jax_impl.TransformerLM(get_config("mini"), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="parameter names differ"):
+        torch_to_jax(torch_impl.TransformerLM(CFG), j)
+
+
+def _logits(framework, cfg, tokens, seed=0):
+    torch.manual_seed(seed)
+    t = torch_impl.TransformerLM(cfg)
+    if framework == "torch":
+        return t(torch.from_numpy(tokens)).detach().numpy()
+    j = jax_impl.TransformerLM(cfg, rngs=nnx.Rngs(0))
+    torch_to_jax(t, j)
+    return np.asarray(j(jnp.asarray(tokens)))
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_causal_future_tokens_do_not_change_the_past(framework):
+    tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (1, 24))
+    changed = tokens.copy()
+    changed[0, 12:] = (changed[0, 12:] + 7) % CFG.vocab_size
+    a, b = _logits(framework, CFG, tokens), _logits(framework, CFG, changed)
+    np.testing.assert_allclose(a[:, :12], b[:, :12], atol=1e-5)
+    assert np.abs(a[:, 12:] - b[:, 12:]).max() > 1e-2
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_fused_attention_matches_naive(framework):
+    tokens = np.random.default_rng(1).integers(0, CFG.vocab_size, (2, 40))
+    naive = _logits(framework, CFG, tokens)
+    fused = _logits(framework, dataclasses.replace(CFG, attention="fused"), tokens)
+    assert np.linalg.norm(fused - naive) / np.linalg.norm(naive) < 1e-5
+
+
+def test_torch_rejects_pallas_attention():
+    with pytest.raises(ValueError, match="JAX kernel"):
+        torch_impl.TransformerLM(get_config("tiny", attention="pallas"))
+
+
+def test_loss_is_mean_next_token_cross_entropy():
+    logits = np.random.default_rng(2).standard_normal((2, 5, 11)).astype(np.float32)
+    targets = np.random.default_rng(3).integers(0, 11, (2, 5))
+    shifted = logits - logits.max(-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    ref = -np.take_along_axis(logp, targets[..., None], -1).mean()
+    assert abs(float(torch_impl.cross_entropy_loss(torch.from_numpy(logits), torch.from_numpy(targets))) - ref) < 1e-5
+    assert abs(float(jax_impl.cross_entropy_loss(jnp.asarray(logits), jnp.asarray(targets))) - ref) < 1e-5
+    jax.clear_caches()

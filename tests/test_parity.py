@@ -1,0 +1,95 @@
+"""The parity check passes on correct models and fails on planted bugs."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from harness import convert
+from harness.config import get_config
+from harness.parity import TOLERANCES, check_parity, rel_err
+from tests.conftest import DEVICES
+from torch_impl import model as tm
+
+CFG = get_config("tiny")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_models_agree_within_the_tolerance_table(device, dtype):
+    result = check_parity(CFG, batch=2, ctx=32, device=device, dtype=dtype)
+    worst = {q: f"{r.tensor} {r.rel_err:.2e} > {r.tol:.0e}" for q, r in result.worst().items() if not r.ok}
+    assert result.ok, worst
+    names = {r.tensor for r in result.rows if r.quantity == "grad"}
+    assert len(names) == 3 + CFG.num_layers * 9  # every parameter's gradient was compared
+    if dtype == "fp32":  # float32 reorderings only: far inside the bounds
+        assert max(r.rel_err for r in result.rows if r.quantity in ("logits", "grad")) < 1e-5
+
+
+def test_fused_attention_parity():
+    assert check_parity(get_config("tiny", attention="fused"), batch=1, ctx=16).ok
+
+
+def _half_split_rope(x, cos, sin):
+    """RoPE rotating (i, i + d/2) pairs (the GPT-NeoX layout) instead of adjacent ones."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def _unscaled_scores(self, q, k):
+    return q @ k.transpose(-2, -1)
+
+
+def _swapping_torch_to_jax(torch_model, jax_model):
+    """A conversion that copies w1 into w3 and w3 into w1."""
+    sd = torch_model.state_dict()
+    for i in range(len(torch_model.layers)):
+        a, b = f"layers.{i}.ffn.w1.weight", f"layers.{i}.ffn.w3.weight"
+        sd[a], sd[b] = sd[b].clone(), sd[a].clone()
+    swapped = type(torch_model)(torch_model.config)
+    swapped.load_state_dict(sd)
+    _real_torch_to_jax(swapped, jax_model)
+
+
+_real_torch_to_jax = convert.torch_to_jax
+
+
+@pytest.mark.parametrize("bug, target, replacement", [
+    ("wrong RoPE pairing", (tm, "apply_rope"), _half_split_rope),
+    ("missing 1/sqrt(d_head) scale", (tm.CausalSelfAttention, "scores"), _unscaled_scores),
+    ("swapped w1/w3 weights", (convert, "torch_to_jax"), _swapping_torch_to_jax),
+])
+def test_planted_bug_fails_the_check(monkeypatch, bug, target, replacement):
+    monkeypatch.setattr(*target, replacement)
+    if target[0] is convert:
+        import harness.jax_backend
+
+        monkeypatch.setattr(harness.jax_backend, "torch_to_jax", replacement)
+    result = check_parity(CFG, batch=2, ctx=32)
+    assert not result.ok, bug
+    failed = {r.quantity for r in result.rows if not r.ok}
+    assert {"logits", "loss", "grad"} <= failed, (bug, failed)
+    # not a near miss: the errors are orders of magnitude over the bound
+    logits = next(r for r in result.rows if r.quantity == "logits")
+    assert logits.rel_err > 100 * logits.tol
+
+
+def test_rel_err_edge_cases():
+    assert rel_err(np.zeros(3), np.zeros(3)) == 0.0
+    assert rel_err(np.array([np.nan]), np.ones(1)) == math.inf
+    assert rel_err(np.array([1.1]), np.array([1.0])) == pytest.approx(0.1)
+
+
+def test_tolerances_are_ordered_by_precision():
+    for key in TOLERANCES["fp32"]:
+        assert TOLERANCES["fp32"][key] <= TOLERANCES["tf32"][key] <= TOLERANCES["bf16"][key]
+
+
+def test_parity_cli_prints_a_table_and_exit_code(capsys):
+    from harness.parity import main
+
+    assert main(["--model", "tiny", "--ctx", "16", "--batch", "1", "--device", "cpu", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "grad     layers.1.ffn.w3.weight" in out and out.strip().endswith("PASS")

@@ -22,7 +22,9 @@ Steps
 -----
 Kernels inside a ``warmup`` range are left out of every phase.  Measured kernels are
 grouped under their root: the innermost step range (``fused_step`` inside ``step``, else
-``step``) containing them, else their outermost range.  Per-step figures divide by the
+``step``) containing them; in a profile without step ranges, their outermost range.
+Kernels outside every step range (e.g. a plain timing loop after the measured steps,
+even inside attention ranges) are reported apart.  Per-step figures divide by the
 number of root ranges that hold kernels (a JAX ``step`` that only wraps a ``fused_step``
 is a fused step, not a split one).  XLA autotuner kernels are never computation: they are reported apart,
 wherever they ran.  GPU time is the sum of kernel durations (overlap on several streams
@@ -78,7 +80,7 @@ class PhaseStats:
 
 @dataclass
 class Bucket:
-    """Kernels kept out of the phases (warm-up, autotuning, outside every range)."""
+    """Kernels kept out of the phases (warm-up, autotuning, outside every step)."""
 
     count: int = 0
     ns: int = 0
@@ -186,12 +188,13 @@ def breakdown(profile: Profile, require: Iterable[str] = ()) -> Breakdown:
     warm, tune, none = Bucket(), Bucket(), Bucket()
     groups: dict[tuple[str, str], list[tuple[Kernel, str]]] = defaultdict(list)
     roots: dict[str, set[Range]] = defaultdict(set)  # root name -> instances holding kernels
+    has_steps = any(r.name in STEP_RANGES for r in profile.ranges)
     for k, path in zip(kernels, _containing(kernels, profile.ranges)):
         names_in = tuple(r.name for r in path)
         category = classify(k.name, names_in)
         if category is Category.AUTOTUNING:
             _add(tune, k, path)
-        elif not path:
+        elif not path or (has_steps and WARMUP not in names_in and not set(names_in) & set(STEP_RANGES)):
             _add(none, k, path)
         elif WARMUP in names_in:
             _add(warm, k, path)
@@ -218,7 +221,7 @@ def breakdown(profile: Profile, require: Iterable[str] = ()) -> Breakdown:
                            f"{', '.join(sorted(names))}); were the kernels recorded on the same "
                            "clock, and did the harness measure any step after warm-up?")
     return Breakdown(profile.label, profile.source, profile.path, phases, warm, tune, none,
-                     _warnings(profile, phases), list(profile.notes))
+                     _warnings(phases), list(profile.notes))
 
 
 _ORDER = (*STEP_RANGES, *PHASES, *ATTENTION_RANGES)
@@ -230,8 +233,8 @@ def _phase_order(key: tuple[str, str]) -> tuple[int, int, str]:
     return (rank(root), rank(name), name)
 
 
-def _warnings(profile: Profile, phases: dict[str, PhaseStats]) -> list[str]:
-    out = [f"nsys recorded an error: {d}" for d in profile.diagnostics]
+def _warnings(phases: dict[str, PhaseStats]) -> list[str]:
+    out = []
     for p in phases.values():
         share = p.share(Category.OTHER)
         if share >= UNCLASSIFIED_WARN_SHARE:

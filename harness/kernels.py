@@ -10,10 +10,10 @@ before ``fusion`` makes it elementwise, ``gemm_fusion_*`` GEMM before elementwis
 ``input_reduce_fusion`` reduction before elementwise.
 
 One rule is phase-aware (`PHASE_RULES`): XLA fuses the optimizer update into fusions
-named after HLO ops (``loop_multiply_fusion``, ``fusion_12``...), and our PyTorch AdamW
-runs plain elementwise kernels per parameter; the name alone would call both elementwise.
-Inside the ``optimizer`` range they are the optimizer, so the two frameworks' category
-shares compare like for like.
+named after HLO ops (``loop_multiply_fusion``, ``input_reduce_fusion``...), and our
+PyTorch AdamW runs plain elementwise kernels per parameter; by name both would be
+elementwise or reduction.  Inside the ``optimizer`` range they are the optimizer, so the
+two frameworks' category shares compare like for like.
 
 GEMM names and the products of a linear layer
 ---------------------------------------------
@@ -62,9 +62,9 @@ class Category(str, Enum):
 
 
 # XLA's compile-time autotuner: redzone checks around candidate buffers, the timer's
-# delay kernel, and the buffer comparators that check candidates against a reference.
-_AUTOTUNING = r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|__?xla_\w*comparison|BufferComparator"
-_UPDATE_KERNELS = r"(?:^|\b)(?:loop|input)_\w*fusion|(?:^|\W)fusion(?:_\d+)?\b|^wrapped_\w+|elementwise"
+# delay kernel, buffer fills (RepeatBuffer) and the comparators that check candidates
+# against a reference.
+_AUTOTUNING = r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|RepeatBufferKernel|xla_\w*comparison|BufferComparator"
 
 PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.AUTOTUNING, _AUTOTUNING),
@@ -84,22 +84,22 @@ PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.ELEMENTWISE, r"^aten::"),
 )
 
-# (range name, category, regex): inside that range, a matching name gets the category.
-PHASE_RULES: tuple[tuple[str, Category, str], ...] = (("optimizer", Category.OPTIMIZER, _UPDATE_KERNELS),)
+# (range name, categories by name, category): inside that range, kernels whose name
+# says one of those categories get the last one instead.
+PHASE_RULES: tuple[tuple[str, tuple[Category, ...], Category], ...] = (
+    ("optimizer", (Category.ELEMENTWISE, Category.REDUCTION), Category.OPTIMIZER),
+)
 
 _COMPILED = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in PATTERNS)
-_PHASE_COMPILED = tuple((rng, cat, re.compile(rx, re.IGNORECASE)) for rng, cat, rx in PHASE_RULES)
 
 
 def classify(name: str, ranges: tuple[str, ...] = ()) -> Category:
     """Category of kernel `name`; `ranges` are the names of the ranges containing it."""
-    for rng, cat, rx in _PHASE_COMPILED:
-        if rng in ranges and rx.search(name):
+    category = next((cat for cat, rx in _COMPILED if rx.search(name)), Category.OTHER)
+    for range_name, by_name, cat in PHASE_RULES:
+        if range_name in ranges and category in by_name:
             return cat
-    for cat, rx in _COMPILED:
-        if rx.search(name):
-            return cat
-    return Category.OTHER
+    return category
 
 
 def is_autotuning(name: str) -> bool:

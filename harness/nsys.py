@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -30,11 +31,15 @@ STEP_RANGES = ("step", "fused_step")
 PHASES = ("forward", "backward", "optimizer")
 ATTENTION_RANGES = ("attn_scores", "attn_softmax", "attn_values")
 HARNESS_RANGES = (WARMUP, *STEP_RANGES, *PHASES, *ATTENTION_RANGES)
-TRACE_FLAGS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none")
+# --cuda-graph-trace=node: XLA replays steps as CUDA graphs, which nsys otherwise records
+# as one graph-level event each, hiding every kernel of the measured steps.
+TRACE_FLAGS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node")
 # XLA's own NVTX ranges (domain "TSL") break the nsys importer ("Cannot find string for
 # an exterior index"), which then drops every kernel record; the harness's ranges live
 # in the default domain, so excluding TSL keeps kernels and phase ranges.
 JAX_FLAGS = ("--nvtx-domain-exclude=TSL",)
+GRAPH_NOTE = ("CUDA graphs were traced as whole graphs ([CUDA graph] entries): their kernels are "
+              "hidden; profile with --cuda-graph-trace=node")
 NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE = 59, 60, 75
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -80,7 +85,6 @@ class Profile:
     kernels: list[Kernel]
     ranges: list[Range]
     notes: list[str] = field(default_factory=list)  # caveats the report repeats
-    diagnostics: list[str] = field(default_factory=list)  # errors the recorder logged
 
 
 def label_from_path(path: str | Path) -> str:
@@ -142,15 +146,22 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
 
 
 def _diagnostics(db: sqlite3.Connection, tables: set[str]) -> list[str]:
-    """Error-level messages nsys recorded while importing (``DIAGNOSTIC_EVENT``)."""
+    """Errors nsys recorded while importing (``DIAGNOSTIC_EVENT``), one line each.
+
+    The importer's failures arrive as warnings whose text starts "Error when processing
+    events", with the cause on a ``tag_message`` line; errors proper have severity 3."""
     if "DIAGNOSTIC_EVENT" not in tables:
         return []
-    if "ENUM_DIAGNOSTIC_SEVERITY_LEVEL" in tables:
-        sql = ("SELECT d.text FROM DIAGNOSTIC_EVENT d JOIN ENUM_DIAGNOSTIC_SEVERITY_LEVEL e "
-               "ON d.severity = e.id WHERE e.name LIKE '%error%' OR e.name LIKE '%fatal%'")
-    else:
-        sql = "SELECT text FROM DIAGNOSTIC_EVENT WHERE text LIKE '%error%'"
-    return [r[0] for r in db.execute(sql) if r[0]]
+    out: list[str] = []
+    rows = db.execute("SELECT severity, text FROM DIAGNOSTIC_EVENT WHERE severity = 3 "
+                      "OR text LIKE '%error%'")
+    for _, text in rows:
+        cause = re.search(r"tag_message\*?\]\s*=\s*(.+)", text or "")
+        line = (text or "").strip().splitlines()[0].rstrip(":") if text else ""
+        line = f"{line}: {cause.group(1).strip()}" if cause else line
+        if line and line not in out:
+            out.append(line)
+    return out
 
 
 def _kernels(db: sqlite3.Connection, tables: set[str]) -> list[Kernel]:
@@ -166,7 +177,8 @@ def _kernels(db: sqlite3.Connection, tables: set[str]) -> list[Kernel]:
     sql = (f"SELECT s.value, k.start, k.end, k.deviceId, k.streamId, {thread} "
            f"FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON k.{name_col} = s.id {launch}")
     kernels = [Kernel(*row) for row in db.execute(sql)]
-    for table, what in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
+    for table, what in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset"),
+                        ("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", "graph (whole, kernels not traced)")):
         if table in tables:
             kernels += [Kernel(f"[CUDA {what}]", *row) for row in
                         db.execute(f"SELECT start, end, deviceId, streamId FROM {table}")]
@@ -218,11 +230,14 @@ def read_sqlite(path: str | Path, label: str | None = None) -> Profile:
             ranges = _ranges(db, tables)
         finally:
             db.close()
-    if not kernels:
-        cause = f" nsys recorded: {diagnostics[0]!r}." if diagnostics else ""
+    if diagnostics:
         raise ProfileError(
-            f"{path}: no CUDA kernel records.{cause} Profile with --trace=cuda on a GPU run; "
+            f"{path}: nsys's importer failed ({diagnostics[0]}), so records may be missing; "
+            "for JAX profile with --nvtx-domain-exclude=TSL (XLA's NVTX domain breaks the importer)")
+    if not kernels:
+        raise ProfileError(
+            f"{path}: no CUDA kernel records; profile with --trace=cuda on a GPU run; "
             "for JAX add --nvtx-domain-exclude=TSL (XLA's NVTX domain makes the importer "
             "drop every kernel)")
-    return Profile(str(path), label or label_from_path(path), "nsys", kernels, ranges,
-                   diagnostics=diagnostics)
+    notes = [GRAPH_NOTE] if any(k.name.startswith("[CUDA graph") for k in kernels) else []
+    return Profile(str(path), label or label_from_path(path), "nsys", kernels, ranges, notes)

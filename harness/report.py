@@ -115,10 +115,13 @@ def _answer_lines(bd: Breakdown, ans: dict) -> list[str]:
     else:
         out.append("- (a)-(d): no `forward` range in this profile")
     if b := ans["b"]:
-        still = {True: "it is also the top kernel of the full step",
-                 False: f"over the full step the top kernel is `{short_name(b['step_top'] or '', 60)}` "
-                        f"({b['step_top_share']:.1%})" if b["step_top"] else "",
-                 None: "no step range to compare with"}[b["top_in_step"]]
+        if b["top_in_step"] is None:
+            still = "no step range to compare with"
+        elif b["top_in_step"]:
+            still = "it is also the top kernel of the full step"
+        else:
+            still = (f"over the full step the top kernel is `{short_name(b['step_top'], 60)}` "
+                     f"({b['step_top_share']:.1%})")
         out.append(f"- (b) top forward kernel: `{short_name(b['name'], 70)}` ({b['category']}, {b['share']:.1%} "
                    f"of forward, {b['calls_per_forward']:.1f} calls per forward); {still}")
     if ans["c"] is not None:
@@ -167,7 +170,7 @@ def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None
     out += ["## Left out of the phases", ""]
     for bd in bds:
         for what, b in (("warm-up", bd.warmup), ("autotuning (XLA compile-time)", bd.autotuning),
-                        ("outside every range", bd.unattributed)):
+                        ("outside every measured step", bd.unattributed)):
             if b.count:
                 where = ", ".join(f"{k} {_ms(v)} ms" for k, v in b.ranges.items())
                 out.append(f"- {bd.label}: {what}: {b.count} kernels, {_ms(b.ns)} ms in all ({where})")
@@ -239,6 +242,20 @@ def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Seq
     paths["json"].write_text(json.dumps(doc, indent=1, default=str))
     plot(paths["png"], bds, top_n)
     return paths
+
+
+def harness_metadata(path: str | Path) -> dict:
+    """From a `harness.run` result JSON: its forward time (mean ms over measured steps,
+    the per-step mean the breakdown also uses) and the attention shape for answer (e)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        opts, cfg = doc["options"], doc["config"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ProfileError(f"{path}: not a harness.run result JSON ({exc!r}); pass the file "
+                           "written by `python -m harness.run --out`") from None
+    forward = (doc.get("phases") or {}).get("forward") or {}
+    return {"forward_ms": forward.get("mean_ms"), "batch": opts["batch"], "seq": opts["ctx"],
+            "heads": cfg["num_heads"], "d_head": cfg["d_model"] // cfg["num_heads"]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,6 +40,24 @@ def gz(src: Path, dst: Path) -> None:
         shutil.copyfileobj(f, g)
 
 
+# Tables the reader does not use, dropped to keep the fixtures small.
+UNUSED_TABLES = ("PROFILER_OVERHEAD", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_CUDA_EVENT",
+                 "CUDA_GRAPH_EVENTS", "PROCESSES", "META_DATA_CAPTURE")
+
+
+def slim(sqlite: Path) -> None:
+    """Drop unused tables and the runtime calls that launched no kernel, then VACUUM."""
+    import sqlite3
+
+    with sqlite3.connect(sqlite) as db:
+        for table in UNUSED_TABLES:
+            db.execute(f"DROP TABLE IF EXISTS {table}")
+        db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId NOT IN "
+                   "(SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL)")
+    with sqlite3.connect(sqlite) as db:
+        db.execute("VACUUM")
+
+
 def run_annotated(argv: list[str]) -> int:
     """harness.run.main with the torch model's attention methods in NVTX ranges."""
     import torch
@@ -69,7 +87,9 @@ def capture_nsys(name: str, backend: str, args: list[str], device: str) -> Path:
         cmd.remove(nsys.JAX_FLAGS[0])
     done = subprocess.run(cmd, capture_output=True, text=True)
     (work / f"{name}.log").write_text(" ".join(cmd) + "\n" + done.stdout + done.stderr)
-    gz(nsys.export_sqlite(work / "profile.nsys-rep"), work / f"{name}.sqlite.gz")
+    sqlite = nsys.export_sqlite(work / "profile.nsys-rep")
+    slim(sqlite)
+    gz(sqlite, work / f"{name}.sqlite.gz")
     return work
 
 
@@ -117,6 +137,10 @@ def main(out_dir: str, device: str = "cuda") -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "slim":  # for exports captured before slim() existed
+        for f in sys.argv[2:]:
+            slim(Path(f))
+        sys.exit(0)
     if sys.argv[1] == "annotated":
         sys.exit(run_annotated(sys.argv[2:]))
     if sys.argv[1] == "fallback":

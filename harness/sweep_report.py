@@ -1,0 +1,311 @@
+"""Rendering of a sweep's analysis (`harness.sweep.analyze`): report.md, cells.csv, plots.
+
+A cell without a number is never shown as one: "OOM" (out of memory), "failed" (an
+error, crash, signal or timeout; the reasons are listed at the end), "not run" (not yet
+recorded), "-" (the phase does not exist for that cell, e.g. fused_step in torch).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Callable
+
+STATUS_TEXT = {"oom": "OOM", "error": "failed", "crashed": "failed", "timeout": "failed", "not run": "not run"}
+PHASES = ("forward", "backward", "optimizer", "step", "fused_step")
+GIB = 2**30
+
+
+def status_text(status: str) -> str:
+    return STATUS_TEXT.get(status, status)
+
+
+def _value(row: dict, value: object, fmt: Callable[[object], str]) -> str:
+    """`value` formatted, or the cell's status where the cell has no numbers."""
+    if row["status"] != "ok":
+        return status_text(row["status"])
+    return fmt(value) if value is not None else "-"
+
+
+def _ms(p: dict) -> str:
+    return f"{p['median_ms']:.2f} ± {p['std_ms']:.2f}"
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def _gib(v: float) -> str:
+    return f"{v / GIB:.3g}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows), ""]
+
+
+def _groups(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return out
+
+
+def _phases_present(rows: list[dict], candidates: tuple[str, ...] = PHASES) -> list[str]:
+    return [p for p in candidates if any(r.get(p) for r in rows)] or [p for p in candidates if p != "fused_step"]
+
+
+# -- markdown sections -------------------------------------------------------------------
+def section_times(data: dict) -> list[str]:
+    out = ["## Phase times (ms, median ± std)", ""]
+    for (backend, dtype), rows in _groups(data["phases"], "backend", "dtype").items():
+        phases = _phases_present(rows)
+        out += [f"### {backend} {dtype}", ""]
+        out += _table(["model", "ctx", *phases], [[r["model"], str(r["ctx"]), *(_value(r, r[p], _ms) for p in phases)]
+                                                  for r in rows])
+    if data["ratios"]:
+        out += ["### JAX / torch (median ratio; fused_step: JAX fused step over torch step; < 1: JAX faster)", ""]
+        phases = _phases_present(data["ratios"])
+        out += _table(["model", "ctx", "dtype", *phases],
+                      [[r["model"], str(r["ctx"]), r["dtype"], *(_value(r, r[p], _x) for p in phases)]
+                       for r in data["ratios"]])
+    return out
+
+
+def section_bound(data: dict) -> list[str]:
+    from harness.sweep import bound_label
+
+    out = ["## Backward / forward", "",
+           "Backward does twice the forward's matmul FLOPs, so a compute-bound step approaches 2x; a step "
+           "dominated by memory traffic, launches or fixed overheads stays near 1x.", ""]
+    out += _table(["model", "ctx", "backend", "dtype", "backward/forward", "regime"],
+                  [[r["model"], str(r["ctx"]), r["backend"], r["dtype"], _value(r, r["bwd_over_fwd"], _x),
+                    bound_label(r["bwd_over_fwd"]) or ""] for r in data["phases"]])
+    for n in data["bound_notes"]:
+        trend = ", ".join(f"{ctx}: {v:.2f}x" for ctx, v in n["ratios"])
+        where = (f"reaches 1.5x at ctx {n['reaches_1_5x_at']}" if n["reaches_1_5x_at"] is not None
+                 else "stays below 1.5x over the contexts measured")
+        out.append(f"- {n['backend']} {n['dtype']} {n['model']}: {trend}; {where} ({n['first']} -> {n['last']})")
+    return out + [""]
+
+
+def section_throughput(data: dict) -> list[str]:
+    phases = _phases_present(data["phases"], ("forward", "backward", "step", "fused_step"))
+    out = ["## Achieved TFLOP/s and MFU", "",
+           "MFU is against the datasheet peak of the device for the dtype; '-' where the device is not in the "
+           "peak table (e.g. CPU).", ""]
+    rows = [[r["model"], str(r["ctx"]), r["backend"], r["dtype"],
+             *(_value(r, (r[p] or {}).get("tflops"), lambda v: f"{v:.2f}") for p in phases),
+             *(_value(r, (r[p] or {}).get("mfu"), _pct) for p in phases)] for r in data["phases"]]
+    return out + _table(["model", "ctx", "backend", "dtype", *(f"{p} TFLOP/s" for p in phases),
+                         *(f"{p} MFU" for p in phases)], rows)
+
+
+def section_memory(data: dict) -> list[str]:
+    dev = data["device_memory"]
+    out = ["## Peak memory (GiB): measured / predicted", "",
+           "Predicted by `harness.memory_model` (parameters, gradients, AdamW m and v in fp32; activations "
+           "saved for backward per layer; logits). Measured: the run's per-phase peak (torch: "
+           "max_memory_allocated; JAX: the process-wide high-water mark; none on CPU). "
+           f"Device memory for the fit column: {dev['source']}.", ""]
+    phases = ("forward", "backward", "optimizer", "step")
+
+    def pair(r: dict, p: str) -> str:
+        m = r[p]
+        measured = _gib(m["measured"]) if m["measured"] else status_text(r["status"]) if r["status"] != "ok" else "-"
+        return f"{measured} / {_gib(m['predicted'])}"
+
+    rows = [[r["model"], str(r["ctx"]), r["backend"], r["dtype"], *(pair(r, p) for p in phases),
+             _x(r["step"]["predicted_over_measured"]) if r["step"]["predicted_over_measured"] else "-",
+             "yes" if r["predicted_fits"] else "**no**"] for r in data["memory"]]
+    out += _table(["model", "ctx", "backend", "dtype", *phases, "step predicted/measured", "fits (predicted)"], rows)
+    misses = [r for r in data["memory"] if (r["status"] == "oom") == r["predicted_fits"] and r["status"] in ("ok", "oom")]
+    if misses:
+        out += ["Fit predictions contradicted by the run: " +
+                ", ".join(f"{r['key']} ({'OOM' if r['status'] == 'oom' else 'ran'})" for r in misses), ""]
+    return out
+
+
+def section_speedups(data: dict) -> list[str]:
+    if not data["speedups"]:
+        return []
+    phases = _phases_present(data["speedups"])
+    out = ["## Mixed vs full precision (fp32 median / other dtype's; > 1: faster)", ""]
+    return out + _table(["model", "ctx", "backend", "dtype", *phases],
+                        [[r["model"], str(r["ctx"]), r["backend"], r["dtype"], *(_value(r, r[p], _x) for p in phases)]
+                         for r in data["speedups"]])
+
+
+def section_warmup(data: dict) -> list[str]:
+    if not data["warmup"]:
+        return []
+    out = ["## Warm-up study", "",
+           "The same cell with 0, 1, 2 and 5 warm-up steps. With none, the first measured step pays for what "
+           "warm-up removes (JAX: tracing and compilation; torch: allocator growth, cuBLAS handle and "
+           "workspace set-up), which inflates the mean and the std.", ""]
+
+    def stat(r: dict, name: str) -> str:
+        p = r[name]
+        return _value(r, p, lambda v: f"{v['mean_ms']:.2f} ± {v['std_ms']:.2f} (first {v['first_ms']:.2f})")
+
+    rows = [[r["model"], str(r["ctx"]), r["backend"], r["dtype"], str(r["warmup"]), stat(r, "step"),
+             stat(r, "fused_step") if r["backend"] == "jax" else "-"] for r in data["warmup"]]
+    return out + _table(["model", "ctx", "backend", "dtype", "warm-up steps", "step mean ± std ms",
+                         "fused_step mean ± std ms"], rows)
+
+
+def section_kernels(data: dict) -> list[str]:
+    if not data["kernels"]:
+        return []
+    out = ["## Kernels (nsys)", "", "Top forward kernel and category shares of GPU time (harness.breakdown).", ""]
+    rows = []
+    for r in data["kernels"]:
+        if r["error"]:
+            rows.append([r["key"], f"unreadable: {r['error']}", "", "", ""])
+            continue
+        f, s = r.get("forward"), r.get("step")
+        cats = lambda p: ", ".join(f"{c} {_pct(v)}" for c, v in p["categories"].items()) if p else "-"  # noqa: E731
+        top = f"{f['top_kernel'][:60]} ({_pct(f['top_share'])})" if f and f["top_kernel"] else "-"
+        rows.append([r["key"], top, cats(f), s["phase"] if s else "-", cats(s)])
+    return out + _table(["cell", "top forward kernel (share)", "forward categories", "step range", "step categories"], rows)
+
+
+def section_failed(data: dict) -> list[str]:
+    if not data["failed"]:
+        return []
+    return ["## Failed cells", "", *(f"- {r['key']}: {status_text(r['status'])} ({r['status']}): {r['reason']}"
+                                     for r in data["failed"]), ""]
+
+
+def render_markdown(data: dict, plots: list[str]) -> str:
+    o = data["sweep"]["options"]
+    counts: dict[str, int] = {}
+    for c in data["cells"]:
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    lines = [f"# Sweep: batch {o['batch']}, {o['attention']} attention, {o['mode']} on {o['device']}", "",
+             f"warm-up {o['warmup']}, measured steps {o['steps']}; cells: "
+             + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), ""]
+    for section in (section_times, section_bound, section_throughput, section_memory, section_speedups,
+                    section_warmup, section_kernels, section_failed):
+        lines += section(data)
+    lines += ["## Plots", "", *(f"![{p}]({p})" for p in plots), ""]
+    return "\n".join(lines)
+
+
+# -- CSV -------------------------------------------------------------------------------
+def csv_rows(data: dict) -> list[dict]:
+    """One row per main cell; numeric fields are empty where the cell has no number."""
+    memory = {r["key"]: r for r in data["memory"]}
+    out = []
+    for r in data["phases"]:
+        row = {k: r[k] for k in ("key", "model", "ctx", "backend", "dtype", "status")}
+        row["reason"] = r["reason"] or ""
+        for p in PHASES:
+            ph = r[p] or {}
+            for field in ("median_ms", "std_ms", "tflops", "mfu", "peak_memory_bytes"):
+                row[f"{p}_{field}"] = ph.get(field, "")
+        row["bwd_over_fwd"] = r["bwd_over_fwd"] if r["bwd_over_fwd"] is not None else ""
+        m = memory[r["key"]]
+        for p in ("forward", "backward", "optimizer", "step"):
+            row[f"{p}_predicted_bytes"] = m[p]["predicted"]
+        row["predicted_fits"] = m["predicted_fits"]
+        out.append(row)
+    return out
+
+
+# -- plots -----------------------------------------------------------------------------
+def _models(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["model"] for r in rows))
+
+
+def _subplots(n: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, n, figsize=(4.5 * n, 3.6), squeeze=False)
+    return plt, fig, axes[0]
+
+
+def plot_time_vs_ctx(data: dict, path: str) -> bool:
+    rows = data["phases"]
+    if not any(r["step"] for r in rows):
+        return False
+    models = _models(rows)
+    plt, fig, axes = _subplots(len(models))
+    for ax, model in zip(axes, models):
+        for (backend, dtype), rs in _groups([r for r in rows if r["model"] == model], "backend", "dtype").items():
+            for phase, style in (("step", "-o"), ("fused_step", "--s")):
+                pts = [(r["ctx"], r[phase]["median_ms"]) for r in rs if r[phase]]
+                if pts:
+                    ax.plot(*zip(*pts), style, label=f"{backend} {dtype}{' fused' if phase == 'fused_step' else ''}")
+        ax.set(title=model, xlabel="context length", ylabel="step ms (median)", xscale="log", yscale="log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_phase_bars(data: dict, path: str) -> bool:
+    rows = [r for r in data["phases"] if r["forward"]]
+    if not rows:
+        return False
+    plt, fig, (ax,) = _subplots(1)
+    fig.set_size_inches(max(6.0, 0.45 * len(rows)), 4.2)
+    bottom = [0.0] * len(rows)
+    for phase in ("forward", "backward", "optimizer"):
+        vals = [(r[phase] or {}).get("median_ms", 0.0) for r in rows]
+        ax.bar(range(len(rows)), vals, bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(range(len(rows)), [f"{r['model']}/{r['ctx']}/{r['backend']}/{r['dtype']}" for r in rows],
+                  rotation=75, fontsize=7)
+    ax.set(ylabel="ms (median)", title="phases per cell")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_memory(data: dict, path: str) -> bool:
+    rows = data["memory"]
+    if not rows:
+        return False
+    models = _models(rows)
+    plt, fig, axes = _subplots(len(models))
+    for ax, model in zip(axes, models):
+        mine = [r for r in rows if r["model"] == model]
+        for dtype, rs in _groups(mine, "dtype").items():
+            pts = sorted({(r["ctx"], r["step"]["predicted"] / GIB) for r in rs})
+            ax.plot(*zip(*pts), "-", label=f"predicted {dtype}")
+        for (backend, dtype), rs in _groups(mine, "backend", "dtype").items():
+            pts = [(r["ctx"], r["step"]["measured"] / GIB) for r in rs if r["step"]["measured"]]
+            if pts:
+                ax.plot(*zip(*pts), "o", label=f"measured {backend} {dtype}")
+        ax.axhline(data["device_memory"]["bytes"] / GIB, color="grey", linestyle=":", label="device memory")
+        ax.set(title=model, xlabel="context length", ylabel="peak GiB (step)", xscale="log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(data: dict, out_dir: str) -> list[str]:
+    """Write report.md, cells.csv and the plots into `out_dir`; returns the file names."""
+    plots = [name for name, plot in (("time_vs_ctx.png", plot_time_vs_ctx), ("phases.png", plot_phase_bars),
+                                     ("memory.png", plot_memory)) if plot(data, os.path.join(out_dir, name))]
+    rows = csv_rows(data)
+    with open(os.path.join(out_dir, "cells.csv"), "w", newline="") as f:
+        if rows:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(render_markdown(data, plots))
+    return ["report.md", "cells.csv", *plots]

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 from harness.cli import BACKENDS, MODES, UsageError, add_model_args, choice, fail, non_negative_int, parse_args, \
     positive_int, select_platform
@@ -53,7 +54,9 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str, prefix: li
            "--mode", args.mode, "--out", out]
     if args.fail_in and args.fail_in.split(":")[0] == backend:
         cmd += ["--fail-in", args.fail_in.split(":")[1]]
+    start = time.perf_counter()
     code, tail = _stream(cmd, dict(os.environ))
+    print(f"[{backend}] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if os.path.exists(out):
         with open(out) as f:
             return json.load(f)
@@ -67,7 +70,9 @@ def run_parity(args: argparse.Namespace, workdir: str) -> dict:
     while True:
         out = os.path.join(workdir, f"parity-b{batch}.json")
         cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--json", out]
+        start = time.perf_counter()
         code, tail = _stream(cmd, env)
+        print(f"[parity] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
         if os.path.exists(out):
             with open(out) as f:
                 doc = json.load(f)

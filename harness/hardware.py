@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 
 # Dense (no sparsity) tensor-core peaks in TFLOP/s from NVIDIA's datasheets.
 # fp32 = plain FP32 on CUDA cores (what torch uses with TF32 off), tf32 = TF32 tensor cores.
@@ -33,6 +34,8 @@ def peak_tflops(device_name: str | None, dtype: str) -> float | None:
 
 
 def git_commit() -> str | None:
+    """HEAD of the checkout (with -dirty for uncommitted changes), or $XFPROF_GIT_COMMIT
+    where the code runs from a copy of the tree without its .git folder."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(
@@ -43,7 +46,15 @@ def git_commit() -> str | None:
         ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("XFPROF_GIT_COMMIT")
+
+
+def command_line() -> str:
+    """How this process was started, with temporary paths reduced to their file names."""
+    tmp = tempfile.gettempdir()
+    args = [os.path.basename(a) if a.startswith(tmp) or a.startswith(os.path.expanduser("~")) else a
+            for a in sys.orig_argv[1:]]
+    return " ".join(["python", *args])
 
 
 def nvidia_smi() -> dict[str, str]:
@@ -65,7 +76,7 @@ def environment(extra: dict | None = None) -> dict:
         "host_platform": platform.platform(),
         "python": platform.python_version(),
         "git_commit": git_commit(),
-        "command": " ".join([os.path.basename(sys.executable), *sys.orig_argv[1:]]),
+        "command": command_line(),
         **nvidia_smi(),
     }
     env.update(extra or {})

@@ -69,6 +69,7 @@ class ParityResult:
     steps: int
     attention: dict[str, str]
     rows: list[ParityRow]
+    env: dict = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +90,7 @@ class ParityResult:
             "tolerances": TOLERANCES[self.dtype],
             "worst": {q: dataclasses.asdict(r) for q, r in self.worst().items()},
             "rows": [dataclasses.asdict(r) | {"ok": r.ok} for r in self.rows],
+            "env": self.env,
         }
 
 
@@ -123,8 +125,11 @@ def check_parity(config, *, batch: int = 2, ctx: int = 64, device: str = "cpu", 
     for name, p in params_t.items():
         rows.append(ParityRow("param", name, rel_err(params_j[name], p), tol["param"]))
         rows.append(ParityRow("update", name, rel_err(params_j[name] - start[name], p - start[name]), tol["update"]))
+    from harness.hardware import environment
+
+    env = environment({"device": tc.device_name() or "cpu", **tc.versions(), **jx.versions()})
     return ParityResult(config.name, dtype, device, batch, ctx, steps,
-                        {"torch": torch_config.attention, "jax": config.attention}, rows)
+                        {"torch": torch_config.attention, "jax": config.attention}, rows, env)
 
 
 def format_table(result: ParityResult) -> str:
@@ -135,6 +140,7 @@ def format_table(result: ParityResult) -> str:
     ]
     lines += [f"{r.quantity:<8} {r.tensor:<36} {r.rel_err:>10.2e} {r.tol:>8.0e}  {'yes' if r.ok else 'NO'}"
               for r in result.rows]
+    lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in result.env.items()))
     failed = [r for r in result.rows if not r.ok]
     lines.append("PASS" if not failed else f"FAIL: {len(failed)} of {len(result.rows)} tensors over their bound")
     return "\n".join(lines)

@@ -1,0 +1,441 @@
+"""Attention kernel benchmark: our Pallas FlashAttention-2 against XLA, cuDNN,
+JAX's Pallas `mha` and PyTorch SDPA backends.
+
+    python -m harness.bench_attention --seq 1024,4096 --head-dim 64 --dtype bf16
+
+Times forward, backward (given saved residuals) and forward+backward, each the
+median over `--iters` repeats of back-to-back launches (after warm-up), with
+the min-max spread. FLOP convention: forward = 4*B*H*S^2*D (QK^T and PV),
+halved when causal; backward = 2.5x forward (five matmuls instead of two);
+forward+backward = 3.5x forward. D is the true head_dim, not the padded one.
+Ratios are time / time of the fastest PyTorch SDPA backend for the same cell
+and pass (measured in the same run), so < 1 means faster than SDPA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+# JAX would otherwise reserve most of the GPU up front and starve PyTorch.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from harness import hardware  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PASSES = ("fwd", "bwd", "fwd_bwd")
+PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+SDPA_IMPLS = ("torch_sdpa_flash", "torch_sdpa_efficient", "torch_sdpa_cudnn")
+IMPLS = ("pallas", "jax_pallas_mha", "jax_cudnn", "xla_naive", *SDPA_IMPLS, "torch_naive")
+GPU_ONLY = ("jax_pallas_mha", "jax_cudnn", *SDPA_IMPLS)
+DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+DEFAULT_SEQS = tuple(2**p for p in range(7, 15))
+# Non-causal cells are only run from this length up when --causal both.
+NONCAUSAL_MIN_SEQ = 1024
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    def int_list(text: str) -> list[int]:
+        return [int(x) for x in text.split(",") if x]
+
+    def str_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+        def parse(text: str) -> list[str]:
+            items = [x for x in text.split(",") if x]
+            bad = [x for x in items if x not in choices]
+            if bad:
+                raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(choices)}")
+            return items
+
+        return parse
+
+    p = argparse.ArgumentParser(prog="python -m harness.bench_attention", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seq", type=int_list, default=list(DEFAULT_SEQS), help="comma-separated sequence lengths")
+    p.add_argument("--head-dim", type=int_list, default=[64, 80, 128])
+    p.add_argument("--dtype", type=str_list(tuple(DTYPES)), default=["bf16", "fp32"])
+    p.add_argument("--impl", type=str_list(IMPLS), default=list(IMPLS))
+    p.add_argument("--causal", choices=("true", "false", "both"), default="both",
+                   help=f"'both' adds non-causal cells for seq >= {NONCAUSAL_MIN_SEQ}")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=15, help="timed repeats per pass (median reported)")
+    p.add_argument("--min-batch-ms", type=float, default=5.0,
+                   help="launches per repeat are chosen so that a repeat lasts at least this long")
+    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
+                   help="cpu: tiny smoke runs (Pallas in interpret mode, GPU-only impls marked unsupported)")
+    p.add_argument("--out", type=Path, default=None, help="default: results/attention-<gpu>/")
+    p.add_argument("--name", default="attention", help="stem of the .json/.png/.md files written")
+    return p.parse_args(argv)
+
+
+def cells(args: argparse.Namespace) -> list[dict]:
+    out = []
+    for dtype in args.dtype:
+        for head_dim in args.head_dim:
+            for seq in args.seq:
+                flags = {"true": [True], "false": [False], "both": [True, False]}[args.causal]
+                for causal in flags:
+                    if args.causal == "both" and not causal and seq < NONCAUSAL_MIN_SEQ:
+                        continue
+                    out.append(dict(batch=args.batch, heads=args.heads, seq=seq, head_dim=head_dim,
+                                    dtype=DTYPES[dtype], causal=causal))
+    return out
+
+
+def fwd_flops(cell: dict) -> float:
+    flops = 4.0 * cell["batch"] * cell["heads"] * cell["seq"] ** 2 * cell["head_dim"]
+    return flops / 2 if cell["causal"] else flops
+
+
+# ----------------------------------------------------------------------------
+# Implementations. Each builder returns ({pass: thunk}, sync, timer kind);
+# JAX works in [batch, seq, heads, dim], PyTorch in [batch, heads, seq, dim].
+
+
+def _jax_attention(impl: str, interpret: bool) -> Callable:
+    if impl == "pallas":
+        from pallas_kernels import flash_attention
+
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, interpret=interpret)
+    if impl == "jax_cudnn":
+        return lambda q, k, v, causal: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                                    implementation="cudnn")
+    if impl == "jax_pallas_mha":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from jax.experimental.pallas.ops.gpu import attention as jax_attention
+
+        return lambda q, k, v, causal: jax_attention.mha(q, k, v, None, sm_scale=1 / math.sqrt(q.shape[-1]),
+                                                         causal=causal)
+    if impl == "xla_naive":
+        def naive(q, k, v, causal):
+            s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
+            if causal:
+                s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -jnp.inf)
+            p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+            return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+        return naive
+    raise ValueError(f"{impl=} is not a JAX implementation")
+
+
+def _build_jax(impl: str, cell: dict, device: str):
+    attention = _jax_attention(impl, interpret=device == "cpu")
+    shape = (cell["batch"], cell["seq"], cell["heads"], cell["head_dim"])
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, k, v, do = (jax.random.normal(key, shape, jnp.float32).astype(cell["dtype"]) for key in keys)
+
+    def f(q, k, v):
+        return attention(q, k, v, cell["causal"])
+
+    fwd = jax.jit(f)
+    fwd_bwd = jax.jit(lambda q, k, v, do: jax.vjp(f, q, k, v)[1](do))
+    # The residuals come back as a pytree (jax.tree_util.Partial), so the
+    # backward alone can be jitted and timed from them.
+    _, vjp_fn = jax.jit(lambda q, k, v: jax.vjp(f, q, k, v))(q, k, v)
+    bwd = jax.jit(lambda vjp_fn, do: vjp_fn(do))
+    thunks = {"fwd": lambda: fwd(q, k, v), "bwd": lambda: bwd(vjp_fn, do),
+              "fwd_bwd": lambda: fwd_bwd(q, k, v, do)}
+    return thunks, jax.block_until_ready, "wall"
+
+
+def _build_torch(impl: str, cell: dict, device: str):
+    import torch
+    import torch.nn.functional as F
+
+    dev = "cuda" if device == "gpu" else "cpu"
+    dtype = getattr(torch, cell["dtype"])
+    shape = (cell["batch"], cell["heads"], cell["seq"], cell["head_dim"])
+    gen = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(shape, device=dev, dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
+    do = torch.randn(shape, device=dev, dtype=dtype, generator=gen)
+    causal = cell["causal"]
+
+    if impl == "torch_naive":
+        future = torch.ones(shape[-2], shape[-2], dtype=torch.bool, device=dev).triu(1)
+
+        def attention(q, k, v):
+            s = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
+            if causal:
+                s = s.masked_fill(future, float("-inf"))
+            return torch.softmax(s, dim=-1).to(q.dtype) @ v
+
+        context = contextlib.nullcontext
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = {"torch_sdpa_flash": SDPBackend.FLASH_ATTENTION,
+                   "torch_sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+                   "torch_sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}[impl]
+
+        def attention(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        def context():
+            return sdpa_kernel(backend)
+
+    def fwd():
+        with context(), torch.no_grad():
+            return attention(q, k, v)
+
+    with context():
+        out = attention(q, k, v)
+
+    def bwd():
+        return torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+
+    def fwd_bwd():
+        with context():
+            return torch.autograd.grad(attention(q, k, v), (q, k, v), do)
+
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda *_: None)
+    return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd_bwd}, sync, "cuda" if dev == "cuda" else "wall"
+
+
+def _time_ms(thunk: Callable, sync: Callable, timer: str, args: argparse.Namespace) -> tuple[float, float, float]:
+    """(median, min, max) milliseconds per call over args.iters repeats."""
+    for _ in range(args.warmup):
+        sync(thunk())
+    start = time.perf_counter()
+    sync(thunk())
+    once_ms = (time.perf_counter() - start) * 1e3
+    # Launch enough calls back to back that host overhead between them hides.
+    n = max(1, min(200, math.ceil(args.min_batch_ms / max(once_ms, 1e-3))))
+    samples = []
+    for _ in range(args.iters):
+        if timer == "cuda":
+            import torch
+
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(n):
+                thunk()
+            end.record()
+            end.synchronize()
+            samples.append(begin.elapsed_time(end) / n)
+        else:
+            start = time.perf_counter()
+            for _ in range(n):
+                result = thunk()
+            sync(result)
+            samples.append((time.perf_counter() - start) * 1e3 / n)
+    return statistics.median(samples), min(samples), max(samples)
+
+
+def _failure(exc: BaseException, caught: list) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if "Shared memory size limit" in text:
+        return "unsupported: tiles exceed shared memory"
+    if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() or "OutOfMemory" in text:
+        return "OOM"
+    # PyTorch explains "No available kernel" in warnings; keep the first reason.
+    reasons = [str(w.message).splitlines()[0] for w in caught if "kernel" in str(w.message).lower()]
+    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    if reasons:
+        line = f"{line} ({reasons[0]})"
+    return f"unsupported: {line[:160]}"
+
+
+def _release_memory() -> None:
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def measure(impl: str, cell: dict, args: argparse.Namespace) -> dict:
+    row = {"impl": impl, **cell, "status": "ok"}
+    if args.device == "cpu" and impl in GPU_ONLY:
+        row["status"] = "unsupported: needs a GPU"
+        return row
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            builder = _build_torch if impl.startswith("torch") else _build_jax
+            thunks, sync, timer = builder(impl, cell, args.device)
+            for name in PASSES:
+                median, lo, hi = _time_ms(thunks[name], sync, timer, args)
+                row[f"{name}_ms"] = median
+                row[f"{name}_ms_spread"] = [lo, hi]
+                row[f"{name}_tflops"] = fwd_flops(cell) * PASS_FLOP_FACTOR[name] / (median * 1e-3) / 1e12
+        except Exception as exc:  # noqa: BLE001 -- every failure becomes a marked cell
+            row["status"] = _failure(exc, caught)
+        finally:
+            thunks = None
+            _release_memory()
+    return row
+
+
+def run_benchmark(args: argparse.Namespace) -> list[dict]:
+    """Measures every requested (cell, impl); returns one dict per pair."""
+    rows = []
+    device = jax.devices("cpu")[0] if args.device == "cpu" else jax.devices()[0]
+    with jax.default_device(device):
+        for cell in cells(args):
+            for impl in args.impl:
+                row = measure(impl, cell, args)
+                rows.append(row)
+                print(_progress_line(row), file=sys.stderr, flush=True)
+    add_sdpa_ratios(rows)
+    return rows
+
+
+def _cell_key(row: dict) -> tuple:
+    return tuple(row[k] for k in ("batch", "heads", "seq", "head_dim", "dtype", "causal"))
+
+
+def add_sdpa_ratios(rows: list[dict]) -> None:
+    """Adds `<pass>_vs_sdpa` = time / fastest SDPA backend's time (per pass)."""
+    best: dict[tuple, dict[str, float]] = {}
+    for row in rows:
+        if row["impl"] in SDPA_IMPLS and row["status"] == "ok":
+            entry = best.setdefault(_cell_key(row), {})
+            for name in PASSES:
+                entry[name] = min(entry.get(name, math.inf), row[f"{name}_ms"])
+    for row in rows:
+        for name in PASSES:
+            ref = best.get(_cell_key(row), {}).get(name)
+            ok = row["status"] == "ok" and ref is not None
+            row[f"{name}_vs_sdpa"] = row[f"{name}_ms"] / ref if ok else None
+
+
+# ----------------------------------------------------------------------------
+# Rendering.
+
+
+def _progress_line(row: dict) -> str:
+    desc = f"{row['impl']:22s} s={row['seq']:<6d} d={row['head_dim']:<4d} {row['dtype']:9s} causal={row['causal']!s:5s}"
+    if row["status"] != "ok":
+        return f"{desc} {row['status']}"
+    return f"{desc} " + " ".join(f"{n}={row[f'{n}_ms']:.3f}ms" for n in PASSES)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render_table(rows: list[dict], markdown: bool = False) -> str:
+    header = ["impl", "seq", "D", "dtype", "causal", "fwd ms", "bwd ms", "f+b ms", "f+b TFLOP/s",
+              "fwd/SDPA", "bwd/SDPA", "f+b/SDPA", "status"]
+    lines = []
+    for row in rows:
+        ok = row["status"] == "ok"
+        lines.append([
+            row["impl"], str(row["seq"]), str(row["head_dim"]), row["dtype"], "yes" if row["causal"] else "no",
+            *(_fmt(row.get(f"{n}_ms") if ok else None, ".3f") for n in PASSES),
+            _fmt(row.get("fwd_bwd_tflops") if ok else None, ".3g"),
+            *(_fmt(row.get(f"{n}_vs_sdpa"), ".2f") for n in PASSES),
+            row["status"],
+        ])
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:{w}s}}" for w in widths)
+    return "\n".join([fmt.format(*header)] + [fmt.format(*line) for line in lines])
+
+
+def environment(args: argparse.Namespace) -> dict:
+    extra = {
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "jaxlib": __import__("jaxlib").__version__,
+        "flop_convention": "fwd 4*B*H*S^2*D (causal /2); bwd 2.5x fwd; fwd+bwd 3.5x fwd",
+        "timing": f"median of {args.iters} repeats after {args.warmup} warm-up calls; "
+                  "each repeat times back-to-back launches (CUDA events for PyTorch, block_until_ready for JAX)",
+    }
+    for module in ("torch", "triton"):
+        try:
+            extra[module] = __import__(module).__version__
+        except ImportError:
+            extra[module] = None
+    if extra["torch"]:
+        import torch
+
+        extra["torch_cuda"] = torch.version.cuda
+        extra["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return hardware.environment(extra)
+
+
+def render_plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["dtype"], r["head_dim"], r["causal"]) for r in rows}, key=str)
+    cols = min(3, len(groups))
+    nrows = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4 * nrows), squeeze=False)
+    for ax, (dtype, head_dim, causal) in zip(axes.flat, groups):
+        for impl in dict.fromkeys(r["impl"] for r in rows):
+            pts = [(r["seq"], r["fwd_bwd_tflops"]) for r in rows
+                   if (r["impl"], r["dtype"], r["head_dim"], r["causal"]) == (impl, dtype, head_dim, causal)
+                   and r["status"] == "ok"]
+            if pts:
+                xs, ys = zip(*sorted(pts))
+                ax.plot(xs, ys, marker="o", label=impl, linewidth=2.5 if impl == "pallas" else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("fwd+bwd TFLOP/s")
+        ax.set_title(f"{dtype}, head_dim {head_dim}, {'causal' if causal else 'non-causal'}")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def default_out_dir() -> Path:
+    name = jax.devices()[0].device_kind if jax.devices()[0].platform == "gpu" else None
+    return REPO_ROOT / "results" / f"attention-{hardware.gpu_slug(name)}"
+
+
+def write_results(rows: list[dict], args: argparse.Namespace) -> dict[str, Path]:
+    """Writes <name>.json (environment + rows), <name>.md and <name>.png."""
+    out = args.out or default_out_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(args)
+    paths = {"json": out / f"{args.name}.json", "md": out / f"{args.name}.md", "png": out / f"{args.name}.png"}
+    paths["json"].write_text(json.dumps({"environment": env, "results": rows}, indent=1) + "\n")
+    meta = "\n".join(f"- {k}: `{env[k]}`" for k in ("device", "jax", "torch", "triton", "git_commit", "command"))
+    paths["md"].write_text(
+        f"# Attention benchmark ({env['device']})\n\n{meta}\n- {env['timing']}\n- FLOPs: {env['flop_convention']}\n"
+        f"- x/SDPA: time divided by the fastest PyTorch SDPA backend's time for the same cell (< 1 is faster)\n\n"
+        + render_table(rows, markdown=True) + "\n"
+    )
+    render_plot(rows, paths["png"])
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    platform_name = jax.devices()[0].platform
+    if args.device == "gpu" and platform_name != "gpu":
+        print(f"bench_attention: no GPU visible to JAX (platform {platform_name!r}); "
+              "use --device cpu for a tiny smoke run", file=sys.stderr)
+        return 2
+    rows = run_benchmark(args)
+    print(render_table(rows))
+    for kind, path in write_results(rows, args).items():
+        print(f"wrote {kind}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Correctness of the Pallas FlashAttention-2 kernels against the jnp reference.
+
+The sweep runs twice: in Pallas interpret mode on CPU (always), and compiled on
+GPU (skipped when the first JAX device is not a GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import BlockSizes, flash_attention, flash_attention_with_lse, mha_reference, reference_lse
+
+# Relative error ||got - want|| / ||want|| allowed, per (dtype, mode). The
+# reference is float32. Interpret mode computes in exact float32 on CPU; on
+# GPU float32 inputs go through TF32 tensor cores (10-bit mantissa), and
+# bfloat16/float16 round P and dS to the input dtype before each product.
+TOLERANCES = {
+    ("float32", "interpret"): 1e-5,
+    ("float32", "gpu"): 3e-3,
+    ("bfloat16", "interpret"): 2e-2,
+    ("bfloat16", "gpu"): 2e-2,
+    ("float16", "interpret"): 3e-3,
+    ("float16", "gpu"): 3e-3,
+}
+
+# Small tiles so short sequences still cross several blocks, the diagonal and a
+# ragged tail; `None` means the tuned defaults.
+SMALL_BLOCKS = BlockSizes(block_q=32, block_k=16, block_q_dkv=16, block_k_dkv=32, block_q_dq=32, block_k_dq=16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch: int
+    seq: int
+    heads: int
+    head_dim: int
+    causal: bool
+    dtype: str
+    blocks: BlockSizes | None = SMALL_BLOCKS
+
+    def __str__(self) -> str:
+        blocks = "default" if self.blocks is None else "small"
+        causal = "causal" if self.causal else "full"
+        return f"b{self.batch}-s{self.seq}-h{self.heads}-d{self.head_dim}-{causal}-{self.dtype}-{blocks}blocks"
+
+
+# Curated rather than a full product: every sequence length (1, 17, 128, 200,
+# 513), head_dim (64, 80, 128), dtype and causal flag appears, lengths that are
+# and are not multiples of the tiles, and both tile configurations.
+CASES = [
+    Case(1, 1, 1, 64, True, "bfloat16"),
+    Case(2, 17, 3, 64, True, "float32"),
+    Case(1, 17, 1, 80, False, "bfloat16"),
+    Case(1, 128, 2, 64, True, "bfloat16"),
+    Case(2, 128, 1, 128, False, "float32"),
+    Case(1, 200, 2, 80, True, "float32"),
+    Case(2, 200, 1, 128, True, "bfloat16"),
+    Case(1, 200, 1, 64, False, "float16"),
+    Case(1, 513, 1, 64, True, "bfloat16", None),
+    Case(1, 513, 2, 80, False, "float32", None),
+    Case(1, 256, 1, 128, True, "float32", None),
+]
+# (seq 1 runs in bfloat16: its dQ and dK are exactly zero, and on GPU float32
+# the TF32 rounding of dP against the exact float32 D leaves noise of ~0.5%.)
+
+
+def rel_err(got: jax.Array, want: jax.Array) -> float:
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    # Floor the denominator at an RMS of 0.05 (below every non-zero gradient
+    # RMS in the sweep) so an all-zero reference, e.g. dQ and dK when each row
+    # attends to a single key, is compared on an absolute scale instead.
+    floor = 0.05 * math.sqrt(want.size)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), floor))
+
+
+def make_inputs(case: Case) -> tuple[jax.Array, ...]:
+    """Fresh q, k, v, dO per case, seeded by the case's description."""
+    key = jax.random.key(zlib.crc32(str(case).encode()))
+    shape = (case.batch, case.seq, case.heads, case.head_dim)
+    return tuple(jax.random.normal(k, shape, jnp.float32).astype(case.dtype) for k in jax.random.split(key, 4))
+
+
+def errors(case: Case, interpret: bool, sm_scale: float | None = None) -> dict[str, float]:
+    """Relative errors of o, lse, dq, dk, dv for one case. `sm_scale` is
+    passed to the kernel only, so a wrong value must show up as an error."""
+    q, k, v, do = make_inputs(case)
+    kwargs = dict(causal=case.causal, block_sizes=case.blocks, interpret=interpret)
+    o, lse = jax.jit(lambda q, k, v: flash_attention_with_lse(q, k, v, sm_scale=sm_scale, **kwargs))(q, k, v)
+    grads = jax.jit(
+        lambda q, k, v, do: jax.vjp(lambda *x: flash_attention(*x, sm_scale=sm_scale, **kwargs), q, k, v)[1](do)
+    )(q, k, v, do)
+
+    def reference(q, k, v):
+        return mha_reference(q, k, v, causal=case.causal)
+
+    want_o, ref_vjp = jax.vjp(reference, q, k, v)
+    want_grads = ref_vjp(do.astype(jnp.float32))
+    assert o.dtype == q.dtype and o.shape == q.shape
+    assert all(g.dtype == q.dtype and g.shape == q.shape for g in grads)
+    got = {"o": o, "lse": lse, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+    want = {"o": want_o, "lse": reference_lse(q, k, causal=case.causal), "dq": want_grads[0],
+            "dk": want_grads[1], "dv": want_grads[2]}
+    return {name: rel_err(got[name], want[name]) for name in got}
+
+
+def check(case: Case, mode: str) -> None:
+    tol = TOLERANCES[(case.dtype, mode)]
+    errs = errors(case, interpret=mode == "interpret")
+    assert all(math.isfinite(e) for e in errs.values()), errs
+    bad = {name: e for name, e in errs.items() if e > tol}
+    assert not bad, f"{case} ({mode}): errors {bad} exceed {tol}"
+
+
+def on_gpu() -> bool:
+    return jax.devices()[0].platform == "gpu"
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_interpret_matches_reference(case: Case) -> None:
+    check(case, "interpret")
+
+
+@pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_gpu_matches_reference(case: Case) -> None:
+    check(case, "gpu")
+
+
+def test_wrong_scale_is_detected() -> None:
+    """The harness can fail: a 10% wrong softmax scale exceeds the tolerance."""
+    case = Case(1, 64, 1, 64, True, "float32")
+    scale = 1.1 / math.sqrt(case.head_dim)
+    errs = errors(case, interpret=not on_gpu(), sm_scale=scale)
+    mode = "gpu" if on_gpu() else "interpret"
+    assert min(errs.values()) > TOLERANCES[("float32", mode)], errs
+
+
+def test_explicit_default_scale_matches() -> None:
+    q, k, v, _ = make_inputs(Case(1, 33, 1, 64, False, "float32"))
+    a = flash_attention(q, k, v, causal=False, interpret=True)
+    b = flash_attention(q, k, v, causal=False, sm_scale=1 / 8, interpret=True)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize(
+    ("shapes", "kwargs", "match"),
+    [
+        ([(2, 16, 2, 64)] * 2 + [(2, 16, 2)], {}, "v.ndim=3"),
+        ([(2, 16, 2, 64), (2, 32, 2, 64), (2, 32, 2, 64)], {}, "same shape"),
+        ([(1, 16, 1, 512)] * 3, {}, "head_dim=512 must be between 1 and 256"),
+        ([(1, 16, 1, 64)] * 3, {"backend": "cuda"}, "backend='cuda'.*'auto', 'triton'"),
+        ([(1, 16, 1, 64)] * 3, {"sm_scale": -1.0}, "sm_scale=-1.0"),
+        ([(1, 16, 1, 64)] * 3, {"block_sizes": (64, 64)}, "block_sizes"),
+    ],
+)
+def test_bad_inputs_raise(shapes, kwargs, match) -> None:
+    arrays = [jnp.zeros(s, jnp.float32) for s in shapes]
+    with pytest.raises(ValueError, match=match):
+        flash_attention(*arrays, interpret=True, **kwargs)
+
+
+def test_bad_dtype_and_blocks_raise() -> None:
+    x = jnp.zeros((1, 16, 1, 64), jnp.int32)
+    with pytest.raises(ValueError, match="dtype=int32"):
+        flash_attention(x, x, x, interpret=True)
+    with pytest.raises(ValueError, match="block_q=48 must be a power of two"):
+        BlockSizes(block_q=48)
+
+
+def test_bench_cpu_smoke(tmp_path) -> None:
+    """The benchmark's data and rendering path on a tiny CPU shape."""
+    from harness import bench_attention
+
+    args = bench_attention.parse_args(
+        ["--device", "cpu", "--seq", "128", "--head-dim", "64", "--dtype", "fp32", "--causal", "true",
+         "--impl", "pallas,xla_naive,torch_naive", "--iters", "2", "--warmup", "1", "--out", str(tmp_path)]
+    )
+    rows = bench_attention.run_benchmark(args)
+    assert {r["impl"] for r in rows} == {"pallas", "xla_naive", "torch_naive"}
+    assert all(r["status"] == "ok" for r in rows), rows
+    assert all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in rows)
+    paths = bench_attention.write_results(rows, args)
+    assert json.loads(paths["json"].read_text())["results"]
+    assert paths["png"].stat().st_size > 0
+    assert "pallas" in paths["md"].read_text()

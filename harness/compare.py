@@ -46,21 +46,47 @@ def _common_args(args: argparse.Namespace, backend: str, batch: int) -> list[str
             "--attention", backend_attention(backend, args.attention), "--device", args.device, "--seed", str(args.seed)]
 
 
-def run_backend(backend: str, args: argparse.Namespace, workdir: str, prefix: list[str] | None = None) -> dict:
-    """harness.run for one backend in a subprocess (optionally under a profiler `prefix`)."""
+def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[dict, str | None]:
+    """harness.run for one backend in a subprocess, under nsys or a framework profiler if
+    asked; returns its result document and the profile it left (or None)."""
     out = os.path.join(workdir, f"{backend}.json")
-    cmd = [*(prefix or []), sys.executable, "-m", "harness.run", "--backend", backend,
-           *_common_args(args, backend, args.batch), "--warmup", str(args.warmup), "--steps", str(args.steps),
-           "--mode", args.mode, "--out", out]
+    program = [sys.executable, "-m", "harness.run", "--backend", backend, *_common_args(args, backend, args.batch),
+               "--warmup", str(args.warmup), "--steps", str(args.steps), "--mode", args.mode, "--out", out]
+    if args.annotate_attention:
+        program.append("--annotate-attention")
     if args.fail_in and args.fail_in.split(":")[0] == backend:
-        cmd += ["--fail-in", args.fail_in.split(":")[1]]
+        program += ["--fail-in", args.fail_in.split(":")[1]]
+    profile = None
+    if args.profiler == "nsys":
+        from harness.nsys import profile_command
+
+        stem = os.path.join(workdir, f"{backend}")
+        program, profile = profile_command(backend, stem, program, args.nsys_bin), stem + ".nsys-rep"
+    elif args.profiler == "framework":
+        profile = os.path.join(workdir, "torch-trace.json" if backend == "torch" else "jax-trace")
+        program += ["--profile", profile]
     start = time.perf_counter()
-    code, tail = _stream(cmd, dict(os.environ))
+    code, tail = _stream(program, dict(os.environ))
     print(f"[{backend}] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if os.path.exists(out):
         with open(out) as f:
-            return json.load(f)
-    return {"status": "error", "error": {"phase": "process", "message": f"harness.run exited with code {code} and no result; last output:\n{tail}"}}
+            return json.load(f), profile if profile and os.path.exists(profile) else None
+    message = f"harness.run exited with code {code} and no result; last output:\n{tail}"
+    return {"status": "error", "error": {"phase": "process", "message": message}}, None
+
+
+def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Namespace) -> tuple[list, list]:
+    """Kernel breakdowns and the answers (a)-(e), one per profiled backend."""
+    from harness.breakdown import answers, breakdown, load_profile
+    from harness.report import harness_metadata
+
+    bds, answer_sets = [], []
+    for backend, path in profiles.items():
+        bd = breakdown(load_profile(path, backend, args.nsys_bin))
+        meta = harness_metadata(os.path.join(workdir, f"{backend}.json"))
+        bds.append(bd)
+        answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
+    return bds, answer_sets
 
 
 def run_parity(args: argparse.Namespace, workdir: str) -> dict:
@@ -119,21 +145,29 @@ def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: d
 
 def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
     attention = "" if args.attention == "naive" else f"-{args.attention}"
-    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{gpu_slug(device if device != 'cpu' else None)}"
+    profiled = "-profiled" if args.profiler else ""
+    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{gpu_slug(device if device != 'cpu' else None)}{profiled}"
 
 
-def write_results(summary: dict, results_root: str, name: str) -> str:
-    """Write summary.json, report.md and phases.png into a temp dir, then move it into place."""
+def write_results(summary: dict, results_root: str, name: str, kernels: tuple[list, list] | None = None) -> str:
+    """Write summary.json, report.md, phases.png (and the kernels.* breakdown) into a temp
+    dir, then move it into place: an interrupted run leaves no half-written folder."""
     from harness.compare_report import plot_phases, render_markdown
 
     os.makedirs(results_root, exist_ok=True)
     final = os.path.join(results_root, name)
     tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=results_root)
     try:
-        with open(os.path.join(tmp, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=1)
+        if kernels:
+            from harness.report import render_markdown as render_kernels
+            from harness.report import write_report
+
+            write_report(tmp, *kernels, stem="kernels")
+            summary["kernel_breakdown"] = render_kernels(*kernels).replace("# Kernel breakdown", "## Kernel breakdown", 1)
         if plot_phases(summary, os.path.join(tmp, "phases.png")):
             summary["plot"] = "phases.png"
+        with open(os.path.join(tmp, "summary.json"), "w") as f:
+            json.dump({k: v for k, v in summary.items() if k != "kernel_breakdown"}, f, indent=1)
         with open(os.path.join(tmp, "report.md"), "w") as f:
             f.write(render_markdown(summary))
         if os.path.exists(final):
@@ -153,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", type=choice("mode", MODES), default="train")
     parser.add_argument("--results-dir", default="results", help="parent folder of the result folder")
     parser.add_argument("--no-parity", action="store_true", help="skip the parity check")
+    parser.add_argument("--nsys", action="store_true",
+                        help="run each backend under nsys profile and add a kernel breakdown to the report")
+    parser.add_argument("--nsys-bin", help="the nsys binary (default: $NSYS, then nsys on PATH)")
+    parser.add_argument("--profile", action="store_true",
+                        help="kernel breakdown from nsys if found, else from each framework's own profiler")
+    parser.add_argument("--annotate-attention", action="store_true",
+                        help="NVTX ranges inside naive attention (attribution runs: adds syncs)")
     parser.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # "backend:phase", for tests
     return parser
 
@@ -166,17 +207,41 @@ def main(argv: list[str] | None = None) -> int:
         backends = [choice("backend", BACKENDS)(b) for b in args.backends.split(",")]
     except UsageError as exc:
         return fail(str(exc))
+    args.profiler = None
+    if args.nsys or args.profile:
+        from harness.nsys import ProfileError, find_nsys
+
+        try:
+            find_nsys(args.nsys_bin)
+            args.profiler = "nsys"
+        except ProfileError as exc:
+            if args.nsys:
+                return fail(str(exc))
+            args.profiler = "framework"
     with tempfile.TemporaryDirectory(prefix="compare-") as work:
-        runs = {b: run_backend(b, args, work) for b in backends}
+        results = {b: run_backend(b, args, work) for b in backends}
+        runs = {b: doc for b, (doc, _) in results.items()}
+        profiles = {b: prof for b, (doc, prof) in results.items() if prof and doc.get("status") == "ok"}
         parity = None if args.no_parity or len(backends) < 2 else run_parity(args, work)
-    summary = summarize_compare(args, runs, parity)
-    path = write_results(summary, args.results_dir, result_dir_name(args, summary["device"]))
+        summary = summarize_compare(args, runs, parity)
+        kernels = None
+        if profiles:
+            from harness.nsys import ProfileError
+
+            try:
+                kernels = kernel_breakdown(profiles, work, args)
+            except ProfileError as exc:
+                summary["kernel_breakdown_error"] = str(exc)
+        path = write_results(summary, args.results_dir, result_dir_name(args, summary["device"]), kernels)
     print(format_table(summary))
     print(f"wrote {path}")
     if any(r.get("status") != "ok" for r in runs.values()):
         return 3
     if parity is not None and not parity.get("ok"):
         return 1
+    if summary.get("kernel_breakdown_error"):
+        print(f"error: kernel breakdown failed: {summary['kernel_breakdown_error']}", file=sys.stderr)
+        return 4
     return 0
 
 

@@ -64,6 +64,8 @@ def format_table(summary: dict) -> str:
         if r.get("status") == "ok" and r.get("overhead"):
             lines.append(f"{backend}: instrumented step / plain loop = {r['overhead']['ratio']:.3f}")
     lines.append(f"parity: {parity_verdict(summary['parity'])}")
+    if summary.get("kernel_breakdown_error"):
+        lines.append(f"kernel breakdown: FAILED: {summary['kernel_breakdown_error']}")
     return "\n".join(lines)
 
 
@@ -111,6 +113,8 @@ def render_markdown(summary: dict) -> str:
                 out.append(f"- {backend}: " + ", ".join(f"{k} {v}" for k, v in r["env"].items()))
     if summary.get("plot"):
         out += ["", f"![phase times]({summary['plot']})"]
+    if summary.get("kernel_breakdown_error"):
+        out += ["", f"**Kernel breakdown failed**: {summary['kernel_breakdown_error']}"]
     if summary.get("kernel_breakdown"):
         out += ["", summary["kernel_breakdown"]]
     return "\n".join(out) + "\n"

@@ -47,3 +47,23 @@ def phase_range(name: str) -> Iterator[None]:
                 yield
     finally:
         nvtx.pop_range()
+
+
+ATTENTION_STEPS = (("scores", "attn_scores"), ("softmax", "attn_softmax"), ("values", "attn_values"))
+
+
+def annotate_attention(attention_cls: type, sync: Callable[[object], None]) -> None:
+    """Wrap the naive attention's three steps (methods `scores`, `softmax`, `values` of
+    `attention_cls`) in NVTX ranges `attn_scores`, `attn_softmax`, `attn_values`, each
+    ended by `sync(result)` so the range covers its kernels. The syncs serialize the
+    forward pass: such a run attributes time, it does not measure speed."""
+    for method, range_name in ATTENTION_STEPS:
+        original = getattr(attention_cls, method)
+
+        def wrapped(self, *args, _original=original, _name=range_name):
+            with phase_range(_name):
+                out = _original(self, *args)
+                sync(out)
+            return out
+
+        setattr(attention_cls, method, wrapped)

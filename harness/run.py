@@ -49,6 +49,8 @@ class RunOptions:
     mode: str = "train"
     device: str = "cpu"
     seed: int = 0
+    annotate_attention: bool = False
+    profile: str | None = None  # write a framework-profiler trace here
     fail_in: str | None = None  # fault injection for tests: raise an OOM in this phase
 
 
@@ -183,10 +185,11 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
         session = make_session(opts, config)
         result["precision"] = _precision(opts)
         timer = Timer(session, opts, lambda m: progress(f"[{opts.backend}] {m}"))
-        timer.loop("split step", PHASES[opts.mode])
-        if opts.backend == "jax" and opts.mode == "train":
-            phase = "fused_step"
-            timer.loop("fused step", ("fused_step",), outer=None)
+        with _instrumented(opts):
+            timer.loop("split step", PHASES[opts.mode])
+            if opts.backend == "jax" and opts.mode == "train":
+                phase = "fused_step"
+                timer.loop("fused step", ("fused_step",), outer=None)
         overhead = None
         if opts.mode == "train":
             phase = "plain loop"
@@ -225,6 +228,47 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
     return result
 
 
+@contextlib.contextmanager
+def _instrumented(opts: RunOptions):
+    """The optional extras around the timed loops: attention ranges, a framework profiler."""
+    with contextlib.ExitStack() as stack:
+        if opts.annotate_attention:
+            if opts.attention != "naive":
+                raise UsageError("--annotate-attention needs --attention naive (the fused kernels have no steps)")
+            _annotate_attention(opts)
+            if opts.backend == "jax":
+                # Ranges inside a jitted function would be traced away: run op by op.
+                import jax
+
+                stack.enter_context(jax.disable_jit())
+        if opts.profile:
+            from harness import framework_profile
+            from harness.ranges import use_framework_annotations
+
+            use_framework_annotations(opts.backend)
+            recorder = framework_profile.torch_profiler if opts.backend == "torch" else framework_profile.jax_profiler
+            stack.enter_context(recorder(opts.profile))
+        yield
+
+
+def _annotate_attention(opts: RunOptions) -> None:
+    from harness.ranges import annotate_attention
+
+    if opts.backend == "torch":
+        import torch
+
+        from torch_impl.model import CausalSelfAttention
+
+        sync = (lambda out: torch.cuda.synchronize()) if opts.device == "cuda" else (lambda out: None)
+        annotate_attention(CausalSelfAttention, sync)
+    else:
+        import jax
+
+        from jax_impl.model import CausalSelfAttention
+
+        annotate_attention(CausalSelfAttention, jax.block_until_ready)
+
+
 def _precision(opts: RunOptions) -> str:
     if opts.backend == "torch":
         from harness.torch_backend import PRECISION
@@ -247,6 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=positive_int, default=10)
     parser.add_argument("--mode", type=choice("mode", MODES), default="train")
     parser.add_argument("--out", metavar="PATH.json", help="write the result document here")
+    parser.add_argument("--annotate-attention", action="store_true",
+                        help="NVTX ranges attn_scores/attn_softmax/attn_values inside naive attention "
+                             "(synchronizes inside the forward; JAX then runs op by op)")
+    parser.add_argument("--profile", metavar="PATH",
+                        help="record the run with the framework's own profiler (torch: a .json trace; "
+                             "jax: a trace directory) for harness.report, where nsys is not available")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)
     return parser

@@ -39,6 +39,7 @@ RUN_PHASES = ("forward", "backward", "optimizer", "step", "fused_step")
 # Options every cell of one sweep folder must share (a resume with other values would mix them).
 FIXED = ("batch", "warmup", "steps", "attention", "mode", "device", "nsys")
 FAILED = ("oom", "error", "crashed", "timeout")
+DEFAULT_DEVICE_GB = 80
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,37 +230,34 @@ def progress_line(done: int, running: str | None, left: int, walls: list[float])
     """Cells done, the one running, cells left (not counting it) and the time left."""
     eta = f"~{_duration(sum(walls) / len(walls) * (left + (running is not None)))} left" if walls else "time left: after the first cell"
     run = f", running {running}" if running else ""
-    return f"[sweep] {done} done{run}, {left} left, {eta}"
+    return f"{done} done{run}, {left} left, {eta}"
 
 
 def run_sweep(cells: list[Cell], opts: dict, out_dir: str, *, timeout: float | None = None,
               max_cells: int | None = None, fail_cell: str | None = None,
-              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> list[dict]:
+              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> None:
     """Run the cells not yet recorded in `out_dir`, appending each record as it finishes.
 
     `max_cells` stops after that many cells (resume later); `fail_cell` "KEY:PHASE" makes
     that cell simulate an out-of-memory in PHASE (harness.run --fail-in)."""
     recorded = {r["key"] for r in load_records(out_dir)}
-    todo = [c for c in cells if c.key not in recorded]
-    if recorded & {c.key for c in cells}:
-        log(f"[sweep] {len(cells) - len(todo)} of {len(cells)} cells already recorded in {out_dir}; skipping them")
-    if max_cells is not None:
-        todo = todo[:max_cells]
+    pending = [c for c in cells if c.key not in recorded]
+    done = len(cells) - len(pending)
+    if done:
+        log(f"[sweep] {done} of {len(cells)} cells already recorded in {out_dir}; skipping them")
+    todo = pending[:max_cells] if max_cells is not None else pending
     fail_key, _, fail_phase = (fail_cell or "").rpartition(":")
     walls: list[float] = []
-    done = len(cells) - len([c for c in cells if c.key not in recorded])
-    new = []
     for i, cell in enumerate(todo):
-        log(progress_line(done + i, cell.key, len(todo) - i - 1, walls))
+        log(f"[sweep] {progress_line(done + i, cell.key, len(pending) - i - 1, walls)}")
         rec = run_cell(cell, opts, out_dir, timeout=timeout, fail_in=fail_phase if cell.key == fail_key else None)
         append_record(out_dir, rec)
         walls.append(rec["wall_s"])
-        new.append(rec)
         detail = f": {rec['reason']}" if rec["reason"] else ""
         log(f"[sweep] {cell.key} {rec['status']} in {rec['wall_s']:.1f} s{detail}")
-    left = len(cells) - done - len(todo)
-    log(progress_line(done + len(todo), None, left, walls) if left else f"[sweep] all {len(cells)} cells recorded")
-    return new
+    left = len(pending) - len(todo)
+    log(f"[sweep] stopped after {len(todo)} cells (--max-cells); {progress_line(done + len(todo), None, left, walls)}; "
+        "continue with --resume" if left else f"[sweep] all {len(cells)} cells recorded")
 
 
 # -- analysis: lists of dicts for the report ---------------------------------------------
@@ -353,14 +351,17 @@ def bound_notes(rows: list[dict]) -> list[dict]:
     return notes
 
 
-def device_memory_bytes(cells: list[dict], default_gb: float) -> tuple[int, str]:
-    """The device's memory: "<N>GB" in a run's device name (e.g. "H100 80GB HBM3"), else `default_gb`."""
+def device_memory_bytes(cells: list[dict], gb: float | None = None) -> tuple[int, str]:
+    """Device memory for the fit prediction: `gb` (GiB) when given, else "<N>GB" in a run's
+    device name (e.g. "NVIDIA H100 80GB HBM3"), else 80 GiB."""
+    if gb is not None:
+        return int(gb * 2**30), f"{gb:g} GiB (--device-memory-gb)"
     for rec in cells:
         name = ((rec.get("result") or {}).get("env") or {}).get("device") or ""
         m = re.search(r"(\d+)\s*GB", name)
         if m:
-            return int(m.group(1)) * 10**9, f"{m.group(1)} GB from the device name {name!r}"
-    return int(default_gb * 2**30), f"{default_gb:g} GiB (--device-memory-gb)"
+            return int(m.group(1)) * 2**30, f"{m.group(1)} GiB, from the device name {name!r}"
+    return DEFAULT_DEVICE_GB * 2**30, f"{DEFAULT_DEVICE_GB} GiB (default; the device name does not say)"
 
 
 def memory_rows(rows: list[dict], batch: int, attention: str, device_bytes: int) -> list[dict]:
@@ -438,7 +439,7 @@ def kernel_rows(cells: list[dict], out_dir: str) -> list[dict]:
     return rows
 
 
-def analyze(out_dir: str, device_memory_gb: float = 80.0) -> dict:
+def analyze(out_dir: str, device_memory_gb: float | None = None) -> dict:
     """Everything the report shows, as data."""
     sweep = load_sweep(out_dir)
     cells = sweep_cells(sweep, load_records(out_dir))
@@ -487,8 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nsys", action="store_true", help="run each cell under nsys profile; report kernel shares")
     p.add_argument("--warmup-study", action="store_true",
                    help=f"also run the first model x ctx x dtype with {', '.join(map(str, WARMUP_STUDY))} warm-up steps")
-    p.add_argument("--device-memory-gb", type=float, default=80.0,
-                   help="device memory for the fit prediction when the device name does not say (default 80)")
+    p.add_argument("--device-memory-gb", type=float, default=None, metavar="GIB",
+                   help="device memory for the fit prediction (default: from the device name, else 80)")
     p.add_argument("--render", metavar="DIR", help="only render the report of the sweep in DIR")
     p.add_argument("--fail-cell", default=None, help=argparse.SUPPRESS)  # "model:ctx:backend:dtype:phase"
     return p
@@ -512,7 +513,7 @@ def _check(args: argparse.Namespace) -> None:
             raise UsageError(str(exc)) from exc
 
 
-def render(out_dir: str, device_memory_gb: float) -> dict:
+def render(out_dir: str, device_memory_gb: float | None) -> dict:
     """Analyze the sweep in `out_dir` and write its report there; returns the analysis."""
     from harness.sweep_report import write_report
 

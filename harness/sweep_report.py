@@ -244,7 +244,8 @@ def plot_time_vs_ctx(data: dict, path: str) -> bool:
                 if pts:
                     ax.plot(*zip(*pts), style, label=f"{backend} {dtype}{' fused' if phase == 'fused_step' else ''}")
         ax.set(title=model, xlabel="context length", ylabel="step ms (median)", xscale="log", yscale="log")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -289,7 +290,8 @@ def plot_memory(data: dict, path: str) -> bool:
                 ax.plot(*zip(*pts), "o", label=f"measured {backend} {dtype}")
         ax.axhline(data["device_memory"]["bytes"] / GIB, color="grey", linestyle=":", label="device memory")
         ax.set(title=model, xlabel="context length", ylabel="peak GiB (step)", xscale="log")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,327 @@
+"""harness.sweep end to end on CPU (interrupted, resumed, one simulated OOM), its failure
+records from real processes, bad input, and rendering of a stored CPU sweep.
+
+tests/data/sweep/ holds cells.jsonl and sweep.json of a real CPU sweep (tiny, mini x ctx
+16, 32 x torch, jax x fp32, bf16, warm-up 1, steps 3, with --warmup-study), made by:
+    python -m harness.sweep --models tiny --ctx 16 --backends torch --dtype fp32 --device cpu \
+        --warmup 1 --steps 3 --cell-timeout 1 --out results/cpu-fixture           # a timeout
+    python -m harness.sweep --models tiny,mini --ctx 16,32 --backends torch,jax --dtype fp32,bf16 \
+        --device cpu --warmup 1 --steps 3 --warmup-study --resume --out results/cpu-fixture \
+        --fail-cell mini:32:jax:fp32:backward                                       # an OOM
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import sys
+
+import pytest
+
+from harness import memory_model, sweep
+from harness.config import get_config
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "sweep")
+FAIL = "mini:32:jax:fp32"
+GRID = ["--models", "tiny,mini", "--ctx", "16,32", "--device", "cpu", "--warmup", "1", "--steps", "2"]
+
+
+def _lines(out_dir: str) -> list[str]:
+    with open(os.path.join(out_dir, sweep.CELLS_FILE)) as f:
+        return f.read().splitlines()
+
+
+# -- end to end ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory) -> dict:
+    """Run 3 cells (--max-cells), resume for the other 5, then resume once more."""
+    out = str(tmp_path_factory.mktemp("sweep") / "s")
+    runs = {}
+    for name, extra in (("first", ["--max-cells", "3"]), ("resumed", ["--resume"]), ("again", ["--resume"])):
+        capture = _Capture()
+        with capture:
+            code = sweep.main([*GRID, "--out", out, "--fail-cell", f"{FAIL}:backward", *extra])
+        runs[name] = {"code": code, "stderr": capture.text, "lines": _lines(out)}
+    return {"out": out, **runs}
+
+
+class _Capture:
+    """Collects what the sweep writes to sys.stderr (its progress lines)."""
+
+    def __enter__(self):
+        import io
+
+        self._old, sys.stderr = sys.stderr, io.StringIO()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.text = sys.stderr.getvalue()
+        sys.stderr = self._old
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_resumes_without_redoing_cells(e2e: dict) -> None:
+    first, resumed, again = e2e["first"], e2e["resumed"], e2e["again"]
+    assert first["code"] == 0 and len(first["lines"]) == 3
+    assert resumed["lines"][:3] == first["lines"]  # recorded cells untouched
+    keys = [json.loads(line)["key"] for line in resumed["lines"]]
+    expected = {c.key for c in sweep.grid(["tiny", "mini"], [16, 32], ["torch", "jax"], ["fp32"])}
+    assert sorted(keys) == sorted(expected)  # every cell exactly once
+    assert "3 of 8 cells already recorded" in resumed["stderr"]
+    assert resumed["stderr"].count("running") == 5
+    assert again["lines"] == resumed["lines"] and "running" not in again["stderr"]
+
+
+@pytest.mark.slow
+def test_failed_cell_is_recorded_and_the_sweep_goes_on(e2e: dict) -> None:
+    records = {r["key"]: r for r in map(json.loads, e2e["resumed"]["lines"])}
+    oom = records.pop(FAIL)
+    assert oom["status"] == "oom" and "out of memory in backward" in oom["reason"]
+    assert oom["result"]["error"]["phase"] == "backward"
+    for key, rec in records.items():
+        assert rec["status"] == "ok", (key, rec["reason"])
+        model, ctx, backend, dtype = key.split(":")
+        o = rec["result"]["options"]
+        assert (o["model"], o["ctx"], o["backend"], o["dtype"], o["warmup"], o["steps"]) == \
+            (model, int(ctx), backend, dtype, 1, 2)
+        assert set(rec["result"]["phases"]) >= {"forward", "backward", "optimizer", "step"}
+        assert ("fused_step" in rec["result"]["phases"]) == (backend == "jax")
+    assert e2e["resumed"]["code"] == e2e["again"]["code"] == 3  # a cell failed
+
+
+@pytest.mark.slow
+def test_progress_reports_done_running_left_and_time_left(e2e: dict) -> None:
+    lines = [line for line in e2e["first"]["stderr"].splitlines() if "running" in line]
+    assert lines[0] == "[sweep] 0 done, running tiny:16:torch:fp32, 7 left, time left: after the first cell"
+    assert re.fullmatch(r"\[sweep\] 1 done, running tiny:16:jax:fp32, 6 left, ~\d+m\d\ds left", lines[1])
+
+
+@pytest.mark.slow
+def test_sweep_writes_its_report(e2e: dict) -> None:
+    out = e2e["out"]
+    with open(os.path.join(out, "report.md")) as f:
+        report = f.read()
+    assert "| mini | 32 | OOM | OOM | OOM | OOM | OOM |" in report  # jax fp32 table
+    with open(os.path.join(out, "cells.csv")) as f:
+        assert len(list(csv.DictReader(f))) == 8
+    for png in ("time_vs_ctx.png", "phases.png", "memory.png"):
+        assert os.path.getsize(os.path.join(out, png)) > 1000
+
+
+# -- failures without a result, from real processes ------------------------------------------
+def _outcome(tmp_path, code: str, timeout: float | None = None) -> tuple[str, str]:
+    log = str(tmp_path / "cell.log")
+    exit_code, timed_out = sweep.run_process([sys.executable, "-c", code], log, timeout)
+    return sweep.outcome(None, exit_code, timed_out, timeout, log)
+
+
+def test_a_signal_is_recorded_as_a_crash(tmp_path) -> None:
+    status, reason = _outcome(tmp_path, "import os, signal; print('loading'); os.kill(os.getpid(), signal.SIGKILL)")
+    assert status == "crashed" and "SIGKILL" in reason and "loading" in reason
+
+
+def test_an_exit_without_result_is_recorded_as_a_crash(tmp_path) -> None:
+    status, reason = _outcome(tmp_path, "import sys; sys.exit('segfault-like failure')")
+    assert status == "crashed" and "exit code 1" in reason and "segfault-like failure" in reason
+
+
+def test_a_cell_past_its_timeout_is_killed_and_recorded(tmp_path) -> None:
+    rec = sweep.run_cell(sweep.Cell("tiny", 16, "torch", "fp32"), dict(batch=1, warmup=50, steps=50,
+                         attention="naive", mode="train", device="cpu", nsys=False), str(tmp_path), timeout=1)
+    assert rec["status"] == "timeout" and rec["result"] is None and "--cell-timeout 1" in rec["reason"]
+    assert rec["wall_s"] < 10
+
+
+# -- bad input --------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "tiny,huge", "--ctx", "16"], "unknown model 'huge'; choose one of tiny, mini, small"),
+    (["--models", "tiny", "--ctx", "16,0"], "expected a positive integer, got '0'"),
+    (["--models", "tiny", "--ctx", "sixteen"], "expected a positive integer, got 'sixteen'"),
+    (["--models", "tiny", "--ctx", "16", "--backends", "torch,tf"], "unknown backend 'tf'; choose one of torch, jax"),
+    (["--models", "tiny", "--ctx", "16", "--dtype", "fp16"], "unknown dtype 'fp16'; choose one of fp32, tf32, bf16"),
+    (["--models", "tiny"], "--models and --ctx are required"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path, capsys) -> None:
+    try:
+        code = sweep.main([*argv, "--device", "cpu", "--out", str(tmp_path / "s")])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "s")
+
+
+def test_resume_with_other_options_or_rerun_without_resume_is_refused(tmp_path, capsys) -> None:
+    out = str(tmp_path / "s")
+    sweep.prepare(out, dict(batch=4, warmup=1, steps=2, attention="naive", mode="train", device="cpu", nsys=False),
+                  {"models": ["tiny"], "ctx": [16], "backends": ["torch"], "dtypes": ["fp32"]}, False, False)
+    base = ["--models", "tiny", "--ctx", "16", "--backends", "torch", "--device", "cpu", "--warmup", "1",
+            "--steps", "2", "--out", out]
+    assert sweep.main(base) == 2 and "--resume" in capsys.readouterr().err
+    assert sweep.main([*base, "--resume", "--batch", "8"]) == 2
+    assert "--batch 4 (now 8)" in capsys.readouterr().err
+
+
+def test_fault_injection_is_hidden_from_help() -> None:
+    assert "--fail-cell" not in sweep.build_parser().format_help()
+
+
+def test_nsys_missing_is_a_usage_error(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("NSYS", str(tmp_path / "no-nsys"))
+    code = sweep.main(["--models", "tiny", "--ctx", "16", "--device", "cpu", "--nsys", "--out", str(tmp_path / "s")])
+    assert code == 2 and "nsys not found" in capsys.readouterr().err
+
+
+# -- rendering a stored sweep ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict:
+    out = str(tmp_path_factory.mktemp("stored") / "s")
+    shutil.copytree(DATA, out)
+    assert sweep.main(["--render", out]) == 0
+    with open(os.path.join(out, "report.md")) as f:
+        report = f.read()
+    with open(os.path.join(out, "cells.csv")) as f:
+        rows = list(csv.DictReader(f))
+    records = {r["key"]: r for r in map(json.loads, _lines(out))}
+    return {"out": out, "report": report, "csv": rows, "records": records, "data": sweep.analyze(out)}
+
+
+def _median(records: dict, key: str, phase: str) -> float:
+    return records[key]["result"]["phases"][phase]["median_ms"]
+
+
+def _row(report: str, *cells: str) -> str:
+    """The one markdown table row starting with `cells`, under the first heading holding it."""
+    prefix = "| " + " | ".join(cells) + " |"
+    found = [line for line in report.splitlines() if line.startswith(prefix)]
+    assert found, prefix
+    return found[0]
+
+
+def test_stored_sweep_has_the_cells_it_claims(rendered: dict) -> None:
+    statuses = {k: r["status"] for k, r in rendered["records"].items()}
+    assert statuses.pop("mini:32:jax:fp32") == "oom"
+    assert statuses.pop("tiny:16:torch:fp32") == "timeout"
+    assert set(statuses.values()) == {"ok"} and len(statuses) == 22
+
+
+def test_oom_and_failed_cells_never_render_as_numbers(rendered: dict) -> None:
+    report = rendered["report"]
+    jax_fp32 = report.split("### jax fp32")[1].split("###")[0]
+    assert "| mini | 32 | OOM | OOM | OOM | OOM | OOM |" in jax_fp32
+    torch_fp32 = report.split("### torch fp32")[1].split("###")[0]
+    assert "| tiny | 16 | failed | failed | failed | failed |" in torch_fp32
+    assert "- tiny:16:torch:fp32: failed (timeout): no result within --cell-timeout 1 s" in report
+    for row in rendered["csv"]:
+        if row["status"] != "ok":
+            assert all(row[f"{p}_median_ms"] == "" for p in ("forward", "backward", "step")), row["key"]
+            assert row["bwd_over_fwd"] == ""
+
+
+def test_jax_over_torch_ratios(rendered: dict) -> None:
+    rec, ratios = rendered["records"], rendered["data"]["ratios"]
+    assert len(ratios) == 8
+    for r in ratios:
+        t, j = (f"{r['model']}:{r['ctx']}:{b}:{r['dtype']}" for b in ("torch", "jax"))
+        if rec[t]["status"] != "ok" or rec[j]["status"] != "ok":
+            assert r["status"] in ("OOM", "failed") and r["step"] is None
+            continue
+        assert r["forward"] == pytest.approx(_median(rec, j, "forward") / _median(rec, t, "forward"))
+        assert r["fused_step"] == pytest.approx(_median(rec, j, "fused_step") / _median(rec, t, "step"))
+        assert f" {r['step']:.2f}x |" in _row(rendered["report"], r["model"], str(r["ctx"]), r["dtype"])
+    oom = next(r for r in ratios if (r["model"], r["ctx"], r["dtype"]) == ("mini", 32, "fp32"))
+    assert oom["status"] == "OOM"
+
+
+def test_backward_over_forward_and_speedups(rendered: dict) -> None:
+    rec, data = rendered["records"], rendered["data"]
+    for r in data["phases"]:
+        if r["status"] == "ok":
+            assert r["bwd_over_fwd"] == pytest.approx(_median(rec, r["key"], "backward") / _median(rec, r["key"], "forward"))
+    assert len(data["bound_notes"]) == 8  # backend x dtype x model, each with a note
+    speedups = data["speedups"]
+    assert {(s["model"], s["ctx"], s["backend"]) for s in speedups} == \
+        {(m, c, b) for m in ("tiny", "mini") for c in (16, 32) for b in ("torch", "jax")}
+    for s in speedups:
+        fp32, bf16 = (f"{s['model']}:{s['ctx']}:{s['backend']}:{d}" for d in ("fp32", "bf16"))
+        if s["status"] == "ok":
+            assert s["step"] == pytest.approx(_median(rec, fp32, "step") / _median(rec, bf16, "step"))
+        else:
+            assert s["step"] is None and s["status"] in ("OOM", "failed")
+
+
+def _percentages(text: str) -> list[float]:
+    return [float(p) for p in re.findall(r"(-?\d+(?:\.\d+)?)%", text)]
+
+
+def test_no_percentage_above_100(rendered: dict) -> None:
+    """The CPU runs have no MFU (no datasheet peak), so MFU is also rendered against a
+    peak equal to the best cell's TFLOP/s: the best then reads exactly 100.0%."""
+    import copy
+
+    from harness.sweep_report import section_throughput
+
+    assert all(0 <= p <= 100 for p in _percentages(rendered["report"]))
+    data = copy.deepcopy(rendered["data"])
+    phases = [p for r in data["phases"] for p in (r["forward"], r["backward"], r["step"]) if p]
+    peak = max(p["tflops"] for p in phases)
+    for p in phases:
+        p["mfu"] = p["tflops"] / peak
+    shown = _percentages("\n".join(section_throughput(data)))
+    assert len(shown) == 3 * 14  # forward, backward, step of the 14 ok cells of the main grid
+    assert all(0 < p <= 100 for p in shown) and max(shown) == 100.0
+
+
+def test_memory_prediction_and_fit(rendered: dict) -> None:
+    data = rendered["data"]
+    assert data["device_memory"]["bytes"] == 80 * 2**30  # CPU runs: the default
+    for r in data["memory"]:
+        expected = memory_model.predict(get_config(r["model"]), 4, r["ctx"], r["dtype"])["peaks"]
+        assert {p: r[p]["predicted"] for p in expected} == expected
+        assert r["predicted_fits"] and r["step"]["measured"] is None  # CPU: no device peak
+    tight = sweep.analyze(rendered["out"], device_memory_gb=0.1)["memory"]
+    assert {r["model"] for r in tight if not r["predicted_fits"]} == {"mini"}  # step peaks: mini ~0.15 GiB, tiny ~0.05
+
+
+def test_warmup_study_table(rendered: dict) -> None:
+    rows = rendered["data"]["warmup"]
+    assert sorted((r["backend"], r["warmup"]) for r in rows) == \
+        sorted((b, w) for b in ("torch", "jax") for w in sweep.WARMUP_STUDY)
+    for r in rows:
+        times = rendered["records"][f"tiny:16:{r['backend']}:fp32:w{r['warmup']}"]["result"]["phases"]["step"]["times_ms"]
+        assert r["step"]["first_ms"] == times[0]
+    assert "## Warm-up study" in rendered["report"]
+    assert _row(rendered["report"], "tiny", "16", "jax", "fp32", "0")
+
+
+def test_csv_and_plots(rendered: dict) -> None:
+    assert sorted(r["key"] for r in rendered["csv"]) == sorted(r["key"] for r in rendered["data"]["phases"])
+    assert len(rendered["csv"]) == 16
+    for png in ("time_vs_ctx.png", "phases.png", "memory.png"):
+        with open(os.path.join(rendered["out"], png), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_kernel_rows_from_a_profile(tmp_path, monkeypatch) -> None:
+    """--nsys cells: the breakdown of their profile (here a synthetic one) becomes shares."""
+    from harness import breakdown
+    from harness.nsys import Kernel, Profile, Range
+
+    profile = Profile(path="p.sqlite", label="torch", source="nsys",
+                      kernels=[Kernel("ampere_sgemm_128x64_nn", 10, 40), Kernel("vectorized_elementwise_kernel", 50, 60),
+                               Kernel("ampere_sgemm_128x64_nn", 110, 150), Kernel("multi_tensor_apply_kernel", 160, 170)],
+                      ranges=[Range("step", 0, 200), Range("forward", 0, 100), Range("backward", 100, 155),
+                              Range("optimizer", 155, 200)])
+    monkeypatch.setattr(breakdown, "load_profile", lambda path, label=None: profile)
+    cells = [{"key": "tiny:16:torch:fp32", "cell": {"model": "tiny", "ctx": 16, "backend": "torch", "dtype": "fp32",
+                                                     "warmup": None}, "profile": "runs/x.sqlite"}]
+    (row,) = sweep.kernel_rows(cells, str(tmp_path))
+    assert row["forward"]["top_kernel"] == "ampere_sgemm_128x64_nn" and row["forward"]["top_share"] == 0.75
+    assert row["step"]["categories"] == pytest.approx({"gemm": 70 / 90, "elementwise": 10 / 90, "optimizer": 10 / 90})
+    data = {"kernels": [row]}
+    from harness.sweep_report import section_kernels
+
+    assert "ampere_sgemm_128x64_nn (75.0%)" in "\n".join(section_kernels(data))

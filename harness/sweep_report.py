@@ -231,6 +231,13 @@ def _subplots(n: int):
     return plt, fig, axes[0]
 
 
+def _ctx_ticks(ax, rows: list[dict]) -> None:
+    """The measured context lengths as the x ticks of a log axis."""
+    ctxs = sorted({r["ctx"] for r in rows})
+    ax.set_xticks(ctxs, [str(c) for c in ctxs])
+    ax.minorticks_off()
+
+
 def plot_time_vs_ctx(data: dict, path: str) -> bool:
     rows = data["phases"]
     if not any(r["step"] for r in rows):
@@ -244,6 +251,7 @@ def plot_time_vs_ctx(data: dict, path: str) -> bool:
                 if pts:
                     ax.plot(*zip(*pts), style, label=f"{backend} {dtype}{' fused' if phase == 'fused_step' else ''}")
         ax.set(title=model, xlabel="context length", ylabel="step ms (median)", xscale="log", yscale="log")
+        _ctx_ticks(ax, rows)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
@@ -281,15 +289,18 @@ def plot_memory(data: dict, path: str) -> bool:
     plt, fig, axes = _subplots(len(models))
     for ax, model in zip(axes, models):
         mine = [r for r in rows if r["model"] == model]
-        for dtype, rs in _groups(mine, "dtype").items():
+        for (dtype,), rs in _groups(mine, "dtype").items():
             pts = sorted({(r["ctx"], r["step"]["predicted"] / GIB) for r in rs})
             ax.plot(*zip(*pts), "-", label=f"predicted {dtype}")
         for (backend, dtype), rs in _groups(mine, "backend", "dtype").items():
             pts = [(r["ctx"], r["step"]["measured"] / GIB) for r in rs if r["step"]["measured"]]
             if pts:
                 ax.plot(*zip(*pts), "o", label=f"measured {backend} {dtype}")
-        ax.axhline(data["device_memory"]["bytes"] / GIB, color="grey", linestyle=":", label="device memory")
+        device = data["device_memory"]["bytes"] / GIB
+        if max(max(r["step"]["predicted"], r["step"]["measured"] or 0) for r in mine) / GIB > device / 4:
+            ax.axhline(device, color="grey", linestyle=":", label="device memory")
         ax.set(title=model, xlabel="context length", ylabel="peak GiB (step)", xscale="log")
+        _ctx_ticks(ax, mine)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()

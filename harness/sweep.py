@@ -175,8 +175,15 @@ def load_records(out_dir: str) -> list[dict]:
 
 
 def append_record(out_dir: str, record: dict) -> None:
-    with open(os.path.join(out_dir, CELLS_FILE), "a") as f:
-        f.write(json.dumps(record) + "\n")
+    """Append one line and sync it; a line torn by an earlier kill is closed off first."""
+    path = os.path.join(out_dir, CELLS_FILE)
+    torn = False
+    if os.path.exists(path) and os.path.getsize(path):
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            torn = f.read(1) != b"\n"
+    with open(path, "a") as f:
+        f.write(("\n" if torn else "") + json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())
 

@@ -325,3 +325,11 @@ def test_kernel_rows_from_a_profile(tmp_path, monkeypatch) -> None:
     from harness.sweep_report import section_kernels
 
     assert "ampere_sgemm_128x64_nn (75.0%)" in "\n".join(section_kernels(data))
+
+
+def test_a_torn_last_line_is_skipped_and_closed_off(tmp_path) -> None:
+    rec = {"key": "tiny:16:torch:fp32", "status": "ok"}
+    (tmp_path / sweep.CELLS_FILE).write_text(json.dumps(rec) + '\n{"key": "tiny:32:tor')
+    assert sweep.load_records(str(tmp_path)) == [rec]
+    sweep.append_record(str(tmp_path), {**rec, "key": "tiny:32:torch:fp32"})
+    assert [r["key"] for r in sweep.load_records(str(tmp_path))] == ["tiny:16:torch:fp32", "tiny:32:torch:fp32"]

@@ -75,6 +75,16 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
     return {"status": "error", "error": {"phase": "process", "message": message}}, None
 
 
+def keep_profiles(profiles: dict[str, str], dest: str) -> None:
+    """Copy each profile, and the SQLite export beside an .nsys-rep, into `dest`."""
+    os.makedirs(dest, exist_ok=True)
+    for path in profiles.values():
+        sqlite = os.path.splitext(path)[0] + ".sqlite"
+        for src in (path, sqlite) if path.endswith(".nsys-rep") and os.path.exists(sqlite) else (path,):
+            copy = shutil.copytree if os.path.isdir(src) else shutil.copy2
+            copy(src, os.path.join(dest, os.path.basename(src)))
+
+
 def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Namespace) -> tuple[list, list]:
     """Kernel breakdowns and the answers (a)-(e), one per profiled backend."""
     from harness.breakdown import answers, breakdown, load_profile
@@ -192,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nsys-bin", help="the nsys binary (default: $NSYS, then nsys on PATH)")
     parser.add_argument("--profile", action="store_true",
                         help="kernel breakdown from nsys if found, else from each framework's own profiler")
+    parser.add_argument("--keep-profiles", metavar="DIR",
+                        help="copy the raw profiles (and nsys's SQLite exports) into DIR")
     parser.add_argument("--annotate-attention", action="store_true",
                         help="NVTX ranges inside naive attention (attribution runs: adds syncs)")
     parser.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # "backend:phase", for tests
@@ -232,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                 kernels = kernel_breakdown(profiles, work, args)
             except ProfileError as exc:
                 summary["kernel_breakdown_error"] = str(exc)
+            if args.keep_profiles:
+                keep_profiles(profiles, args.keep_profiles)
         path = write_results(summary, args.results_dir, result_dir_name(args, summary["device"]), kernels)
     print(format_table(summary))
     print(f"wrote {path}")

@@ -33,7 +33,8 @@ from harness.cli import UsageError, add_model_args, config_from_args, fail, pars
 TOLERANCES: dict[str, dict[str, float]] = {
     "fp32": {"logits": 1e-5, "loss": 1e-5, "grad": 5e-5, "param": 1e-5, "update": 5e-3},
     "tf32": {"logits": 5e-3, "loss": 1e-3, "grad": 2e-2, "param": 1e-4, "update": 1e-1},
-    "bf16": {"logits": 3e-2, "loss": 1e-2, "grad": 5e-2, "param": 5e-3, "update": 1e-1},
+    # bf16 param: 4.7e-3 measured on `large` (36 layers) on an H200; rounding grows with depth.
+    "bf16": {"logits": 3e-2, "loss": 1e-2, "grad": 5e-2, "param": 1e-2, "update": 1e-1},
 }
 
 

@@ -74,7 +74,7 @@ PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.NORM, r"rms_?norm|layer_?norm|RowwiseMoments|group_norm|batch_norm"),
     (Category.GEMM, r"gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv"),
     (Category.OPTIMIZER, r"multi_tensor_apply|fused_adam|adam|_foreach_"),
-    (Category.MEMORY, r"memcpy|memset|transpose|copy|\bcat\w*Batched|fill_kernel"),
+    (Category.MEMORY, r"memcpy|memset|transpose|copy|\bcat\w*Batched|fill_kernel|triu_tril"),
     (Category.REDUCTION, r"reduce|reduction|\bargmax|\bargmin|scan_kernel|cumsum"),
     (Category.ELEMENTWISE, r"elementwise|fusion|\bwrapped_|triton_poi|silu|gelu|rotary"),
     # CPU fallback (no GPU traced): torch.profiler's aten ops stand in for kernels

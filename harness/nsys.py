@@ -7,7 +7,8 @@ feed the same analysis (`harness.breakdown`).
 Reading uses these tables of the SQLite export (missing optional tables are skipped):
 ``CUPTI_ACTIVITY_KIND_KERNEL`` (required), ``CUPTI_ACTIVITY_KIND_MEMCPY``/``MEMSET``,
 ``CUPTI_ACTIVITY_KIND_RUNTIME`` (which thread launched each kernel, by correlationId),
-``NVTX_EVENTS`` (eventType 59 push/pop and 60 start/end ranges; 75 names a domain),
+``NVTX_EVENTS`` (eventType 59 push/pop and 60 start/end ranges of the default domain;
+75 names a domain),
 ``StringIds`` and ``DIAGNOSTIC_EVENT`` (the importer's own warnings and errors).
 """
 
@@ -72,7 +73,6 @@ class Range:
     start: int  # ns
     end: int
     thread: int | None = None
-    domain: str = ""
 
 
 @dataclass
@@ -196,8 +196,10 @@ def _ranges(db: sqlite3.Connection, tables: set[str]) -> list[Range]:
     rows = db.execute(
         f"SELECT {text}, n.start, n.end, n.globalTid, n.domainId FROM NVTX_EVENTS n {join} "
         f"WHERE n.eventType IN ({NVTX_PUSH_POP}, {NVTX_START_END}) AND n.end IS NOT NULL")
-    return sorted((Range(name, start, end, tid, domains.get(dom) or "")
-                   for name, start, end, tid, dom in rows if name),
+    # Default domain only: libraries put their own ranges in theirs (CCCL's "cub::...",
+    # XLA's "TSL"), which would otherwise pass for phases.
+    return sorted((Range(name, start, end, tid) for name, start, end, tid, dom in rows
+                   if name and not domains.get(dom)),
                   key=lambda r: r.start)
 
 

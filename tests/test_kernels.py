@@ -68,3 +68,50 @@ def test_decode_gemm_rejects_non_gemm_and_keeps_unknown_fields_empty() -> None:
     assert decode_gemm("triton_softmax_2") is None
     info = decode_gemm("gemm_fusion_dot_3")
     assert info is not None and info.transpose is None and info.arch is None
+
+
+# -- names from the captured harness profiles (tests/data) ---------------------------
+def _names(scenario: str) -> set[str]:
+    from pathlib import Path
+
+    from harness.nsys import read_sqlite
+
+    path = Path(__file__).parent / "data" / scenario / f"{scenario}.sqlite.gz"
+    return {k.name for k in read_sqlite(path).kernels}
+
+
+@pytest.mark.parametrize("scenario,fragment,category", [
+    ("torch_tiny_attn", "softmax_warp_forward", Category.SOFTMAX),
+    ("torch_tiny_attn", "triu_tril_kernel", Category.MEMORY),
+    ("torch_small_train", "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n", Category.GEMM),
+    ("torch_small_train", "cutlass_80_simt_sgemm", Category.GEMM),
+    ("torch_small_train", "at::native::reduce_kernel", Category.REDUCTION),
+    ("torch_small_train", "splitKreduce_kernel", Category.GEMM),  # split-K GEMM's second half
+    ("torch_small_train", "vectorized_elementwise_kernel", Category.ELEMENTWISE),
+    ("jax_small_train", "gemm_fusion_dot", Category.GEMM),
+    ("jax_small_train", "loop_add_fusion", Category.ELEMENTWISE),
+    ("jax_small_train", "input_transpose_fusion", Category.MEMORY),
+    ("jax_small_train", "RedzoneAllocatorKernelImpl", Category.AUTOTUNING),
+    ("jax_small_train", "DelayKernel", Category.AUTOTUNING),
+    ("jax_small_train", "xla_fp_comparison", Category.AUTOTUNING),
+])
+def test_fixture_names(scenario: str, fragment: str, category: Category) -> None:
+    matching = [n for n in _names(scenario) if fragment in n]
+    assert matching, f"{fragment} not in {scenario}"
+    assert {classify(n) for n in matching} == {category}
+
+
+def test_fixture_gemm_transposes_follow_the_linear_layer() -> None:
+    """Forward runs Y = X W^T as `tn` (its attention matmuls add `nn`); backward's dX and
+    dW need `nn` and `nt`, and only backward has `nt`."""
+    from pathlib import Path
+
+    from harness.breakdown import breakdown, load_profile
+
+    path = Path(__file__).parent / "data" / "torch_small_train" / "torch_small_train.sqlite.gz"
+    phases = breakdown(load_profile(path)).phases
+    fwd = {k.gemm.transpose for k in phases["forward"].kernels if k.gemm and k.gemm.transpose}
+    bwd = {k.gemm.transpose for k in phases["backward"].kernels if k.gemm and k.gemm.transpose}
+    top = next(k for k in phases["forward"].kernels if k.gemm)
+    assert top.gemm.transpose == "tn" and "nt" not in fwd
+    assert {"nn", "nt"} <= bwd

@@ -1,0 +1,210 @@
+"""Attribution, per-step means and failures, on real profiles from `harness.run`.
+
+Fixtures (tests/data/<scenario>/, captured by tests/data/capture_fixtures.py on an H200):
+nsys SQLite exports of `harness.run`, their result JSON, and the framework-profiler
+fallback's traces.  The CPU fallback is also exercised live, on this machine.
+"""
+
+from __future__ import annotations
+
+import gzip
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import framework_profile, ranges
+from harness.breakdown import answers, breakdown, load_profile
+from harness.kernels import Category
+from harness.nsys import ProfileError, find_nsys, profile_command
+
+DATA = Path(__file__).parent / "data"
+
+
+def fixture(scenario: str, suffix: str = ".sqlite.gz") -> Path:
+    path = DATA / scenario / f"{scenario}{suffix}"
+    assert path.exists(), f"missing fixture {path}"
+    return path
+
+
+@pytest.fixture(scope="module")
+def torch_attn():
+    return load_profile(fixture("torch_tiny_attn"))
+
+
+@pytest.fixture(scope="module")
+def jax_small():
+    return load_profile(fixture("jax_small_train"))
+
+
+def _contains(outer, inner) -> bool:
+    return outer.start <= inner.start and inner.end <= outer.end
+
+
+def test_torch_backward_kernels_come_from_another_thread_and_still_count(torch_attn) -> None:
+    prof = torch_attn
+    backward = [r for r in prof.ranges if r.name == "backward"]
+    in_bwd = [k for k in prof.kernels if any(_contains(r, k) for r in backward)]
+    pushers = {r.thread for r in backward}
+    # the case nsys's own NVTX projection gets wrong: launched by autograd's thread
+    foreign = [k for k in in_bwd if k.thread not in pushers]
+    assert len(foreign) > len(in_bwd) / 2
+    bd = breakdown(prof)
+    bwd = bd.phases["backward"]
+    assert bwd.kernels_per_step * bwd.steps == pytest.approx(
+        len([k for k in in_bwd if not any(_contains(w, k) for w in prof.ranges if w.name == "warmup")]))
+    assert bwd.gpu_ns_per_step > bd.phases["forward"].gpu_ns_per_step  # backward does ~2x the matmuls
+
+
+def test_per_step_means_and_phase_sums(jax_small) -> None:
+    bd = breakdown(jax_small)
+    step = bd.phases["step"]
+    assert step.steps == 3  # --steps 3; the fused loop's `step` ranges are not split steps
+    assert bd.phases["fused_step"].steps == 3
+    parts = sum(bd.phases[p].gpu_ns_per_step for p in ("forward", "backward", "optimizer"))
+    assert 0 < parts <= step.gpu_ns_per_step * (1 + 1e-9)
+    for p in bd.phases.values():
+        assert sum(p.categories.values()) == pytest.approx(p.gpu_ns_per_step)
+        assert p.gpu_ns_per_step <= p.range_ns_per_step * 1.01  # one stream: kernels fit in the range
+    # warm-up kernels are counted apart, not in any phase
+    assert bd.warmup.count > 0
+
+
+def test_jax_autotuning_kernels_are_excluded(jax_small) -> None:
+    tuning = [k for k in jax_small.kernels if "RedzoneAllocatorKernel" in k.name or "DelayKernel" in k.name]
+    assert tuning, "XLA autotuned the small model's GEMMs in its first call"
+    bd = breakdown(jax_small)
+    assert bd.autotuning.count >= len(tuning)
+    assert all(k.category != Category.AUTOTUNING.value for p in bd.phases.values() for k in p.kernels)
+    # XLA autotunes while compiling, i.e. during the first (warm-up) call of each function
+    warmups = [r for r in jax_small.ranges if r.name == "warmup"]
+    assert all(any(_contains(w, k) for w in warmups) for k in tuning)
+
+
+def test_jax_optimizer_fusions_are_optimizer(jax_small) -> None:
+    opt = breakdown(jax_small).phases["optimizer"]
+    assert opt.share(Category.OPTIMIZER) > 0.9
+
+
+def test_answers_from_a_training_step(jax_small) -> None:
+    ans = answers(breakdown(jax_small))
+    assert ans["a"]["kernel_ms"] <= ans["a"]["range_ms"]
+    assert ans["b"]["calls_per_forward"] >= 1
+    assert ans["d"]["gemm_forward_share"] > 0.3
+    assert ans["e"] is None  # no attention ranges inside jit
+
+
+def test_attention_ranges_answer_e(torch_attn) -> None:
+    bd = breakdown(torch_attn)
+    meta = {"batch": 4, "seq": 64, "heads": 2, "d_head": 64}
+    e = answers(bd, metadata=meta)["e"]
+    assert set(e["ms_per_step"]) == {"attn_scores", "attn_softmax", "attn_values"}
+    assert e["softmax_to_matmuls_flops"] == pytest.approx(5 / (4 * 64))
+    assert bd.phases["attn_scores"].occurrences == 2 * 3  # 2 layers x 3 steps
+    assert bd.phases["attn_softmax"].share(Category.SOFTMAX) > 0.2
+    assert bd.phases["attn_softmax"].kernels[0].category != Category.OTHER.value
+
+
+# -- failures: one clear line each ---------------------------------------------------
+def test_not_sqlite(tmp_path: Path) -> None:
+    bad = tmp_path / "x.sqlite"
+    bad.write_text("hello")
+    with pytest.raises(ProfileError, match="not an SQLite file"):
+        load_profile(bad)
+    other = tmp_path / "x.txt"
+    other.write_text("")
+    with pytest.raises(ProfileError, match="not a profile"):
+        load_profile(other)
+    with pytest.raises(ProfileError, match="not a gzip file"):
+        load_profile(bad.rename(tmp_path / "x.sqlite.gz"))
+
+
+def test_export_without_kernel_table(tmp_path: Path) -> None:
+    db_path = tmp_path / "nokernels.sqlite"
+    db_path.write_bytes(gzip.decompress(fixture("torch_tiny_attn").read_bytes()))
+    with sqlite3.connect(db_path) as db:
+        db.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
+    with pytest.raises(ProfileError, match="no CUDA kernel records"):
+        load_profile(db_path)
+
+
+def test_jax_tsl_domain_drops_every_kernel() -> None:
+    """The real failure: nsys without --nvtx-domain-exclude=TSL on a JAX run."""
+    with pytest.raises(ProfileError, match="nvtx-domain-exclude=TSL") as err:
+        load_profile(fixture("jax_tsl_included"))
+    assert "\n" not in str(err.value)
+
+
+def test_no_ranges_and_missing_range(torch_attn) -> None:
+    from dataclasses import replace
+
+    with pytest.raises(ProfileError, match="no annotation ranges"):
+        breakdown(replace(torch_attn, ranges=[]))
+    with pytest.raises(ProfileError, match="no range named 'fused_step'"):
+        breakdown(torch_attn, require=["fused_step"])
+
+
+def test_nsys_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "nsys"
+    fake.write_text("")
+    monkeypatch.setenv("NSYS", str(fake))
+    cmd = profile_command("jax", tmp_path / "out", ["python", "-m", "harness.run"])
+    assert cmd[:2] == [str(fake), "profile"]
+    assert "--trace=cuda,nvtx" in cmd and "--nvtx-domain-exclude=TSL" in cmd
+    assert cmd[-3:] == ["python", "-m", "harness.run"]
+    assert "--nvtx-domain-exclude=TSL" not in profile_command("torch", tmp_path / "o", ["x"])
+    monkeypatch.delenv("NSYS")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ProfileError, match="NSYS=/path/to/nsys"):
+        find_nsys()
+
+
+# -- framework-profiler fallback -----------------------------------------------------
+@pytest.mark.parametrize("scenario,suffix", [("torch_fallback", ".json.gz"), ("jax_fallback", ".xplane.pb.gz")])
+def test_gpu_fallback_traces(scenario: str, suffix: str) -> None:
+    backend = scenario.split("_")[0]
+    prof = load_profile(DATA / scenario / f"{backend}_tiny_fallback{suffix}")
+    assert not prof.notes  # GPU kernels, not CPU stand-ins
+    bd = breakdown(prof)
+    assert {"step", "forward", "backward", "optimizer"} <= set(bd.phases)
+    assert bd.phases["step"].share(Category.GEMM) > 0.05
+
+
+def _cpu_session_run(backend: str, tmp_path: Path):
+    from harness.config import get_config
+
+    cfg = get_config("tiny")
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 17))
+    if backend == "torch":
+        from harness.torch_backend import TorchSession as Session
+    else:
+        from harness.jax_backend import JaxSession as Session
+    s = Session(cfg, tokens, device="cpu", dtype="fp32", seed=0)
+    ranges.use_framework_annotations(backend)
+    try:
+        for name in ("warmup", "step", "step"):
+            with ranges.phase_range(name):
+                for phase, fn in (("forward", s.forward), ("backward", s.backward), ("optimizer", s.optimizer_step)):
+                    with ranges.phase_range(phase):
+                        out = fn()
+                        s.sync(out) if backend == "jax" else s.sync()
+    finally:
+        ranges.use_framework_annotations(None)
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_cpu_fallback(backend: str, tmp_path: Path) -> None:
+    if backend == "torch":
+        out = tmp_path / "trace.json"
+        with framework_profile.torch_profiler(out):
+            _cpu_session_run(backend, tmp_path)
+    else:
+        out = tmp_path / "trace"
+        with framework_profile.jax_profiler(out):
+            _cpu_session_run(backend, tmp_path)
+    bd = breakdown(load_profile(out))
+    assert "CPU" in bd.notes[0]
+    assert bd.phases["step"].steps == 2
+    assert bd.warmup.count > 0
+    assert bd.phases["forward"].kernels_per_step > 0

@@ -238,7 +238,8 @@ def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Seq
     paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", "png")}
     paths["md"].write_text(render_markdown(bds, answer_sets, top_n))
     write_csv(paths["csv"], bds)
-    doc = [{**asdict(bd), "answers": ans} for bd, ans in zip(bds, answer_sets)]
+    # The profile's file name only: where it lay (often a temp folder) says nothing.
+    doc = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]
     paths["json"].write_text(json.dumps(doc, indent=1, default=str))
     plot(paths["png"], bds, top_n)
     return paths

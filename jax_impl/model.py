@@ -104,7 +104,8 @@ class CausalSelfAttention(nnx.Module):
         elif self.attention == "pallas":
             from pallas_kernels import flash_attention
 
-            y = flash_attention(q, k, v, causal=True, sm_scale=scale)
+            # Pallas GPU kernels run in the Pallas interpreter on a CPU-only JAX.
+            y = flash_attention(q, k, v, causal=True, sm_scale=scale, interpret=jax.default_backend() == "cpu")
         else:
             y = self.values(self.softmax(self.scores(q, k)), v)
         return self.output_proj(y.reshape(B, T, D))

@@ -96,3 +96,23 @@ def test_interrupted_write_leaves_no_half_written_folder(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         compare.write_results({"options": {}}, str(tmp_path), "x-ctx1-fp32-cpu")
     assert os.listdir(tmp_path) == []
+
+
+def test_profile_fallback_with_attention_ranges_feeds_the_kernel_report(tmp_path, monkeypatch):
+    """Without nsys, --profile records each backend with its framework profiler; the
+    attention ranges of --annotate-attention reach answer (e) for both backends."""
+    monkeypatch.setenv("NSYS", str(tmp_path / "no-nsys-here"))
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
+    proc = cli("harness.compare", "--model", "tiny", "--ctx", "32", "--batch", "1", "--warmup", "1", "--steps", "2",
+               "--device", "cpu", "--results-dir", str(tmp_path), "--no-parity", "--profile", "--annotate-attention")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    folder = tmp_path / "tiny-ctx32-fp32-cpu-profiled"
+    assert {"kernels.md", "kernels.csv", "kernels.json", "kernels.png", "report.md"} <= set(os.listdir(folder))
+    doc = json.loads((folder / "kernels.json").read_text())
+    assert [bd["label"] for bd in doc] == ["torch", "jax"]
+    for bd in doc:
+        assert bd["source"] in ("torch.profiler", "jax.profiler")
+        e = bd["answers"]["e"]
+        assert e["flops_per_call"]["attn_scores"] == 2 * 1 * 2 * 32 * 32 * 64  # 2*B*H*T^2*Dh
+        assert all(ms > 0 for ms in e["ms_per_step"].values())
+    assert "## Kernel breakdown" in (folder / "report.md").read_text()

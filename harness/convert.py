@@ -28,7 +28,9 @@ def _check_same_keys(src: dict, dst: dict, direction: str) -> None:
 
 def torch_to_jax(torch_model: torch.nn.Module, jax_model: nnx.Module) -> None:
     """Copy every parameter of `torch_model` into `jax_model` (in place)."""
-    src = {k: v.detach().to("cpu", torch.float32).numpy() for k, v in torch_model.state_dict().items()}
+    # Copies: on CPU, JAX may alias a suitably aligned NumPy buffer instead of copying it,
+    # and torch's in-place optimizer would then change the JAX parameters too.
+    src = {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in torch_model.state_dict().items()}
     state = nnx.state(jax_model, nnx.Param)
     flat = nnx.to_flat_state(state)
     dst = {".".join(str(k) for k in path): var for path, var in flat}
@@ -37,7 +39,7 @@ def torch_to_jax(torch_model: torch.nn.Module, jax_model: nnx.Module) -> None:
         value = src[name]
         if value.shape != var[...].shape:
             raise ValueError(f"torch_to_jax: {name} has shape {value.shape} in torch, {var[...].shape} in jax")
-        var[...] = jnp.asarray(value, dtype=var[...].dtype)
+        var[...] = jnp.array(value, dtype=var[...].dtype, copy=True)
     nnx.update(jax_model, state)
 
 

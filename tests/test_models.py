@@ -89,6 +89,22 @@ def test_conversion_round_trip_is_exact():
         assert torch.equal(a, b), k
 
 
+def test_converted_jax_parameters_do_not_alias_torch_memory():
+    """On CPU JAX may wrap an aligned NumPy buffer without copying; torch's in-place
+    optimizer must not be able to change the converted JAX model (this once made parity
+    fail at random, through JAX's asynchronous dispatch)."""
+    torch.manual_seed(0)
+    t = torch_impl.TransformerLM(CFG)
+    j = jax_impl.TransformerLM(CFG, rngs=nnx.Rngs(0))
+    torch_to_jax(t, j)
+    before = {k: np.asarray(v).copy() for k, v in jax_param_dict(j).items()}
+    with torch.no_grad():
+        for p in t.parameters():
+            p.add_(1.0)
+    after = jax_param_dict(j)
+    assert all(np.array_equal(np.asarray(after[k]), v) for k, v in before.items())
+
+
 def test_conversion_rejects_a_different_architecture():
     j = jax_impl.TransformerLM(get_config("mini"), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="parameter names differ"):

@@ -52,8 +52,16 @@ def git_commit() -> str | None:
 def command_line() -> str:
     """How this process was started, with temporary paths reduced to their file names."""
     tmp = tempfile.gettempdir()
-    args = [os.path.basename(a) if a.startswith(tmp) or a.startswith(os.path.expanduser("~")) else a
-            for a in sys.orig_argv[1:]]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+    def clean(arg: str) -> str:
+        if arg.startswith(root):
+            return arg[len(root):]  # a file of this project, relative to its root
+        if arg.startswith(tmp) or arg.startswith(os.path.expanduser("~")):
+            return os.path.basename(arg)
+        return arg
+
+    args = [clean(a) for a in sys.orig_argv[1:]]
     return " ".join(["python", *args])
 
 

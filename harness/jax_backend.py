@@ -16,7 +16,7 @@ from flax import nnx
 
 import jax_impl
 from harness.config import ModelConfig
-from harness.convert import jax_param_dict, torch_to_jax
+from harness.convert import torch_to_jax
 
 PRECISION = {
     "fp32": "everything in float32; matmul precision 'highest' (no TF32, which XLA uses by default)",
@@ -149,11 +149,3 @@ class JaxSession:
 def _flat(state) -> dict[str, jax.Array]:
     return {".".join(str(k) for k in path): v[...] if hasattr(v, "__getitem__") and not isinstance(v, jax.Array) else v
             for path, v in nnx.to_flat_state(state)}
-
-
-def is_oom(exc: BaseException) -> bool:
-    text = str(exc)
-    return isinstance(exc, jax.errors.JaxRuntimeError) and ("RESOURCE_EXHAUSTED" in text or "Out of memory" in text)
-
-
-__all__ = ["JaxSession", "PRECISION", "compute_params", "is_oom", "jax_param_dict"]

@@ -21,7 +21,6 @@ import sys
 
 import numpy as np
 
-from harness.config import get_config
 from harness.cli import UsageError, add_model_args, config_from_args, fail, parse_args, select_platform
 
 # Relative-error bounds per dtype. float32 reorderings give ~1e-6 on logits and grads;

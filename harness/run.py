@@ -93,6 +93,7 @@ class Timer:
         self.times: dict[str, list[float]] = {}
         self.peaks: dict[str, int] = {}
         self.losses: list[float] = []
+        self.last_loss = None  # the loss of the latest forward or fused step
 
     def phase(self, name: str, record: bool) -> None:
         s, opts = self.session, self.opts
@@ -159,7 +160,7 @@ def plain_loop_ms(session, opts: RunOptions) -> float:
     return (time.perf_counter() - t0) * 1e3 / opts.steps
 
 
-def phase_record(name: str, times: list[float], flops: int, tokens: int, peak_tf: float | None,
+def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | None,
                  peak_mem: int | None, extra: dict | None = None) -> dict:
     rec = summarize(times)
     seconds = rec["median_ms"] / 1e3
@@ -215,7 +216,7 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
         if name == "optimizer":
             bytes_moved = optimizer_bytes(config)
             extra = {"bytes": bytes_moved, "gb_per_s": bytes_moved / (summarize(times)["median_ms"] / 1e3) / 1e9}
-        phases[name] = phase_record(name, times, flops[name], tokens, peak_tf, timer.peaks.get(name), extra)
+        phases[name] = phase_record(times, flops[name], tokens, peak_tf, timer.peaks.get(name), extra)
     result.update(
         phases=phases,
         overhead=overhead,

@@ -112,7 +112,3 @@ class TorchSession:
 
     def versions(self) -> dict:
         return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
-
-
-def is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError)

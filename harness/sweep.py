@@ -1,7 +1,7 @@
 """Sweep models x context lengths x backends x dtypes, one `harness.run` subprocess per cell.
 
     python -m harness.sweep --models small,medium --ctx 128,256,512 [--backends torch,jax]
-        [--dtype fp32,bf16] [--nsys] [--warmup-study] [--resume] [--out results/<sweep>/]
+        [--dtype fp32,bf16] [--nsys] [--warmup-study] [--resume] [--gpus 0,1] [--out results/<sweep>/]
     python -m harness.sweep --render results/<sweep>/
 
 Each finished cell appends one line to <out>/cells.jsonl (see `cell_record`), so an
@@ -15,6 +15,7 @@ cells.jsonl by `harness.sweep_report` after every sweep, or alone with --render.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -81,23 +82,49 @@ def _tail(path: str, lines: int = 3) -> str:
         return " | ".join(line.strip() for line in f.read().strip().splitlines()[-lines:])
 
 
-def run_process(cmd: list[str], log_path: str, timeout: float | None) -> tuple[int | None, bool]:
-    """Run `cmd` in its own process group, stdout and stderr to `log_path`.
+class CellProcess:
+    """One cell's subprocess, in its own process group, stdout and stderr to a log file.
 
-    Returns (exit code, timed out); a negative code is the signal that ended it. On a
-    timeout or an interrupt of the sweep the whole group is killed."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout), False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    `env` and `cpus` pin it to one GPU and a slice of the CPUs when cells run side by side."""
+
+    def __init__(self, cmd: list[str], log_path: str, timeout: float | None, *,
+                 env: dict[str, str] | None = None, cpus: set[int] | None = None) -> None:
+        self._log = open(log_path, "w")
+        preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=env, preexec_fn=preexec)
+        self.started = time.monotonic()
+        self.deadline = None if timeout is None else self.started + timeout
+
+    def poll(self) -> tuple[int | None, bool] | None:
+        """None while running; else (exit code, timed out), killing the group on a timeout."""
+        code = self.proc.poll()
+        if code is None and (self.deadline is None or time.monotonic() < self.deadline):
+            return None
+        if code is None:
+            self.kill()
             return None, True
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
+        self._log.close()
+        return code, False
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self._log.close()
+
+
+def run_process(cmd: list[str], log_path: str, timeout: float | None) -> tuple[int | None, bool]:
+    """Run `cmd` to its end (see CellProcess); returns (exit code, timed out). A negative
+    code is the signal that ended it. On an interrupt of the sweep the group is killed."""
+    job = CellProcess(cmd, log_path, timeout)
+    try:
+        while (done := job.poll()) is None:
+            time.sleep(0.05)
+    except BaseException:
+        job.kill()
+        raise
+    return done
 
 
 def outcome(doc: dict | None, code: int | None, timed_out: bool, timeout: float | None, log_path: str) -> tuple[str, str | None]:
@@ -112,40 +139,72 @@ def outcome(doc: dict | None, code: int | None, timed_out: bool, timeout: float 
 
 
 def cell_record(cell: Cell, status: str, reason: str | None, doc: dict | None, *, exit_code: int | None,
-                wall_s: float, log: str, profile: str | None) -> dict:
+                wall_s: float, log: str, profile: str | None, gpu: str | None = None) -> dict:
     """One line of cells.jsonl. `result` is the harness.run document (None when the process
-    left none); paths are relative to the sweep folder."""
+    left none); paths are relative to the sweep folder; `gpu` is the CUDA_VISIBLE_DEVICES
+    the cell ran with under --gpus (None: the sweep's own)."""
     return {"schema": CELL_SCHEMA, "key": cell.key, "cell": dataclasses.asdict(cell), "status": status,
             "reason": reason, "exit_code": exit_code, "wall_s": wall_s, "log": log, "profile": profile,
-            "result": doc}
+            "gpu": gpu, "result": doc}
 
 
-def run_cell(cell: Cell, opts: dict, out_dir: str, *, timeout: float | None = None,
-             fail_in: str | None = None) -> dict:
-    """Run one cell in a subprocess (under nsys when opts["nsys"]) and return its record."""
+@dataclasses.dataclass
+class StartedCell:
+    cell: Cell
+    job: CellProcess
+    out_dir: str
+    out_json: str  # relative to out_dir
+    log: str
+    report: str | None  # nsys report stem, when profiled
+    gpu: str | None
+    timeout: float | None
+
+
+def start_cell(cell: Cell, opts: dict, out_dir: str, *, timeout: float | None = None, fail_in: str | None = None,
+               gpu: str | None = None, cpus: set[int] | None = None) -> StartedCell:
+    """Start one cell's subprocess (under nsys when opts["nsys"]), on GPU `gpu` if given."""
     name = cell.key.replace(":", "_")
     for sub in ("runs", "logs"):
         os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
     out_json, log = os.path.join("runs", f"{name}.json"), os.path.join("logs", f"{name}.log")
     cmd = cell_command(cell, opts, os.path.join(out_dir, out_json), fail_in)
-    report = os.path.join(out_dir, "runs", name)
-    if opts["nsys"]:
+    report = os.path.join(out_dir, "runs", name) if opts["nsys"] else None
+    if report:
         from harness.nsys import profile_command
 
         cmd = profile_command(cell.backend, report, cmd)
     if os.path.exists(os.path.join(out_dir, out_json)):
         os.remove(os.path.join(out_dir, out_json))  # left by an interrupted attempt
-    t0 = time.monotonic()
-    code, timed_out = run_process(cmd, os.path.join(out_dir, log), timeout)
-    wall = time.monotonic() - t0
+    env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+    job = CellProcess(cmd, os.path.join(out_dir, log), timeout, env=env, cpus=cpus)
+    return StartedCell(cell, job, out_dir, out_json, log, report, gpu, timeout)
+
+
+def finish_cell(started: StartedCell, code: int | None, timed_out: bool) -> dict:
+    """The record of a cell whose process has ended."""
+    s = started
+    wall = time.monotonic() - s.job.started
     doc = None
-    if os.path.exists(os.path.join(out_dir, out_json)):
-        with open(os.path.join(out_dir, out_json)) as f:
+    if os.path.exists(os.path.join(s.out_dir, s.out_json)):
+        with open(os.path.join(s.out_dir, s.out_json)) as f:
             doc = json.load(f)
-    status, reason = outcome(doc, code, timed_out, timeout, os.path.join(out_dir, log))
-    profile = _export_profile(report) if opts["nsys"] and os.path.exists(f"{report}.nsys-rep") else None
-    return cell_record(cell, status, reason, doc, exit_code=code, wall_s=wall, log=log,
-                       profile=os.path.relpath(profile, out_dir) if profile else None)
+    status, reason = outcome(doc, code, timed_out, s.timeout, os.path.join(s.out_dir, s.log))
+    profile = _export_profile(s.report) if s.report and os.path.exists(f"{s.report}.nsys-rep") else None
+    return cell_record(s.cell, status, reason, doc, exit_code=code, wall_s=wall, log=s.log, gpu=s.gpu,
+                       profile=os.path.relpath(profile, s.out_dir) if profile else None)
+
+
+def run_cell(cell: Cell, opts: dict, out_dir: str, *, timeout: float | None = None,
+             fail_in: str | None = None) -> dict:
+    """Run one cell to its end and return its record."""
+    started = start_cell(cell, opts, out_dir, timeout=timeout, fail_in=fail_in)
+    try:
+        while (done := started.job.poll()) is None:
+            time.sleep(0.05)
+    except BaseException:
+        started.job.kill()
+        raise
+    return finish_cell(started, *done)
 
 
 def _export_profile(report: str) -> str | None:
@@ -233,20 +292,36 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def progress_line(done: int, running: str | None, left: int, walls: list[float]) -> str:
-    """Cells done, the one running, cells left (not counting it) and the time left."""
-    eta = f"~{_duration(sum(walls) / len(walls) * (left + (running is not None)))} left" if walls else "time left: after the first cell"
-    run = f", running {running}" if running else ""
+def progress_line(done: int, running: list[str], left: int, walls: list[float], slots: int = 1) -> str:
+    """Cells done, those running, cells left (not counting them) and the time left, from the
+    mean wall time of the finished cells spread over `slots` GPUs."""
+    if walls:
+        eta = f"~{_duration(sum(walls) / len(walls) * (left + len(running)) / slots)} left"
+    else:
+        eta = "time left: after the first cell"
+    run = f", running {', '.join(running)}" if running else ""
     return f"{done} done{run}, {left} left, {eta}"
 
 
+def cpu_slices(n: int) -> list[set[int] | None]:
+    """This process's CPUs split into `n` disjoint equal slices (None each if too few)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    size = len(cpus) // n
+    if n == 1 or size == 0:
+        return [None] * n
+    return [set(cpus[i * size:(i + 1) * size]) for i in range(n)]
+
+
 def run_sweep(cells: list[Cell], opts: dict, out_dir: str, *, timeout: float | None = None,
-              max_cells: int | None = None, fail_cell: str | None = None,
+              max_cells: int | None = None, fail_cell: str | None = None, gpus: list[str] | None = None,
               log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> None:
     """Run the cells not yet recorded in `out_dir`, appending each record as it finishes.
 
-    `max_cells` stops after that many cells (resume later); `fail_cell` "KEY:PHASE" makes
-    that cell simulate an out-of-memory in PHASE (harness.run --fail-in)."""
+    `gpus` runs one cell per listed GPU side by side (CUDA_VISIBLE_DEVICES), each pinned to
+    its own equal slice of the CPUs so a launch-bound eager run does not compete with a
+    compiling one; without it, cells run one at a time on the default device. `max_cells`
+    stops after that many cells (resume later); `fail_cell` "KEY:PHASE" makes that cell
+    simulate an out-of-memory in PHASE (harness.run --fail-in)."""
     recorded = {r["key"] for r in load_records(out_dir)}
     pending = [c for c in cells if c.key not in recorded]
     done = len(cells) - len(pending)
@@ -254,17 +329,42 @@ def run_sweep(cells: list[Cell], opts: dict, out_dir: str, *, timeout: float | N
         log(f"[sweep] {done} of {len(cells)} cells already recorded in {out_dir}; skipping them")
     todo = pending[:max_cells] if max_cells is not None else pending
     fail_key, _, fail_phase = (fail_cell or "").rpartition(":")
+    slots: list[str | None] = list(gpus) if gpus else [None]
+    cpus = dict(zip(slots, cpu_slices(len(slots)))) if gpus else {None: None}
+    running: dict[str | None, StartedCell] = {}
     walls: list[float] = []
-    for i, cell in enumerate(todo):
-        log(f"[sweep] {progress_line(done + i, cell.key, len(pending) - i - 1, walls)}")
-        rec = run_cell(cell, opts, out_dir, timeout=timeout, fail_in=fail_phase if cell.key == fail_key else None)
-        append_record(out_dir, rec)
-        walls.append(rec["wall_s"])
-        detail = f": {rec['reason']}" if rec["reason"] else ""
-        log(f"[sweep] {cell.key} {rec['status']} in {rec['wall_s']:.1f} s{detail}")
+    queue = list(todo)
+    finished = 0
+    try:
+        while queue or running:
+            for gpu in [g for g in slots if g not in running]:
+                if not queue:
+                    break
+                cell = queue.pop(0)
+                running[gpu] = start_cell(cell, opts, out_dir, timeout=timeout, gpu=gpu, cpus=cpus[gpu],
+                                          fail_in=fail_phase if cell.key == fail_key else None)
+                where = f" on GPU {gpu}" if gpu is not None else ""
+                log(f"[sweep] started {cell.key}{where}; "
+                    f"{progress_line(done + finished, [s.cell.key for s in running.values()], len(pending) - finished - len(running), walls, len(slots))}")
+            time.sleep(0.05)
+            for gpu, started in list(running.items()):
+                if (result := started.job.poll()) is None:
+                    continue
+                del running[gpu]
+                rec = finish_cell(started, *result)
+                append_record(out_dir, rec)
+                walls.append(rec["wall_s"])
+                finished += 1
+                detail = f": {rec['reason']}" if rec["reason"] else ""
+                log(f"[sweep] {rec['key']} {rec['status']} in {rec['wall_s']:.1f} s{detail}")
+    except BaseException:
+        for started in running.values():
+            started.job.kill()
+        raise
     left = len(pending) - len(todo)
-    log(f"[sweep] stopped after {len(todo)} cells (--max-cells); {progress_line(done + len(todo), None, left, walls)}; "
-        "continue with --resume" if left else f"[sweep] all {len(cells)} cells recorded")
+    log(f"[sweep] stopped after {len(todo)} cells (--max-cells); "
+        f"{progress_line(done + len(todo), [], left, walls, len(slots))}; continue with --resume"
+        if left else f"[sweep] all {len(cells)} cells recorded")
 
 
 # -- analysis: lists of dicts for the report ---------------------------------------------
@@ -476,6 +576,12 @@ def comma_list(parse: Callable[[str], object]) -> Callable[[str], list]:
     return parse_list
 
 
+def gpu_index(value: str) -> str:
+    if not value.isdigit():
+        raise UsageError(f"--gpus: expected GPU indices like 0,1,2,3, got {value!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness.sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=comma_list(choice("model", list(PRESETS))), help=f"from {', '.join(PRESETS)}")
@@ -491,6 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/sweep", help="sweep folder (default results/sweep)")
     p.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping recorded cells")
     p.add_argument("--cell-timeout", type=positive_int, default=None, metavar="S", help="seconds per cell")
+    p.add_argument("--gpus", type=comma_list(gpu_index), default=None, metavar="0,1,...",
+                   help="run one cell per listed GPU side by side, each on its own slice of the CPUs")
     p.add_argument("--max-cells", type=positive_int, default=None, metavar="N", help="stop after N cells")
     p.add_argument("--nsys", action="store_true", help="run each cell under nsys profile; report kernel shares")
     p.add_argument("--warmup-study", action="store_true",
@@ -537,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         _check(args)
         select_platform(args)
+        if args.gpus and args.device == "cpu":
+            raise UsageError("--gpus runs cells on GPUs; drop it for --device cpu")
         opts = {k: getattr(args, k) for k in FIXED}
         axes = {"models": args.models, "ctx": args.ctx, "backends": args.backends, "dtypes": args.dtype}
         sweep = prepare(args.out, opts, axes, args.resume, args.warmup_study)
@@ -547,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         cells += grid(args.models[:1], args.ctx[:1], args.backends, args.dtype[:1], warmup_study=True)
     try:
         run_sweep(cells, sweep["options"], args.out, timeout=args.cell_timeout, max_cells=args.max_cells,
-                  fail_cell=args.fail_cell)
+                  fail_cell=args.fail_cell, gpus=args.gpus)
     except KeyboardInterrupt:
         print(f"[sweep] interrupted; the running cell was not recorded; continue with --resume --out {args.out}",
               file=sys.stderr)

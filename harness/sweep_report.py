@@ -180,6 +180,22 @@ def section_failed(data: dict) -> list[str]:
                                      for r in data["failed"]), ""]
 
 
+def section_environment(data: dict) -> list[str]:
+    """Where the cells ran: devices, framework versions, commits, and GPU sharing."""
+    envs = [(c.get("result") or {}).get("env") or {} for c in data["cells"]]
+    lines = []
+    for label, key in (("device", "device"), ("driver", "driver"), ("torch", "torch"), ("jax", "jax"),
+                       ("commit", "git_commit")):
+        values = sorted({str(e[key]) for e in envs if e.get(key)})
+        if values:
+            lines.append(f"- {label}: {', '.join(values)}")
+    gpus = sorted({c["gpu"] for c in data["cells"] if c.get("gpu") is not None}, key=int)
+    if gpus:
+        lines.append(f"- cells ran side by side, one per GPU (CUDA_VISIBLE_DEVICES {', '.join(gpus)} of one host), "
+                     "each pinned to its own equal share of the CPUs; every cell measured one GPU")
+    return ["## Environment", "", *lines, ""] if lines else []
+
+
 def render_markdown(data: dict, plots: list[str]) -> str:
     o = data["sweep"]["options"]
     counts: dict[str, int] = {}
@@ -188,6 +204,7 @@ def render_markdown(data: dict, plots: list[str]) -> str:
     lines = [f"# Sweep: batch {o['batch']}, {o['attention']} attention, {o['mode']} on {o['device']}", "",
              f"warm-up {o['warmup']}, measured steps {o['steps']}; cells: "
              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), ""]
+    lines += section_environment(data)
     for section in (section_times, section_bound, section_throughput, section_memory, section_speedups,
                     section_warmup, section_kernels, section_failed):
         lines += section(data)

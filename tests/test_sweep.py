@@ -95,8 +95,42 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(e2e: dict) -> None:
 @pytest.mark.slow
 def test_progress_reports_done_running_left_and_time_left(e2e: dict) -> None:
     lines = [line for line in e2e["first"]["stderr"].splitlines() if "running" in line]
-    assert lines[0] == "[sweep] 0 done, running tiny:16:torch:fp32, 7 left, time left: after the first cell"
-    assert re.fullmatch(r"\[sweep\] 1 done, running tiny:16:jax:fp32, 6 left, ~\d+m\d\ds left", lines[1])
+    assert lines[0] == ("[sweep] started tiny:16:torch:fp32; 0 done, running tiny:16:torch:fp32, 7 left, "
+                        "time left: after the first cell")
+    assert re.fullmatch(r"\[sweep\] started tiny:16:jax:fp32; 1 done, running tiny:16:jax:fp32, 6 left, "
+                        r"~\d+m\d\ds left", lines[1])
+
+
+def test_progress_line_spreads_the_estimate_over_gpus() -> None:
+    # 4 cells of 60 s each still to finish (2 running, 2 queued) on 2 GPUs: 2 minutes.
+    line = sweep.progress_line(3, ["a", "b"], 2, [60.0, 60.0, 60.0], slots=2)
+    assert line == "3 done, running a, b, 2 left, ~2m00s left"
+
+
+def test_cells_run_side_by_side_one_per_gpu(tmp_path) -> None:
+    """With two GPU slots the second cell starts before the first one ends, each cell
+    sees only its own GPU index, and the records say which one it had."""
+    out = str(tmp_path / "s")
+    opts = dict(batch=1, warmup=0, steps=1, attention="naive", mode="train", device="cpu", nsys=False)
+    cells = [sweep.Cell("tiny", 8, "torch", "fp32"), sweep.Cell("tiny", 16, "torch", "fp32")]
+    messages: list[str] = []
+    sweep.run_sweep(cells, opts, out, gpus=["3", "5"], log=messages.append)
+    started = [i for i, m in enumerate(messages) if "started" in m]
+    first_done = next(i for i, m in enumerate(messages) if " ok in " in m)
+    assert len(started) == 2 and started[1] < first_done, messages
+    assert "on GPU 3" in messages[started[0]] and "on GPU 5" in messages[started[1]]
+    records = {r["key"]: r for r in sweep.load_records(out)}
+    assert {k: r["gpu"] for k, r in records.items()} == {"tiny:8:torch:fp32": "3", "tiny:16:torch:fp32": "5"}
+    assert all(r["status"] == "ok" for r in records.values())
+
+
+def test_cpu_slices_are_disjoint_and_equal() -> None:
+    slices = sweep.cpu_slices(2)
+    available = len(os.sched_getaffinity(0))
+    if available < 2:
+        assert slices == [None, None]
+    else:
+        assert len(slices[0]) == len(slices[1]) == available // 2 and not slices[0] & slices[1]
 
 
 @pytest.mark.slow

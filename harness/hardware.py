@@ -34,8 +34,11 @@ def peak_tflops(device_name: str | None, dtype: str) -> float | None:
 
 
 def git_commit() -> str | None:
-    """HEAD of the checkout (with -dirty for uncommitted changes), or $XFPROF_GIT_COMMIT
-    where the code runs from a copy of the tree without its .git folder."""
+    """$XFPROF_GIT_COMMIT when set (for code run from a copy of the tree, whose .git
+    folder, if any, need not match the code), else HEAD of the checkout with -dirty for
+    uncommitted changes, else None."""
+    if os.environ.get("XFPROF_GIT_COMMIT"):
+        return os.environ["XFPROF_GIT_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(
@@ -46,7 +49,7 @@ def git_commit() -> str | None:
         ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("XFPROF_GIT_COMMIT")
+        return None
 
 
 def command_line() -> str:

@@ -303,6 +303,17 @@ def progress_line(done: int, running: list[str], left: int, walls: list[float], 
     return f"{done} done{run}, {left} left, {eta}"
 
 
+def longest_first(cells: list[Cell]) -> list[Cell]:
+    """Cells ordered by a rough cost (step FLOPs, JAX's compilation counted as a multiple),
+    so that side-by-side cells end together instead of one GPU finishing a big cell alone."""
+    from harness.flops import forward_flops
+
+    def cost(cell: Cell) -> float:
+        return forward_flops(get_config(cell.model), 1, cell.ctx) * (3 if cell.backend == "jax" else 1)
+
+    return sorted(cells, key=cost, reverse=True)
+
+
 def cpu_slices(n: int) -> list[set[int] | None]:
     """This process's CPUs split into `n` disjoint equal slices (None each if too few)."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -319,7 +330,8 @@ def run_sweep(cells: list[Cell], opts: dict, out_dir: str, *, timeout: float | N
 
     `gpus` runs one cell per listed GPU side by side (CUDA_VISIBLE_DEVICES), each pinned to
     its own equal slice of the CPUs so a launch-bound eager run does not compete with a
-    compiling one; without it, cells run one at a time on the default device. `max_cells`
+    compiling one, longest cells first; without it, cells run one at a time in grid order
+    on the default device. `max_cells`
     stops after that many cells (resume later); `fail_cell` "KEY:PHASE" makes that cell
     simulate an out-of-memory in PHASE (harness.run --fail-in)."""
     recorded = {r["key"] for r in load_records(out_dir)}
@@ -329,6 +341,8 @@ def run_sweep(cells: list[Cell], opts: dict, out_dir: str, *, timeout: float | N
         log(f"[sweep] {done} of {len(cells)} cells already recorded in {out_dir}; skipping them")
     todo = pending[:max_cells] if max_cells is not None else pending
     fail_key, _, fail_phase = (fail_cell or "").rpartition(":")
+    if gpus and len(gpus) > 1:
+        todo = longest_first(todo)
     slots: list[str | None] = list(gpus) if gpus else [None]
     cpus = dict(zip(slots, cpu_slices(len(slots)))) if gpus else {None: None}
     running: dict[str | None, StartedCell] = {}

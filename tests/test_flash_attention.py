@@ -114,7 +114,11 @@ def errors(case: Case, interpret: bool, sm_scale: float | None = None) -> dict[s
 
 def check(case: Case, mode: str) -> None:
     tol = TOLERANCES[(case.dtype, mode)]
-    errs = errors(case, interpret=mode == "interpret")
+    # Interpret mode is pinned to the CPU: on a GPU machine the interpreter would
+    # otherwise run on the GPU, where float32 dots default to TF32.
+    device = jax.devices("cpu")[0] if mode == "interpret" else jax.devices()[0]
+    with jax.default_device(device):
+        errs = errors(case, interpret=mode == "interpret")
     assert all(math.isfinite(e) for e in errs.values()), errs
     bad = {name: e for name, e in errs.items() if e > tol}
     assert not bad, f"{case} ({mode}): errors {bad} exceed {tol}"

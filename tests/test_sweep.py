@@ -120,8 +120,16 @@ def test_cells_run_side_by_side_one_per_gpu(tmp_path) -> None:
     assert len(started) == 2 and started[1] < first_done, messages
     assert "on GPU 3" in messages[started[0]] and "on GPU 5" in messages[started[1]]
     records = {r["key"]: r for r in sweep.load_records(out)}
-    assert {k: r["gpu"] for k, r in records.items()} == {"tiny:8:torch:fp32": "3", "tiny:16:torch:fp32": "5"}
+    # Longest first: the ctx-16 cell starts on the first GPU.
+    assert {k: r["gpu"] for k, r in records.items()} == {"tiny:16:torch:fp32": "3", "tiny:8:torch:fp32": "5"}
     assert all(r["status"] == "ok" for r in records.values())
+
+
+def test_side_by_side_cells_start_with_the_longest() -> None:
+    cells = sweep.grid(["small", "xl"], [128, 1024], ["torch", "jax"], ["fp32"])
+    order = [c.key for c in sweep.longest_first(cells)]
+    assert order[0] == "xl:1024:jax:fp32" and order[-1] == "small:128:torch:fp32"
+    assert order.index("xl:128:jax:fp32") < order.index("xl:128:torch:fp32")
 
 
 def test_cpu_slices_are_disjoint_and_equal() -> None:

@@ -1,7 +1,13 @@
-"""Attention kernel benchmark: our Pallas FlashAttention-2 against XLA, cuDNN,
+"""Attention kernel benchmark: our Pallas FlashAttention kernels against XLA, cuDNN,
 JAX's Pallas `mha` and PyTorch SDPA backends.
 
     python -m harness.bench_attention --seq 1024,4096 --head-dim 64 --dtype bf16
+    python -m harness.bench_attention --shapes fa3 --dtype bf16      # FA3 paper's shape set
+    python -m harness.bench_attention --shapes leaderboard            # 16 x 16384 x 64, causal
+
+Our kernels appear twice: `pallas` is the portable kernel (Triton lowering,
+forced), `pallas_mosaic` the Hopper kernel (Pallas Mosaic GPU, forced; needs
+compute capability 9.x).
 
 Times forward, backward (given saved residuals) and forward+backward, each the
 median over `--iters` repeats of back-to-back launches (after warm-up), with
@@ -9,7 +15,16 @@ the min-max spread. FLOP convention: forward = 4*B*H*S^2*D (QK^T and PV),
 halved when causal; backward = 2.5x forward (five matmuls instead of two);
 forward+backward = 3.5x forward. D is the true head_dim, not the padded one.
 Ratios are time / time of the fastest PyTorch SDPA backend for the same cell
-and pass (measured in the same run), so < 1 means faster than SDPA.
+and pass (measured in the same run), so < 1 means faster than SDPA. The
+`<pass>_speedup_vs_best` fields are the other way round, a throughput ratio
+against the fastest of all SDPA backends and cuDNN through JAX: >= 1 means at
+least as fast as the best reference.
+
+Shape sets (--shapes): `grid` (default) crosses --seq, --head-dim with the
+fixed --batch and --heads; `fa3` is the FlashAttention-3 paper's set, seq 512
+to 16384 (filtered by --seq) with batch*seq = 16384 tokens and
+heads*head_dim = 2048; `leaderboard` is q, k, v of 16 x 16384 x 64 (batch 16,
+one head), causal.
 """
 
 from __future__ import annotations
@@ -38,8 +53,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PASSES = ("fwd", "bwd", "fwd_bwd")
 PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 SDPA_IMPLS = ("torch_sdpa_flash", "torch_sdpa_efficient", "torch_sdpa_cudnn")
-IMPLS = ("pallas", "jax_pallas_mha", "jax_cudnn", "xla_naive", *SDPA_IMPLS, "torch_naive")
-GPU_ONLY = ("jax_pallas_mha", "jax_cudnn", *SDPA_IMPLS)
+IMPLS = ("pallas", "pallas_mosaic", "jax_pallas_mha", "jax_cudnn", "xla_naive", *SDPA_IMPLS, "torch_naive")
+GPU_ONLY = ("pallas_mosaic", "jax_pallas_mha", "jax_cudnn", *SDPA_IMPLS)
+# References for the throughput targets: every SDPA backend and cuDNN via JAX.
+BEST_REF_IMPLS = (*SDPA_IMPLS, "jax_cudnn")
+SHAPE_SETS = ("grid", "fa3", "leaderboard")
+FA3_TOKENS = 16384
+FA3_HIDDEN = 2048
+FA3_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 DEFAULT_SEQS = tuple(2**p for p in range(7, 15))
 # Non-causal cells are only run from this length up when --causal both.
@@ -61,8 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return parse
 
     p = argparse.ArgumentParser(prog="python -m harness.bench_attention", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seq", type=int_list, default=list(DEFAULT_SEQS), help="comma-separated sequence lengths")
-    p.add_argument("--head-dim", type=int_list, default=[64, 80, 128])
+    p.add_argument("--shapes", choices=SHAPE_SETS, default="grid",
+                   help="grid: --seq x --head-dim at --batch/--heads; fa3: batch*seq=16384, heads*head_dim=2048 "
+                        "(--seq filters, default 1024..16384); leaderboard: 16 x 16384 x 64 causal")
+    p.add_argument("--seq", type=int_list, default=None,
+                   help=f"comma-separated sequence lengths (grid default {','.join(map(str, DEFAULT_SEQS))})")
+    p.add_argument("--head-dim", type=int_list, default=None, help="grid default 64,80,128; fa3 default 64,128")
     p.add_argument("--dtype", type=str_list(tuple(DTYPES)), default=["bf16", "fp32"])
     p.add_argument("--impl", type=str_list(IMPLS), default=list(IMPLS))
     p.add_argument("--causal", choices=("true", "false", "both"), default="both",
@@ -77,10 +102,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cpu: tiny smoke runs (Pallas in interpret mode, GPU-only impls marked unsupported)")
     p.add_argument("--out", type=Path, default=None, help="default: results/attention-<gpu>/")
     p.add_argument("--name", default="attention", help="stem of the .json/.png/.md files written")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.shapes == "fa3":
+        args.seq = args.seq or [s for s in FA3_SEQS if s >= 1024]
+        args.head_dim = args.head_dim or [64, 128]
+        bad = [d for d in args.head_dim if FA3_HIDDEN % d] + [s for s in args.seq if FA3_TOKENS % s]
+        if bad:
+            p.error(f"--shapes fa3 needs head_dim dividing {FA3_HIDDEN} and seq dividing {FA3_TOKENS}; got {bad}")
+    else:
+        args.seq = args.seq or list(DEFAULT_SEQS)
+        args.head_dim = args.head_dim or [64, 80, 128]
+    return args
 
 
 def cells(args: argparse.Namespace) -> list[dict]:
+    if args.shapes == "leaderboard":
+        return [dict(batch=16, heads=1, seq=16384, head_dim=64, dtype=DTYPES[dtype], causal=True)
+                for dtype in args.dtype]
     out = []
     for dtype in args.dtype:
         for head_dim in args.head_dim:
@@ -89,7 +127,11 @@ def cells(args: argparse.Namespace) -> list[dict]:
                 for causal in flags:
                     if args.causal == "both" and not causal and seq < NONCAUSAL_MIN_SEQ:
                         continue
-                    out.append(dict(batch=args.batch, heads=args.heads, seq=seq, head_dim=head_dim,
+                    if args.shapes == "fa3":
+                        batch, heads = FA3_TOKENS // seq, FA3_HIDDEN // head_dim
+                    else:
+                        batch, heads = args.batch, args.heads
+                    out.append(dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim,
                                     dtype=DTYPES[dtype], causal=causal))
     return out
 
@@ -105,10 +147,12 @@ def fwd_flops(cell: dict) -> float:
 
 
 def _jax_attention(impl: str, interpret: bool) -> Callable:
-    if impl == "pallas":
+    if impl in ("pallas", "pallas_mosaic"):
         from pallas_kernels import flash_attention
 
-        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, interpret=interpret)
+        backend = "triton" if impl == "pallas" else "mosaic"
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, interpret=interpret,
+                                                       backend=backend)
     if impl == "jax_cudnn":
         return lambda q, k, v, causal: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                                     implementation="cudnn")
@@ -290,6 +334,7 @@ def run_benchmark(args: argparse.Namespace) -> list[dict]:
                 rows.append(row)
                 print(_progress_line(row), file=sys.stderr, flush=True)
     add_sdpa_ratios(rows)
+    add_best_ref_speedups(rows)
     return rows
 
 
@@ -312,12 +357,32 @@ def add_sdpa_ratios(rows: list[dict]) -> None:
             row[f"{name}_vs_sdpa"] = row[f"{name}_ms"] / ref if ok else None
 
 
+def add_best_ref_speedups(rows: list[dict]) -> None:
+    """Adds `<pass>_speedup_vs_best` = fastest reference's time / this time
+    (a throughput ratio; >= 1 meets the target) and `<pass>_best_ref`, the
+    reference that was fastest. References: BEST_REF_IMPLS."""
+    best: dict[tuple, dict[str, tuple[float, str]]] = {}
+    for row in rows:
+        if row["impl"] in BEST_REF_IMPLS and row["status"] == "ok":
+            entry = best.setdefault(_cell_key(row), {})
+            for name in PASSES:
+                if row[f"{name}_ms"] < entry.get(name, (math.inf, ""))[0]:
+                    entry[name] = (row[f"{name}_ms"], row["impl"])
+    for row in rows:
+        for name in PASSES:
+            ref = best.get(_cell_key(row), {}).get(name)
+            ok = row["status"] == "ok" and ref is not None
+            row[f"{name}_speedup_vs_best"] = ref[0] / row[f"{name}_ms"] if ok else None
+            row[f"{name}_best_ref"] = ref[1] if ref is not None else None
+
+
 # ----------------------------------------------------------------------------
 # Rendering.
 
 
 def _progress_line(row: dict) -> str:
-    desc = f"{row['impl']:22s} s={row['seq']:<6d} d={row['head_dim']:<4d} {row['dtype']:9s} causal={row['causal']!s:5s}"
+    desc = (f"{row['impl']:22s} b={row['batch']:<3d} h={row['heads']:<3d} s={row['seq']:<6d} d={row['head_dim']:<4d} "
+            f"{row['dtype']:9s} causal={row['causal']!s:5s}")
     if row["status"] != "ok":
         return f"{desc} {row['status']}"
     return f"{desc} " + " ".join(f"{n}={row[f'{n}_ms']:.3f}ms" for n in PASSES)
@@ -328,16 +393,19 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def render_table(rows: list[dict], markdown: bool = False) -> str:
-    header = ["impl", "seq", "D", "dtype", "causal", "fwd ms", "bwd ms", "f+b ms", "f+b TFLOP/s",
-              "fwd/SDPA", "bwd/SDPA", "f+b/SDPA", "status"]
+    header = ["impl", "B", "H", "seq", "D", "dtype", "causal", "fwd ms", "bwd ms", "f+b ms", "fwd TFLOP/s",
+              "bwd TFLOP/s", "f+b TFLOP/s", "fwd/SDPA", "bwd/SDPA", "f+b/SDPA", "fwd xbest", "bwd xbest",
+              "f+b xbest", "status"]
     lines = []
     for row in rows:
         ok = row["status"] == "ok"
         lines.append([
-            row["impl"], str(row["seq"]), str(row["head_dim"]), row["dtype"], "yes" if row["causal"] else "no",
+            row["impl"], str(row["batch"]), str(row["heads"]), str(row["seq"]), str(row["head_dim"]), row["dtype"],
+            "yes" if row["causal"] else "no",
             *(_fmt(row.get(f"{n}_ms") if ok else None, ".3f") for n in PASSES),
-            _fmt(row.get("fwd_bwd_tflops") if ok else None, ".3g"),
+            *(_fmt(row.get(f"{n}_tflops") if ok else None, ".3g") for n in PASSES),
             *(_fmt(row.get(f"{n}_vs_sdpa"), ".2f") for n in PASSES),
+            *(_fmt(row.get(f"{n}_speedup_vs_best"), ".2f") for n in PASSES),
             row["status"],
         ])
     if markdown:
@@ -387,7 +455,7 @@ def render_plot(rows: list[dict], path: Path) -> None:
                    and r["status"] == "ok"]
             if pts:
                 xs, ys = zip(*sorted(pts))
-                ax.plot(xs, ys, marker="o", label=impl, linewidth=2.5 if impl == "pallas" else 1.2)
+                ax.plot(xs, ys, marker="o", label=impl, linewidth=2.5 if impl.startswith("pallas") else 1.2)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length")
         ax.set_ylabel("fwd+bwd TFLOP/s")
@@ -416,7 +484,9 @@ def write_results(rows: list[dict], args: argparse.Namespace) -> dict[str, Path]
     meta = "\n".join(f"- {k}: `{env[k]}`" for k in ("device", "jax", "torch", "triton", "git_commit", "command"))
     paths["md"].write_text(
         f"# Attention benchmark ({env['device']})\n\n{meta}\n- {env['timing']}\n- FLOPs: {env['flop_convention']}\n"
-        f"- x/SDPA: time divided by the fastest PyTorch SDPA backend's time for the same cell (< 1 is faster)\n\n"
+        f"- x/SDPA: time divided by the fastest PyTorch SDPA backend's time for the same cell (< 1 is faster)\n"
+        f"- xbest: throughput ratio against the fastest of every SDPA backend and cuDNN through JAX "
+        f"(fastest reference time / this time; >= 1 is at least as fast)\n\n"
         + render_table(rows, markdown=True) + "\n"
     )
     render_plot(rows, paths["png"])

@@ -10,7 +10,9 @@ so they run on Ampere, Ada and Hopper, and in interpret mode on CPU.
 
 Everything that depends on which kernel family runs (block-size defaults,
 launch parameters, the forward and backward implementations) is reached
-through `_BACKENDS`, so a second family can sit beside the Triton one.
+through `_BACKENDS`. Two families are registered: "triton" (this file) and
+"mosaic" (`flash_attention_mgpu.py`: Hopper-only wgmma/TMA kernels in Pallas
+Mosaic GPU). `_resolve_backend` is the one place that chooses between them.
 """
 
 from __future__ import annotations
@@ -26,10 +28,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import flash_attention_mgpu as _mgpu
+from pallas_kernels.flash_attention_mgpu import MosaicBlockSizes
+
 __all__ = [
     "BACKENDS",
     "BlockSizes",
     "MAX_HEAD_DIM",
+    "MosaicBlockSizes",
     "flash_attention",
     "flash_attention_with_lse",
     "mha_reference",
@@ -474,22 +480,46 @@ def _triton_backward(q: jax.Array, k: jax.Array, v: jax.Array, o: jax.Array, lse
 class _Backend:
     forward: Callable[..., tuple[jax.Array, jax.Array]]
     backward: Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
-    default_block_sizes: Callable[[int], BlockSizes]
+    default_block_sizes: Callable[[int], object]
+    block_sizes_type: type
+    # Why this family cannot run the inputs here (None if it can).
+    unsupported_reason: Callable[..., str | None]
 
 
 _BACKENDS: dict[str, _Backend] = {
-    "triton": _Backend(_triton_forward, _triton_backward, BlockSizes.get_default),
+    "triton": _Backend(_triton_forward, _triton_backward, BlockSizes.get_default, BlockSizes,
+                       lambda q, *, interpret: None),
+    "mosaic": _Backend(_mgpu.mosaic_forward, _mgpu.mosaic_backward, MosaicBlockSizes.get_default,
+                       MosaicBlockSizes, _mgpu.unsupported_reason),
 }
 BACKENDS: tuple[str, ...] = ("auto", *_BACKENDS)
 
 
-def _resolve_backend(backend: str | None) -> str:
-    if backend is None or backend == "auto":
-        # The portable kernel is the only one so far; a Hopper-specific kernel
-        # would be chosen here when the device supports it.
-        return "triton"
-    if backend not in _BACKENDS:
+def _resolve_backend(backend: str | None, q: jax.Array | None = None, block_sizes: object = None,
+                     interpret: bool = False) -> str:
+    """Chooses the kernel family.
+
+    "auto" (or None) takes the Hopper kernels ("mosaic") when they can run the
+    inputs: a compute capability 9.x GPU, bfloat16/float16, a supported
+    head_dim, not interpret mode. Everything else (float32, other GPUs, CPU
+    interpret mode, other head dims) falls back to the portable "triton"
+    kernels. Block sizes of one family select that family. A forced backend
+    that cannot run the inputs raises a ValueError with the reason.
+    """
+    if backend is not None and backend != "auto" and backend not in _BACKENDS:
         raise ValueError(f"unknown {backend=}; valid choices: None, {', '.join(map(repr, BACKENDS))}")
+    if backend is None or backend == "auto":
+        chosen = [name for name, b in _BACKENDS.items() if isinstance(block_sizes, b.block_sizes_type)]
+        if chosen:
+            backend = chosen[0]
+        elif q is not None and _BACKENDS["mosaic"].unsupported_reason(q, interpret=interpret) is None:
+            return "mosaic"
+        else:
+            return "triton"
+    if q is not None:
+        reason = _BACKENDS[backend].unsupported_reason(q, interpret=interpret)
+        if reason is not None:
+            raise ValueError(f"backend={backend!r} cannot run these inputs: {reason}")
     return backend
 
 
@@ -516,13 +546,14 @@ def _check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, sm_scale: float | No
     return float(sm_scale)
 
 
-def _prepare(q, k, v, sm_scale, block_sizes, backend):
-    name = _resolve_backend(backend)
+def _prepare(q, k, v, sm_scale, block_sizes, backend, interpret):
     scale = _check_inputs(q, k, v, sm_scale)
+    name = _resolve_backend(backend, q, block_sizes, interpret)
+    expected = _BACKENDS[name].block_sizes_type
     if block_sizes is None:
         block_sizes = _BACKENDS[name].default_block_sizes(q.shape[-1])
-    elif not isinstance(block_sizes, BlockSizes):
-        raise ValueError(f"block_sizes={block_sizes!r} must be a BlockSizes or None")
+    elif not isinstance(block_sizes, expected):
+        raise ValueError(f"block_sizes={block_sizes!r} must be a {expected.__name__} or None for backend {name!r}")
     return name, scale, block_sizes
 
 
@@ -565,16 +596,23 @@ def flash_attention(
         bfloat16 or float16) and one shape; head_dim <= 256, any seq >= 1.
       causal: mask keys after each query position.
       sm_scale: softmax scale (a positive Python float); 1/sqrt(head_dim) if None.
-      block_sizes: tiles and launch parameters; the backend's defaults if None.
-      interpret: run the kernels in the Pallas interpreter (works on CPU).
-      backend: None or "auto" (pick the best available kernel), or "triton"
-        (the portable Pallas GPU lowering).
+      block_sizes: tiles and launch parameters (a BlockSizes for "triton", a
+        MosaicBlockSizes for "mosaic"); the chosen backend's defaults if None.
+        Under "auto", passing one selects its family.
+      interpret: run the kernels in the Pallas interpreter (works on CPU;
+        always the "triton" kernels).
+      backend: None or "auto" (Hopper kernels on compute capability 9.x for
+        bfloat16/float16 and head_dim in flash_attention_mgpu's
+        SUPPORTED_HEAD_DIMS, the portable kernels otherwise), "triton" (the
+        portable Pallas GPU lowering) or "mosaic" (the Hopper kernels; a
+        ValueError says why if they cannot run the inputs).
 
     Returns:
-      o, shaped and typed like q. Float32 inputs use TF32 tensor-core products
-      on GPU (as XLA does at default precision); accumulation is float32.
+      o, shaped and typed like q. Float32 inputs run on the "triton" kernels
+      with TF32 tensor-core products on GPU (as XLA does at default
+      precision); accumulation is float32.
     """
-    name, scale, block_sizes = _prepare(q, k, v, sm_scale, block_sizes, backend)
+    name, scale, block_sizes = _prepare(q, k, v, sm_scale, block_sizes, backend, interpret)
     return _attention(q, k, v, bool(causal), scale, block_sizes, bool(interpret), name)
 
 
@@ -591,7 +629,7 @@ def flash_attention_with_lse(
 ) -> tuple[jax.Array, jax.Array]:
     """Forward pass only: (o, lse), lse = log(sum(exp(scaled scores))) per row,
     shaped [batch, heads, seq], float32. Use `flash_attention` for gradients."""
-    name, scale, block_sizes = _prepare(q, k, v, sm_scale, block_sizes, backend)
+    name, scale, block_sizes = _prepare(q, k, v, sm_scale, block_sizes, backend, interpret)
     return _BACKENDS[name].forward(q, k, v, causal=bool(causal), sm_scale=scale,
                                    block_sizes=block_sizes, interpret=bool(interpret))
 

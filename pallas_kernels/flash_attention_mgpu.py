@@ -1,0 +1,722 @@
+"""FlashAttention forward and backward for Hopper GPUs (sm_90) in Pallas Mosaic GPU.
+
+The portable kernels in `flash_attention.py` go through the Triton lowering,
+which on Hopper issues neither `wgmma` (the warpgroup tensor-core instruction)
+nor bulk tensor copies (TMA), so most of the tensor cores sit idle. These
+kernels are written against `jax.experimental.pallas.mosaic_gpu` instead and
+follow the FlashAttention-3 design (Shah et al. 2024, arXiv:2407.08608):
+
+- one CTA = three warpgroups: a producer that only issues TMA copies into a
+  ring of swizzled shared-memory slots, and two consumers that run `wgmma`
+  and the softmax;
+- the two consumers take turns on the tensor cores ("ping-pong", FA3 §3.1):
+  while one runs its matmuls the other runs its exponentials;
+- scores live in base 2 with the softmax scale and log2(e) folded into one
+  multiply-add; causal loops are split into an unmasked and a masked part;
+- the backward is two kernels, dQ (one query tile per CTA, streaming K/V) and
+  dK/dV (one key tile per CTA, streaming Q/dO/lse/delta), so no atomics.
+
+Layout and contracts are those of the portable kernels: q, k, v, o are
+[batch, seq, heads, head_dim]; lse is [batch, heads, seq] float32, natural log.
+Entry points are `mosaic_forward` / `mosaic_backward`; `flash_attention.py`
+registers them as the "mosaic" backend and owns validation, the custom_vjp
+wiring and the float32 reference (`mha_reference`).
+
+This module imports on any machine: without `mosaic_gpu` (older jax, or a
+build without it) `AVAILABLE` is False and calling a kernel raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+try:  # Mosaic GPU is optional: CPU-only installs and older jax lack parts of it.
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    _ = (plgpu.kernel, plgpu.wgmma, plgpu.Barrier, plgpu.ACC, plgpu.SwizzleTransform, plgpu.Layout.WGMMA)
+    _IMPORT_ERROR: Exception | None = None
+except Exception as exc:  # noqa: BLE001 -- any failure means "not available"
+    plgpu = None
+    _IMPORT_ERROR = exc
+
+AVAILABLE = _IMPORT_ERROR is None
+
+__all__ = [
+    "AVAILABLE",
+    "MosaicBlockSizes",
+    "SUPPORTED_DTYPES",
+    "SUPPORTED_HEAD_DIMS",
+    "mosaic_backward",
+    "mosaic_forward",
+    "unsupported_reason",
+]
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# wgmma consumes 16 bf16/fp16 values of the contraction per instruction and
+# shared-memory rows must be a whole number of 32-byte swizzle atoms, so
+# head_dim must be a multiple of 16; above 128 the two consumers' accumulators
+# no longer fit in registers next to the score tile.
+SUPPORTED_HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128)
+# Registers per thread after `setmaxnreg`: 2 * 232 + 40 = 504 = 3 * 168, the
+# whole register file of one CTA of three warpgroups.
+_CONSUMER_REGISTERS = 232
+_PRODUCER_REGISTERS = 40
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MosaicBlockSizes:
+    """Tiles of the Hopper kernels.
+
+    Every CTA runs two consumer warpgroups, so a forward / dQ CTA owns
+    2 * block_q query rows and a dK/dV CTA owns 2 * block_k_dkv key rows.
+
+    Attributes:
+      block_q: query rows per consumer warpgroup in the forward (64: one wgmma
+        M tile; 128 doubles the registers per warpgroup).
+      block_k: key rows per pipeline step in the forward.
+      num_stages: depth of the forward's K/V ring in shared memory.
+      block_q_dq, block_k_dq: dQ kernel: query rows per consumer, key rows
+        per step.
+      block_k_dkv, block_q_dkv: dK/dV kernel: key rows per consumer, query
+        rows per step.
+      num_stages_bwd: depth of the backward kernels' rings.
+      pingpong: let the forward consumers take turns on the tensor cores.
+    """
+
+    block_q: int = 64
+    block_k: int = 128
+    num_stages: int = 2
+    block_q_dq: int = 64
+    block_k_dq: int = 64
+    block_k_dkv: int = 64
+    block_q_dkv: int = 64
+    num_stages_bwd: int = 2
+    pingpong: bool = True
+
+    def __post_init__(self) -> None:
+        for field in ("block_q", "block_q_dq", "block_k_dkv"):
+            value = getattr(self, field)
+            if value not in (64, 128):
+                raise ValueError(f"{field}={value!r} must be 64 or 128 (rows of one warpgroup's wgmma tile)")
+        for field in ("block_k", "block_k_dq", "block_q_dkv"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 64 or value > 256 or value % 64:
+                raise ValueError(f"{field}={value!r} must be 64, 128, 192 or 256")
+        for field in ("num_stages", "num_stages_bwd"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or not 1 <= value <= 8:
+                raise ValueError(f"{field}={value!r} must be an integer between 1 and 8")
+
+    @classmethod
+    def get_default(cls, head_dim: int) -> MosaicBlockSizes:
+        """Defaults per head_dim (see NOTES.md for how they were chosen)."""
+        if head_dim <= 64:
+            return cls(block_k=128, num_stages=3)
+        return cls(block_k=128, num_stages=2)
+
+    @property
+    def seq_multiple(self) -> int:
+        """Sequences are zero-padded to a multiple of this before the kernels run."""
+        return math.lcm(2 * self.block_q, self.block_k, 2 * self.block_q_dq, self.block_k_dq,
+                        2 * self.block_k_dkv, self.block_q_dkv)
+
+
+def unsupported_reason(q: jax.Array, *, interpret: bool = False, device=None) -> str | None:
+    """Why the Mosaic kernels cannot run these inputs here, or None if they can.
+
+    Used by the dispatcher: under backend="auto" any reason means "use the
+    portable kernel"; with backend="mosaic" it becomes the ValueError.
+    `device` defaults to the first JAX device (where the kernels would run)."""
+    if not AVAILABLE:
+        return f"jax.experimental.pallas.mosaic_gpu is unavailable ({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR})"
+    if interpret:
+        return "interpret=True: the Mosaic GPU kernels have no interpreter path here; use backend='triton'"
+    device = jax.devices()[0] if device is None else device
+    capability = getattr(device, "compute_capability", None)
+    if device.platform != "gpu" or not str(capability).startswith("9."):
+        return (f"device {device.device_kind!r} (compute capability {capability}) is not a Hopper GPU; "
+                "the Mosaic kernels need compute capability 9.x")
+    if q.dtype not in SUPPORTED_DTYPES:
+        return (f"dtype={q.dtype} is not supported by the Mosaic kernels (bfloat16, float16); "
+                "float32 runs on backend='triton' (TF32 products)")
+    head_dim = q.shape[-1]
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"{head_dim=} is not one of {SUPPORTED_HEAD_DIMS} supported by the Mosaic kernels"
+    return None
+
+
+# ----------------------------------------------------------------------------
+# Shared pieces.
+
+
+def _smem_transforms(head_dim: int, itemsize: int) -> tuple:
+    """Tiling + swizzle for a [rows, head_dim] tile in shared memory.
+
+    The widest swizzle (128 B) whose atom divides a row is used, so wgmma and
+    TMA see conflict-free banks. head_dim 80 (160-byte rows) gets the 32-byte
+    swizzle instead of being padded to 128 columns."""
+    row_bytes = head_dim * itemsize
+    for swizzle in (128, 64, 32):
+        if row_bytes % swizzle == 0:
+            return plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle)
+    raise ValueError(f"{head_dim=} must be a multiple of {32 // itemsize} for the Mosaic kernels")
+
+
+# Shared memory per CTA on sm_90 (227 KiB), less room for Mosaic's own
+# scratch (cross-warp reductions) and the barriers.
+_SMEM_LIMIT = 232_448 - 8_192
+
+
+def _fit_stages(kernel: str, requested: int, useful: int, fixed_bytes: int, per_stage_bytes: int) -> int:
+    """Pipeline depth: as requested, but no deeper than the number of steps
+    and shallow enough for shared memory; ValueError if even 1 does not fit."""
+    stages = max(1, min(requested, useful))
+    while stages > 1 and fixed_bytes + stages * per_stage_bytes > _SMEM_LIMIT:
+        stages -= 1
+    if fixed_bytes + stages * per_stage_bytes > _SMEM_LIMIT:
+        raise ValueError(f"{kernel}: tiles need {fixed_bytes + per_stage_bytes} bytes of shared memory "
+                         f"(limit {_SMEM_LIMIT}); use smaller blocks")
+    return stages
+
+
+def _when(cond, fn) -> None:
+    """pl.when that also accepts a Python bool (static loop bounds)."""
+    if isinstance(cond, bool):
+        if cond:
+            fn()
+        return
+    pl.when(cond)(fn)
+
+
+def _zeros(shape, layout) -> jax.Array:
+    return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)
+
+
+def _rows(x: jax.Array, shape) -> jax.Array:
+    """Broadcast a per-row vector along the columns of `shape`."""
+    return lax.broadcast_in_dim(x, shape, [0])
+
+
+def _cols(x: jax.Array, shape) -> jax.Array:
+    """Broadcast a per-column vector along the rows of `shape`."""
+    return lax.broadcast_in_dim(x, shape, [1])
+
+
+def _iota(shape, dim) -> jax.Array:
+    return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+
+
+def _accumulate(fn, *initial):
+    """Runs `fn` on wgmma accumulators that start at `initial` (register
+    arrays) and returns their final values; one wgmma wait at the end."""
+    out = pl.run_state(fn)(tuple(plgpu.ACC.init(x) for x in initial))
+    return out if len(initial) > 1 else out[0]
+
+
+def _compiler_params():
+    # approx_math: exp2/log use the MUFU approximations (ex2.approx), which is
+    # what makes the softmax cheap enough to hide behind the matmuls.
+    return plgpu.CompilerParams(approx_math=True)
+
+
+def _producer_loop(n_steps, num_stages: int, issue, frees) -> None:
+    """Producer warpgroup: fill the ring, then refill each slot as soon as the
+    consumers release it. `issue(step, slot)` starts the copies of one step;
+    `frees[i]` are the per-slot barriers the consumers arrive on when done with
+    the i-th tensor of a step, which `issue` is told to wait on first."""
+    for step in range(num_stages):
+        _when(step < n_steps, functools.partial(issue, step, step, None))
+
+    def refill(step, _):
+        slot = lax.rem(step, num_stages)
+        issue(step, slot, frees)
+
+    if not (isinstance(n_steps, int) and n_steps <= num_stages):
+        lax.fori_loop(num_stages, n_steps, refill, None)
+
+    # Drain: wait for the release of each slot's last step, so every phase
+    # of the release barriers is observed before the CTA exits (the barrier
+    # state is then consistent, e.g. for a persistent loop around this).
+    def drain(step, _):
+        slot = lax.rem(step, num_stages)
+        for free in frees:
+            plgpu.barrier_wait(free.at[slot])
+
+    lax.fori_loop(jnp.maximum(n_steps - num_stages, 0), n_steps, drain, None)
+
+
+# ----------------------------------------------------------------------------
+# Forward.
+
+
+def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, blocks: MosaicBlockSizes):
+    batch, padded_len, heads, head_dim = q.shape
+    dtype = q.dtype
+    bq, bk = blocks.block_q, blocks.block_k
+    tile = 2 * bq
+    num_tiles = padded_len // tile
+    # Key blocks holding at least one real key; fully padded blocks are skipped.
+    num_k_blocks = pl.cdiv(seq_len, bk)
+    row = head_dim * dtype.itemsize
+    stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, 2 * bq * (row + 4), 2 * bk * row)
+    qk_scale = sm_scale * LOG2_E
+    transforms = _smem_transforms(head_dim, dtype.itemsize)
+    pingpong = blocks.pingpong
+
+    def body(q_ref, k_ref, v_ref, o_ref, lse_ref, q_smem, k_smem, v_smem, lse_smem,
+             q_ready, k_ready, v_ready, k_free, v_free, turn):
+        b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+        t = lax.axis_index("tiles")
+        if causal:
+            # Longest tiles (most keys) first so short ones fill the last wave.
+            t = num_tiles - 1 - t
+        tile_start = t * tile
+        if causal:
+            # Both consumers run the same key blocks (the whole tile's range),
+            # so their turn-taking stays paired; a block beyond one consumer's
+            # diagonal is fully masked for it and adds exactly zero.
+            n_blocks = jnp.minimum(lax.div(tile_start + tile + bk - 1, bk), num_k_blocks)
+            n_free = lax.div(tile_start, bk)  # blocks below every row's diagonal
+        else:
+            n_blocks = num_k_blocks
+            n_free = seq_len // bk  # only a ragged tail block needs a mask
+
+        @pl.when(wg == 2)
+        def _producer():
+            plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+
+            def issue(step, slot, frees):
+                rows = pl.ds(step * bk, bk)
+                if frees:
+                    plgpu.barrier_wait(frees[0].at[slot])
+                plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_ready.at[slot])
+                if frees:
+                    plgpu.barrier_wait(frees[1].at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_ready.at[slot])
+
+            _producer_loop(n_blocks, stages, issue, (k_free, v_free))
+
+        @pl.when(wg < 2)
+        def _consumer():
+            plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+            row0 = tile_start + wg * bq
+            q_tile = q_smem.at[wg]
+            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_tile, q_ready.at[wg])
+            plgpu.barrier_wait(q_ready.at[wg])
+
+            def pass_turn():
+                # Both consumers meet here twice per key block; consumer 1
+                # starts one meeting behind, so at any time one of them is in
+                # its matmuls and the other in its softmax.
+                if pingpong:
+                    plgpu.barrier_arrive(turn)
+                    plgpu.barrier_wait(turn)
+
+            def step(j, carry, *, masked: bool):
+                acc, m, l = carry
+                slot = lax.rem(j, stages)
+                plgpu.barrier_wait(k_ready.at[slot])
+
+                def scores(ref):
+                    plgpu.wgmma(ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+                    pass_turn()
+                    return ref[...]
+
+                s = pl.run_scoped(scores, plgpu.ACC((bq, bk), jnp.float32))
+                plgpu.barrier_arrive(k_free.at[slot])
+                if masked:
+                    cols = j * bk + _iota((bq, bk), 1)
+                    if causal:
+                        keep = cols <= row0 + _iota((bq, bk), 0)
+                    else:
+                        keep = cols < seq_len
+                    s = jnp.where(keep, s, -jnp.inf)
+                # m is kept in scaled base-2 units: p = exp2(s * c - m) is one
+                # FMA and one MUFU op per score (FA3 §3.3 / FA2 §3.1.1).
+                m_new = jnp.maximum(m, s.max(axis=1) * qk_scale)
+                alpha = jnp.exp2(m - m_new)
+                p = jnp.exp2(s * qk_scale - _rows(m_new, s.shape))
+                l = l * alpha + p.sum(axis=1)
+                acc = acc * _rows(alpha, acc.shape)
+                p = p.astype(dtype)
+                plgpu.barrier_wait(v_ready.at[slot])
+                pass_turn()
+                acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[slot]), acc)
+                plgpu.barrier_arrive(v_free.at[slot])
+                return acc, m_new, l
+
+            carry = (
+                _zeros((bq, head_dim), plgpu.Layout.WGMMA),
+                plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
+                _zeros((bq,), plgpu.Layout.WGMMA.reduce(1)),
+            )
+            _when(wg == 1, pass_turn)
+            carry = lax.fori_loop(0, n_free, functools.partial(step, masked=False), carry)
+            acc, m, l = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), carry)
+            _when(wg == 0, pass_turn)
+
+            # Every row (padded ones too: their q is zero) saw at least key 0,
+            # so l > 0 and both outputs are finite.
+            o = acc * _rows(1.0 / l, acc.shape)
+            q_tile[...] = o.astype(dtype)
+            lse_smem.at[wg][...] = m * LN_2 + jnp.log(l)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, pl.ds(row0, bq), h], commit_group=False)
+            plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, bq)], commit_group=False)
+            plgpu.commit_smem_to_gmem_group()
+            plgpu.wait_smem_to_gmem(0)
+
+    scratch = (
+        plgpu.SMEM((2, bq, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((2, bq), jnp.float32),
+        plgpu.Barrier(num_barriers=2),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=2),
+    )
+    return plgpu.kernel(
+        body,
+        out_type=(jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct((batch, heads, padded_len), jnp.float32)),
+        scratch_types=scratch,
+        grid=(heads, num_tiles, batch),
+        grid_names=("heads", "tiles", "batch"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=_compiler_params(),
+        kernel_name="flash_attention_mgpu_fwd",
+    )(q, k, v)
+
+
+# ----------------------------------------------------------------------------
+# Backward: dQ kernel.
+
+
+def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len: int, blocks: MosaicBlockSizes):
+    batch, padded_len, heads, head_dim = q.shape
+    dtype = q.dtype
+    bq, bk = blocks.block_q_dq, blocks.block_k_dq
+    tile = 2 * bq
+    num_tiles = padded_len // tile
+    # Padded keys are zero, so their dS * K terms vanish: no tail mask needed,
+    # and fully padded blocks are skipped.
+    num_k_blocks = pl.cdiv(seq_len, bk)
+    row = head_dim * dtype.itemsize
+    stages = _fit_stages("dQ", blocks.num_stages_bwd, num_k_blocks, 2 * bq * (2 * row + 8), 2 * bk * row)
+    qk_scale = sm_scale * LOG2_E
+    transforms = _smem_transforms(head_dim, dtype.itemsize)
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, q_smem, do_smem, lse_smem, delta_smem,
+             k_smem, v_smem, row_ready, k_ready, v_ready, k_free, v_free):
+        b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+        t = lax.axis_index("tiles")
+        if causal:
+            t = num_tiles - 1 - t
+        tile_start = t * tile
+        if causal:
+            n_blocks = jnp.minimum(lax.div(tile_start + tile + bk - 1, bk), num_k_blocks)
+            n_free = lax.div(tile_start, bk)
+        else:
+            n_blocks, n_free = num_k_blocks, num_k_blocks
+
+        @pl.when(wg == 2)
+        def _producer():
+            plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+
+            def issue(step, slot, frees):
+                rows = pl.ds(step * bk, bk)
+                if frees:
+                    plgpu.barrier_wait(frees[0].at[slot])
+                plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_ready.at[slot])
+                if frees:
+                    plgpu.barrier_wait(frees[1].at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_ready.at[slot])
+
+            _producer_loop(n_blocks, stages, issue, (k_free, v_free))
+
+        @pl.when(wg < 2)
+        def _consumer():
+            plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+            row0 = tile_start + wg * bq
+            rows = pl.ds(row0, bq)
+            ready = row_ready.at[wg]
+            # Four copies complete on one barrier: one arrival per copy.
+            plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[wg], ready)
+            plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem.at[wg], ready)
+            plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[wg], ready)
+            plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_smem.at[wg], ready)
+            plgpu.barrier_wait(ready)
+            lse2 = plgpu.load(lse_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1)) * LOG2_E
+            delta = plgpu.load(delta_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1))
+
+            def step(j, dq, *, masked: bool):
+                slot = lax.rem(j, stages)
+                plgpu.barrier_wait(k_ready.at[slot])
+                plgpu.barrier_wait(v_ready.at[slot])
+
+                def products(refs):
+                    s_ref, dp_ref = refs
+                    # Both matmuls in flight before the first wait.
+                    plgpu.wgmma(s_ref, q_smem.at[wg], k_smem.at[slot].transpose((1, 0)))
+                    plgpu.wgmma(dp_ref, do_smem.at[wg], v_smem.at[slot].transpose((1, 0)))
+
+                zeros = _zeros((bq, bk), plgpu.Layout.WGMMA)
+                s, dp = _accumulate(products, zeros, zeros)
+                plgpu.barrier_arrive(v_free.at[slot])
+                # P recomputed from the saved log-sum-exp (FA2 Algorithm 2).
+                p = jnp.exp2(s * qk_scale - _rows(lse2, s.shape))
+                if masked:
+                    keep = j * bk + _iota((bq, bk), 1) <= row0 + _iota((bq, bk), 0)
+                    # where(), not a multiply: a masked exp2 may overflow to inf.
+                    p = jnp.where(keep, p, 0.0)
+                ds = (p * (dp - _rows(delta, dp.shape))).astype(dtype)
+                dq = _accumulate(lambda refs: plgpu.wgmma(refs[0], ds, k_smem.at[slot]), dq)
+                plgpu.barrier_arrive(k_free.at[slot])
+                return dq
+
+            dq = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
+            dq = lax.fori_loop(0, n_free, functools.partial(step, masked=False), dq)
+            if causal:
+                dq = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), dq)
+            # dS is the gradient of the scaled scores: apply the scale once.
+            q_smem.at[wg][...] = (dq * sm_scale).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem.at[wg], dq_ref.at[b, rows, h])
+            plgpu.wait_smem_to_gmem(0)
+
+    scratch = (
+        plgpu.SMEM((2, bq, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((2, bq, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((2, bq), jnp.float32),
+        plgpu.SMEM((2, bq), jnp.float32),
+        plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
+        plgpu.Barrier(num_arrivals=4, num_barriers=2),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+    )
+    return plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct(q.shape, dtype),
+        scratch_types=scratch,
+        grid=(heads, num_tiles, batch),
+        grid_names=("heads", "tiles", "batch"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=_compiler_params(),
+        kernel_name="flash_attention_mgpu_bwd_dq",
+    )(q, k, v, do, lse, delta)
+
+
+# ----------------------------------------------------------------------------
+# Backward: dK/dV kernel.
+
+
+def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len: int,
+               blocks: MosaicBlockSizes):
+    batch, padded_len, heads, head_dim = q.shape
+    dtype = q.dtype
+    bk, bq = blocks.block_k_dkv, blocks.block_q_dkv
+    tile = 2 * bk
+    num_tiles = padded_len // tile
+    # Padded query rows have dO = 0 and delta = 0, so they add nothing to dK
+    # or dV: no tail mask, and fully padded blocks are skipped.
+    num_q_blocks = pl.cdiv(seq_len, bq)
+    qk_scale = sm_scale * LOG2_E
+    transforms = _smem_transforms(head_dim, dtype.itemsize)
+    row = head_dim * dtype.itemsize
+    stages = _fit_stages("dK/dV", blocks.num_stages_bwd, num_q_blocks, 4 * bk * row, bq * (2 * row + 8))
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, k_smem, v_smem,
+             q_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, q_free, do_free):
+        b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
+        t = lax.axis_index("tiles")
+        tile_start = t * tile
+        if causal:
+            # Query blocks before the tile never see its keys. Both consumers
+            # walk the same blocks; the first ones straddle the diagonal.
+            first = lax.div(tile_start, bq)
+            n_masked_end = jnp.minimum(lax.div(tile_start + tile + bq - 1, bq), num_q_blocks)
+        else:
+            first, n_masked_end = 0, 0
+        n_steps = num_q_blocks - first
+
+        @pl.when(wg == 2)
+        def _producer():
+            plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+
+            def issue(step, slot, frees):
+                blk = first + step
+                rows = pl.ds(blk * bq, bq)
+                if frees:
+                    plgpu.barrier_wait(frees[0].at[slot])
+                plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[slot], q_ready.at[slot])
+                plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[slot], q_ready.at[slot])
+                if frees:
+                    plgpu.barrier_wait(frees[1].at[slot])
+                plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem.at[slot], do_ready.at[slot])
+                plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot])
+
+            _producer_loop(n_steps, stages, issue, (q_free, do_free))
+
+        @pl.when(wg < 2)
+        def _consumer():
+            plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+            key0 = tile_start + wg * bk
+            keys = pl.ds(key0, bk)
+            ready = kv_ready.at[wg]
+            plgpu.copy_gmem_to_smem(k_ref.at[b, keys, h], k_smem.at[wg], ready)
+            plgpu.copy_gmem_to_smem(v_ref.at[b, keys, h], v_smem.at[wg], ready)
+            plgpu.barrier_wait(ready)
+
+            # Everything is computed transposed ([keys, queries]) so that dK
+            # and dV come out of wgmma with the keys as rows.
+            def step(i, carry, *, masked: bool):
+                dk, dv = carry
+                slot = lax.rem(i - first, stages)
+                plgpu.barrier_wait(q_ready.at[slot])
+                plgpu.barrier_wait(do_ready.at[slot])
+
+                def products(refs):
+                    s_ref, dp_ref = refs
+                    plgpu.wgmma(s_ref, k_smem.at[wg], q_smem.at[slot].transpose((1, 0)))
+                    plgpu.wgmma(dp_ref, v_smem.at[wg], do_smem.at[slot].transpose((1, 0)))
+
+                zeros = _zeros((bk, bq), plgpu.Layout.WGMMA)
+                s_t, dp_t = _accumulate(products, zeros, zeros)
+                lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
+                delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+                p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
+                if masked:
+                    keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
+                    p_t = jnp.where(keep, p_t, 0.0)
+                ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
+
+                def grads(refs):
+                    dv_ref, dk_ref = refs
+                    plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
+                    plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
+
+                dv, dk = _accumulate(grads, dv, dk)
+                # lse/delta were read with ordinary loads (generic proxy); the
+                # next TMA into this slot writes through the async proxy, so
+                # fence the two before releasing the slot.
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(q_free.at[slot])
+                plgpu.barrier_arrive(do_free.at[slot])
+                return dk, dv
+
+            carry = (_zeros((bk, head_dim), plgpu.Layout.WGMMA), _zeros((bk, head_dim), plgpu.Layout.WGMMA))
+            if causal:
+                carry = lax.fori_loop(first, n_masked_end, functools.partial(step, masked=True), carry)
+                start = n_masked_end
+            else:
+                start = 0
+            dk, dv = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
+            k_smem.at[wg][...] = (dk * sm_scale).astype(dtype)
+            v_smem.at[wg][...] = dv.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(k_smem.at[wg], dk_ref.at[b, keys, h], commit_group=False)
+            plgpu.copy_smem_to_gmem(v_smem.at[wg], dv_ref.at[b, keys, h], commit_group=False)
+            plgpu.commit_smem_to_gmem_group()
+            plgpu.wait_smem_to_gmem(0)
+
+    scratch = (
+        plgpu.SMEM((2, bk, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((2, bk, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((stages, bq, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((stages, bq, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((stages, bq), jnp.float32),
+        plgpu.SMEM((stages, bq), jnp.float32),
+        plgpu.Barrier(num_arrivals=2, num_barriers=2),
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+    )
+    grad = jax.ShapeDtypeStruct(k.shape, dtype)
+    return plgpu.kernel(
+        body,
+        out_type=(grad, grad),
+        scratch_types=scratch,
+        grid=(heads, num_tiles, batch),
+        grid_names=("heads", "tiles", "batch"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=_compiler_params(),
+        kernel_name="flash_attention_mgpu_bwd_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+# ----------------------------------------------------------------------------
+# Entry points with the contracts of the portable kernels.
+
+
+def _pad_seq(x: jax.Array, padded_len: int, axis: int) -> jax.Array:
+    extra = padded_len - x.shape[axis]
+    if extra == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths)
+
+
+def _unpad_seq(x: jax.Array, seq_len: int, axis: int) -> jax.Array:
+    return x if x.shape[axis] == seq_len else lax.slice_in_dim(x, 0, seq_len, axis=axis)
+
+
+def _check_blocks(block_sizes) -> MosaicBlockSizes:
+    if not isinstance(block_sizes, MosaicBlockSizes):
+        raise ValueError(f"block_sizes={block_sizes!r} must be a MosaicBlockSizes for backend='mosaic'")
+    if not AVAILABLE:
+        raise ValueError(f"the Mosaic GPU backend is unavailable: {_IMPORT_ERROR}")
+    return block_sizes
+
+
+def mosaic_forward(q, k, v, *, causal: bool, sm_scale: float, block_sizes: MosaicBlockSizes,
+                   interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+    """(o, lse) like the portable forward. Sequences that are not a multiple of
+    `block_sizes.seq_multiple` are zero-padded (one copy) and the padded keys
+    masked; o and lse are sliced back."""
+    del interpret  # rejected by the dispatcher before we get here
+    blocks = _check_blocks(block_sizes)
+    seq_len = q.shape[1]
+    padded_len = pl.cdiv(seq_len, blocks.seq_multiple) * blocks.seq_multiple
+    q, k, v = (_pad_seq(x, padded_len, 1) for x in (q, k, v))
+    o, lse = _forward_call(q, k, v, causal=causal, sm_scale=sm_scale, seq_len=seq_len, blocks=blocks)
+    return _unpad_seq(o, seq_len, 1), _unpad_seq(lse, seq_len, 2)
+
+
+def mosaic_backward(q, k, v, o, lse, do, *, causal: bool, sm_scale: float, block_sizes: MosaicBlockSizes,
+                    interpret: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(dq, dk, dv) like the portable backward."""
+    del interpret
+    blocks = _check_blocks(block_sizes)
+    seq_len = q.shape[1]
+    do = do.astype(q.dtype)
+    # D = rowsum(dO * O) (FA2 Algorithm 2, line 4): a memory-bound reduction
+    # that XLA fuses into one pass; float32 like the statistics it meets.
+    delta = jnp.einsum("bshd,bshd->bhs", o.astype(jnp.float32), do.astype(jnp.float32))
+    padded_len = pl.cdiv(seq_len, blocks.seq_multiple) * blocks.seq_multiple
+    # Padded rows: q = k = v = dO = 0, lse = delta = 0 -> every term they
+    # contribute to a real row's gradient is exactly zero (see the kernels).
+    q, k, v, do = (_pad_seq(x, padded_len, 1) for x in (q, k, v, do))
+    lse, delta = (_pad_seq(x, padded_len, 2) for x in (lse, delta))
+    kwargs = dict(causal=causal, sm_scale=sm_scale, seq_len=seq_len, blocks=blocks)
+    dq = _dq_call(q, k, v, do, lse, delta, **kwargs)
+    dk, dv = _dkdv_call(q, k, v, do, lse, delta, **kwargs)
+    return tuple(_unpad_seq(x, seq_len, 1) for x in (dq, dk, dv))

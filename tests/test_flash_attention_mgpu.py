@@ -1,0 +1,297 @@
+"""The Hopper (Pallas Mosaic GPU) FlashAttention kernels and their dispatch.
+
+CPU part (always runs): block-size validation, the dispatcher's choices for
+faked devices and dtypes, and lowering of every kernel to Mosaic GPU MLIR for
+the CUDA platform (layout inference, shared-memory layout and barrier counts
+are all checked at lowering time, without a GPU).
+
+GPU part (skipped unless the first JAX device is a compute capability 9.x
+GPU): the correctness sweep of the portable kernel run on the Mosaic kernels,
+a comparison with torch SDPA on identical inputs, and a repeatability check
+(a result that changes between identical runs means a race).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import math
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import MosaicBlockSizes, flash_attention, flash_attention_with_lse, mha_reference
+from pallas_kernels import flash_attention_mgpu as mgpu
+from tests.test_flash_attention import TOLERANCES, Case, errors, make_inputs, rel_err
+
+# The module, not the function of the same name that the package exports.
+fa = importlib.import_module("pallas_kernels.flash_attention")
+
+
+def on_hopper() -> bool:
+    device = jax.devices()[0]
+    return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9.")
+
+
+needs_hopper = pytest.mark.skipif(not on_hopper(), reason="needs a compute capability 9.x (Hopper) GPU")
+HOPPER = types.SimpleNamespace(platform="gpu", compute_capability="9.0", device_kind="NVIDIA H100 80GB HBM3")
+AMPERE = types.SimpleNamespace(platform="gpu", compute_capability="8.0", device_kind="NVIDIA A100-SXM4-80GB")
+
+
+def _zeros(dtype="bfloat16", head_dim=64, seq=16):
+    return jnp.zeros((1, seq, 1, head_dim), dtype)
+
+
+# ----------------------------------------------------------------------------
+# CPU: configuration and dispatch.
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"block_q": 96}, "block_q=96 must be 64 or 128"),
+        ({"block_k_dkv": 32}, "block_k_dkv=32 must be 64 or 128"),
+        ({"block_k": 100}, "block_k=100 must be 64, 128, 192 or 256"),
+        ({"block_q_dkv": 512}, "block_q_dkv=512 must be 64, 128, 192 or 256"),
+        ({"num_stages": 0}, "num_stages=0 must be an integer between 1 and 8"),
+    ],
+)
+def test_block_sizes_validate(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        MosaicBlockSizes(**kwargs)
+
+
+def test_seq_multiple() -> None:
+    assert MosaicBlockSizes().seq_multiple == 128
+    assert MosaicBlockSizes(block_k=192).seq_multiple == 384
+    for head_dim in (64, 80, 128):
+        assert isinstance(MosaicBlockSizes.get_default(head_dim), MosaicBlockSizes)
+
+
+@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "device", "interpret", "reason"),
+    [
+        ("bfloat16", 64, HOPPER, False, None),
+        ("float16", 80, HOPPER, False, None),
+        ("bfloat16", 128, HOPPER, False, None),
+        ("float32", 64, HOPPER, False, "dtype=float32"),
+        ("bfloat16", 256, HOPPER, False, "head_dim=256"),
+        ("bfloat16", 72, HOPPER, False, "head_dim=72"),
+        ("bfloat16", 64, AMPERE, False, "not a Hopper GPU"),
+        ("bfloat16", 64, HOPPER, True, "interpret=True"),
+    ],
+)
+def test_unsupported_reason(dtype, head_dim, device, interpret, reason) -> None:
+    got = mgpu.unsupported_reason(_zeros(dtype, head_dim), interpret=interpret, device=device)
+    if reason is None:
+        assert got is None
+    else:
+        assert reason in got
+
+
+def _pretend_mosaic_runs(monkeypatch) -> None:
+    """Makes the dispatcher believe it is on a Hopper GPU (for bf16/fp16)."""
+    def reason(q, *, interpret):
+        return mgpu.unsupported_reason(q, interpret=interpret, device=HOPPER)
+
+    monkeypatch.setitem(fa._BACKENDS, "mosaic", dataclasses.replace(fa._BACKENDS["mosaic"], unsupported_reason=reason))
+
+
+@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+def test_auto_picks_mosaic_on_hopper(monkeypatch) -> None:
+    _pretend_mosaic_runs(monkeypatch)
+    assert fa._resolve_backend(None, _zeros("bfloat16")) == "mosaic"
+    assert fa._resolve_backend("auto", _zeros("float16", 80)) == "mosaic"
+    # Fallbacks under auto: float32, unsupported head_dim, interpret mode,
+    # and the portable family's block sizes.
+    assert fa._resolve_backend("auto", _zeros("float32")) == "triton"
+    assert fa._resolve_backend("auto", _zeros("bfloat16", 256)) == "triton"
+    assert fa._resolve_backend("auto", _zeros("bfloat16"), interpret=True) == "triton"
+    assert fa._resolve_backend("auto", _zeros("bfloat16"), fa.BlockSizes()) == "triton"
+    assert fa._resolve_backend("triton", _zeros("bfloat16")) == "triton"
+    # Forcing the Hopper kernels with inputs they cannot run names the reason.
+    with pytest.raises(ValueError, match="backend='mosaic' cannot run these inputs: dtype=float32"):
+        fa._resolve_backend("mosaic", _zeros("float32"))
+
+
+def test_cpu_dispatch_falls_back() -> None:
+    """On this (non-Hopper) machine auto uses the portable kernel and forcing
+    the Hopper kernel raises a ValueError that says why."""
+    if on_hopper():
+        pytest.skip("runs on a machine without a Hopper GPU")
+    q = _zeros("bfloat16")
+    assert fa._resolve_backend(None, q) == "triton"
+    with pytest.raises(ValueError, match="backend='mosaic' cannot run these inputs"):
+        flash_attention(q, q, q, backend="mosaic")
+    with pytest.raises(ValueError, match="backend='mosaic'"):
+        flash_attention(q, q, q, block_sizes=MosaicBlockSizes())
+    with pytest.raises(ValueError, match="must be a BlockSizes or None for backend 'triton'"):
+        flash_attention(q, q, q, backend="triton", block_sizes=MosaicBlockSizes(), interpret=True)
+    with pytest.raises(ValueError, match="backend='cuda'.*'auto', 'triton', 'mosaic'"):
+        flash_attention(q, q, q, backend="cuda")
+    # The auto path still computes (portable kernel, interpreted on CPU).
+    out = flash_attention(q, q, q, interpret=True)
+    assert out.shape == q.shape
+
+
+# Shapes that exercise every static branch of the three kernels: ragged and
+# exact lengths, causal and not, head_dim 64/80/128, both dtypes, two block
+# configurations (the second: 128-row warpgroup tiles, 3 stages, 64-key steps).
+LOWERING_CASES = [
+    ((1, 256, 2, 64), True, "bfloat16", None),
+    ((1, 256, 2, 128), False, "float16", None),
+    ((2, 200, 1, 80), True, "bfloat16", None),
+    ((1, 300, 1, 80), False, "float16", None),
+    ((1, 17, 1, 64), False, "bfloat16", None),
+    ((1, 520, 1, 128), True, "bfloat16",
+     MosaicBlockSizes(block_q=128, block_k=64, num_stages=3, block_q_dq=128, block_k_dq=128, block_k_dkv=128,
+                      num_stages_bwd=3, pingpong=False)),
+]
+
+
+@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+@pytest.mark.parametrize(("shape", "causal", "dtype", "blocks"), LOWERING_CASES, ids=str)
+def test_kernels_lower_for_cuda(shape, causal, dtype, blocks) -> None:
+    """Forward and backward lower to Mosaic GPU for the CUDA platform. This
+    runs Mosaic's layout inference and shared-memory allocation, so shape,
+    layout and shared-memory errors show up here without a GPU."""
+    blocks = blocks or MosaicBlockSizes.get_default(shape[-1])
+    x = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+    lse = jax.ShapeDtypeStruct((shape[0], shape[2], shape[1]), jnp.float32)
+    kwargs = dict(causal=causal, sm_scale=1 / math.sqrt(shape[-1]), block_sizes=blocks)
+    fwd = jax.jit(functools.partial(mgpu.mosaic_forward, **kwargs))
+    bwd = jax.jit(functools.partial(mgpu.mosaic_backward, **kwargs))
+    texts = [fwd.trace(x, x, x).lower(lowering_platforms=("cuda",)).as_text(),
+             bwd.trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)).as_text()]
+    assert all("mosaic_gpu" in t for t in texts)
+
+
+# ----------------------------------------------------------------------------
+# GPU (Hopper): correctness.
+
+# The portable kernel's sweep (bf16/fp16 cases; its float32 cases are covered
+# by test_float32_falls_back) plus lengths that cross many key blocks and the
+# pipeline's ring several times, with a ragged tail.
+GPU_CASES = [
+    Case(1, 1, 1, 64, True, "bfloat16", None),
+    Case(1, 17, 1, 80, False, "bfloat16", None),
+    Case(1, 128, 2, 64, True, "bfloat16", None),
+    Case(2, 200, 1, 128, True, "bfloat16", None),
+    Case(1, 200, 1, 64, False, "float16", None),
+    Case(1, 513, 1, 64, True, "bfloat16", None),
+    Case(1, 513, 2, 80, False, "float16", None),
+    Case(1, 256, 1, 128, True, "float16", None),
+    Case(2, 1000, 2, 80, True, "bfloat16", None),
+    Case(1, 2048, 2, 128, False, "bfloat16", None),
+    Case(1, 1500, 2, 64, False, "float16", None),
+    Case(1, 4096, 1, 64, True, "float16", None),
+]
+# A second tile configuration over a few of the same shapes.
+ALT_BLOCKS = MosaicBlockSizes(block_q=128, block_k=64, num_stages=3, block_q_dq=128, block_k_dq=128,
+                              block_k_dkv=128, block_q_dkv=64, num_stages_bwd=3, pingpong=False)
+
+
+def _mosaic_errors(case: Case, blocks: MosaicBlockSizes | None = None) -> dict[str, float]:
+    """errors() of the portable test module, with the Hopper kernels forced."""
+    case = dataclasses.replace(case, blocks=None)
+    original = fa._BACKENDS["mosaic"].default_block_sizes
+    q = make_inputs(case)[0]
+    assert fa._resolve_backend("mosaic", q) == "mosaic"
+
+    def forced(head_dim):
+        return blocks or original(head_dim)
+
+    fa._BACKENDS["mosaic"] = dataclasses.replace(fa._BACKENDS["mosaic"], default_block_sizes=forced)
+    try:
+        # Auto must route bf16/fp16 on Hopper to the Mosaic kernels, so the
+        # portable test helper (which passes no backend) exercises them.
+        return errors(case, interpret=False)
+    finally:
+        fa._BACKENDS["mosaic"] = dataclasses.replace(fa._BACKENDS["mosaic"], default_block_sizes=original)
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_gpu_matches_reference(case: Case) -> None:
+    errs = _mosaic_errors(case)
+    tol = TOLERANCES[(case.dtype, "gpu")]
+    assert all(math.isfinite(e) for e in errs.values()), errs
+    assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", [GPU_CASES[3], GPU_CASES[6], GPU_CASES[8], GPU_CASES[11]], ids=str)
+def test_gpu_alt_blocks_match_reference(case: Case) -> None:
+    errs = _mosaic_errors(case, ALT_BLOCKS)
+    tol = TOLERANCES[(case.dtype, "gpu")]
+    assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
+
+
+@needs_hopper
+def test_gpu_repeatable() -> None:
+    """Identical inputs give bit-identical outputs and gradients across runs."""
+    case = Case(2, 1000, 4, 64, True, "bfloat16", None)
+    q, k, v, do = make_inputs(case)
+    f = jax.jit(lambda q, k, v, do: jax.vjp(lambda *x: flash_attention(*x, backend="mosaic"), q, k, v))
+    first = None
+    for _ in range(5):
+        o, vjp = f(q, k, v, do)
+        got = [np.asarray(x) for x in (o, *vjp(do))]
+        if first is None:
+            first = got
+        for a, b in zip(first, got):
+            np.testing.assert_array_equal(a, b)
+
+
+@needs_hopper
+def test_float32_falls_back() -> None:
+    q, k, v, _ = make_inputs(Case(1, 64, 1, 64, True, "float32"))
+    assert fa._resolve_backend(None, q) == "triton"
+    with pytest.raises(ValueError, match="dtype=float32"):
+        flash_attention(q, k, v, backend="mosaic")
+    o = flash_attention(q, k, v)
+    assert rel_err(o, mha_reference(q, k, v)) < TOLERANCES[("float32", "gpu")]
+
+
+@needs_hopper
+@pytest.mark.parametrize(("seq", "head_dim", "causal", "dtype"),
+                         [(1024, 64, True, "bfloat16"), (777, 128, False, "float16"), (2048, 80, True, "bfloat16")])
+def test_gpu_matches_torch_sdpa(seq, head_dim, causal, dtype) -> None:
+    """Same inputs through torch SDPA and the Mosaic kernel: outputs and
+    gradients agree to the dtype's tolerance."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    import torch.nn.functional as F
+
+    case = Case(2, seq, 4, head_dim, causal, dtype, None)
+    q, k, v, do = make_inputs(case)
+    o, vjp = jax.vjp(lambda *x: flash_attention(*x, causal=causal, backend="mosaic"), q, k, v)
+    ours = [o, *vjp(do)]
+
+    def to_torch(x):  # [B, S, H, D] -> [B, H, S, D], same bits
+        return torch.from_numpy(np.asarray(x.astype(jnp.float32))).to("cuda", getattr(torch, dtype)).transpose(1, 2)
+
+    tq, tk, tv = (to_torch(x).requires_grad_() for x in (q, k, v))
+    to = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+    theirs = [to, *torch.autograd.grad(to, (tq, tk, tv), to_torch(do))]
+    tol = TOLERANCES[(dtype, "gpu")]
+    for name, a, b in zip(("o", "dq", "dk", "dv"), ours, theirs):
+        b = b.transpose(1, 2).float().cpu().numpy()
+        err = rel_err(a, b)
+        assert err <= tol, f"{name}: relative difference {err:.2e} from torch SDPA exceeds {tol}"
+
+
+@needs_hopper
+def test_with_lse_matches_reference() -> None:
+    from pallas_kernels import reference_lse
+
+    q, k, _, _ = make_inputs(Case(1, 300, 2, 128, True, "bfloat16"))
+    o, lse = flash_attention_with_lse(q, k, k, backend="mosaic")
+    assert o.shape == q.shape and lse.shape == (1, 2, 300)
+    assert rel_err(lse, reference_lse(q, k)) < 1e-3

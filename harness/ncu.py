@@ -1,0 +1,130 @@
+"""Read an Nsight Compute details export and summarize what limits each kernel.
+
+    ncu --csv --page details [--set full | --section ...] -k regex:NAME python ... > kernels.csv
+    python -m harness.ncu kernels.csv [--out summary.md]
+
+`read_details` returns one record per profiled launch with every (section, metric) the
+export holds; `summary` picks the figures that say whether a kernel is bound by memory,
+by issue/latency or by occupancy; rendering is separate. Metrics a section set did not
+collect are left out rather than guessed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import sys
+from pathlib import Path
+
+# (label, section, metric name) in the order the summary shows them.
+SUMMARY_METRICS = (
+    ("duration", "GPU Speed Of Light Throughput", "Duration"),
+    ("SM throughput", "GPU Speed Of Light Throughput", "Compute (SM) Throughput"),
+    ("memory throughput", "GPU Speed Of Light Throughput", "Memory Throughput"),
+    ("DRAM throughput", "GPU Speed Of Light Throughput", "DRAM Throughput"),
+    ("SM active / elapsed cycles", None, None),  # derived below
+    ("issue slots busy", "Compute Workload Analysis", "Issue Slots Busy"),
+    ("registers per thread", "Launch Statistics", "Registers Per Thread"),
+    ("dynamic shared memory per block", "Launch Statistics", "Dynamic Shared Memory Per Block"),
+    ("waves per SM", "Launch Statistics", "Waves Per SM"),
+    ("theoretical occupancy", "Occupancy", "Theoretical Occupancy"),
+    ("achieved occupancy", "Occupancy", "Achieved Occupancy"),
+    ("block limit (registers)", "Occupancy", "Block Limit Registers"),
+    ("block limit (shared memory)", "Occupancy", "Block Limit Shared Mem"),
+    ("warp cycles per issued instruction", "Warp State Statistics", "Warp Cycles Per Issued Instruction"),
+    ("no eligible warp", "Scheduler Statistics", "No Eligible"),
+    ("local-memory spill requests", "Memory Workload Analysis", "Local Memory Spilling Requests"),
+    ("L2 hit rate", "Memory Workload Analysis", "L2 Hit Rate"),
+)
+
+
+class NcuError(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class Launch:
+    id: str
+    kernel: str
+    block: str
+    grid: str
+    metrics: dict[tuple[str, str], tuple[str, str]]  # (section, name) -> (value, unit)
+
+    def value(self, section: str, name: str) -> float | None:
+        got = self.metrics.get((section, name))
+        if got is None or not got[0].strip():
+            return None
+        try:
+            return float(got[0].replace(",", ""))
+        except ValueError:
+            return None
+
+
+def read_details(path: str | Path) -> list[Launch]:
+    """Launches of an `ncu --csv --page details` export (ncu's own warning lines skipped)."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if len(r) > 10]
+    if not rows or rows[0][:1] != ["ID"]:
+        raise NcuError(f"{path}: not an ncu details CSV (export with: ncu --csv --page details ...)")
+    header = {name: i for i, name in enumerate(rows[0])}
+    missing = {"ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"} - set(header)
+    if missing:
+        raise NcuError(f"{path}: columns {sorted(missing)} missing; export with: ncu --csv --page details ...")
+    launches: dict[str, Launch] = {}
+    for r in rows[1:]:
+        launch = launches.setdefault(r[header["ID"]], Launch(r[header["ID"]], r[header["Kernel Name"]],
+                                                             r[header.get("Block Size", 0)], r[header.get("Grid Size", 0)], {}))
+        launch.metrics[(r[header["Section Name"]], r[header["Metric Name"]])] = (r[header["Metric Value"]],
+                                                                                 r[header["Metric Unit"]])
+    return list(launches.values())
+
+
+def summary(launch: Launch) -> dict[str, str]:
+    """The SUMMARY_METRICS a launch has, formatted with their units."""
+    out = {"kernel": launch.kernel, "grid": launch.grid, "block": launch.block}
+    for label, section, name in SUMMARY_METRICS:
+        if section is None:
+            active = launch.value("GPU Speed Of Light Throughput", "SM Active Cycles")
+            elapsed = launch.value("GPU Speed Of Light Throughput", "Elapsed Cycles")
+            if active is not None and elapsed:
+                out[label] = f"{active / elapsed:.0%}"
+            continue
+        got = launch.metrics.get((section, name))
+        if got is not None and got[0].strip():
+            value, unit = got
+            out[label] = f"{value} {unit}".strip() if unit != "%" else f"{value}%"
+    return out
+
+
+def render_markdown(summaries: list[dict[str, str]], source: str) -> str:
+    labels = [label for label, _, _ in SUMMARY_METRICS if any(label in s for s in summaries)]
+    head = ["metric", *(f"#{i} {s['kernel']}" for i, s in enumerate(summaries))]
+    lines = [f"# Nsight Compute summary of `{source}`", "",
+             *(f"- #{i}: `{s['kernel']}`, grid {s['grid']}, block {s['block']}" for i, s in enumerate(summaries)), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join([label, *(s.get(label, "-") for s in summaries)]) + " |" for label in labels]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.ncu", description=__doc__.split("\n\n")[0])
+    p.add_argument("csv", type=Path)
+    p.add_argument("--out", type=Path, default=None, help="write the markdown here (default: stdout)")
+    args = p.parse_args(argv)
+    try:
+        launches = read_details(args.csv)
+    except (OSError, NcuError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = render_markdown([summary(x) for x in launches], args.csv.name)
+    if args.out:
+        args.out.write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""harness.ncu on a real Nsight Compute export of the portable forward kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import ncu
+
+FIXTURE = Path(__file__).parent / "data" / "ncu" / "flash_attention_fwd_d64.csv"
+
+
+def test_launches_and_metrics_are_read() -> None:
+    launches = ncu.read_details(FIXTURE)
+    assert [x.kernel for x in launches] == ["flash_attention_fwd", "flash_attention_fwd"]
+    first = launches[0]
+    assert first.grid == "(32, 1, 16)" and first.block == "(256, 1, 1)"
+    assert first.value("Launch Statistics", "Registers Per Thread") == 127
+    assert first.value("GPU Speed Of Light Throughput", "Duration") == 142752
+    assert first.value("Occupancy", "Theoretical Occupancy") == 25
+
+
+def test_summary_derives_active_over_elapsed_and_keeps_units() -> None:
+    s = ncu.summary(ncu.read_details(FIXTURE)[0])
+    # 178,254.11 SM active cycles of 252,504 elapsed.
+    assert s["SM active / elapsed cycles"] == "71%"
+    assert s["registers per thread"] == "127 register/thread"
+    assert s["local-memory spill requests"] == "0"
+    md = ncu.render_markdown([s], FIXTURE.name)
+    assert "| theoretical occupancy | 25% |" in md and "| achieved occupancy | 22.80% |" in md
+
+
+def test_a_file_that_is_not_an_ncu_export_is_refused(tmp_path, capsys) -> None:
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ncu.NcuError, match="--page details"):
+        ncu.read_details(bad)
+    assert ncu.main([str(bad)]) == 2 and "not an ncu details CSV" in capsys.readouterr().err

@@ -230,6 +230,33 @@ def _compiler_params():
     return plgpu.CompilerParams(approx_math=True)
 
 
+def _launch(body, out_type, scratch, grid: tuple, name: str):
+    """One program per (head, tile, batch) with three warpgroups: two consumers
+    (`wg` 0 and 1) and the producer (`wg` 2)."""
+    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
+                        grid_names=("heads", "tiles", "batch"), num_threads=3, thread_name="wg",
+                        compiler_params=_compiler_params(), kernel_name=name)
+
+
+def _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, *, b, h, block_k: int,
+                 n_blocks, num_stages: int) -> None:
+    """Producer warpgroup of the kernels that stream key/value blocks (forward, dQ):
+    TMA copies of each block's K and V into the ring, each slot refilled once both
+    consumers have released it."""
+    plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+
+    def issue(step, slot, frees):
+        rows = pl.ds(step * block_k, block_k)
+        if frees:
+            plgpu.barrier_wait(frees[0].at[slot])
+        plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_ready.at[slot])
+        if frees:
+            plgpu.barrier_wait(frees[1].at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_ready.at[slot])
+
+    _producer_loop(n_blocks, num_stages, issue, (k_free, v_free))
+
+
 def _producer_loop(n_steps, num_stages: int, issue, frees) -> None:
     """Producer warpgroup: fill the ring, then refill each slot as soon as the
     consumers release it. `issue(step, slot)` starts the copies of one step;
@@ -294,18 +321,8 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
 
         @pl.when(wg == 2)
         def _producer():
-            plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
-
-            def issue(step, slot, frees):
-                rows = pl.ds(step * bk, bk)
-                if frees:
-                    plgpu.barrier_wait(frees[0].at[slot])
-                plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_ready.at[slot])
-                if frees:
-                    plgpu.barrier_wait(frees[1].at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_ready.at[slot])
-
-            _producer_loop(n_blocks, stages, issue, (k_free, v_free))
+            _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, b=b, h=h, block_k=bk,
+                         n_blocks=n_blocks, num_stages=stages)
 
         @pl.when(wg < 2)
         def _consumer():
@@ -389,17 +406,8 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
         plgpu.Barrier(num_arrivals=2),
     )
-    return plgpu.kernel(
-        body,
-        out_type=(jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct((batch, heads, padded_len), jnp.float32)),
-        scratch_types=scratch,
-        grid=(heads, num_tiles, batch),
-        grid_names=("heads", "tiles", "batch"),
-        num_threads=3,
-        thread_name="wg",
-        compiler_params=_compiler_params(),
-        kernel_name="flash_attention_mgpu_fwd",
-    )(q, k, v)
+    out_type = (jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct((batch, heads, padded_len), jnp.float32))
+    return _launch(body, out_type, scratch, (heads, num_tiles, batch), "flash_attention_mgpu_fwd")(q, k, v)
 
 
 # ----------------------------------------------------------------------------
@@ -435,18 +443,8 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
 
         @pl.when(wg == 2)
         def _producer():
-            plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
-
-            def issue(step, slot, frees):
-                rows = pl.ds(step * bk, bk)
-                if frees:
-                    plgpu.barrier_wait(frees[0].at[slot])
-                plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_ready.at[slot])
-                if frees:
-                    plgpu.barrier_wait(frees[1].at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_ready.at[slot])
-
-            _producer_loop(n_blocks, stages, issue, (k_free, v_free))
+            _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, b=b, h=h, block_k=bk,
+                         n_blocks=n_blocks, num_stages=stages)
 
         @pl.when(wg < 2)
         def _consumer():
@@ -511,17 +509,9 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
     )
-    return plgpu.kernel(
-        body,
-        out_type=jax.ShapeDtypeStruct(q.shape, dtype),
-        scratch_types=scratch,
-        grid=(heads, num_tiles, batch),
-        grid_names=("heads", "tiles", "batch"),
-        num_threads=3,
-        thread_name="wg",
-        compiler_params=_compiler_params(),
-        kernel_name="flash_attention_mgpu_bwd_dq",
-    )(q, k, v, do, lse, delta)
+    out_type = jax.ShapeDtypeStruct(q.shape, dtype)
+    return _launch(body, out_type, scratch, (heads, num_tiles, batch), "flash_attention_mgpu_bwd_dq")(
+        q, k, v, do, lse, delta)
 
 
 # ----------------------------------------------------------------------------
@@ -651,17 +641,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
     )
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
-    return plgpu.kernel(
-        body,
-        out_type=(grad, grad),
-        scratch_types=scratch,
-        grid=(heads, num_tiles, batch),
-        grid_names=("heads", "tiles", "batch"),
-        num_threads=3,
-        thread_name="wg",
-        compiler_params=_compiler_params(),
-        kernel_name="flash_attention_mgpu_bwd_dkdv",
-    )(q, k, v, do, lse, delta)
+    return _launch(body, (grad, grad), scratch, (heads, num_tiles, batch), "flash_attention_mgpu_bwd_dkdv")(
+        q, k, v, do, lse, delta)
 
 
 # ----------------------------------------------------------------------------

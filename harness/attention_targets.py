@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from harness.cli import emit
+
 PASSES = ("fwd", "bwd")
 SDPA = ("torch_sdpa_flash", "torch_sdpa_efficient", "torch_sdpa_cudnn")
 SDPA_BOUND, SDPA_MIN_SEQ = 1.5, 1024
@@ -98,11 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no {args.impl!r} rows in the given results", file=sys.stderr)
         return 2
     text = render_markdown(check(rows, args.impl), [p.name for p in args.results], args.impl)
-    if args.out:
-        args.out.write_text(text)
-        print(f"wrote {args.out}")
-    else:
-        print(text, end="")
+    emit(text, args.out)
     return 0
 
 

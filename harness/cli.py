@@ -94,3 +94,13 @@ def select_platform(args: argparse.Namespace) -> None:
 def fail(message: str, code: int = 2) -> int:
     print(f"error: {message}", file=sys.stderr)
     return code
+
+
+def emit(text: str, out) -> None:
+    """Write a rendered report to `out` (a path) and say so, or print it when `out` is None."""
+    if out is None:
+        print(text, end="")
+        return
+    with open(out, "w") as f:
+        f.write(text)
+    print(f"wrote {out}")

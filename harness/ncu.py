@@ -17,6 +17,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from harness.cli import emit
+
 # (label, section, metric name) in the order the summary shows them.
 SUMMARY_METRICS = (
     ("duration", "GPU Speed Of Light Throughput", "Duration"),
@@ -118,11 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     text = render_markdown([summary(x) for x in launches], args.csv.name)
-    if args.out:
-        args.out.write_text(text)
-        print(f"wrote {args.out}")
-    else:
-        print(text, end="")
+    emit(text, args.out)
     return 0
 
 

@@ -257,6 +257,26 @@ def _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free,
     _producer_loop(n_blocks, num_stages, issue, (k_free, v_free))
 
 
+def _query_tile_key_blocks(num_tiles: int, tile: int, block_k: int, num_k_blocks: int, causal: bool, *,
+                           unmasked: int):
+    """For the kernels whose program owns a tile of query rows (forward, dQ): the
+    tile's first row, the key blocks it visits and how many of them need no mask.
+
+    Causal tiles run longest (most keys) first so short ones fill the last wave.
+    Both consumers run the same key blocks (the whole tile's range), so their
+    turn-taking stays paired; a block beyond one consumer's diagonal is fully
+    masked for it and adds exactly zero. Non-causal: every block, of which
+    `unmasked` need no mask."""
+    t = lax.axis_index("tiles")
+    if causal:
+        t = num_tiles - 1 - t
+    tile_start = t * tile
+    if not causal:
+        return tile_start, num_k_blocks, unmasked
+    n_blocks = jnp.minimum(lax.div(tile_start + tile + block_k - 1, block_k), num_k_blocks)
+    return tile_start, n_blocks, lax.div(tile_start, block_k)  # blocks below every row's diagonal
+
+
 def _producer_loop(n_steps, num_stages: int, issue, frees) -> None:
     """Producer warpgroup: fill the ring, then refill each slot as soon as the
     consumers release it. `issue(step, slot)` starts the copies of one step;
@@ -304,20 +324,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     def body(q_ref, k_ref, v_ref, o_ref, lse_ref, q_smem, k_smem, v_smem, lse_smem,
              q_ready, k_ready, v_ready, k_free, v_free, turn):
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-        t = lax.axis_index("tiles")
-        if causal:
-            # Longest tiles (most keys) first so short ones fill the last wave.
-            t = num_tiles - 1 - t
-        tile_start = t * tile
-        if causal:
-            # Both consumers run the same key blocks (the whole tile's range),
-            # so their turn-taking stays paired; a block beyond one consumer's
-            # diagonal is fully masked for it and adds exactly zero.
-            n_blocks = jnp.minimum(lax.div(tile_start + tile + bk - 1, bk), num_k_blocks)
-            n_free = lax.div(tile_start, bk)  # blocks below every row's diagonal
-        else:
-            n_blocks = num_k_blocks
-            n_free = seq_len // bk  # only a ragged tail block needs a mask
+        # Only a ragged tail key block needs a mask when not causal.
+        tile_start, n_blocks, n_free = _query_tile_key_blocks(num_tiles, tile, bk, num_k_blocks, causal,
+                                                              unmasked=seq_len // bk)
 
         @pl.when(wg == 2)
         def _producer():
@@ -431,15 +440,8 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, q_smem, do_smem, lse_smem, delta_smem,
              k_smem, v_smem, row_ready, k_ready, v_ready, k_free, v_free):
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-        t = lax.axis_index("tiles")
-        if causal:
-            t = num_tiles - 1 - t
-        tile_start = t * tile
-        if causal:
-            n_blocks = jnp.minimum(lax.div(tile_start + tile + bk - 1, bk), num_k_blocks)
-            n_free = lax.div(tile_start, bk)
-        else:
-            n_blocks, n_free = num_k_blocks, num_k_blocks
+        tile_start, n_blocks, n_free = _query_tile_key_blocks(num_tiles, tile, bk, num_k_blocks, causal,
+                                                              unmasked=num_k_blocks)
 
         @pl.when(wg == 2)
         def _producer():

@@ -107,24 +107,22 @@ class CellProcess:
         self._log.close()
         return code, False
 
+    def wait(self) -> tuple[int | None, bool]:
+        """Block until the process ends or times out; (exit code, timed out). A negative
+        code is the signal that ended it. An interrupt kills the group and is re-raised."""
+        try:
+            while (done := self.poll()) is None:
+                time.sleep(0.05)
+        except BaseException:
+            self.kill()
+            raise
+        return done
+
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self._log.close()
-
-
-def run_process(cmd: list[str], log_path: str, timeout: float | None) -> tuple[int | None, bool]:
-    """Run `cmd` to its end (see CellProcess); returns (exit code, timed out). A negative
-    code is the signal that ended it. On an interrupt of the sweep the group is killed."""
-    job = CellProcess(cmd, log_path, timeout)
-    try:
-        while (done := job.poll()) is None:
-            time.sleep(0.05)
-    except BaseException:
-        job.kill()
-        raise
-    return done
 
 
 def outcome(doc: dict | None, code: int | None, timed_out: bool, timeout: float | None, log_path: str) -> tuple[str, str | None]:
@@ -198,13 +196,7 @@ def run_cell(cell: Cell, opts: dict, out_dir: str, *, timeout: float | None = No
              fail_in: str | None = None) -> dict:
     """Run one cell to its end and return its record."""
     started = start_cell(cell, opts, out_dir, timeout=timeout, fail_in=fail_in)
-    try:
-        while (done := started.job.poll()) is None:
-            time.sleep(0.05)
-    except BaseException:
-        started.job.kill()
-        raise
-    return finish_cell(started, *done)
+    return finish_cell(started, *started.job.wait())
 
 
 def _export_profile(report: str) -> str | None:
@@ -331,9 +323,9 @@ def run_sweep(cells: list[Cell], opts: dict, out_dir: str, *, timeout: float | N
     `gpus` runs one cell per listed GPU side by side (CUDA_VISIBLE_DEVICES), each pinned to
     its own equal slice of the CPUs so a launch-bound eager run does not compete with a
     compiling one, longest cells first; without it, cells run one at a time in grid order
-    on the default device. `max_cells`
-    stops after that many cells (resume later); `fail_cell` "KEY:PHASE" makes that cell
-    simulate an out-of-memory in PHASE (harness.run --fail-in)."""
+    on the default device. `max_cells` stops after that many cells (resume later);
+    `fail_cell` "KEY:PHASE" makes that cell simulate an out-of-memory in PHASE
+    (harness.run --fail-in)."""
     recorded = {r["key"] for r in load_records(out_dir)}
     pending = [c for c in cells if c.key not in recorded]
     done = len(cells) - len(pending)
@@ -673,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         run_sweep(cells, sweep["options"], args.out, timeout=args.cell_timeout, max_cells=args.max_cells,
                   fail_cell=args.fail_cell, gpus=args.gpus)
     except KeyboardInterrupt:
-        print(f"[sweep] interrupted; the running cell was not recorded; continue with --resume --out {args.out}",
+        print(f"[sweep] interrupted; cells still running were not recorded; continue with --resume --out {args.out}",
               file=sys.stderr)
         return 130
     return 3 if render(args.out, args.device_memory_gb)["failed"] else 0

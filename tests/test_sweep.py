@@ -156,7 +156,7 @@ def test_sweep_writes_its_report(e2e: dict) -> None:
 # -- failures without a result, from real processes ------------------------------------------
 def _outcome(tmp_path, code: str, timeout: float | None = None) -> tuple[str, str]:
     log = str(tmp_path / "cell.log")
-    exit_code, timed_out = sweep.run_process([sys.executable, "-c", code], log, timeout)
+    exit_code, timed_out = sweep.CellProcess([sys.executable, "-c", code], log, timeout).wait()
     return sweep.outcome(None, exit_code, timed_out, timeout, log)
 
 

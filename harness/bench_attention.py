@@ -342,32 +342,33 @@ def _cell_key(row: dict) -> tuple:
     return tuple(row[k] for k in ("batch", "heads", "seq", "head_dim", "dtype", "causal"))
 
 
-def add_sdpa_ratios(rows: list[dict]) -> None:
-    """Adds `<pass>_vs_sdpa` = time / fastest SDPA backend's time (per pass)."""
-    best: dict[tuple, dict[str, float]] = {}
+def _fastest(rows: list[dict], impls: tuple[str, ...]) -> dict[tuple, dict[str, tuple[float, str]]]:
+    """Per cell and pass: (time, impl) of the fastest of `impls` that ran."""
+    best: dict[tuple, dict[str, tuple[float, str]]] = {}
     for row in rows:
-        if row["impl"] in SDPA_IMPLS and row["status"] == "ok":
+        if row["impl"] in impls and row["status"] == "ok":
             entry = best.setdefault(_cell_key(row), {})
             for name in PASSES:
-                entry[name] = min(entry.get(name, math.inf), row[f"{name}_ms"])
+                if row[f"{name}_ms"] < entry.get(name, (math.inf, ""))[0]:
+                    entry[name] = (row[f"{name}_ms"], row["impl"])
+    return best
+
+
+def add_sdpa_ratios(rows: list[dict]) -> None:
+    """Adds `<pass>_vs_sdpa` = time / fastest SDPA backend's time (per pass)."""
+    best = _fastest(rows, SDPA_IMPLS)
     for row in rows:
         for name in PASSES:
             ref = best.get(_cell_key(row), {}).get(name)
             ok = row["status"] == "ok" and ref is not None
-            row[f"{name}_vs_sdpa"] = row[f"{name}_ms"] / ref if ok else None
+            row[f"{name}_vs_sdpa"] = row[f"{name}_ms"] / ref[0] if ok else None
 
 
 def add_best_ref_speedups(rows: list[dict]) -> None:
     """Adds `<pass>_speedup_vs_best` = fastest reference's time / this time
     (a throughput ratio; >= 1 meets the target) and `<pass>_best_ref`, the
     reference that was fastest. References: BEST_REF_IMPLS."""
-    best: dict[tuple, dict[str, tuple[float, str]]] = {}
-    for row in rows:
-        if row["impl"] in BEST_REF_IMPLS and row["status"] == "ok":
-            entry = best.setdefault(_cell_key(row), {})
-            for name in PASSES:
-                if row[f"{name}_ms"] < entry.get(name, (math.inf, ""))[0]:
-                    entry[name] = (row[f"{name}_ms"], row["impl"])
+    best = _fastest(rows, BEST_REF_IMPLS)
     for row in rows:
         for name in PASSES:
             ref = best.get(_cell_key(row), {}).get(name)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness import attention_targets as targets
 
 
@@ -41,3 +43,22 @@ def test_markdown_counts_and_cli(tmp_path, capsys) -> None:
     assert "as fast as JAX Pallas `mha` (ratio <= 1): 1 of 2 cell-passes" in md
     assert "within 1.5x of the fastest torch SDPA at seq >= 1024, bf16: 0 of 2 cell-passes" in md
     assert targets.main([str(path), "--impl", "nope"]) == 2 and "no 'nope' rows" in capsys.readouterr().err
+
+
+def test_bench_ratio_columns() -> None:
+    """bench_attention's own columns: time over the fastest SDPA backend, and the
+    fastest of SDPA and JAX cuDNN over this time (OOM rows ignored)."""
+    from harness import bench_attention
+
+    def full(r: dict) -> dict:
+        ok = r["status"] == "ok"
+        return {**r, "heads": 16, "batch": 1, "fwd_bwd_ms": r["fwd_ms"] + r["bwd_ms"] if ok else None}
+
+    rows = [full(r) for r in ROWS[:5]] + [full(_row("jax_cudnn", 4096, 1.2, 5.0))]
+    bench_attention.add_sdpa_ratios(rows)
+    bench_attention.add_best_ref_speedups(rows)
+    pallas = rows[0]
+    assert pallas["fwd_vs_sdpa"] == 2.0 and pallas["bwd_vs_sdpa"] == 2.0  # 3.0/1.5, 4.0/2.0
+    assert pallas["fwd_speedup_vs_best"] == pytest.approx(0.4) and pallas["fwd_best_ref"] == "jax_cudnn"  # 1.2/3.0
+    assert pallas["bwd_speedup_vs_best"] == pytest.approx(0.5) and pallas["bwd_best_ref"] == "torch_sdpa_flash"
+    assert rows[4]["fwd_vs_sdpa"] is None  # the OOM row has no ratio

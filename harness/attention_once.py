@@ -1,0 +1,96 @@
+"""One forward+backward of an attention kernel, as a target for a kernel profiler.
+
+    ncu --clock-control none -k regex:flash_attention --csv --page details \\
+        --section SpeedOfLight --section Occupancy ... \\
+        python -m harness.attention_once --backend mosaic --head-dim 64 > kernels.csv
+    python -m harness.ncu kernels.csv
+
+Runs `flash_attention` once under `jax.grad` (forward, then the backward
+kernels), so each kernel launches exactly once per --repeat.
+
+JAX normally reserves most of the GPU as one pool. Nsight Compute's kernel
+replay saves and restores every allocation a kernel could write, so with the
+pool in place each replay pass copies tens of GiB to the host and a profile
+of a backward kernel times out or fails. This program therefore switches JAX
+to plain per-buffer allocations (`XLA_PYTHON_CLIENT_ALLOCATOR=platform`)
+before JAX starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from pallas_kernels import BACKENDS
+
+    p = argparse.ArgumentParser(prog="python -m harness.attention_once", description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    p.add_argument("--causal", choices=("true", "false"), default="true")
+    p.add_argument("--repeat", type=int, default=1, help="forward+backward calls after the first (compiling) one")
+    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
+                   help="cpu: interpret mode, for checking the program itself")
+    args = p.parse_args(argv)
+    for name in ("batch", "seq", "heads", "head_dim"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.repeat < 0:
+        p.error(f"--repeat must be >= 0, got {args.repeat}")
+    return args
+
+
+def run(args: argparse.Namespace) -> tuple[jax.Array, ...]:
+    """Compiles and runs forward+backward 1 + args.repeat times; returns the
+    last gradients (dq, dk, dv)."""
+    from pallas_kernels import flash_attention
+
+    interpret = args.device == "cpu"
+    causal = args.causal == "true"
+    shape = (args.batch, args.seq, args.heads, args.head_dim)
+    q, k, v = (jax.random.normal(jax.random.key(i), shape, jnp.float32).astype(DTYPES[args.dtype])
+               for i in range(3))
+
+    def loss(q, k, v):
+        o = flash_attention(q, k, v, causal=causal, backend=args.backend, interpret=interpret)
+        return o.astype(jnp.float32).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    for _ in range(1 + args.repeat):
+        grads = jax.block_until_ready(grad(q, k, v))
+    return grads
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = jax.devices("cpu")[0] if args.device == "cpu" else jax.devices()[0]
+    if args.device == "gpu" and device.platform != "gpu":
+        print(f"attention_once: no GPU visible to JAX (platform {device.platform!r}); "
+              "use --device cpu to check the program in interpret mode", file=sys.stderr)
+        return 2
+    try:
+        with jax.default_device(device):
+            grads = run(args)
+    except ValueError as exc:  # the kernel's own input checks name the limit
+        print(f"attention_once: {exc}", file=sys.stderr)
+        return 2
+    print(f"attention_once: {args.backend} {args.dtype} {args.batch}x{args.seq}x{args.heads}x{args.head_dim} "
+          f"causal={args.causal} ran {1 + args.repeat}x; |dq|_max={float(jnp.abs(grads[0]).max()):.4g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

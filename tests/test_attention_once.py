@@ -1,0 +1,31 @@
+"""The profiler target: one forward+backward of the kernel, in interpret mode on CPU."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from harness import attention_once
+from pallas_kernels import mha_reference
+
+
+def test_gradients_match_reference() -> None:
+    args = attention_once.parse_args(["--device", "cpu", "--backend", "triton", "--batch", "1", "--seq", "40",
+                                      "--heads", "2", "--head-dim", "16", "--dtype", "fp32"])
+    with jax.default_device(jax.devices("cpu")[0]):
+        got = attention_once.run(args)
+        q, k, v = (jax.random.normal(jax.random.key(i), (1, 40, 2, 16), jnp.float32) for i in range(3))
+        want = jax.grad(lambda q, k, v: mha_reference(q, k, v, causal=True).sum(), argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-4, rtol=2e-4)
+
+
+def test_bad_input_is_reported(capsys) -> None:
+    rc = attention_once.main(["--device", "cpu", "--seq", "8", "--head-dim", "300"])
+    assert rc == 2
+    assert "head_dim=300" in capsys.readouterr().err
+
+
+def test_rejects_nonpositive_sizes() -> None:
+    with pytest.raises(SystemExit):
+        attention_once.parse_args(["--seq", "0"])

@@ -38,7 +38,16 @@ SUMMARY_METRICS = (
     ("no eligible warp", "Scheduler Statistics", "No Eligible"),
     ("local-memory spill requests", "Memory Workload Analysis", "Local Memory Spilling Requests"),
     ("L2 hit rate", "Memory Workload Analysis", "L2 Hit Rate"),
+    ("tensor pipe active", None, None),  # from --metrics, below
+    ("top stalls (cycles per issue)", None, None),
 )
+# Raw metrics asked for with --metrics land in this section of the export:
+#   --metrics 'regex:^sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active$,
+#              regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$'
+RAW_SECTION = "Command line profiler metrics"
+TENSOR_PIPE = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+TOP_STALLS = 3
 
 
 class NcuError(ValueError):
@@ -85,17 +94,44 @@ def read_details(path: str | Path) -> list[Launch]:
 def summary(launch: Launch) -> dict[str, str]:
     """The SUMMARY_METRICS a launch has, formatted with their units."""
     out = {"kernel": launch.kernel, "grid": launch.grid, "block": launch.block}
+    derived = _derived(launch)
     for label, section, name in SUMMARY_METRICS:
         if section is None:
-            active = launch.value("GPU Speed Of Light Throughput", "SM Active Cycles")
-            elapsed = launch.value("GPU Speed Of Light Throughput", "Elapsed Cycles")
-            if active is not None and elapsed:
-                out[label] = f"{active / elapsed:.0%}"
+            if label in derived:
+                out[label] = derived[label]
             continue
         got = launch.metrics.get((section, name))
         if got is not None and got[0].strip():
             value, unit = got
             out[label] = f"{value} {unit}".strip() if unit != "%" else f"{value}%"
+    return out
+
+
+def stalls(launch: Launch) -> list[tuple[str, float]]:
+    """(reason, warp cycles stalled per issued instruction), largest first; the
+    'selected' state (the cycle a warp issues) is not a stall."""
+    out = []
+    for (section, name), _ in launch.metrics.items():
+        if section == RAW_SECTION and name.startswith(STALL_PREFIX) and name.endswith(STALL_SUFFIX):
+            reason = name[len(STALL_PREFIX):-len(STALL_SUFFIX)]
+            value = launch.value(section, name)
+            if reason != "selected" and value is not None:
+                out.append((reason, value))
+    return sorted(out, key=lambda x: -x[1])
+
+
+def _derived(launch: Launch) -> dict[str, str]:
+    out = {}
+    active = launch.value("GPU Speed Of Light Throughput", "SM Active Cycles")
+    elapsed = launch.value("GPU Speed Of Light Throughput", "Elapsed Cycles")
+    if active is not None and elapsed:
+        out["SM active / elapsed cycles"] = f"{active / elapsed:.0%}"
+    tensor = launch.value(RAW_SECTION, TENSOR_PIPE)
+    if tensor is not None:
+        out["tensor pipe active"] = f"{tensor:g}% of active cycles"
+    top = stalls(launch)[:TOP_STALLS]
+    if top:
+        out["top stalls (cycles per issue)"] = ", ".join(f"{reason} {value:.2f}" for reason, value in top)
     return out
 
 

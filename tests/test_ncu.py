@@ -37,3 +37,25 @@ def test_a_file_that_is_not_an_ncu_export_is_refused(tmp_path, capsys) -> None:
     with pytest.raises(ncu.NcuError, match="--page details"):
         ncu.read_details(bad)
     assert ncu.main([str(bad)]) == 2 and "not an ncu details CSV" in capsys.readouterr().err
+
+
+MOSAIC = Path(__file__).parent / "data" / "ncu" / "mosaic_d128.csv"
+
+
+def test_tensor_pipe_and_stalls_from_raw_metrics() -> None:
+    fwd, dkdv, dq = ncu.read_details(MOSAIC)
+    assert dkdv.kernel == "flash_attention_mgpu_bwd_dkdv_mosaic_gpu_kernel"
+    # Largest stall reasons first; 'selected' (issuing) is not a stall.
+    top = ncu.stalls(dkdv)
+    assert top[:3] == [("long_scoreboard", 3.38), ("barrier", 2.54), ("wait", 1.11)]
+    assert "selected" not in dict(top)
+    s = ncu.summary(fwd)
+    assert s["tensor pipe active"] == "66.5% of active cycles"
+    assert s["top stalls (cycles per issue)"] == "long_scoreboard 3.83, wait 1.60, barrier 0.85"
+    # The dK/dV kernel at head_dim 128 spills; the others do not.
+    assert [ncu.summary(x)["local-memory spill requests"] for x in (fwd, dkdv, dq)] == ["0", "290,688", "0"]
+
+
+def test_without_raw_metrics_the_rows_are_left_out() -> None:
+    s = ncu.summary(ncu.read_details(FIXTURE)[0])
+    assert "tensor pipe active" not in s and "top stalls (cycles per issue)" not in s

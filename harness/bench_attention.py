@@ -146,13 +146,15 @@ def fwd_flops(cell: dict) -> float:
 # JAX works in [batch, seq, heads, dim], PyTorch in [batch, heads, seq, dim].
 
 
-def _jax_attention(impl: str, interpret: bool) -> Callable:
+def _jax_attention(impl: str, interpret: bool, block_sizes: object = None) -> Callable:
     if impl in ("pallas", "pallas_mosaic"):
         from pallas_kernels import flash_attention
 
         backend = "triton" if impl == "pallas" else "mosaic"
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, interpret=interpret,
-                                                       backend=backend)
+                                                       backend=backend, block_sizes=block_sizes)
+    if block_sizes is not None:
+        raise ValueError(f"block_sizes apply to our kernels only, not {impl=}")
     if impl == "jax_cudnn":
         return lambda q, k, v, causal: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
                                                                     implementation="cudnn")
@@ -175,8 +177,8 @@ def _jax_attention(impl: str, interpret: bool) -> Callable:
     raise ValueError(f"{impl=} is not a JAX implementation")
 
 
-def _build_jax(impl: str, cell: dict, device: str):
-    attention = _jax_attention(impl, interpret=device == "cpu")
+def _build_jax(impl: str, cell: dict, device: str, block_sizes: object = None):
+    attention = _jax_attention(impl, interpret=device == "cpu", block_sizes=block_sizes)
     shape = (cell["batch"], cell["seq"], cell["heads"], cell["head_dim"])
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, do = (jax.random.normal(key, shape, jnp.float32).astype(cell["dtype"]) for key in keys)

@@ -1,0 +1,338 @@
+"""Tile-size search for our attention kernels: which block sizes are fastest, per shape and pass.
+
+    python -m harness.tune_attention --backend mosaic --shapes fa3 --head-dim 64 --out results/attention-tune-h200
+    python -m harness.tune_attention --render results/attention-tune-h200/mosaic-d64.jsonl
+
+Each candidate is the backend's default block sizes with a few fields
+changed (CANDIDATES). Forward candidates are timed on the forward pass, and
+backward candidates on the backward alone (from saved residuals), with the
+timing of `harness.bench_attention` (median of repeats of back-to-back
+launches, after warm-up). Every candidate's output is compared with the
+default's on the same inputs; a difference beyond the dtype's tolerance marks
+it `mismatch`, and a candidate that does not compile or does not fit is
+recorded as failed, never dropped. Rows are appended to a JSON-lines file as
+they are measured, so a run cut short keeps what it measured; candidates run
+in the outer loop, so the ones measured cover every shape.
+
+`rank` condenses the rows: per pass and head_dim, each candidate's geometric
+mean speed-up over the default across the shapes where both ran, and its
+worst shape. Rendering is separate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from harness import bench_attention as bench
+from harness.cli import emit
+
+PASSES = ("fwd", "bwd")
+# Relative difference (max |candidate - default| / max |default|) allowed per dtype.
+TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 5e-3}
+
+# Overrides of the backend's default block sizes, per (backend, pass). The
+# default ({}) is always measured first. Fields a pass does not use are left
+# alone, so a forward candidate times the same backward and vice versa.
+CANDIDATES: dict[tuple[str, str], list[dict]] = {
+    ("mosaic", "fwd"): [
+        {},
+        {"num_stages": 2},
+        {"num_stages": 4},
+        {"block_k": 64, "num_stages": 4},
+        {"block_k": 192},
+        {"block_k": 256},
+        {"block_q": 128, "block_k": 64},
+        {"block_q": 128, "block_k": 128},
+        {"pingpong": False},
+    ],
+    ("mosaic", "bwd"): [
+        {},
+        {"num_stages_bwd": 3},
+        {"block_k_dq": 128},
+        {"block_q_dkv": 128},
+        {"block_k_dq": 128, "block_q_dkv": 128},
+        {"block_q_dq": 128, "block_k_dkv": 128},
+        {"block_q_dq": 128},
+        {"block_k_dkv": 128},
+    ],
+    ("triton", "fwd"): [
+        {},
+        {"block_q": 64},
+        {"block_k": 128},
+        {"num_warps_fwd": 4},
+        {"num_stages_fwd": 2},
+    ],
+    ("triton", "bwd"): [
+        {},
+        {"block_q_dkv": 32},
+        {"block_k_dkv": 128},
+        {"block_q_dq": 128},
+        {"num_warps_bwd": 8},
+        {"num_stages_bwd": 2},
+    ],
+}
+IMPL = {"mosaic": "pallas_mosaic", "triton": "pallas"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m harness.tune_attention", description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", choices=tuple(IMPL), default="mosaic")
+    p.add_argument("--passes", default="fwd,bwd", help="comma-separated: fwd, bwd")
+    p.add_argument("--shapes", choices=bench.SHAPE_SETS, default="fa3")
+    p.add_argument("--seq", default=None, help="comma-separated sequence lengths (fa3 default 1024,4096,16384)")
+    p.add_argument("--head-dim", default=None, help="comma-separated (fa3 default 64,128)")
+    p.add_argument("--dtype", choices=tuple(bench.DTYPES), default="bf16")
+    p.add_argument("--causal", choices=("true", "false", "both"), default="both")
+    p.add_argument("--batch", type=int, default=1, help="grid shapes only")
+    p.add_argument("--heads", type=int, default=16, help="grid shapes only")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=7)
+    p.add_argument("--min-batch-ms", type=float, default=3.0)
+    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
+                   help="cpu: interpret mode on tiny shapes (checks the search, not the speed)")
+    p.add_argument("--out", type=Path, default=None, help="default: results/attention-tune-<gpu>/")
+    p.add_argument("--name", default=None, help="file stem (default <backend>-d<head_dims>)")
+    p.add_argument("--render", type=Path, default=None, help="render an existing .jsonl and exit")
+    args = p.parse_args(argv)
+    if args.render is not None:
+        return args
+    passes = [x for x in args.passes.split(",") if x]
+    bad = [x for x in passes if x not in PASSES]
+    if bad or not passes:
+        p.error(f"--passes {args.passes!r}: choose from {', '.join(PASSES)}")
+    args.passes = passes
+    if args.shapes == "fa3" and args.seq is None:
+        args.seq = "1024,4096,16384"
+    shape_args = [*(["--seq", args.seq] if args.seq else []), *(["--head-dim", args.head_dim] if args.head_dim else [])]
+    try:
+        shape_ns = bench.parse_args(["--shapes", args.shapes, "--dtype", args.dtype, "--causal", args.causal,
+                                     "--batch", str(args.batch), "--heads", str(args.heads), *shape_args])
+    except SystemExit:
+        p.error("bad --seq/--head-dim for these --shapes (see the message above)")
+    args.cells = bench.cells(shape_ns)
+    args.name = args.name or f"{args.backend}-d{'-'.join(map(str, shape_ns.head_dim))}"
+    return args
+
+
+def block_sizes_for(backend: str, head_dim: int, overrides: dict) -> object:
+    """The backend's default block sizes for head_dim with `overrides` applied
+    (a ValueError from the block-size checks passes through)."""
+    from pallas_kernels.flash_attention import _BACKENDS
+
+    return dataclasses.replace(_BACKENDS[backend].default_block_sizes(head_dim), **overrides)
+
+
+def _label(overrides: dict) -> str:
+    return "default" if not overrides else " ".join(f"{k}={v}" for k, v in overrides.items())
+
+
+def _rel_diff(got, want) -> float:
+    import numpy as np
+
+    diffs, scales = [], []
+    for a, b in zip(got, want):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        diffs.append(float(np.max(np.abs(a - b))))
+        scales.append(float(np.max(np.abs(b))))
+    return max(diffs) / max(max(scales), 1e-6)
+
+
+def measure(backend: str, pass_: str, overrides: dict, cell: dict, reference, args: argparse.Namespace) -> tuple:
+    """(row, outputs): times one pass of one candidate on one cell."""
+    row = {"backend": backend, "pass": pass_, "candidate": _label(overrides), "overrides": overrides, **cell,
+           "status": "ok"}
+    outputs = None
+    try:
+        blocks = block_sizes_for(backend, cell["head_dim"], overrides)
+        row["block_sizes"] = dataclasses.asdict(blocks)
+        thunks, sync, timer = bench._build_jax(IMPL[backend], cell, args.device, block_sizes=blocks)
+        outputs = jax_tuple(sync(thunks[pass_]()))
+        median, lo, hi = bench._time_ms(thunks[pass_], sync, timer, args)
+        row.update(ms=median, ms_spread=[lo, hi],
+                   tflops=bench.fwd_flops(cell) * bench.PASS_FLOP_FACTOR[pass_] / (median * 1e-3) / 1e12)
+        if reference is not None:
+            row["rel_diff_vs_default"] = _rel_diff(outputs, reference)
+            if row["rel_diff_vs_default"] > TOLERANCE[cell["dtype"]]:
+                row["status"] = f"mismatch: differs from the default by {row['rel_diff_vs_default']:.2e}"
+    except Exception as exc:  # noqa: BLE001 -- every failure becomes a marked row
+        row["status"] = bench._failure(exc, [])
+        outputs = None
+    finally:
+        thunks = None
+        bench._release_memory()
+    return row, outputs
+
+
+def jax_tuple(x) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def run(args: argparse.Namespace, out_path: Path) -> list[dict]:
+    """Measures every candidate on every cell, appending each row to out_path."""
+    import jax
+
+    rows = []
+    device = jax.devices("cpu")[0] if args.device == "cpu" else jax.devices()[0]
+    with jax.default_device(device), out_path.open("a") as sink:
+        for pass_ in args.passes:
+            references: dict[int, tuple] = {}
+            seen: dict[int, list] = {}
+            for overrides in CANDIDATES[(args.backend, pass_)]:
+                for i, cell in enumerate(args.cells):
+                    if _repeats(args.backend, cell["head_dim"], overrides, seen.setdefault(i, [])):
+                        continue
+                    start = time.perf_counter()
+                    row, outputs = measure(args.backend, pass_, overrides, cell, references.get(i), args)
+                    if not overrides and outputs is not None:
+                        references[i] = outputs
+                    row["wall_s"] = round(time.perf_counter() - start, 2)
+                    rows.append(row)
+                    sink.write(json.dumps(row) + "\n")
+                    sink.flush()
+                    print(_progress(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def _repeats(backend: str, head_dim: int, overrides: dict, seen: list) -> bool:
+    """True if these overrides give block sizes already measured on this cell
+    (e.g. a candidate that sets a head_dim's default value)."""
+    try:
+        blocks = block_sizes_for(backend, head_dim, overrides)
+    except ValueError:
+        return False
+    if blocks in seen:
+        return True
+    seen.append(blocks)
+    return False
+
+
+def _progress(row: dict) -> str:
+    shape = f"{row['batch']}x{row['seq']}x{row['heads']}x{row['head_dim']} causal={row['causal']!s:5s}"
+    got = f"{row['ms']:.3f} ms" if row["status"] == "ok" else row["status"]
+    return f"{row['pass']} {shape} {row['candidate']:40s} {got} ({row['wall_s']} s)"
+
+
+def _cell(row: dict) -> tuple:
+    return tuple(row[k] for k in ("batch", "heads", "seq", "head_dim", "dtype", "causal"))
+
+
+def rank(rows: list[dict]) -> list[dict]:
+    """Per (pass, head_dim, candidate): geometric-mean speed-up over the
+    default (default time / candidate time) over the cells where both ran,
+    the worst cell's speed-up, and how many cells ran / failed. Sorted best
+    first within each (pass, head_dim)."""
+    default = {(r["pass"], _cell(r)): r["ms"] for r in rows if r["candidate"] == "default" and r["status"] == "ok"}
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        g = groups.setdefault((r["pass"], r["head_dim"], r["candidate"]),
+                              {"pass": r["pass"], "head_dim": r["head_dim"], "candidate": r["candidate"],
+                               "speedups": [], "failed": 0})
+        base = default.get((r["pass"], _cell(r)))
+        if r["status"] != "ok":
+            g["failed"] += 1
+        elif base is not None:
+            g["speedups"].append(base / r["ms"])
+    out = []
+    for g in groups.values():
+        s = g.pop("speedups")
+        g.update(cells=len(s), geomean=math.exp(statistics.fmean(map(math.log, s))) if s else None,
+                 worst=min(s) if s else None, best=max(s) if s else None)
+        out.append(g)
+    return sorted(out, key=lambda g: (g["pass"], g["head_dim"], -(g["geomean"] or 0)))
+
+
+def best_per_cell(rows: list[dict]) -> list[dict]:
+    """Per (pass, cell): the fastest candidate that ran and matched, with its
+    speed-up over the default."""
+    default = {(r["pass"], _cell(r)): r["ms"] for r in rows if r["candidate"] == "default" and r["status"] == "ok"}
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["pass"], _cell(r))
+        if r["status"] == "ok" and (key not in best or r["ms"] < best[key]["ms"]):
+            best[key] = r
+    out = []
+    for (pass_, cell), r in sorted(best.items(), key=lambda x: (x[0][0], x[0][1][3], x[0][1][2], not x[0][1][5])):
+        base = default.get((pass_, cell))
+        out.append({"pass": pass_, "seq": r["seq"], "head_dim": r["head_dim"], "causal": r["causal"],
+                    "batch": r["batch"], "heads": r["heads"], "candidate": r["candidate"], "ms": r["ms"],
+                    "tflops": r["tflops"], "default_ms": base, "speedup": base / r["ms"] if base else None})
+    return out
+
+
+def _f(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def render_markdown(rows: list[dict], env: dict | None = None) -> str:
+    lines = ["# Block-size search", ""]
+    if env:
+        lines += [f"- {k}: `{env[k]}`" for k in ("device", "jax", "git_commit", "command") if k in env] + [""]
+    lines += ["Speed-up = default time / candidate time (> 1 is faster); geomean over the shapes where both ran.",
+              "", "## Candidates ranked", "",
+              "| pass | head_dim | candidate | geomean | worst | best | shapes | failed |", "|---|---|---|---|---|---|---|---|"]
+    for g in rank(rows):
+        lines.append(f"| {g['pass']} | {g['head_dim']} | {g['candidate']} | {_f(g['geomean'], '.3f')} | "
+                     f"{_f(g['worst'], '.3f')} | {_f(g['best'], '.3f')} | {g['cells']} | {g['failed']} |")
+    lines += ["", "## Fastest candidate per shape", "",
+              "| pass | B | H | seq | D | causal | fastest | ms | TFLOP/s | default ms | speed-up |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for b in best_per_cell(rows):
+        lines.append(f"| {b['pass']} | {b['batch']} | {b['heads']} | {b['seq']} | {b['head_dim']} | "
+                     f"{'yes' if b['causal'] else 'no'} | {b['candidate']} | {b['ms']:.3f} | {b['tflops']:.0f} | "
+                     f"{_f(b['default_ms'], '.3f')} | {_f(b['speedup'], '.3f')} |")
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed:
+        lines += ["", "## Not measured", "", "| pass | seq | D | causal | candidate | status |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['pass']} | {r['seq']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | "
+                  f"{r['candidate']} | {r['status'][:120]} |" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def read_rows(path: Path) -> tuple[list[dict], dict | None]:
+    env, rows = None, []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            if "environment" in record:
+                env = record["environment"]
+            else:
+                rows.append(record)
+    return rows, env
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.render is not None:
+        if not args.render.is_file():
+            print(f"tune_attention: {args.render} does not exist (give the .jsonl a run wrote)", file=sys.stderr)
+            return 2
+        rows, env = read_rows(args.render)
+        emit(render_markdown(rows, env), args.render.with_suffix(".md"))
+        return 0
+    import jax
+
+    if args.device == "gpu" and jax.devices()[0].platform != "gpu":
+        print("tune_attention: no GPU visible to JAX; use --device cpu for a tiny interpret-mode run",
+              file=sys.stderr)
+        return 2
+    out = args.out or bench.default_out_dir().with_name(bench.default_out_dir().name.replace("attention-",
+                                                                                            "attention-tune-"))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{args.name}.jsonl"
+    env = bench.environment(argparse.Namespace(iters=args.iters, warmup=args.warmup))
+    with path.open("w") as f:
+        f.write(json.dumps({"environment": env}) + "\n")
+    rows = run(args, path)
+    emit(render_markdown(rows, env), path.with_suffix(".md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

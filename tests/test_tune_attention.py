@@ -1,0 +1,81 @@
+"""harness.tune_attention: the ranking arithmetic on known rows, and a tiny search end to end
+in interpret mode on CPU (failures recorded, rows appended, rendering from the file)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from harness import tune_attention as tune
+
+
+def _row(pass_, seq, candidate, ms, status="ok", causal=True):
+    return {"pass": pass_, "candidate": candidate, "batch": 1, "heads": 2, "seq": seq, "head_dim": 64,
+            "dtype": "bfloat16", "causal": causal, "status": status, "ms": ms, "tflops": 1.0}
+
+
+def test_rank_is_geomean_over_shapes_where_both_ran() -> None:
+    rows = [_row("fwd", 1024, "default", 2.0), _row("fwd", 4096, "default", 8.0),
+            _row("fwd", 1024, "a", 1.0), _row("fwd", 4096, "a", 12.0),        # 2x and 2/3x -> geomean sqrt(4/3)
+            _row("fwd", 1024, "b", 1.6), _row("fwd", 4096, "b", None, "OOM"),  # 1.25x on the one it ran
+            _row("bwd", 1024, "default", 3.0), _row("bwd", 1024, "c", 2.0)]
+    got = {(g["pass"], g["candidate"]): g for g in tune.rank(rows)}
+    assert math.isclose(got["fwd", "a"]["geomean"], math.sqrt(4 / 3))
+    assert math.isclose(got["fwd", "a"]["worst"], 2 / 3) and (got["fwd", "a"]["best"], got["fwd", "a"]["cells"]) == (2.0, 2)
+    assert math.isclose(got["fwd", "b"]["geomean"], 1.25) and got["fwd", "b"]["failed"] == 1
+    assert math.isclose(got["bwd", "c"]["geomean"], 1.5)
+    # Best first within a pass.
+    assert [g["candidate"] for g in tune.rank(rows) if g["pass"] == "fwd"] == ["b", "a", "default"]
+    best = {(b["pass"], b["seq"]): b for b in tune.best_per_cell(rows)}
+    assert best["fwd", 1024]["candidate"] == "a" and best["fwd", 1024]["speedup"] == 2.0
+    assert best["fwd", 4096]["candidate"] == "default" and best["fwd", 4096]["speedup"] == 1.0
+
+
+def test_rel_diff_is_max_abs_difference_over_reference_scale() -> None:
+    ref = (np.array([1.0, -4.0]), np.array([0.5]))
+    got = (np.array([1.0, -3.9]), np.array([0.5]))
+    assert math.isclose(tune._rel_diff(got, ref), 0.1 / 4.0, rel_tol=1e-5)
+
+
+def test_bad_passes_are_refused() -> None:
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--passes", "fwd,sideways"])
+
+
+def test_tiny_search_end_to_end(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(tune.CANDIDATES, ("triton", "fwd"), [{}, {"block_k": 32}, {"block_q": 48}])
+    monkeypatch.setitem(tune.CANDIDATES, ("triton", "bwd"), [{}, {"block_q_dq": 32}])
+    argv = ["--backend", "triton", "--device", "cpu", "--shapes", "grid", "--seq", "40", "--head-dim", "16",
+            "--heads", "2", "--dtype", "fp32", "--causal", "true", "--iters", "1", "--warmup", "0",
+            "--min-batch-ms", "0", "--out", str(tmp_path), "--name", "t"]
+    assert tune.main(argv) == 0
+    rows, env = tune.read_rows(tmp_path / "t.jsonl")
+    assert env["device"] == "cpu"
+    assert [(r["pass"], r["candidate"]) for r in rows] == [
+        ("fwd", "default"), ("fwd", "block_k=32"), ("fwd", "block_q=48"), ("bwd", "default"), ("bwd", "block_q_dq=32")]
+    bad = rows[2]
+    assert bad["status"].startswith("unsupported") and "power of two" in bad["status"]
+    # Other tiles, same numbers: float32 differences stay far inside the tolerance.
+    assert rows[1]["status"] == "ok" and rows[1]["rel_diff_vs_default"] < 1e-5
+    assert rows[4]["status"] == "ok" and rows[4]["rel_diff_vs_default"] < 1e-5
+    assert rows[1]["block_sizes"]["block_k"] == 32
+    md = (tmp_path / "t.md").read_text()
+    assert "| fwd | 16 | block_q=48 | - | - | - | 0 | 1 |" in md
+    (tmp_path / "t.md").unlink()
+    assert tune.main(["--render", str(tmp_path / "t.jsonl")]) == 0
+    assert (tmp_path / "t.md").read_text() == md
+    assert json.loads((tmp_path / "t.jsonl").read_text().splitlines()[1])["pass"] == "fwd"
+
+
+def test_candidates_equal_to_the_default_are_skipped() -> None:
+    from pallas_kernels import MosaicBlockSizes
+
+    seen: list = []
+    default = MosaicBlockSizes.get_default(128)
+    assert not tune._repeats("mosaic", 128, {}, seen)
+    assert tune._repeats("mosaic", 128, {"num_stages": default.num_stages}, seen)
+    assert not tune._repeats("mosaic", 128, {"num_stages": default.num_stages + 1}, seen)
+    assert not tune._repeats("mosaic", 128, {"block_q": 48}, seen)  # invalid: measured, recorded as failed

@@ -282,7 +282,7 @@ def test_gpu_matches_torch_sdpa(seq, head_dim, causal, dtype) -> None:
     theirs = [to, *torch.autograd.grad(to, (tq, tk, tv), to_torch(do))]
     tol = TOLERANCES[(dtype, "gpu")]
     for name, a, b in zip(("o", "dq", "dk", "dv"), ours, theirs):
-        b = b.transpose(1, 2).float().cpu().numpy()
+        b = b.detach().transpose(1, 2).float().cpu().numpy()
         err = rel_err(a, b)
         assert err <= tol, f"{name}: relative difference {err:.2e} from torch SDPA exceeds {tol}"
 

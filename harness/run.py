@@ -75,7 +75,11 @@ def make_session(opts: RunOptions, config: ModelConfig):
     from harness.torch_backend import init_model
 
     tokens = make_tokens(config.vocab_size, opts.batch, opts.ctx, opts.seed)
-    torch_model = init_model(config, opts.seed)  # both backends start from these weights
+    # Both backends start from these weights. They do not depend on the
+    # attention kernel, and torch has no Pallas kernel, so JAX-only kernels
+    # take their weights from a naive-attention torch model.
+    weights_config = dataclasses.replace(config, attention="naive") if config.attention == "pallas" else config
+    torch_model = init_model(weights_config, opts.seed)
     if opts.backend == "torch":
         from harness.torch_backend import TorchSession
 

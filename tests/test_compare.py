@@ -59,6 +59,17 @@ def test_run_in_forward_mode_has_only_forward_and_step():
     assert doc["phases"]["step"]["flops"] == doc["phases"]["forward"]["flops"]
 
 
+def test_jax_run_with_the_pallas_kernel_matches_naive_attention():
+    """--attention pallas reaches the JAX model (interpret mode on CPU) and starts
+    from the same weights as naive attention: same first loss."""
+    common = dict(backend="jax", model="tiny", ctx=16, batch=1, warmup=0, steps=1, mode="forward")
+    pallas = run(RunOptions(**common, attention="pallas"))
+    naive = run(RunOptions(**common, attention="naive"))
+    assert pallas["status"] == "ok", pallas["error"]
+    assert pallas["options"]["attention"] == "pallas"
+    assert pallas["loss"]["first"] == pytest.approx(naive["loss"]["first"], rel=1e-5)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "gigantic", "--ctx", "8"], "error: unknown model 'gigantic'; choose one of tiny, mini, small"),
     (["--model", "tiny", "--ctx", "8", "--dtype", "fp8"], "error: unknown dtype 'fp8'; choose one of fp32, tf32, bf16"),

@@ -1,11 +1,17 @@
-"""Check attention benchmark results against the portable kernel's targets.
+"""Check attention benchmark results against our kernels' targets.
 
     python -m harness.attention_targets results/attention-h200/*.json [--impl pallas] [--out targets.md]
+    python -m harness.attention_targets --targets hopper results/attention-mgpu-h100/*.json
 
-Targets (per cell and per pass, forward and backward separately):
+Portable kernel (`--targets portable`, impl `pallas`), per cell and per pass
+(forward and backward separately):
   1. at least as fast as JAX's own Pallas `mha` (`jax_pallas_mha`) at every shape;
   2. within 1.5x the time of the fastest PyTorch SDPA backend at seq >= 1024 in bfloat16.
-`check` returns the ratios as data; `render_markdown` writes them up.
+Hopper kernel (`--targets hopper`, impl `pallas_mosaic`):
+  3. per cell and pass, at least the throughput of the fastest of every torch
+     SDPA backend and cuDNN through JAX;
+  4. the leaderboard shape (16 x 16384 x 64, causal) forward+backward under 5.36 ms.
+`check` / `check_hopper` return the ratios as data; the render functions write them up.
 """
 
 from __future__ import annotations
@@ -20,21 +26,29 @@ from harness.cli import emit
 PASSES = ("fwd", "bwd")
 SDPA = ("torch_sdpa_flash", "torch_sdpa_efficient", "torch_sdpa_cudnn")
 SDPA_BOUND, SDPA_MIN_SEQ = 1.5, 1024
+HOPPER_REFS = (*SDPA, "jax_cudnn")
+LEADERBOARD = {"batch": 16, "heads": 1, "seq": 16384, "head_dim": 64, "causal": True}
+LEADERBOARD_MS = 5.36
 
 
 def _cells(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """Rows by cell (dtype, head_dim, seq, causal, batch, heads), then by impl."""
     out: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        key = (r["dtype"], r["head_dim"], r["seq"], r["causal"])
+        key = (r["dtype"], r["head_dim"], r["seq"], r["causal"], r["batch"], r["heads"])
         out.setdefault(key, {})[r["impl"]] = r
     return out
+
+
+def _ms(row: dict | None, name: str) -> float | None:
+    return row.get(f"{name}_ms") if row and row["status"] == "ok" else None
 
 
 def check(rows: list[dict], impl: str = "pallas") -> list[dict]:
     """One record per cell x pass with our time over mha's and over the fastest SDPA's
     (None where either side has no number), and whether each target applies and holds."""
     out = []
-    for (dtype, head_dim, seq, causal), impls in sorted(_cells(rows).items()):
+    for (dtype, head_dim, seq, causal, _, _), impls in sorted(_cells(rows).items()):
         ours = impls.get(impl)
         for name in PASSES:
             t = ours.get(f"{name}_ms") if ours and ours["status"] == "ok" else None
@@ -53,8 +67,60 @@ def check(rows: list[dict], impl: str = "pallas") -> list[dict]:
     return out
 
 
+def check_hopper(rows: list[dict], impl: str = "pallas_mosaic") -> list[dict]:
+    """One record per cell x pass: `speedup` = fastest reference time / our time
+    (a throughput ratio; >= 1 meets target 3) and which reference was fastest."""
+    out = []
+    for (dtype, head_dim, seq, causal, batch, heads), impls in sorted(_cells(rows).items()):
+        ours = impls.get(impl)
+        for name in (*PASSES, "fwd_bwd"):
+            t = _ms(ours, name)
+            refs = [(_ms(impls.get(r), name), r) for r in HOPPER_REFS]
+            refs = [x for x in refs if x[0] is not None]
+            best_t, best = min(refs) if refs else (None, None)
+            rec = {"dtype": dtype, "head_dim": head_dim, "seq": seq, "causal": causal, "batch": batch,
+                   "heads": heads, "pass": name, "status": ours["status"] if ours else "not run",
+                   "ms": t, "best_ref": best, "best_ref_ms": best_t,
+                   "speedup": best_t / t if t and best_t else None}
+            rec["meets"] = None if rec["speedup"] is None or name == "fwd_bwd" else rec["speedup"] >= 1.0
+            out.append(rec)
+    return out
+
+
+def leaderboard(records: list[dict]) -> dict | None:
+    """The leaderboard cell's forward+backward record, with `meets` = under LEADERBOARD_MS."""
+    for r in records:
+        if r["pass"] == "fwd_bwd" and all(r[k] == v for k, v in LEADERBOARD.items()) and r["ms"] is not None:
+            return {**r, "meets": r["ms"] < LEADERBOARD_MS}
+    return None
+
+
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
+
+
+def render_hopper_markdown(records: list[dict], sources: list[str], impl: str) -> str:
+    judged = [r for r in records if r["meets"] is not None]
+    lines = [f"# `{impl}` against the Hopper targets", "",
+             f"From {', '.join(f'`{s}`' for s in sources)}. Speed-up = time of the fastest of "
+             f"{', '.join(HOPPER_REFS)} / time of `{impl}` (>= 1: at least as fast), per cell and pass.", "",
+             f"- forward and backward each >= 1.0x the fastest reference: {sum(r['meets'] for r in judged)} of "
+             f"{len(judged)} cell-passes"]
+    board = leaderboard(records)
+    if board:
+        lines.append(f"- leaderboard shape (16 x 16384 x 64, causal) forward+backward: {board['ms']:.2f} ms "
+                     f"({'under' if board['meets'] else 'not under'} {LEADERBOARD_MS} ms); fastest reference "
+                     f"{board['best_ref']} {board['best_ref_ms']:.2f} ms")
+    lines += ["", "| B | H | seq | D | causal | fwd | bwd | fwd+bwd | fastest reference (fwd / bwd) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    by_cell: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        by_cell.setdefault((r["head_dim"], r["seq"], not r["causal"], r["batch"], r["heads"]), {})[r["pass"]] = r
+    for (head_dim, seq, noncausal, batch, heads), p in sorted(by_cell.items()):
+        lines.append(f"| {batch} | {heads} | {seq} | {head_dim} | {'no' if noncausal else 'yes'} | "
+                     f"{_fmt(p['fwd']['speedup'])} | {_fmt(p['bwd']['speedup'])} | {_fmt(p['fwd_bwd']['speedup'])} | "
+                     f"{p['fwd']['best_ref']} / {p['bwd']['best_ref']} |")
+    return "\n".join(lines) + "\n"
 
 
 def render_markdown(records: list[dict], sources: list[str], impl: str) -> str:
@@ -86,9 +152,11 @@ def render_markdown(records: list[dict], sources: list[str], impl: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.attention_targets", description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="+", type=Path, help="JSON files written by harness.bench_attention")
-    p.add_argument("--impl", default="pallas")
+    p.add_argument("--targets", choices=("portable", "hopper"), default="portable")
+    p.add_argument("--impl", default=None, help="default: pallas (portable), pallas_mosaic (hopper)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    args.impl = args.impl or ("pallas" if args.targets == "portable" else "pallas_mosaic")
     rows = []
     for path in args.results:
         try:
@@ -99,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     if not any(r["impl"] == args.impl for r in rows):
         print(f"error: no {args.impl!r} rows in the given results", file=sys.stderr)
         return 2
-    text = render_markdown(check(rows, args.impl), [p.name for p in args.results], args.impl)
+    sources = [p.name for p in args.results]
+    if args.targets == "hopper":
+        text = render_hopper_markdown(check_hopper(rows, args.impl), sources, args.impl)
+    else:
+        text = render_markdown(check(rows, args.impl), sources, args.impl)
     emit(text, args.out)
     return 0
 

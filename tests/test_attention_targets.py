@@ -9,9 +9,12 @@ import pytest
 from harness import attention_targets as targets
 
 
-def _row(impl: str, seq: int, fwd: float, bwd: float, status: str = "ok", dtype: str = "bfloat16") -> dict:
+def _row(impl: str, seq: int, fwd: float, bwd: float, status: str = "ok", dtype: str = "bfloat16",
+         batch: int = 1, heads: int = 16) -> dict:
+    ok = status == "ok"
     return {"impl": impl, "dtype": dtype, "head_dim": 64, "seq": seq, "causal": True, "status": status,
-            "fwd_ms": fwd if status == "ok" else None, "bwd_ms": bwd if status == "ok" else None}
+            "batch": batch, "heads": heads, "fwd_ms": fwd if ok else None, "bwd_ms": bwd if ok else None,
+            "fwd_bwd_ms": fwd + bwd if ok else None}
 
 
 ROWS = [
@@ -62,3 +65,26 @@ def test_bench_ratio_columns() -> None:
     assert pallas["fwd_speedup_vs_best"] == pytest.approx(0.4) and pallas["fwd_best_ref"] == "jax_cudnn"  # 1.2/3.0
     assert pallas["bwd_speedup_vs_best"] == pytest.approx(0.5) and pallas["bwd_best_ref"] == "torch_sdpa_flash"
     assert rows[4]["fwd_vs_sdpa"] is None  # the OOM row has no ratio
+
+
+def test_hopper_targets_and_leaderboard(tmp_path, capsys) -> None:
+    rows = [_row("pallas_mosaic", 4096, 2.0, 3.0), _row("torch_sdpa_cudnn", 4096, 1.6, 3.3),
+            _row("jax_cudnn", 4096, 2.2, 3.0), _row("torch_sdpa_flash", 4096, 1.0, 1.0, status="oom"),
+            # The leaderboard shape and a cell of the same seq but other batch/heads stay apart.
+            _row("pallas_mosaic", 16384, 1.5, 3.5, batch=16, heads=1), _row("torch_sdpa_cudnn", 16384, 1.2, 3.2, batch=16, heads=1),
+            _row("pallas_mosaic", 16384, 9.0, 9.0, batch=1, heads=32), _row("jax_cudnn", 16384, 9.9, 9.9, batch=1, heads=32)]
+    got = {(r["seq"], r["batch"], r["pass"]): r for r in targets.check_hopper(rows)}
+    assert got[(4096, 1, "fwd")]["speedup"] == 0.8 and got[(4096, 1, "fwd")]["best_ref"] == "torch_sdpa_cudnn"
+    assert got[(4096, 1, "fwd")]["meets"] is False
+    assert got[(4096, 1, "bwd")]["speedup"] == 1.0 and got[(4096, 1, "bwd")]["best_ref"] == "jax_cudnn"
+    assert got[(4096, 1, "bwd")]["meets"] is True
+    assert got[(16384, 1, "fwd")]["speedup"] == pytest.approx(1.1) and got[(16384, 1, "fwd")]["best_ref"] == "jax_cudnn"
+    assert got[(4096, 1, "fwd_bwd")]["meets"] is None  # reported, not a target
+    board = targets.leaderboard(targets.check_hopper(rows))
+    assert board["ms"] == 5.0 and board["meets"] is True and board["best_ref_ms"] == pytest.approx(4.4)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"results": rows}))
+    assert targets.main(["--targets", "hopper", str(path)]) == 0
+    md = capsys.readouterr().out
+    assert "forward and backward each >= 1.0x the fastest reference: 3 of 6 cell-passes" in md
+    assert "forward+backward: 5.00 ms (under 5.36 ms); fastest reference torch_sdpa_cudnn 4.40 ms" in md

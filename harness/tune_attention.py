@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from harness import bench_attention as bench
+from harness import hardware
 from harness.cli import emit
 
 PASSES = ("fwd", "bwd")
@@ -154,7 +155,7 @@ def measure(backend: str, pass_: str, overrides: dict, cell: dict, reference, ar
         blocks = block_sizes_for(backend, cell["head_dim"], overrides)
         row["block_sizes"] = dataclasses.asdict(blocks)
         thunks, sync, timer = bench._build_jax(IMPL[backend], cell, args.device, block_sizes=blocks)
-        outputs = jax_tuple(sync(thunks[pass_]()))
+        outputs = _as_tuple(sync(thunks[pass_]()))
         median, lo, hi = bench._time_ms(thunks[pass_], sync, timer, args)
         row.update(ms=median, ms_spread=[lo, hi],
                    tflops=bench.fwd_flops(cell) * bench.PASS_FLOP_FACTOR[pass_] / (median * 1e-3) / 1e12)
@@ -171,7 +172,7 @@ def measure(backend: str, pass_: str, overrides: dict, cell: dict, reference, ar
     return row, outputs
 
 
-def jax_tuple(x) -> tuple:
+def _as_tuple(x) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
@@ -339,8 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tune_attention: no GPU visible to JAX; use --device cpu for a tiny interpret-mode run",
               file=sys.stderr)
         return 2
-    out = args.out or bench.default_out_dir().with_name(bench.default_out_dir().name.replace("attention-",
-                                                                                            "attention-tune-"))
+    out = args.out or bench.REPO_ROOT / "results" / f"attention-tune-{hardware.gpu_slug(jax.devices()[0].device_kind)}"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.name}.jsonl"
     env = bench.environment(argparse.Namespace(iters=args.iters, warmup=args.warmup))

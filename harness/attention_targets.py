@@ -51,10 +51,9 @@ def check(rows: list[dict], impl: str = "pallas") -> list[dict]:
     for (dtype, head_dim, seq, causal, _, _), impls in sorted(_cells(rows).items()):
         ours = impls.get(impl)
         for name in PASSES:
-            t = ours.get(f"{name}_ms") if ours and ours["status"] == "ok" else None
-            mha = impls.get("jax_pallas_mha")
-            mha_t = mha.get(f"{name}_ms") if mha and mha["status"] == "ok" else None
-            sdpa = [impls[s][f"{name}_ms"] for s in SDPA if s in impls and impls[s]["status"] == "ok"]
+            t = _ms(ours, name)
+            mha_t = _ms(impls.get("jax_pallas_mha"), name)
+            sdpa = [x for x in (_ms(impls.get(s), name) for s in SDPA) if x is not None]
             rec = {"dtype": dtype, "head_dim": head_dim, "seq": seq, "causal": causal, "pass": name,
                    "status": ours["status"] if ours else "not run",
                    "vs_mha": t / mha_t if t and mha_t else None,

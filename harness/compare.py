@@ -4,7 +4,9 @@
 
 Each backend runs `harness.run` in its own subprocess (JAX preallocates most of the GPU,
 and an out-of-memory in one backend must not poison the other), then `harness.parity`
-compares the two on the same weights and batch. Results go to
+compares the two on the same weights and batch. The JAX processes share one persistent
+compilation cache (a temporary one unless --compile-cache names a folder), so the parity
+process reuses the run's GEMM autotuning instead of repeating it. Results go to
 results/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
 """
 
@@ -46,6 +48,15 @@ def _common_args(args: argparse.Namespace, backend: str, batch: int) -> list[str
             "--attention", backend_attention(backend, args.attention), "--device", args.device, "--seed", str(args.seed)]
 
 
+def subprocess_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
+    """The environment of the run and parity subprocesses.
+
+    JAX_COMPILATION_CACHE_DIR turns on JAX's persistent cache, which also keeps XLA's
+    per-fusion GEMM autotuning results; at large model sizes autotuning is most of the
+    compile time, and without the cache the parity process repeats it from scratch."""
+    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=args.compile_cache, **extra)
+
+
 def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[dict, str | None]:
     """harness.run for one backend in a subprocess, under nsys or a framework profiler if
     asked; returns its result document and the profile it left (or None)."""
@@ -66,7 +77,7 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
         profile = os.path.join(workdir, "torch-trace.json" if backend == "torch" else "jax-trace")
         program += ["--profile", profile]
     start = time.perf_counter()
-    code, tail = _stream(program, dict(os.environ))
+    code, tail = _stream(program, subprocess_env(args))
     print(f"[{backend}] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if os.path.exists(out):
         with open(out) as f:
@@ -102,7 +113,7 @@ def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Name
 def run_parity(args: argparse.Namespace, workdir: str) -> dict:
     """harness.parity in a subprocess, halving the batch until both models fit at once."""
     batch = args.batch
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env = subprocess_env(args, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     while True:
         out = os.path.join(workdir, f"parity-b{batch}.json")
         cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--json", out]
@@ -206,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="copy the raw profiles (and nsys's SQLite exports) into DIR")
     parser.add_argument("--annotate-attention", action="store_true",
                         help="NVTX ranges inside naive attention (attribution runs: adds syncs)")
+    parser.add_argument("--compile-cache", metavar="DIR",
+                        help="persistent JAX compilation cache shared by the JAX processes, kept for later runs "
+                             "(default: a temporary one for this comparison)")
     parser.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # "backend:phase", for tests
     return parser
 
@@ -231,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 return fail(str(exc))
             args.profiler = "framework"
     with tempfile.TemporaryDirectory(prefix="compare-") as work:
+        args.compile_cache = os.path.abspath(args.compile_cache or os.path.join(work, "jax-cache"))
         results = {b: run_backend(b, args, work) for b in backends}
         runs = {b: doc for b, (doc, _) in results.items()}
         profiles = {b: prof for b, (doc, prof) in results.items() if prof and doc.get("status") == "ok"}

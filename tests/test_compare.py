@@ -97,6 +97,20 @@ def test_simulated_oom_is_reported_and_the_other_backend_still_runs(tmp_path):
     assert "out of memory in backward" in report
 
 
+def test_jax_processes_share_the_named_compile_cache(tmp_path):
+    """--compile-cache reaches the JAX subprocesses: the run's executables land there
+    (every compile is cached here, however short) and stay after the comparison."""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    proc = subprocess.run([sys.executable, "-m", "harness.compare", "--model", "tiny", "--ctx", "16", "--batch", "1",
+                           "--warmup", "1", "--steps", "2", "--device", "cpu", "--results-dir", str(tmp_path),
+                           "--backends", "jax", "--no-parity", "--compile-cache", str(cache)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = os.listdir(cache)
+    assert any(n.startswith("jit__fused_step-") for n in names), names
+
+
 def test_interrupted_write_leaves_no_half_written_folder(tmp_path, monkeypatch):
     import harness.compare_report
 

@@ -52,6 +52,10 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"block_q": 128, "block_k": 64},
         {"block_q": 128, "block_k": 128},
         {"pingpong": False},
+        {"pingpong": False, "overlap": True},
+        {"pingpong": False, "overlap": True, "num_stages": 2},
+        {"pingpong": False, "overlap": True, "num_stages": 4},
+        {"pingpong": False, "overlap": True, "block_k": 64, "num_stages": 4},
     ],
     ("mosaic", "bwd"): [
         {},
@@ -99,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-batch-ms", type=float, default=3.0)
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                    help="cpu: interpret mode on tiny shapes (checks the search, not the speed)")
+    p.add_argument("--only", default=None, metavar="FIELD",
+                   help="measure only the candidates that set FIELD (the default is always measured)")
     p.add_argument("--out", type=Path, default=None, help="default: results/attention-tune-<gpu>/")
     p.add_argument("--name", default=None, help="file stem (default <backend>-d<head_dims>)")
     p.add_argument("--render", type=Path, default=None, help="render an existing .jsonl and exit")
@@ -110,6 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad or not passes:
         p.error(f"--passes {args.passes!r}: choose from {', '.join(PASSES)}")
     args.passes = passes
+    if args.only is not None and not any(args.only in c for (b, ps), cs in CANDIDATES.items()
+                                         if b == args.backend and ps in passes for c in cs):
+        p.error(f"--only {args.only!r}: no {args.backend} candidate of these passes sets it")
     if args.shapes == "fa3" and args.seq is None:
         args.seq = "1024,4096,16384"
     shape_args = [*(["--seq", args.seq] if args.seq else []), *(["--head-dim", args.head_dim] if args.head_dim else [])]
@@ -189,7 +198,8 @@ def run(args: argparse.Namespace, out_path: Path) -> list[dict]:
             # The default runs first and again last: the baseline is the faster
             # of its two medians, so drift during the search (clocks, a busy
             # host) cannot make candidates look faster than they are.
-            for n, overrides in enumerate([*CANDIDATES[(args.backend, pass_)], {}]):
+            candidates = [c for c in CANDIDATES[(args.backend, pass_)] if not c or args.only is None or args.only in c]
+            for n, overrides in enumerate([*candidates, {}]):
                 again = n > 0 and not overrides
                 for i, cell in enumerate(args.cells):
                     if not again and _repeats(args.backend, cell["head_dim"], overrides, seen.setdefault(i, [])):

@@ -90,6 +90,10 @@ class MosaicBlockSizes:
         rows per step.
       num_stages_bwd: depth of the backward kernels' rings.
       pingpong: let the forward consumers take turns on the tensor cores.
+      overlap: forward consumers overlap their own matmuls and softmax
+        instead (FA3 §3.2): the scores of the next key block and the
+        previous block's P V are in flight while the softmax runs. Needs
+        pingpong=False.
     """
 
     block_q: int = 64
@@ -101,8 +105,11 @@ class MosaicBlockSizes:
     block_q_dkv: int = 64
     num_stages_bwd: int = 2
     pingpong: bool = True
+    overlap: bool = False
 
     def __post_init__(self) -> None:
+        if self.overlap and self.pingpong:
+            raise ValueError("overlap=True replaces the consumers' turn-taking: also set pingpong=False")
         for field in ("block_q", "block_q_dq", "block_k_dkv"):
             value = getattr(self, field)
             if value not in (64, 128):
@@ -322,7 +329,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, 2 * bq * (row + 4), 2 * bk * row)
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
-    pingpong = blocks.pingpong
+    pingpong, overlap = blocks.pingpong, blocks.overlap
 
     def body(q_ref, k_ref, v_ref, o_ref, lse_ref, q_smem, k_smem, v_smem, lse_smem,
              q_ready, k_ready, v_ready, k_free, v_free, turn):
@@ -352,6 +359,20 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_arrive(turn)
                     plgpu.barrier_wait(turn)
 
+            def keep(j):
+                cols = j * bk + _iota((bq, bk), 1)
+                return cols <= row0 + _iota((bq, bk), 0) if causal else cols < seq_len
+
+            def softmax_update(s, m, l, j, masked: bool):
+                if masked:
+                    s = jnp.where(keep(j), s, -jnp.inf)
+                # m is kept in scaled base-2 units: p = exp2(s * c - m) is one
+                # FMA and one MUFU op per score (FA3 §3.3 / FA2 §3.1.1).
+                m_new = jnp.maximum(m, s.max(axis=1) * qk_scale)
+                alpha = jnp.exp2(m - m_new)
+                p = jnp.exp2(s * qk_scale - _rows(m_new, s.shape))
+                return m_new, alpha, l * alpha + p.sum(axis=1), p
+
             def step(j, carry, *, masked: bool):
                 acc, m, l = carry
                 slot = lax.rem(j, stages)
@@ -364,19 +385,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
 
                 s = pl.run_scoped(scores, plgpu.ACC((bq, bk), jnp.float32))
                 plgpu.barrier_arrive(k_free.at[slot])
-                if masked:
-                    cols = j * bk + _iota((bq, bk), 1)
-                    if causal:
-                        keep = cols <= row0 + _iota((bq, bk), 0)
-                    else:
-                        keep = cols < seq_len
-                    s = jnp.where(keep, s, -jnp.inf)
-                # m is kept in scaled base-2 units: p = exp2(s * c - m) is one
-                # FMA and one MUFU op per score (FA3 §3.3 / FA2 §3.1.1).
-                m_new = jnp.maximum(m, s.max(axis=1) * qk_scale)
-                alpha = jnp.exp2(m - m_new)
-                p = jnp.exp2(s * qk_scale - _rows(m_new, s.shape))
-                l = l * alpha + p.sum(axis=1)
+                m_new, alpha, l, p = softmax_update(s, m, l, j, masked)
                 acc = acc * _rows(alpha, acc.shape)
                 p = p.astype(dtype)
                 plgpu.barrier_wait(v_ready.at[slot])
@@ -385,15 +394,63 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 plgpu.barrier_arrive(v_free.at[slot])
                 return acc, m_new, l
 
-            carry = (
-                _zeros((bq, head_dim), plgpu.Layout.WGMMA),
-                plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
-                _zeros((bq,), plgpu.Layout.WGMMA.reduce(1)),
-            )
-            _when(wg == 1, pass_turn)
-            carry = lax.fori_loop(0, n_free, functools.partial(step, masked=False), carry)
-            acc, m, l = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), carry)
-            _when(wg == 0, pass_turn)
+            def overlapped_step(j, carry, *, masked: bool):
+                # Enters with P of block j-1 (not yet multiplied by V) and
+                # acc rescaled to its running max. Issues S_j = Q K_j^T and
+                # then P_{j-1} V_{j-1}, waits only for S_j, and runs the
+                # softmax of block j while P_{j-1} V_{j-1} is in flight.
+                acc, m, l, p_prev = carry
+                slot, prev = lax.rem(j, stages), lax.rem(j - 1, stages)
+                plgpu.barrier_wait(k_ready.at[slot])
+                plgpu.barrier_wait(v_ready.at[prev])
+
+                def products(s_ref, pv_ref):
+                    plgpu.wgmma(s_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+                    plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
+                    s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_j done, P V may still run
+                    plgpu.barrier_arrive(k_free.at[slot])
+                    m_new, alpha, l_new, p = softmax_update(s, m, l, j, masked)
+                    return m_new, alpha, l_new, p.astype(dtype), pv_ref[...]
+
+                m_new, alpha, l_new, p, pv = pl.run_scoped(
+                    products, plgpu.ACC((bq, bk), jnp.float32), plgpu.ACC((bq, head_dim), jnp.float32))
+                plgpu.barrier_arrive(v_free.at[prev])
+                return (acc + pv) * _rows(alpha, acc.shape), m_new, l_new, p
+
+            acc0 = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
+            if overlap:
+                # Block 0 alone: its scores and softmax start the pipeline
+                # (always masked: a no-op where nothing needs masking).
+                plgpu.barrier_wait(k_ready.at[0])
+
+                def first_scores(ref):
+                    plgpu.wgmma(ref, q_tile, k_smem.at[0].transpose((1, 0)))
+                    return ref[...]
+
+                s = pl.run_scoped(first_scores, plgpu.ACC((bq, bk), jnp.float32))
+                plgpu.barrier_arrive(k_free.at[0])
+                m = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+                l = _zeros((bq,), plgpu.Layout.WGMMA.reduce(1))
+                m, _, l, p = softmax_update(s, m, l, 0, True)
+                carry = (acc0, m, l, p.astype(dtype))
+                masked_from = max(n_free, 1) if isinstance(n_free, int) else jnp.maximum(n_free, 1)
+                carry = lax.fori_loop(1, n_free, functools.partial(overlapped_step, masked=False), carry)
+                acc, m, l, p = lax.fori_loop(masked_from, n_blocks, functools.partial(overlapped_step, masked=True),
+                                             carry)
+                last = lax.rem(n_blocks - 1, stages)
+                plgpu.barrier_wait(v_ready.at[last])
+                acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[last]), acc)
+                plgpu.barrier_arrive(v_free.at[last])
+            else:
+                carry = (
+                    acc0,
+                    plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
+                    _zeros((bq,), plgpu.Layout.WGMMA.reduce(1)),
+                )
+                _when(wg == 1, pass_turn)
+                carry = lax.fori_loop(0, n_free, functools.partial(step, masked=False), carry)
+                acc, m, l = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), carry)
+                _when(wg == 0, pass_turn)
 
             # Every row (padded ones too: their q is zero) saw at least key 0,
             # so l > 0 and both outputs are finite.

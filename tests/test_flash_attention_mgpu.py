@@ -58,6 +58,7 @@ def _zeros(dtype="bfloat16", head_dim=64, seq=16):
         ({"block_k": 100}, "block_k=100 must be 64, 128, 192 or 256"),
         ({"block_q_dkv": 512}, "block_q_dkv=512 must be 64, 128, 192 or 256"),
         ({"num_stages": 0}, "num_stages=0 must be an integer between 1 and 8"),
+        ({"overlap": True}, "also set pingpong=False"),
     ],
 )
 def test_block_sizes_validate(kwargs, match) -> None:
@@ -151,6 +152,10 @@ LOWERING_CASES = [
     ((1, 520, 1, 128), True, "bfloat16",
      MosaicBlockSizes(block_q=128, block_k=64, num_stages=3, block_q_dq=128, block_k_dq=128, block_k_dkv=128,
                       num_stages_bwd=3, pingpong=False)),
+    # The forward with each consumer overlapping its own matmuls and softmax.
+    ((1, 256, 2, 64), True, "bfloat16", MosaicBlockSizes(pingpong=False, overlap=True, num_stages=3)),
+    ((1, 300, 1, 80), False, "float16", MosaicBlockSizes(pingpong=False, overlap=True)),
+    ((1, 17, 1, 128), True, "bfloat16", MosaicBlockSizes(pingpong=False, overlap=True, block_k=64)),
 ]
 
 
@@ -196,14 +201,21 @@ ALT_BLOCKS = MosaicBlockSizes(block_q=128, block_k=64, num_stages=3, block_q_dq=
                               block_k_dkv=128, block_q_dkv=64, num_stages_bwd=3, pingpong=False)
 
 
-def _mosaic_errors(case: Case, blocks: MosaicBlockSizes | None = None) -> dict[str, float]:
-    """errors() of the portable test module, with the Hopper kernels forced."""
+def _overlap_blocks(head_dim: int) -> MosaicBlockSizes:
+    return dataclasses.replace(MosaicBlockSizes.get_default(head_dim), pingpong=False, overlap=True)
+
+
+def _mosaic_errors(case: Case, blocks=None) -> dict[str, float]:
+    """errors() of the portable test module, with the Hopper kernels forced
+    (`blocks`: a MosaicBlockSizes, or a function of head_dim giving one)."""
     case = dataclasses.replace(case, blocks=None)
     original = fa._BACKENDS["mosaic"].default_block_sizes
     q = make_inputs(case)[0]
     assert fa._resolve_backend("mosaic", q) == "mosaic"
 
     def forced(head_dim):
+        if callable(blocks):
+            return blocks(head_dim)
         return blocks or original(head_dim)
 
     fa._BACKENDS["mosaic"] = dataclasses.replace(fa._BACKENDS["mosaic"], default_block_sizes=forced)
@@ -229,6 +241,16 @@ def test_gpu_matches_reference(case: Case) -> None:
 def test_gpu_alt_blocks_match_reference(case: Case) -> None:
     errs = _mosaic_errors(case, ALT_BLOCKS)
     tol = TOLERANCES[(case.dtype, "gpu")]
+    assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_gpu_overlapped_forward_matches_reference(case: Case) -> None:
+    """The forward schedule with intra-consumer overlap, over the whole sweep."""
+    errs = _mosaic_errors(case, _overlap_blocks)
+    tol = TOLERANCES[(case.dtype, "gpu")]
+    assert all(math.isfinite(e) for e in errs.values()), errs
     assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
 
 

@@ -80,6 +80,18 @@ def test_tiny_search_end_to_end(tmp_path, monkeypatch, capsys) -> None:
     assert json.loads((tmp_path / "t.jsonl").read_text().splitlines()[1])["pass"] == "fwd"
 
 
+def test_only_keeps_the_candidates_that_set_the_field(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(tune.CANDIDATES, ("triton", "fwd"), [{}, {"block_k": 32}, {"block_q": 32, "block_k": 16}])
+    argv = ["--backend", "triton", "--passes", "fwd", "--device", "cpu", "--shapes", "grid", "--seq", "40",
+            "--head-dim", "16", "--heads", "1", "--dtype", "fp32", "--causal", "true", "--iters", "1",
+            "--warmup", "0", "--min-batch-ms", "0", "--out", str(tmp_path), "--name", "t", "--only", "block_q"]
+    assert tune.main(argv) == 0
+    rows, _ = tune.read_rows(tmp_path / "t.jsonl")
+    assert [r["candidate"] for r in rows] == ["default", "block_q=32 block_k=16", "default (again)"]
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--backend", "triton", "--passes", "fwd", "--only", "overlap"])
+
+
 def test_candidates_equal_to_the_default_are_skipped() -> None:
     from pallas_kernels import MosaicBlockSizes
 

@@ -44,12 +44,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1, help="forward+backward calls after the first (compiling) one")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                    help="cpu: interpret mode, for checking the program itself")
+    p.add_argument("--blocks", default=None, metavar="FIELD=VALUE,...",
+                   help="change fields of the backend's default block sizes, e.g. pingpong=False,overlap=True "
+                        "(needs --backend triton or mosaic)")
     args = p.parse_args(argv)
+    args.overrides = {}
+    if args.blocks:
+        if args.backend not in ("triton", "mosaic"):
+            p.error("--blocks needs --backend triton or mosaic (the block-size fields differ)")
+        for item in args.blocks.split(","):
+            field, sep, value = item.partition("=")
+            if not sep or not field:
+                p.error(f"--blocks {args.blocks!r}: expected FIELD=VALUE pairs separated by commas")
+            literal = {"true": True, "false": False}.get(value.lower(), value)
+            try:
+                args.overrides[field] = int(literal) if isinstance(literal, str) else literal
+            except ValueError:
+                p.error(f"--blocks: {field}={value!r} is neither an integer nor true/false")
     for name in ("batch", "seq", "heads", "head_dim"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.repeat < 0:
         p.error(f"--repeat must be >= 0, got {args.repeat}")
+    args.block_sizes = None
+    if args.overrides:
+        from harness.tune_attention import block_sizes_for
+
+        try:
+            args.block_sizes = block_sizes_for(args.backend, args.head_dim, args.overrides)
+        except (TypeError, ValueError) as exc:
+            p.error(f"--blocks {args.blocks!r}: {exc}")
     return args
 
 
@@ -65,7 +89,7 @@ def run(args: argparse.Namespace) -> tuple[jax.Array, ...]:
                for i in range(3))
 
     def loss(q, k, v):
-        o = flash_attention(q, k, v, causal=causal, backend=args.backend, interpret=interpret)
+        o = flash_attention(q, k, v, causal=causal, backend=args.backend, block_sizes=args.block_sizes, interpret=interpret)
         return o.astype(jnp.float32).sum()
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))

@@ -9,9 +9,12 @@ from harness import attention_once
 from pallas_kernels import mha_reference
 
 
-def test_gradients_match_reference() -> None:
+@pytest.mark.parametrize("blocks", [[], ["--blocks", "block_q=16,block_k=16"]], ids=["default", "blocks"])
+def test_gradients_match_reference(blocks) -> None:
     args = attention_once.parse_args(["--device", "cpu", "--backend", "triton", "--batch", "1", "--seq", "40",
-                                      "--heads", "2", "--head-dim", "16", "--dtype", "fp32"])
+                                      "--heads", "2", "--head-dim", "16", "--dtype", "fp32", *blocks])
+    if blocks:
+        assert (args.block_sizes.block_q, args.block_sizes.block_k) == (16, 16)
     with jax.default_device(jax.devices("cpu")[0]):
         got = attention_once.run(args)
         q, k, v = (jax.random.normal(jax.random.key(i), (1, 40, 2, 16), jnp.float32) for i in range(3))
@@ -26,6 +29,10 @@ def test_bad_input_is_reported(capsys) -> None:
     assert "head_dim=300" in capsys.readouterr().err
 
 
-def test_rejects_nonpositive_sizes() -> None:
+@pytest.mark.parametrize("argv", [["--seq", "0"], ["--blocks", "block_q=16"], ["--backend", "mosaic", "--blocks", "x"],
+                                  ["--backend", "mosaic", "--blocks", "overlap=true"],
+                                  ["--backend", "triton", "--blocks", "block_q=big"]])
+def test_rejects_bad_arguments(argv, capsys) -> None:
     with pytest.raises(SystemExit):
-        attention_once.parse_args(["--seq", "0"])
+        attention_once.parse_args(argv)
+    assert "error:" in capsys.readouterr().err

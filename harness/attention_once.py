@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> tuple[jax.Array, ...]:
                for i in range(3))
 
     def loss(q, k, v):
-        o = flash_attention(q, k, v, causal=causal, backend=args.backend, block_sizes=args.block_sizes, interpret=interpret)
+        o = flash_attention(q, k, v, causal=causal, backend=args.backend, block_sizes=args.block_sizes,
+                            interpret=interpret)
         return o.astype(jnp.float32).sum()
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))

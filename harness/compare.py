@@ -6,7 +6,7 @@ Each backend runs `harness.run` in its own subprocess (JAX preallocates most of 
 and an out-of-memory in one backend must not poison the other), then `harness.parity`
 compares the two on the same weights and batch. The JAX processes share one persistent
 compilation cache (a temporary one unless --compile-cache names a folder), so the parity
-process reuses the run's GEMM autotuning instead of repeating it. Results go to
+process reuses the run's executables and GEMM autotuning instead of compiling again. Results go to
 results/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
 """
 

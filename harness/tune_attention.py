@@ -56,6 +56,10 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"pingpong": False, "overlap": True, "num_stages": 2},
         {"pingpong": False, "overlap": True, "num_stages": 4},
         {"pingpong": False, "overlap": True, "block_k": 64, "num_stages": 4},
+        {"consumers": 3},
+        {"consumers": 3, "num_stages": 2},
+        {"consumers": 3, "num_stages": 4},
+        {"consumers": 3, "block_k": 64, "num_stages": 4},
     ],
     ("mosaic", "bwd"): [
         {},

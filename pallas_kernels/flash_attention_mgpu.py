@@ -66,30 +66,36 @@ SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # head_dim must be a multiple of 16; above 128 the two consumers' accumulators
 # no longer fit in registers next to the score tile.
 SUPPORTED_HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128)
-# Registers per thread after `setmaxnreg`: 2 * 232 + 40 = 504 = 3 * 168, the
-# whole register file of one CTA of three warpgroups.
-_CONSUMER_REGISTERS = 232
-_PRODUCER_REGISTERS = 40
+# Registers per thread after `setmaxnreg`, (consumer, producer), by the number
+# of consumer warpgroups: the whole register file of one CTA (65536) either
+# way, 2 * 232 + 40 = 3 * 168 and 3 * 160 + 32 = 4 * 128.
+_REGISTERS = {2: (232, 40), 3: (160, 32)}
+_CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MosaicBlockSizes:
     """Tiles of the Hopper kernels.
 
-    Every CTA runs two consumer warpgroups, so a forward / dQ CTA owns
-    2 * block_q query rows and a dK/dV CTA owns 2 * block_k_dkv key rows.
+    A forward CTA runs `consumers` consumer warpgroups and owns
+    consumers * block_q query rows; the backward CTAs run two, so a dQ CTA
+    owns 2 * block_q_dq query rows and a dK/dV CTA 2 * block_k_dkv key rows.
 
     Attributes:
       block_q: query rows per consumer warpgroup in the forward (64: one wgmma
         M tile; 128 doubles the registers per warpgroup).
       block_k: key rows per pipeline step in the forward.
       num_stages: depth of the forward's K/V ring in shared memory.
+      consumers: consumer warpgroups per forward CTA, 2 or 3. Three share each
+        K/V block among 192 query rows (FA3's head_dim 64 tile) but leave
+        each consumer 160 registers instead of 232.
       block_q_dq, block_k_dq: dQ kernel: query rows per consumer, key rows
         per step.
       block_k_dkv, block_q_dkv: dK/dV kernel: key rows per consumer, query
         rows per step.
       num_stages_bwd: depth of the backward kernels' rings.
-      pingpong: let the forward consumers take turns on the tensor cores.
+      pingpong: let the forward consumers take turns on the tensor cores
+        (round robin: each issues its matmuls, then hands the turn on).
       overlap: forward consumers overlap their own matmuls and softmax
         instead (FA3 §3.2): the scores of the next key block and the
         previous block's P V are in flight while the softmax runs. Needs
@@ -106,10 +112,16 @@ class MosaicBlockSizes:
     num_stages_bwd: int = 2
     pingpong: bool = True
     overlap: bool = False
+    consumers: int = 2
 
     def __post_init__(self) -> None:
         if self.overlap and self.pingpong:
             raise ValueError("overlap=True replaces the consumers' turn-taking: also set pingpong=False")
+        if self.consumers not in _REGISTERS:
+            raise ValueError(f"consumers={self.consumers!r} must be one of {tuple(_REGISTERS)}")
+        if self.consumers == 3 and self.block_q != 64:
+            raise ValueError("consumers=3 leaves 160 registers per consumer, too few for a 128-row tile: "
+                             "use block_q=64")
         for field in ("block_q", "block_q_dq", "block_k_dkv"):
             value = getattr(self, field)
             if value not in (64, 128):
@@ -138,7 +150,9 @@ class MosaicBlockSizes:
     @property
     def seq_multiple(self) -> int:
         """Sequences are zero-padded to a multiple of this before the kernels run."""
-        return math.lcm(2 * self.block_q, self.block_k, 2 * self.block_q_dq, self.block_k_dq,
+        # The forward clamps its last tile's consumers to the sequence, so it
+        # needs whole consumer tiles only (see _forward_call).
+        return math.lcm(self.block_q, self.block_k, 2 * self.block_q_dq, self.block_k_dq,
                         2 * self.block_k_dkv, self.block_q_dkv)
 
 
@@ -240,20 +254,20 @@ def _compiler_params():
     return plgpu.CompilerParams(approx_math=True)
 
 
-def _launch(body, out_type, scratch, grid: tuple, name: str):
-    """One program per (head, tile, batch) with three warpgroups: two consumers
-    (`wg` 0 and 1) and the producer (`wg` 2)."""
+def _launch(body, out_type, scratch, grid: tuple, name: str, consumers: int = 2):
+    """One program per (head, tile, batch) with `consumers` consumer
+    warpgroups (`wg` 0 .. consumers - 1) and the producer (`wg` == consumers)."""
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
-                        grid_names=("heads", "tiles", "batch"), num_threads=3, thread_name="wg",
+                        grid_names=("heads", "tiles", "batch"), num_threads=consumers + 1, thread_name="wg",
                         compiler_params=_compiler_params(), kernel_name=name)
 
 
 def _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, *, b, h, block_k: int,
-                 n_blocks, num_stages: int) -> None:
+                 n_blocks, num_stages: int, registers: int = _PRODUCER_REGISTERS) -> None:
     """Producer warpgroup of the kernels that stream key/value blocks (forward, dQ):
-    TMA copies of each block's K and V into the ring, each slot refilled once both
+    TMA copies of each block's K and V into the ring, each slot refilled once all
     consumers have released it."""
-    plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+    plgpu.set_max_registers(registers, action="decrease")
 
     def issue(step, slot, frees):
         rows = pl.ds(step * block_k, block_k)
@@ -320,13 +334,18 @@ def _producer_loop(n_steps, num_stages: int, issue, frees) -> None:
 def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, blocks: MosaicBlockSizes):
     batch, padded_len, heads, head_dim = q.shape
     dtype = q.dtype
-    bq, bk = blocks.block_q, blocks.block_k
-    tile = 2 * bq
-    num_tiles = padded_len // tile
+    bq, bk, n_wg = blocks.block_q, blocks.block_k, blocks.consumers
+    consumer_registers, producer_registers = _REGISTERS[n_wg]
+    tile = n_wg * bq
+    # The last tile may reach past the sequence (192-row tiles over 1024 rows):
+    # its consumers that would start past the end take the last block_q rows
+    # instead, so they compute and store the same values as the consumer that
+    # owns those rows, and every consumer still runs the shared K/V loop.
+    num_tiles = pl.cdiv(padded_len, tile)
     # Key blocks holding at least one real key; fully padded blocks are skipped.
     num_k_blocks = pl.cdiv(seq_len, bk)
     row = head_dim * dtype.itemsize
-    stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, 2 * bq * (row + 4), 2 * bk * row)
+    stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, n_wg * bq * (row + 4), 2 * bk * row)
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
     pingpong, overlap = blocks.pingpong, blocks.overlap
@@ -338,26 +357,31 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
         tile_start, n_blocks, n_free = _query_tile_key_blocks(num_tiles, tile, bk, num_k_blocks, causal,
                                                               unmasked=seq_len // bk)
 
-        @pl.when(wg == 2)
+        @pl.when(wg == n_wg)
         def _producer():
             _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, b=b, h=h, block_k=bk,
-                         n_blocks=n_blocks, num_stages=stages)
+                         n_blocks=n_blocks, num_stages=stages, registers=producer_registers)
 
-        @pl.when(wg < 2)
+        @pl.when(wg < n_wg)
         def _consumer():
-            plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
-            row0 = tile_start + wg * bq
+            plgpu.set_max_registers(consumer_registers, action="increase")
+            row0 = jnp.minimum(tile_start + wg * bq, padded_len - bq)
             q_tile = q_smem.at[wg]
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_tile, q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
 
-            def pass_turn():
-                # Both consumers meet here twice per key block; consumer 1
-                # starts one meeting behind, so at any time one of them is in
-                # its matmuls and the other in its softmax.
+            # Ping-pong (FA3 §3.1) as a round robin: a consumer takes its turn
+            # before it issues P_{j-1} V_{j-1} and S_j and hands it to the next
+            # consumer once they are issued, so while one runs its matmuls the
+            # others run their softmax. One token circulates: turn[i] is
+            # arrived on only by consumer i - 1 (or, to start, by the last).
+            def take_turn():
                 if pingpong:
-                    plgpu.barrier_arrive(turn)
-                    plgpu.barrier_wait(turn)
+                    plgpu.barrier_wait(turn.at[wg])
+
+            def give_turn():
+                if pingpong:
+                    plgpu.barrier_arrive(turn.at[lax.rem(wg + 1, n_wg)])
 
             def keep(j):
                 cols = j * bk + _iota((bq, bk), 1)
@@ -380,7 +404,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
 
                 def scores(ref):
                     plgpu.wgmma(ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                    pass_turn()
+                    give_turn()
                     return ref[...]
 
                 s = pl.run_scoped(scores, plgpu.ACC((bq, bk), jnp.float32))
@@ -389,7 +413,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 acc = acc * _rows(alpha, acc.shape)
                 p = p.astype(dtype)
                 plgpu.barrier_wait(v_ready.at[slot])
-                pass_turn()
+                take_turn()
                 acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[slot]), acc)
                 plgpu.barrier_arrive(v_free.at[slot])
                 return acc, m_new, l
@@ -447,10 +471,12 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
                     _zeros((bq,), plgpu.Layout.WGMMA.reduce(1)),
                 )
-                _when(wg == 1, pass_turn)
+                if pingpong:
+                    _when(wg == n_wg - 1, lambda: plgpu.barrier_arrive(turn.at[0]))
+                take_turn()
                 carry = lax.fori_loop(0, n_free, functools.partial(step, masked=False), carry)
                 acc, m, l = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), carry)
-                _when(wg == 0, pass_turn)
+                give_turn()
 
             # Every row (padded ones too: their q is zero) saw at least key 0,
             # so l > 0 and both outputs are finite.
@@ -464,19 +490,20 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
             plgpu.wait_smem_to_gmem(0)
 
     scratch = (
-        plgpu.SMEM((2, bq, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((n_wg, bq, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((2, bq), jnp.float32),
-        plgpu.Barrier(num_barriers=2),
+        plgpu.SMEM((n_wg, bq), jnp.float32),
+        plgpu.Barrier(num_barriers=n_wg),
         plgpu.Barrier(num_barriers=stages),
         plgpu.Barrier(num_barriers=stages),
-        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-        plgpu.Barrier(num_arrivals=2),
+        plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),
+        plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),
+        plgpu.Barrier(num_barriers=n_wg),
     )
     out_type = (jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct((batch, heads, padded_len), jnp.float32))
-    return _launch(body, out_type, scratch, (heads, num_tiles, batch), "flash_attention_mgpu_fwd")(q, k, v)
+    return _launch(body, out_type, scratch, (heads, num_tiles, batch), "flash_attention_mgpu_fwd",
+                   consumers=n_wg)(q, k, v)
 
 
 # ----------------------------------------------------------------------------

@@ -59,6 +59,8 @@ def _zeros(dtype="bfloat16", head_dim=64, seq=16):
         ({"block_q_dkv": 512}, "block_q_dkv=512 must be 64, 128, 192 or 256"),
         ({"num_stages": 0}, "num_stages=0 must be an integer between 1 and 8"),
         ({"overlap": True}, "also set pingpong=False"),
+        ({"consumers": 4}, r"consumers=4 must be one of \(2, 3\)"),
+        ({"consumers": 3, "block_q": 128}, "use block_q=64"),
     ],
 )
 def test_block_sizes_validate(kwargs, match) -> None:
@@ -69,6 +71,8 @@ def test_block_sizes_validate(kwargs, match) -> None:
 def test_seq_multiple() -> None:
     assert MosaicBlockSizes().seq_multiple == 128
     assert MosaicBlockSizes(block_k=192).seq_multiple == 384
+    # Three 64-row forward consumers clamp their last tile: no 192-row padding.
+    assert MosaicBlockSizes(consumers=3).seq_multiple == 128
     for head_dim in (64, 80, 128):
         assert isinstance(MosaicBlockSizes.get_default(head_dim), MosaicBlockSizes)
 
@@ -156,6 +160,11 @@ LOWERING_CASES = [
     ((1, 256, 2, 64), True, "bfloat16", MosaicBlockSizes(pingpong=False, overlap=True, num_stages=3)),
     ((1, 300, 1, 80), False, "float16", MosaicBlockSizes(pingpong=False, overlap=True)),
     ((1, 17, 1, 128), True, "bfloat16", MosaicBlockSizes(pingpong=False, overlap=True, block_k=64)),
+    # Three forward consumers (192-row tiles, the last one clamped), with
+    # their round-robin turns and with the overlapped schedule.
+    ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, num_stages=3)),
+    ((1, 300, 1, 80), False, "float16", MosaicBlockSizes(consumers=3)),
+    ((1, 256, 1, 64), False, "bfloat16", MosaicBlockSizes(consumers=3, pingpong=False, overlap=True)),
 ]
 
 
@@ -249,6 +258,18 @@ def test_gpu_alt_blocks_match_reference(case: Case) -> None:
 def test_gpu_overlapped_forward_matches_reference(case: Case) -> None:
     """The forward schedule with intra-consumer overlap, over the whole sweep."""
     errs = _mosaic_errors(case, _overlap_blocks)
+    tol = TOLERANCES[(case.dtype, "gpu")]
+    assert all(math.isfinite(e) for e in errs.values()), errs
+    assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_gpu_three_consumer_forward_matches_reference(case: Case) -> None:
+    """Three forward consumers (192 query rows per CTA; at most lengths the
+    last tile's extra consumers are clamped onto the last rows), over the
+    whole sweep."""
+    errs = _mosaic_errors(case, lambda d: dataclasses.replace(MosaicBlockSizes.get_default(d), consumers=3))
     tol = TOLERANCES[(case.dtype, "gpu")]
     assert all(math.isfinite(e) for e in errs.values()), errs
     assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"

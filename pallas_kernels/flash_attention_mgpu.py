@@ -89,6 +89,9 @@ class MosaicBlockSizes:
       consumers: consumer warpgroups per forward CTA, 2 or 3. Three share each
         K/V block among 192 query rows (FA3's head_dim 64 tile) but leave
         each consumer 160 registers instead of 232.
+      persistent: the forward launches one program per SM, each walking
+        tiles (longest first) with the K/V ring running on across tiles and
+        the next tile's q loading while the current one computes.
       block_q_dq, block_k_dq: dQ kernel: query rows per consumer, key rows
         per step.
       block_k_dkv, block_q_dkv: dK/dV kernel: key rows per consumer, query
@@ -113,6 +116,7 @@ class MosaicBlockSizes:
     pingpong: bool = True
     overlap: bool = False
     consumers: int = 2
+    persistent: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.pingpong:
@@ -254,46 +258,47 @@ def _compiler_params():
     return plgpu.CompilerParams(approx_math=True)
 
 
-def _launch(body, out_type, scratch, grid: tuple, name: str, consumers: int = 2):
-    """One program per (head, tile, batch) with `consumers` consumer
-    warpgroups (`wg` 0 .. consumers - 1) and the producer (`wg` == consumers)."""
+def _launch(body, out_type, scratch, grid: tuple, name: str, consumers: int = 2,
+            grid_names: tuple = ("heads", "tiles", "batch")):
+    """One program per grid point (by default one per (head, tile, batch))
+    with `consumers` consumer warpgroups (`wg` 0 .. consumers - 1) and the
+    producer (`wg` == consumers)."""
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
-                        grid_names=("heads", "tiles", "batch"), num_threads=consumers + 1, thread_name="wg",
+                        grid_names=grid_names, num_threads=consumers + 1, thread_name="wg",
                         compiler_params=_compiler_params(), kernel_name=name)
 
 
 def _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, *, b, h, block_k: int,
-                 n_blocks, num_stages: int, registers: int = _PRODUCER_REGISTERS) -> None:
+                 n_blocks, num_stages: int, start=0) -> object:
     """Producer warpgroup of the kernels that stream key/value blocks (forward, dQ):
     TMA copies of each block's K and V into the ring, each slot refilled once all
-    consumers have released it."""
-    plgpu.set_max_registers(registers, action="decrease")
+    consumers have released it. `start`: ring steps issued before (earlier
+    tiles of a persistent program); returns the count after this tile."""
 
-    def issue(step, slot, frees):
+    def issue(step, slot, wait):
         rows = pl.ds(step * block_k, block_k)
-        if frees:
-            plgpu.barrier_wait(frees[0].at[slot])
+        _when(wait, lambda: plgpu.barrier_wait(k_free.at[slot]))
         plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_ready.at[slot])
-        if frees:
-            plgpu.barrier_wait(frees[1].at[slot])
+        _when(wait, lambda: plgpu.barrier_wait(v_free.at[slot]))
         plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_ready.at[slot])
 
-    _producer_loop(n_blocks, num_stages, issue, (k_free, v_free))
+    return _producer_loop(n_blocks, num_stages, issue, start=start)
 
 
-def _query_tile_key_blocks(num_tiles: int, tile: int, block_k: int, num_k_blocks: int, causal: bool, *,
-                           unmasked: int):
-    """For the kernels whose program owns a tile of query rows (forward, dQ): the
-    tile's first row, the key blocks it visits and how many of them need no mask.
+def _longest_first(t, num_tiles: int, causal: bool):
+    """Causal tiles run longest (most keys) first, so short ones fill the last wave."""
+    return num_tiles - 1 - t if causal else t
 
-    Causal tiles run longest (most keys) first so short ones fill the last wave.
-    Both consumers run the same key blocks (the whole tile's range), so their
+
+def _query_tile_key_blocks(t, tile: int, block_k: int, num_k_blocks: int, causal: bool, *, unmasked: int):
+    """For the kernels whose program owns a tile of query rows (forward, dQ):
+    tile `t`'s first row, the key blocks it visits and how many of them need
+    no mask.
+
+    All consumers run the same key blocks (the whole tile's range), so their
     turn-taking stays paired; a block beyond one consumer's diagonal is fully
     masked for it and adds exactly zero. Non-causal: every block, of which
     `unmasked` need no mask."""
-    t = lax.axis_index("tiles")
-    if causal:
-        t = num_tiles - 1 - t
     tile_start = t * tile
     if not causal:
         return tile_start, num_k_blocks, unmasked
@@ -301,24 +306,36 @@ def _query_tile_key_blocks(num_tiles: int, tile: int, block_k: int, num_k_blocks
     return tile_start, n_blocks, lax.div(tile_start, block_k)  # blocks below every row's diagonal
 
 
-def _producer_loop(n_steps, num_stages: int, issue, frees) -> None:
+def _producer_loop(n_steps, num_stages: int, issue, *, start=0):
     """Producer warpgroup: fill the ring, then refill each slot as soon as the
-    consumers release it. `issue(step, slot)` starts the copies of one step;
-    `frees[i]` are the per-slot barriers the consumers arrive on when done with
-    the i-th tensor of a step, which `issue` is told to wait on first."""
-    for step in range(num_stages):
-        _when(step < n_steps, functools.partial(issue, step, step, None))
+    consumers release it. `issue(step, slot, wait)` starts the copies of one
+    step into `slot`, first waiting for the slot's release by the consumers
+    if `wait` (a Python or traced bool) is true. `start` counts the ring steps
+    issued before this loop (earlier tiles of a persistent program); returns
+    the count after it."""
+    if isinstance(start, int) and start == 0:
+        for step in range(num_stages):  # empty ring: nothing to wait for
+            _when(step < n_steps, functools.partial(issue, step, step, False))
 
-    def refill(step, _):
-        slot = lax.rem(step, num_stages)
-        issue(step, slot, frees)
+        def refill(step, _):
+            issue(step, lax.rem(step, num_stages), True)
 
-    if not (isinstance(n_steps, int) and n_steps <= num_stages):
-        lax.fori_loop(num_stages, n_steps, refill, None)
+        if not (isinstance(n_steps, int) and n_steps <= num_stages):
+            lax.fori_loop(num_stages, n_steps, refill, None)
+    else:
+        def step_fn(step, _):
+            g = start + step
+            issue(step, lax.rem(g, num_stages), g >= num_stages)
 
-    # Drain: wait for the release of each slot's last step, so every phase
-    # of the release barriers is observed before the CTA exits (the barrier
-    # state is then consistent, e.g. for a persistent loop around this).
+        lax.fori_loop(0, n_steps, step_fn, None)
+    return start + n_steps
+
+
+def _drain(n_steps, num_stages: int, frees) -> None:
+    """Producer, before exiting: wait for the release of each slot's last
+    step (of `n_steps` issued in all), so every phase of the release barriers
+    `frees` is observed before the CTA exits."""
+
     def drain(step, _):
         slot = lax.rem(step, num_stages)
         for free in frees:
@@ -329,6 +346,14 @@ def _producer_loop(n_steps, num_stages: int, issue, frees) -> None:
 
 # ----------------------------------------------------------------------------
 # Forward.
+
+
+def _num_sms(default: int = 132) -> int:
+    """Streaming multiprocessors of the first device (the persistent grid's
+    size); `default` (an H100 SXM) where the count is unknown (CPU lowering)."""
+    device = jax.devices()[0]
+    count = getattr(device, "core_count", None) if device.platform == "gpu" else None
+    return int(count) if count else default
 
 
 def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, blocks: MosaicBlockSizes):
@@ -345,30 +370,60 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     # Key blocks holding at least one real key; fully padded blocks are skipped.
     num_k_blocks = pl.cdiv(seq_len, bk)
     row = head_dim * dtype.itemsize
-    stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, n_wg * bq * (row + 4), 2 * bk * row)
+    persistent = blocks.persistent
+    # Persistent: one program per SM walks the tiles w = program, program + P,
+    # ... in longest-first order, with two query/output buffers so the next
+    # tile's q loads while this one computes, and one K/V ring across tiles.
+    n_work = num_tiles * batch * heads
+    n_programs = min(n_work, _num_sms()) if persistent else None
+    n_bufs = 2 if persistent else 1
+    stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, n_bufs * n_wg * bq * (row + 4), 2 * bk * row)
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
     pingpong, overlap = blocks.pingpong, blocks.overlap
 
     def body(q_ref, k_ref, v_ref, o_ref, lse_ref, q_smem, k_smem, v_smem, lse_smem,
              q_ready, k_ready, v_ready, k_free, v_free, turn):
-        b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-        # Only a ragged tail key block needs a mask when not causal.
-        tile_start, n_blocks, n_free = _query_tile_key_blocks(num_tiles, tile, bk, num_k_blocks, causal,
-                                                              unmasked=seq_len // bk)
+        wg = lax.axis_index("wg")
+        if persistent:
+            program = lax.axis_index("programs")
+            n_items = lax.div(n_work - program + n_programs - 1, n_programs)
+
+            def coords(i):
+                w = program + i * n_programs
+                bh = lax.rem(w, batch * heads)
+                return lax.div(bh, heads), lax.rem(bh, heads), _longest_first(lax.div(w, batch * heads),
+                                                                              num_tiles, causal)
+        else:
+            n_items = 1
+
+            def coords(i):
+                del i
+                return (lax.axis_index("batch"), lax.axis_index("heads"),
+                        _longest_first(lax.axis_index("tiles"), num_tiles, causal))
+
+        def tile_blocks(t):
+            # Only a ragged tail key block needs a mask when not causal.
+            return _query_tile_key_blocks(t, tile, bk, num_k_blocks, causal, unmasked=seq_len // bk)
+
+        def for_each_tile(fn, init):
+            """fn(i, ring steps so far) -> ring steps after tile i, over this program's tiles."""
+            return lax.fori_loop(0, n_items, fn, init) if persistent else fn(0, init)
 
         @pl.when(wg == n_wg)
         def _producer():
-            _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, b=b, h=h, block_k=bk,
-                         n_blocks=n_blocks, num_stages=stages, registers=producer_registers)
+            plgpu.set_max_registers(producer_registers, action="decrease")
+
+            def produce(i, steps):
+                b, h, t = coords(i)
+                return _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, b=b, h=h,
+                                    block_k=bk, n_blocks=tile_blocks(t)[1], num_stages=stages, start=steps)
+
+            _drain(for_each_tile(produce, 0), stages, (k_free, v_free))
 
         @pl.when(wg < n_wg)
         def _consumer():
             plgpu.set_max_registers(consumer_registers, action="increase")
-            row0 = jnp.minimum(tile_start + wg * bq, padded_len - bq)
-            q_tile = q_smem.at[wg]
-            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_tile, q_ready.at[wg])
-            plgpu.barrier_wait(q_ready.at[wg])
 
             # Ping-pong (FA3 §3.1) as a round robin: a consumer takes its turn
             # before it issues P_{j-1} V_{j-1} and S_j and hands it to the next
@@ -383,118 +438,148 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 if pingpong:
                     plgpu.barrier_arrive(turn.at[lax.rem(wg + 1, n_wg)])
 
-            def keep(j):
-                cols = j * bk + _iota((bq, bk), 1)
-                return cols <= row0 + _iota((bq, bk), 0) if causal else cols < seq_len
+            def my_rows(i):
+                b, h, t = coords(i)
+                tile_start, n_blocks, n_free = tile_blocks(t)
+                return b, h, jnp.minimum(tile_start + wg * bq, padded_len - bq), n_blocks, n_free
 
-            def softmax_update(s, m, l, j, masked: bool):
-                if masked:
-                    s = jnp.where(keep(j), s, -jnp.inf)
-                # m is kept in scaled base-2 units: p = exp2(s * c - m) is one
-                # FMA and one MUFU op per score (FA3 §3.3 / FA2 §3.1.1).
-                m_new = jnp.maximum(m, s.max(axis=1) * qk_scale)
-                alpha = jnp.exp2(m - m_new)
-                p = jnp.exp2(s * qk_scale - _rows(m_new, s.shape))
-                return m_new, alpha, l * alpha + p.sum(axis=1), p
+            def load_q(i, buf):
+                b, h, row0, _, _ = my_rows(i)
+                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_smem.at[buf * n_wg + wg],
+                                        q_ready.at[buf * n_wg + wg])
 
-            def step(j, carry, *, masked: bool):
-                acc, m, l = carry
-                slot = lax.rem(j, stages)
-                plgpu.barrier_wait(k_ready.at[slot])
+            def run_tile(i, steps):
+                b, h, row0, n_blocks, n_free = my_rows(i)
+                buf = lax.rem(i, 2) if persistent else 0
+                if persistent:
+                    @pl.when(i + 1 < n_items)
+                    def _prefetch():
+                        # The other buffer holds the previous tile's output:
+                        # its store must have read it before q overwrites it.
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                        load_q(i + 1, 1 - buf)
 
-                def scores(ref):
-                    plgpu.wgmma(ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                    give_turn()
-                    return ref[...]
+                q_tile, lse_tile = q_smem.at[buf * n_wg + wg], lse_smem.at[buf * n_wg + wg]
+                plgpu.barrier_wait(q_ready.at[buf * n_wg + wg])
 
-                s = pl.run_scoped(scores, plgpu.ACC((bq, bk), jnp.float32))
-                plgpu.barrier_arrive(k_free.at[slot])
-                m_new, alpha, l, p = softmax_update(s, m, l, j, masked)
-                acc = acc * _rows(alpha, acc.shape)
-                p = p.astype(dtype)
-                plgpu.barrier_wait(v_ready.at[slot])
-                take_turn()
-                acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[slot]), acc)
-                plgpu.barrier_arrive(v_free.at[slot])
-                return acc, m_new, l
+                def ring(j):
+                    return lax.rem(steps + j, stages)
 
-            def overlapped_step(j, carry, *, masked: bool):
-                # Enters with P of block j-1 (not yet multiplied by V) and
-                # acc rescaled to its running max. Issues S_j = Q K_j^T and
-                # then P_{j-1} V_{j-1}, waits only for S_j, and runs the
-                # softmax of block j while P_{j-1} V_{j-1} is in flight.
-                acc, m, l, p_prev = carry
-                slot, prev = lax.rem(j, stages), lax.rem(j - 1, stages)
-                plgpu.barrier_wait(k_ready.at[slot])
-                plgpu.barrier_wait(v_ready.at[prev])
+                def keep(j):
+                    cols = j * bk + _iota((bq, bk), 1)
+                    return cols <= row0 + _iota((bq, bk), 0) if causal else cols < seq_len
 
-                def products(s_ref, pv_ref):
-                    plgpu.wgmma(s_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                    plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
-                    s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_j done, P V may still run
+                def softmax_update(s, m, l, j, masked: bool):
+                    if masked:
+                        s = jnp.where(keep(j), s, -jnp.inf)
+                    # m is kept in scaled base-2 units: p = exp2(s * c - m) is one
+                    # FMA and one MUFU op per score (FA3 §3.3 / FA2 §3.1.1).
+                    m_new = jnp.maximum(m, s.max(axis=1) * qk_scale)
+                    alpha = jnp.exp2(m - m_new)
+                    p = jnp.exp2(s * qk_scale - _rows(m_new, s.shape))
+                    return m_new, alpha, l * alpha + p.sum(axis=1), p
+
+                def step(j, carry, *, masked: bool):
+                    acc, m, l = carry
+                    slot = ring(j)
+                    plgpu.barrier_wait(k_ready.at[slot])
+
+                    def scores(ref):
+                        plgpu.wgmma(ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+                        give_turn()
+                        return ref[...]
+
+                    s = pl.run_scoped(scores, plgpu.ACC((bq, bk), jnp.float32))
                     plgpu.barrier_arrive(k_free.at[slot])
-                    m_new, alpha, l_new, p = softmax_update(s, m, l, j, masked)
-                    return m_new, alpha, l_new, p.astype(dtype), pv_ref[...]
+                    m_new, alpha, l, p = softmax_update(s, m, l, j, masked)
+                    acc = acc * _rows(alpha, acc.shape)
+                    p = p.astype(dtype)
+                    plgpu.barrier_wait(v_ready.at[slot])
+                    take_turn()
+                    acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[slot]), acc)
+                    plgpu.barrier_arrive(v_free.at[slot])
+                    return acc, m_new, l
 
-                m_new, alpha, l_new, p, pv = pl.run_scoped(
-                    products, plgpu.ACC((bq, bk), jnp.float32), plgpu.ACC((bq, head_dim), jnp.float32))
-                plgpu.barrier_arrive(v_free.at[prev])
-                return (acc + pv) * _rows(alpha, acc.shape), m_new, l_new, p
+                def overlapped_step(j, carry, *, masked: bool):
+                    # Enters with P of block j-1 (not yet multiplied by V) and
+                    # acc rescaled to its running max. Issues S_j = Q K_j^T and
+                    # then P_{j-1} V_{j-1}, waits only for S_j, and runs the
+                    # softmax of block j while P_{j-1} V_{j-1} is in flight.
+                    acc, m, l, p_prev = carry
+                    slot, prev = ring(j), ring(j - 1)
+                    plgpu.barrier_wait(k_ready.at[slot])
+                    plgpu.barrier_wait(v_ready.at[prev])
 
-            acc0 = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
-            if overlap:
-                # Block 0 alone: its scores and softmax start the pipeline
-                # (always masked: a no-op where nothing needs masking).
-                plgpu.barrier_wait(k_ready.at[0])
+                    def products(s_ref, pv_ref):
+                        plgpu.wgmma(s_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+                        plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
+                        s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_j done, P V may still run
+                        plgpu.barrier_arrive(k_free.at[slot])
+                        m_new, alpha, l_new, p = softmax_update(s, m, l, j, masked)
+                        return m_new, alpha, l_new, p.astype(dtype), pv_ref[...]
 
-                def first_scores(ref):
-                    plgpu.wgmma(ref, q_tile, k_smem.at[0].transpose((1, 0)))
-                    return ref[...]
+                    m_new, alpha, l_new, p, pv = pl.run_scoped(
+                        products, plgpu.ACC((bq, bk), jnp.float32), plgpu.ACC((bq, head_dim), jnp.float32))
+                    plgpu.barrier_arrive(v_free.at[prev])
+                    return (acc + pv) * _rows(alpha, acc.shape), m_new, l_new, p
 
-                s = pl.run_scoped(first_scores, plgpu.ACC((bq, bk), jnp.float32))
-                plgpu.barrier_arrive(k_free.at[0])
-                m = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-                l = _zeros((bq,), plgpu.Layout.WGMMA.reduce(1))
-                m, _, l, p = softmax_update(s, m, l, 0, True)
-                carry = (acc0, m, l, p.astype(dtype))
-                masked_from = max(n_free, 1) if isinstance(n_free, int) else jnp.maximum(n_free, 1)
-                carry = lax.fori_loop(1, n_free, functools.partial(overlapped_step, masked=False), carry)
-                acc, m, l, p = lax.fori_loop(masked_from, n_blocks, functools.partial(overlapped_step, masked=True),
-                                             carry)
-                last = lax.rem(n_blocks - 1, stages)
-                plgpu.barrier_wait(v_ready.at[last])
-                acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[last]), acc)
-                plgpu.barrier_arrive(v_free.at[last])
-            else:
-                carry = (
-                    acc0,
-                    plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
-                    _zeros((bq,), plgpu.Layout.WGMMA.reduce(1)),
-                )
-                if pingpong:
-                    _when(wg == n_wg - 1, lambda: plgpu.barrier_arrive(turn.at[0]))
-                take_turn()
-                carry = lax.fori_loop(0, n_free, functools.partial(step, masked=False), carry)
-                acc, m, l = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), carry)
-                give_turn()
+                acc0 = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
+                m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+                l0 = _zeros((bq,), plgpu.Layout.WGMMA.reduce(1))
+                if overlap:
+                    # Block 0 alone: its scores and softmax start the pipeline
+                    # (always masked: a no-op where nothing needs masking).
+                    first = ring(0)
+                    plgpu.barrier_wait(k_ready.at[first])
 
-            # Every row (padded ones too: their q is zero) saw at least key 0,
-            # so l > 0 and both outputs are finite.
-            o = acc * _rows(1.0 / l, acc.shape)
-            q_tile[...] = o.astype(dtype)
-            lse_smem.at[wg][...] = m * LN_2 + jnp.log(l)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, pl.ds(row0, bq), h], commit_group=False)
-            plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(row0, bq)], commit_group=False)
-            plgpu.commit_smem_to_gmem_group()
-            plgpu.wait_smem_to_gmem(0)
+                    def first_scores(ref):
+                        plgpu.wgmma(ref, q_tile, k_smem.at[first].transpose((1, 0)))
+                        return ref[...]
+
+                    s = pl.run_scoped(first_scores, plgpu.ACC((bq, bk), jnp.float32))
+                    plgpu.barrier_arrive(k_free.at[first])
+                    m, _, l, p = softmax_update(s, m0, l0, 0, True)
+                    carry = (acc0, m, l, p.astype(dtype))
+                    masked_from = max(n_free, 1) if isinstance(n_free, int) else jnp.maximum(n_free, 1)
+                    carry = lax.fori_loop(1, n_free, functools.partial(overlapped_step, masked=False), carry)
+                    acc, m, l, p = lax.fori_loop(masked_from, n_blocks,
+                                                 functools.partial(overlapped_step, masked=True), carry)
+                    last = ring(n_blocks - 1)
+                    plgpu.barrier_wait(v_ready.at[last])
+                    acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[last]), acc)
+                    plgpu.barrier_arrive(v_free.at[last])
+                else:
+                    take_turn()
+                    carry = lax.fori_loop(0, n_free, functools.partial(step, masked=False), (acc0, m0, l0))
+                    acc, m, l = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), carry)
+                    give_turn()
+
+                # Every row (padded ones too: their q is zero) saw at least key 0,
+                # so l > 0 and both outputs are finite. The output goes out
+                # through q's buffer (q is no longer needed).
+                o = acc * _rows(1.0 / l, acc.shape)
+                q_tile[...] = o.astype(dtype)
+                lse_tile[...] = m * LN_2 + jnp.log(l)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, pl.ds(row0, bq), h], commit_group=False)
+                plgpu.copy_smem_to_gmem(lse_tile, lse_ref.at[b, h, pl.ds(row0, bq)], commit_group=False)
+                plgpu.commit_smem_to_gmem_group()
+                return steps + n_blocks
+
+            if pingpong:
+                _when(wg == n_wg - 1, lambda: plgpu.barrier_arrive(turn.at[0]))
+            load_q(0, 0)
+            for_each_tile(run_tile, 0)
+            # The stores must have read shared memory before the CTA exits
+            # (their writes to global memory complete on their own).
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     scratch = (
-        plgpu.SMEM((n_wg, bq, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((n_bufs * n_wg, bq, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((n_wg, bq), jnp.float32),
-        plgpu.Barrier(num_barriers=n_wg),
+        plgpu.SMEM((n_bufs * n_wg, bq), jnp.float32),
+        plgpu.Barrier(num_barriers=n_bufs * n_wg),
         plgpu.Barrier(num_barriers=stages),
         plgpu.Barrier(num_barriers=stages),
         plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),
@@ -502,8 +587,12 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
         plgpu.Barrier(num_barriers=n_wg),
     )
     out_type = (jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct((batch, heads, padded_len), jnp.float32))
-    return _launch(body, out_type, scratch, (heads, num_tiles, batch), "flash_attention_mgpu_fwd",
-                   consumers=n_wg)(q, k, v)
+    if persistent:
+        grid, names = (n_programs,), ("programs",)
+    else:
+        grid, names = (heads, num_tiles, batch), ("heads", "tiles", "batch")
+    return _launch(body, out_type, scratch, grid, "flash_attention_mgpu_fwd", consumers=n_wg,
+                   grid_names=names)(q, k, v)
 
 
 # ----------------------------------------------------------------------------
@@ -527,13 +616,16 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, q_smem, do_smem, lse_smem, delta_smem,
              k_smem, v_smem, row_ready, k_ready, v_ready, k_free, v_free):
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-        tile_start, n_blocks, n_free = _query_tile_key_blocks(num_tiles, tile, bk, num_k_blocks, causal,
+        t = _longest_first(lax.axis_index("tiles"), num_tiles, causal)
+        tile_start, n_blocks, n_free = _query_tile_key_blocks(t, tile, bk, num_k_blocks, causal,
                                                               unmasked=num_k_blocks)
 
         @pl.when(wg == 2)
         def _producer():
-            _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, b=b, h=h, block_k=bk,
-                         n_blocks=n_blocks, num_stages=stages)
+            plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+            n = _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, b=b, h=h,
+                             block_k=bk, n_blocks=n_blocks, num_stages=stages)
+            _drain(n, stages, (k_free, v_free))
 
         @pl.when(wg < 2)
         def _consumer():
@@ -640,19 +732,17 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         def _producer():
             plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
 
-            def issue(step, slot, frees):
+            def issue(step, slot, wait):
                 blk = first + step
                 rows = pl.ds(blk * bq, bq)
-                if frees:
-                    plgpu.barrier_wait(frees[0].at[slot])
+                _when(wait, lambda: plgpu.barrier_wait(q_free.at[slot]))
                 plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[slot], q_ready.at[slot])
                 plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[slot], q_ready.at[slot])
-                if frees:
-                    plgpu.barrier_wait(frees[1].at[slot])
+                _when(wait, lambda: plgpu.barrier_wait(do_free.at[slot]))
                 plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem.at[slot], do_ready.at[slot])
                 plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot])
 
-            _producer_loop(n_steps, stages, issue, (q_free, do_free))
+            _drain(_producer_loop(n_steps, stages, issue), stages, (q_free, do_free))
 
         @pl.when(wg < 2)
         def _consumer():

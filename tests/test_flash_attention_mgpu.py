@@ -165,6 +165,10 @@ LOWERING_CASES = [
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, num_stages=3)),
     ((1, 300, 1, 80), False, "float16", MosaicBlockSizes(consumers=3)),
     ((1, 256, 1, 64), False, "bfloat16", MosaicBlockSizes(consumers=3, pingpong=False, overlap=True)),
+    # The persistent forward (one program per SM walking tiles), each schedule.
+    ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
+    ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),
+    ((1, 520, 1, 80), True, "bfloat16", MosaicBlockSizes(persistent=True, pingpong=False, overlap=True)),
 ]
 
 
@@ -210,10 +214,6 @@ ALT_BLOCKS = MosaicBlockSizes(block_q=128, block_k=64, num_stages=3, block_q_dq=
                               block_k_dkv=128, block_q_dkv=64, num_stages_bwd=3, pingpong=False)
 
 
-def _overlap_blocks(head_dim: int) -> MosaicBlockSizes:
-    return dataclasses.replace(MosaicBlockSizes.get_default(head_dim), pingpong=False, overlap=True)
-
-
 def _mosaic_errors(case: Case, blocks=None) -> dict[str, float]:
     """errors() of the portable test module, with the Hopper kernels forced
     (`blocks`: a MosaicBlockSizes, or a function of head_dim giving one)."""
@@ -253,23 +253,26 @@ def test_gpu_alt_blocks_match_reference(case: Case) -> None:
     assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
 
 
-@needs_hopper
-@pytest.mark.parametrize("case", GPU_CASES, ids=str)
-def test_gpu_overlapped_forward_matches_reference(case: Case) -> None:
-    """The forward schedule with intra-consumer overlap, over the whole sweep."""
-    errs = _mosaic_errors(case, _overlap_blocks)
-    tol = TOLERANCES[(case.dtype, "gpu")]
-    assert all(math.isfinite(e) for e in errs.values()), errs
-    assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
+# Alternative forward schedules, each over the whole sweep: each consumer
+# overlapping its own matmuls and softmax; three consumers (192 query rows per
+# CTA; at most lengths the last tile's extra consumers are clamped onto the
+# last rows); the persistent grid (one program per SM walking tiles, the K/V
+# ring and the turn token running on across tiles), with two and three
+# consumers.
+FORWARD_VARIANTS = {
+    "overlap": dict(pingpong=False, overlap=True),
+    "consumers3": dict(consumers=3),
+    "persistent": dict(persistent=True),
+    "persistent-consumers3": dict(persistent=True, consumers=3),
+}
 
 
 @needs_hopper
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
-def test_gpu_three_consumer_forward_matches_reference(case: Case) -> None:
-    """Three forward consumers (192 query rows per CTA; at most lengths the
-    last tile's extra consumers are clamped onto the last rows), over the
-    whole sweep."""
-    errs = _mosaic_errors(case, lambda d: dataclasses.replace(MosaicBlockSizes.get_default(d), consumers=3))
+@pytest.mark.parametrize("variant", FORWARD_VARIANTS)
+def test_gpu_forward_variants_match_reference(variant: str, case: Case) -> None:
+    changes = FORWARD_VARIANTS[variant]
+    errs = _mosaic_errors(case, lambda d: dataclasses.replace(MosaicBlockSizes.get_default(d), **changes))
     tol = TOLERANCES[(case.dtype, "gpu")]
     assert all(math.isfinite(e) for e in errs.values()), errs
     assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"

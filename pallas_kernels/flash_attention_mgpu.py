@@ -357,6 +357,23 @@ def _num_sms(default: int = 132) -> int:
     return int(count) if count else default
 
 
+def _snake_schedule(n_work: int, n_programs: int, program):
+    """Static schedule of a persistent grid: (number of items of `program`,
+    function from its i-th turn to the item's index).
+
+    Round i hands items [i P, (i + 1) P) to the P programs, every other round
+    in reverse. With items numbered longest first, a program that got a
+    longer item in one round gets a shorter one in the next, which balances
+    the programs' totals better than round robin."""
+
+    def position(i):
+        return jnp.where(lax.rem(i, 2) == 0, program, n_programs - 1 - program)
+
+    full_rounds, rest = divmod(n_work, n_programs)
+    n_items = full_rounds + (position(full_rounds) < rest).astype(jnp.int32)
+    return n_items, lambda i: i * n_programs + position(i)
+
+
 def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, blocks: MosaicBlockSizes):
     batch, padded_len, heads, head_dim = q.shape
     dtype = q.dtype
@@ -387,11 +404,10 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
              q_ready, k_ready, v_ready, k_free, v_free, turn):
         wg = lax.axis_index("wg")
         if persistent:
-            program = lax.axis_index("programs")
-            n_items = lax.div(n_work - program + n_programs - 1, n_programs)
+            n_items, item = _snake_schedule(n_work, n_programs, lax.axis_index("programs"))
 
             def coords(i):
-                w = program + i * n_programs
+                w = item(i)  # work items are numbered longest first
                 bh = lax.rem(w, batch * heads)
                 return lax.div(bh, heads), lax.rem(bh, heads), _longest_first(lax.div(w, batch * heads),
                                                                               num_tiles, causal)

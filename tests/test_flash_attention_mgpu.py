@@ -144,6 +144,33 @@ def test_cpu_dispatch_falls_back() -> None:
     assert out.shape == q.shape
 
 
+@pytest.mark.parametrize(("n_work", "n_programs"), [(352, 132), (3072, 132), (264, 132), (265, 132), (7, 7)])
+def test_snake_schedule_covers_each_item_once(n_work, n_programs) -> None:
+    """The persistent forward's static schedule: every item is run by exactly
+    one program, and the programs' item counts differ by at most one."""
+    runs, counts = [], []
+    for program in range(n_programs):
+        n_items, item = mgpu._snake_schedule(n_work, n_programs, jnp.int32(program))
+        counts.append(int(n_items))
+        runs += [int(item(jnp.int32(i))) for i in range(int(n_items))]
+    assert sorted(runs) == list(range(n_work))
+    assert max(counts) - min(counts) <= 1
+
+
+def test_snake_schedule_balances_decreasing_lengths() -> None:
+    """Items of decreasing length (causal tiles, longest first): the longest
+    program total exceeds the mean by less than round robin's does."""
+    n_work, n_programs = 352, 132
+    length = [22 - w // 16 for w in range(n_work)]  # 22 query tiles x 16 heads
+    totals = []
+    for program in range(n_programs):
+        n_items, item = mgpu._snake_schedule(n_work, n_programs, jnp.int32(program))
+        totals.append(sum(length[int(item(jnp.int32(i)))] for i in range(int(n_items))))
+    round_robin = [sum(length[w] for w in range(p, n_work, n_programs)) for p in range(n_programs)]
+    assert sum(totals) == sum(round_robin) == sum(length)
+    assert max(totals) < max(round_robin)
+
+
 # Shapes that exercise every static branch of the three kernels: ragged and
 # exact lengths, causal and not, head_dim 64/80/128, both dtypes, two block
 # configurations (the second: 128-row warpgroup tiles, 3 stages, 64-key steps).

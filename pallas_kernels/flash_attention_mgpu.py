@@ -6,11 +6,14 @@ nor bulk tensor copies (TMA), so most of the tensor cores sit idle. These
 kernels are written against `jax.experimental.pallas.mosaic_gpu` instead and
 follow the FlashAttention-3 design (Shah et al. 2024, arXiv:2407.08608):
 
-- one CTA = three warpgroups: a producer that only issues TMA copies into a
-  ring of swizzled shared-memory slots, and two consumers that run `wgmma`
-  and the softmax;
-- the two consumers take turns on the tensor cores ("ping-pong", FA3 §3.1):
-  while one runs its matmuls the other runs its exponentials;
+- one CTA = a producer warpgroup that only issues TMA copies into a ring of
+  swizzled shared-memory slots, and two (or, in the forward, three)
+  consumer warpgroups that run `wgmma` and the softmax;
+- the consumers take turns on the tensor cores ("ping-pong", FA3 §3.1, as
+  a round robin): while one runs its matmuls the others run their
+  exponentials;
+- the forward can run persistent: one CTA per SM walks the query tiles,
+  longest first, with its K/V pipeline running on across tiles;
 - scores live in base 2 with the softmax scale and log2(e) folded into one
   multiply-add; causal loops are split into an unmasked and a masked part;
 - the backward is two kernels, dQ (one query tile per CTA, streaming K/V) and

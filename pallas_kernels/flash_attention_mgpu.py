@@ -273,7 +273,7 @@ def _launch(body, out_type, scratch, grid: tuple, name: str, consumers: int = 2,
 
 
 def _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, *, b, h, block_k: int,
-                 n_blocks, num_stages: int, start=0) -> object:
+                 n_blocks, num_stages: int, start=0):
     """Producer warpgroup of the kernels that stream key/value blocks (forward, dQ):
     TMA copies of each block's K and V into the ring, each slot refilled once all
     consumers have released it. `start`: ring steps issued before (earlier

@@ -149,7 +149,7 @@ class MosaicBlockSizes:
         affords a third K/V stage, 128-row streamed tiles in the backward
         (dQ streams 128 keys, dK/dV 128 queries per step) and, on an H100, a
         persistent forward with three consumers (1.06-1.13x the two-consumer
-        grid at every FA3 shape). At 128 the same choices were slower:
+        grid at every FA3 shape tried, seq 1024-16384). At 128 the same choices were slower:
         registers and shared memory are already full there."""
         if head_dim <= 64:
             return cls(block_k=128, num_stages=3, block_k_dq=128, block_q_dkv=128, consumers=3, persistent=True)
@@ -392,9 +392,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     num_k_blocks = pl.cdiv(seq_len, bk)
     row = head_dim * dtype.itemsize
     persistent = blocks.persistent
-    # Persistent: one program per SM walks the tiles w = program, program + P,
-    # ... in longest-first order, with two query/output buffers so the next
-    # tile's q loads while this one computes, and one K/V ring across tiles.
+    # Persistent: one program per SM walks its share of the work items
+    # (_snake_schedule), with two query/output buffers so the next tile's q
+    # loads while this one computes, and one K/V ring across tiles.
     n_work = num_tiles * batch * heads
     n_programs = min(n_work, _num_sms()) if persistent else None
     n_bufs = 2 if persistent else 1

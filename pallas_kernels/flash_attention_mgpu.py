@@ -100,6 +100,11 @@ class MosaicBlockSizes:
       block_k_dkv, block_q_dkv: dK/dV kernel: key rows per consumer, query
         rows per step.
       num_stages_bwd: depth of the backward kernels' rings.
+      fused_bwd: one backward kernel instead of two: the dK/dV kernel also
+        multiplies its dS by its keys and adds that share of dQ to a float32
+        dQ in global memory with TMA reduce-add (FA3's backward), so S and
+        dP are computed once per block pair, not twice (5 matmuls instead
+        of 7). block_q_dq and block_k_dq are then unused.
       pingpong: let the forward consumers take turns on the tensor cores
         (round robin: each issues its matmuls, then hands the turn on).
       overlap: forward consumers overlap their own matmuls and softmax
@@ -120,6 +125,7 @@ class MosaicBlockSizes:
     overlap: bool = False
     consumers: int = 2
     persistent: bool = False
+    fused_bwd: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.pingpong:
@@ -263,13 +269,24 @@ def _compiler_params():
 
 
 def _launch(body, out_type, scratch, grid: tuple, name: str, consumers: int = 2,
-            grid_names: tuple = ("heads", "tiles", "batch")):
+            grid_names: tuple = ("heads", "tiles", "batch"), mutable: bool = False):
     """One program per grid point (by default one per (head, tile, batch))
     with `consumers` consumer warpgroups (`wg` 0 .. consumers - 1) and the
-    producer (`wg` == consumers)."""
-    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
-                        grid_names=grid_names, num_threads=consumers + 1, thread_name="wg",
-                        compiler_params=_compiler_params(), kernel_name=name)
+    producer (`wg` == consumers).
+
+    mutable: some operands are `jax.Ref`s the kernel writes in place. That
+    takes `pl.kernel` itself: `plgpu.kernel` wraps the call in a custom_vmap,
+    which does not pass refs through."""
+    if not mutable:
+        return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
+                            grid_names=grid_names, num_threads=consumers + 1, thread_name="wg",
+                            compiler_params=_compiler_params(), kernel_name=name)
+    mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=consumers + 1, thread_name="wg")
+
+    def with_scratch(*refs):
+        pl.run_scoped(functools.partial(body, *refs), *scratch, collective_axes="wg")
+
+    return pl.kernel(with_scratch, out_type=out_type, mesh=mesh, compiler_params=_compiler_params(), name=name)
 
 
 def _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, *, b, h, block_k: int,
@@ -720,22 +737,33 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
 
 
 def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len: int,
-               blocks: MosaicBlockSizes):
+               blocks: MosaicBlockSizes, dq_acc=None):
+    """dK, dV; with `dq_acc` (a float32 `jax.Ref` shaped like q, zeros) also
+    dQ / sm_scale, added into `dq_acc` (the fused backward)."""
     batch, padded_len, heads, head_dim = q.shape
     dtype = q.dtype
+    fused = dq_acc is not None
     bk, bq = blocks.block_k_dkv, blocks.block_q_dkv
     tile = 2 * bk
     num_tiles = padded_len // tile
     # Padded query rows have dO = 0 and delta = 0, so they add nothing to dK
-    # or dV: no tail mask, and fully padded blocks are skipped.
+    # or dV: no tail mask, and fully padded blocks are skipped. Padded keys
+    # are zero, so their share of dQ (dS K) is zero too.
     num_q_blocks = pl.cdiv(seq_len, bq)
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
     row = head_dim * dtype.itemsize
-    stages = _fit_stages("dK/dV", blocks.num_stages_bwd, num_q_blocks, 4 * bk * row, bq * (2 * row + 8))
+    # Fused: each consumer's dS^T (operand of its dQ product) and its float32
+    # dQ share (source of the reduce-add) also live in shared memory.
+    fixed = 4 * bk * row + (2 * bk * bq * dtype.itemsize + 2 * bq * head_dim * 4 if fused else 0)
+    stages = _fit_stages("fused backward" if fused else "dK/dV", blocks.num_stages_bwd, num_q_blocks, fixed,
+                         bq * (2 * row + 8))
 
-    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, k_smem, v_smem,
-             q_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, q_free, do_free):
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs):
+        if fused:
+            dq_ref, *refs = refs
+        (dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+         kv_ready, q_ready, do_ready, q_free, do_free, *fused_smem) = refs
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         t = lax.axis_index("tiles")
         tile_start = t * tile
@@ -796,19 +824,33 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
                     p_t = jnp.where(keep, p_t, 0.0)
                 ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
+                if fused:
+                    ds_smem, dq_smem = fused_smem
+                    ds_smem.at[wg][...] = ds_t
+                    plgpu.commit_smem()
 
                 def grads(refs):
-                    dv_ref, dk_ref = refs
-                    plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
-                    plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
+                    plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
+                    plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
+                    if fused:  # this block's share of dQ: dS K over the consumer's keys
+                        plgpu.wgmma(refs[2], ds_smem.at[wg].transpose((1, 0)), k_smem.at[wg])
 
-                dv, dk = _accumulate(grads, dv, dk)
+                if fused:
+                    dv, dk, dq = _accumulate(grads, dv, dk, _zeros((bq, head_dim), plgpu.Layout.WGMMA))
+                else:
+                    dv, dk = _accumulate(grads, dv, dk)
                 # lse/delta were read with ordinary loads (generic proxy); the
                 # next TMA into this slot writes through the async proxy, so
                 # fence the two before releasing the slot.
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(q_free.at[slot])
                 plgpu.barrier_arrive(do_free.at[slot])
+                if fused:
+                    # The previous block's reduce-add must have read its source.
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    dq_smem.at[wg][...] = dq
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, pl.ds(i * bq, bq), h], reduction_op="add")
                 return dk, dv
 
             carry = (_zeros((bk, head_dim), plgpu.Layout.WGMMA), _zeros((bk, head_dim), plgpu.Layout.WGMMA))
@@ -839,9 +881,16 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
     )
+    if fused:
+        scratch += (
+            # wgmma needs dS^T and K swizzled alike; bq rows are >= 128 B, so K's fits.
+            plgpu.SMEM((2, bk, bq), dtype, transforms=transforms),
+            plgpu.SMEM((2, bq, head_dim), jnp.float32, transforms=_smem_transforms(head_dim, 4)),
+        )
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
-    return _launch(body, (grad, grad), scratch, (heads, num_tiles, batch), "flash_attention_mgpu_bwd_dkdv")(
-        q, k, v, do, lse, delta)
+    name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
+    launch = _launch(body, (grad, grad), scratch, (heads, num_tiles, batch), name, mutable=fused)
+    return launch(q, k, v, do, lse, delta, *((dq_acc,) if fused else ()))
 
 
 # ----------------------------------------------------------------------------
@@ -899,6 +948,11 @@ def mosaic_backward(q, k, v, o, lse, do, *, causal: bool, sm_scale: float, block
     q, k, v, do = (_pad_seq(x, padded_len, 1) for x in (q, k, v, do))
     lse, delta = (_pad_seq(x, padded_len, 2) for x in (lse, delta))
     kwargs = dict(causal=causal, sm_scale=sm_scale, seq_len=seq_len, blocks=blocks)
-    dq = _dq_call(q, k, v, do, lse, delta, **kwargs)
-    dk, dv = _dkdv_call(q, k, v, do, lse, delta, **kwargs)
+    if blocks.fused_bwd:
+        dq_acc = jax.new_ref(jnp.zeros(q.shape, jnp.float32))
+        dk, dv = _dkdv_call(q, k, v, do, lse, delta, dq_acc=dq_acc, **kwargs)
+        dq = (dq_acc[...] * sm_scale).astype(q.dtype)
+    else:
+        dq = _dq_call(q, k, v, do, lse, delta, **kwargs)
+        dk, dv = _dkdv_call(q, k, v, do, lse, delta, **kwargs)
     return tuple(_unpad_seq(x, seq_len, 1) for x in (dq, dk, dv))

@@ -305,6 +305,26 @@ def test_gpu_forward_variants_match_reference(variant: str, case: Case) -> None:
     assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
 
 
+# The fused backward (one kernel; dQ added up across key tiles with TMA
+# reduce-add), with the default tiles and with 64-query steps (two 64-row
+# wgmma tiles of dQ per consumer instead of one 128-row tile at head_dim 64).
+BACKWARD_VARIANTS = {
+    "fused": dict(fused_bwd=True),
+    "fused-q64": dict(fused_bwd=True, block_q_dkv=64),
+}
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+@pytest.mark.parametrize("variant", BACKWARD_VARIANTS)
+def test_gpu_backward_variants_match_reference(variant: str, case: Case) -> None:
+    changes = BACKWARD_VARIANTS[variant]
+    errs = _mosaic_errors(case, lambda d: dataclasses.replace(MosaicBlockSizes.get_default(d), **changes))
+    tol = TOLERANCES[(case.dtype, "gpu")]
+    assert all(math.isfinite(e) for e in errs.values()), errs
+    assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
+
+
 @needs_hopper
 def test_gpu_repeatable() -> None:
     """Identical inputs give bit-identical outputs and gradients across runs."""

@@ -76,7 +76,6 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"fused_bwd": True},
         {"fused_bwd": True, "block_q_dkv": 64},
         {"fused_bwd": True, "block_q_dkv": 128},
-        {"fused_bwd": True, "block_k_dkv": 128},
         {"fused_bwd": True, "num_stages_bwd": 3},
     ],
     ("triton", "fwd"): [

@@ -802,10 +802,24 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             plgpu.copy_gmem_to_smem(v_ref.at[b, keys, h], v_smem.at[wg], ready)
             plgpu.barrier_wait(ready)
 
+            if fused:
+                ds_smem, dq_smem = fused_smem
+
+            def add_dq(dq, blk):
+                """Adds this consumer's share of dQ for query block `blk` to
+                dq_acc: registers -> shared memory -> TMA reduce-add."""
+                # The previous reduce-add must have read its source.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                dq_smem.at[wg][...] = dq
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, pl.ds(blk * bq, bq), h], reduction_op="add")
+
             # Everything is computed transposed ([keys, queries]) so that dK
-            # and dV come out of wgmma with the keys as rows.
+            # and dV come out of wgmma with the keys as rows. Fused: block
+            # i's dQ share is stored during block i + 1's S and dP products,
+            # so the store and the reduce-add overlap the tensor cores.
             def step(i, carry, *, masked: bool):
-                dk, dv = carry
+                dk, dv, *dq_prev = carry  # fused: the previous block's dQ share
                 slot = lax.rem(i - first, stages)
                 plgpu.barrier_wait(q_ready.at[slot])
                 plgpu.barrier_wait(do_ready.at[slot])
@@ -814,6 +828,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     s_ref, dp_ref = refs
                     plgpu.wgmma(s_ref, k_smem.at[wg], q_smem.at[slot].transpose((1, 0)))
                     plgpu.wgmma(dp_ref, v_smem.at[wg], do_smem.at[slot].transpose((1, 0)))
+                    if fused:
+                        _when(i > first, lambda: add_dq(dq_prev[0], i - 1))
 
                 zeros = _zeros((bk, bq), plgpu.Layout.WGMMA)
                 s_t, dp_t = _accumulate(products, zeros, zeros)
@@ -825,7 +841,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     p_t = jnp.where(keep, p_t, 0.0)
                 ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
                 if fused:
-                    ds_smem, dq_smem = fused_smem
                     ds_smem.at[wg][...] = ds_t
                     plgpu.commit_smem()
 
@@ -835,31 +850,27 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     if fused:  # this block's share of dQ: dS K over the consumer's keys
                         plgpu.wgmma(refs[2], ds_smem.at[wg].transpose((1, 0)), k_smem.at[wg])
 
-                if fused:
-                    dv, dk, dq = _accumulate(grads, dv, dk, _zeros((bq, head_dim), plgpu.Layout.WGMMA))
-                else:
-                    dv, dk = _accumulate(grads, dv, dk)
+                # Fused: this block's dQ share starts from zero (it is added
+                # into dq_acc, not carried).
+                dv, dk, *dq = _accumulate(grads, dv, dk, *([_zeros((bq, head_dim), plgpu.Layout.WGMMA)] if fused else []))
                 # lse/delta were read with ordinary loads (generic proxy); the
                 # next TMA into this slot writes through the async proxy, so
                 # fence the two before releasing the slot.
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(q_free.at[slot])
                 plgpu.barrier_arrive(do_free.at[slot])
-                if fused:
-                    # The previous block's reduce-add must have read its source.
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    dq_smem.at[wg][...] = dq
-                    plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, pl.ds(i * bq, bq), h], reduction_op="add")
-                return dk, dv
+                return dk, dv, *dq
 
-            carry = (_zeros((bk, head_dim), plgpu.Layout.WGMMA), _zeros((bk, head_dim), plgpu.Layout.WGMMA))
+            carry = tuple(_zeros(shape, plgpu.Layout.WGMMA)
+                          for shape in ((bk, head_dim), (bk, head_dim), *([(bq, head_dim)] if fused else [])))
             if causal:
                 carry = lax.fori_loop(first, n_masked_end, functools.partial(step, masked=True), carry)
                 start = n_masked_end
             else:
                 start = 0
-            dk, dv = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
+            dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
+            if fused:  # the last block's share (zeros if the tile saw no block)
+                add_dq(dq[0], num_q_blocks - 1)
             k_smem.at[wg][...] = (dk * sm_scale).astype(dtype)
             v_smem.at[wg][...] = dv.astype(dtype)
             plgpu.commit_smem()

@@ -753,9 +753,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
     row = head_dim * dtype.itemsize
-    # Fused: each consumer's dS^T (operand of its dQ product) and its float32
-    # dQ share (source of the reduce-add) also live in shared memory.
-    fixed = 4 * bk * row + (2 * bk * bq * dtype.itemsize + 2 * bq * head_dim * 4 if fused else 0)
+    # Fused: both consumers' dS^T, double-buffered (operands of the dQ
+    # product), and a float32 dQ tile per consumer (source of the reduce-add)
+    # also live in shared memory.
+    fixed = 4 * bk * row + (4 * bk * bq * dtype.itemsize + 2 * bq * head_dim * 4 if fused else 0)
     stages = _fit_stages("fused backward" if fused else "dK/dV", blocks.num_stages_bwd, num_q_blocks, fixed,
                          bq * (2 * row + 8))
 
@@ -763,7 +764,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         if fused:
             dq_ref, *refs = refs
         (dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
-         kv_ready, q_ready, do_ready, q_free, do_free, *fused_smem) = refs
+         kv_ready, q_ready, do_ready, q_free, do_free, *fused_scratch) = refs
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         t = lax.axis_index("tiles")
         tile_start = t * tile
@@ -803,10 +804,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             plgpu.barrier_wait(ready)
 
             if fused:
-                ds_smem, dq_smem = fused_smem
+                ds_smem, dq_smem, ds_ready, ds_free = fused_scratch
 
             def add_dq(dq, blk):
-                """Adds this consumer's share of dQ for query block `blk` to
+                """Adds dQ of query block `blk` over this CTA's keys to
                 dq_acc: registers -> shared memory -> TMA reduce-add."""
                 # The previous reduce-add must have read its source.
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -815,11 +816,17 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, pl.ds(blk * bq, bq), h], reduction_op="add")
 
             # Everything is computed transposed ([keys, queries]) so that dK
-            # and dV come out of wgmma with the keys as rows. Fused: block
-            # i's dQ share is stored during block i + 1's S and dP products,
-            # so the store and the reduce-add overlap the tensor cores.
+            # and dV come out of wgmma with the keys as rows.
+            #
+            # Fused: both consumers put dS^T of query block i in shared memory
+            # (buffer i % 2); consumer i % 2, the block's owner, multiplies
+            # both by their keys, so each block's dQ over all 2 * bk keys is
+            # one tile and one reduce-add (half the traffic of one per
+            # consumer), and the owners alternate. The owner stores that tile
+            # and issues its reduce-add during block i + 1's S and dP
+            # products, so they overlap the tensor cores.
             def step(i, carry, *, masked: bool):
-                dk, dv, *dq_prev = carry  # fused: the previous block's dQ share
+                dk, dv, *dq_prev = carry  # fused: dQ of the previous block, if this consumer owned it
                 slot = lax.rem(i - first, stages)
                 plgpu.barrier_wait(q_ready.at[slot])
                 plgpu.barrier_wait(do_ready.at[slot])
@@ -829,7 +836,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     plgpu.wgmma(s_ref, k_smem.at[wg], q_smem.at[slot].transpose((1, 0)))
                     plgpu.wgmma(dp_ref, v_smem.at[wg], do_smem.at[slot].transpose((1, 0)))
                     if fused:
-                        _when(i > first, lambda: add_dq(dq_prev[0], i - 1))
+                        _when((i > first) & (lax.rem(i - 1, 2) == wg), lambda: add_dq(dq_prev[0], i - 1))
 
                 zeros = _zeros((bk, bq), plgpu.Layout.WGMMA)
                 s_t, dp_t = _accumulate(products, zeros, zeros)
@@ -841,18 +848,32 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     p_t = jnp.where(keep, p_t, 0.0)
                 ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
                 if fused:
-                    ds_smem.at[wg][...] = ds_t
+                    buf = lax.rem(i, 2)
+                    owner = buf == wg
+                    # The other consumer owned this buffer two blocks ago:
+                    # wait until its dQ product has read it.
+                    _when((~owner) & (i - first >= 2), lambda: plgpu.barrier_wait(ds_free.at[buf]))
+                    ds_smem.at[buf, wg][...] = ds_t
                     plgpu.commit_smem()
+                    plgpu.barrier_arrive(ds_ready.at[buf])
+                    _when(owner, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
 
                 def grads(refs):
                     plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
                     plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
-                    if fused:  # this block's share of dQ: dS K over the consumer's keys
-                        plgpu.wgmma(refs[2], ds_smem.at[wg].transpose((1, 0)), k_smem.at[wg])
+                    if fused:  # the owner: dQ of this block, dS K over both consumers' keys
+                        def dq_product():
+                            for c in range(2):
+                                plgpu.wgmma(refs[2], ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c])
+
+                        _when(owner, dq_product)
 
                 # Fused: this block's dQ share starts from zero (it is added
                 # into dq_acc, not carried).
-                dv, dk, *dq = _accumulate(grads, dv, dk, *([_zeros((bq, head_dim), plgpu.Layout.WGMMA)] if fused else []))
+                dq = [_zeros((bq, head_dim), plgpu.Layout.WGMMA)] if fused else []
+                dv, dk, *dq = _accumulate(grads, dv, dk, *dq)
+                if fused:
+                    _when(owner, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
                 # lse/delta were read with ordinary loads (generic proxy); the
                 # next TMA into this slot writes through the async proxy, so
                 # fence the two before releasing the slot.
@@ -869,8 +890,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             else:
                 start = 0
             dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
-            if fused:  # the last block's share (zeros if the tile saw no block)
-                add_dq(dq[0], num_q_blocks - 1)
+            if fused:  # the last block's dQ (zeros if the tile saw no block)
+                _when(lax.rem(num_q_blocks - 1, 2) == wg, lambda: add_dq(dq[0], num_q_blocks - 1))
             k_smem.at[wg][...] = (dk * sm_scale).astype(dtype)
             v_smem.at[wg][...] = dv.astype(dtype)
             plgpu.commit_smem()
@@ -894,9 +915,12 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     )
     if fused:
         scratch += (
-            # wgmma needs dS^T and K swizzled alike; bq rows are >= 128 B, so K's fits.
-            plgpu.SMEM((2, bk, bq), dtype, transforms=transforms),
+            # [buffer, consumer]; wgmma needs dS^T and K swizzled alike, and
+            # bq rows are >= 128 B, so K's swizzle fits.
+            plgpu.SMEM((2, 2, bk, bq), dtype, transforms=transforms),
             plgpu.SMEM((2, bq, head_dim), jnp.float32, transforms=_smem_transforms(head_dim, 4)),
+            plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_barriers=2),
         )
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"

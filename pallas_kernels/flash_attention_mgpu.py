@@ -890,8 +890,14 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             else:
                 start = 0
             dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
-            if fused:  # the last block's dQ (zeros if the tile saw no block)
-                _when(lax.rem(num_q_blocks - 1, 2) == wg, lambda: add_dq(dq[0], num_q_blocks - 1))
+            if fused:
+                last_owner = lax.rem(num_q_blocks - 1, 2) == wg
+                # The last block's dQ (zeros if the tile saw no block).
+                _when(last_owner, lambda: add_dq(dq[0], num_q_blocks - 1))
+                # dK overwrites this consumer's keys, which the last block's
+                # owner multiplies in its dQ product: wait for that to finish.
+                _when((~last_owner) & (n_steps > 0),
+                      lambda: plgpu.barrier_wait(ds_free.at[lax.rem(num_q_blocks - 1, 2)]))
             k_smem.at[wg][...] = (dk * sm_scale).astype(dtype)
             v_smem.at[wg][...] = dv.astype(dtype)
             plgpu.commit_smem()

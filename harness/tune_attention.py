@@ -73,6 +73,8 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"block_q_dq": 128, "block_k_dkv": 128},
         {"block_q_dq": 128},
         {"block_k_dkv": 128},
+        {"fused_bwd": False},
+        {"fused_bwd": False, "block_q_dkv": 128},
         {"fused_bwd": True},
         {"fused_bwd": True, "block_q_dkv": 64},
         {"fused_bwd": True, "block_q_dkv": 128},

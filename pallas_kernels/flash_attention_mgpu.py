@@ -155,10 +155,14 @@ class MosaicBlockSizes:
         affords a third K/V stage, 128-row streamed tiles in the backward
         (dQ streams 128 keys, dK/dV 128 queries per step) and, on an H100, a
         persistent forward with three consumers (1.06-1.13x the two-consumer
-        grid at every FA3 shape tried, seq 1024-16384). At 128 the same choices were slower:
-        registers and shared memory are already full there."""
+        grid at every FA3 shape tried, seq 1024-16384) and the fused
+        backward with 64-query steps (1.01-1.10x the two kernels at seq 4096
+        and 16384, 0.94-0.97x at 1024). At 128 the same choices were slower:
+        registers and shared memory are already full there. block_k_dq=128
+        keeps the dQ kernel of the two-kernel backward (fused_bwd=False)
+        as tuned; its dK/dV kernel was tuned with block_q_dkv=128."""
         if head_dim <= 64:
-            return cls(block_k=128, num_stages=3, block_k_dq=128, block_q_dkv=128, consumers=3, persistent=True)
+            return cls(block_k=128, num_stages=3, block_k_dq=128, consumers=3, persistent=True, fused_bwd=True)
         return cls(block_k=128, num_stages=2)
 
     @property

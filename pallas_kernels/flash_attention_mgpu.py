@@ -97,14 +97,16 @@ class MosaicBlockSizes:
         the next tile's q loading while the current one computes.
       block_q_dq, block_k_dq: dQ kernel: query rows per consumer, key rows
         per step.
-      block_k_dkv, block_q_dkv: dK/dV kernel: key rows per consumer, query
-        rows per step.
+      block_k_dkv, block_q_dkv: dK/dV kernel and fused backward: key rows
+        per consumer, query rows per step.
       num_stages_bwd: depth of the backward kernels' rings.
       fused_bwd: one backward kernel instead of two: the dK/dV kernel also
         multiplies its dS by its keys and adds that share of dQ to a float32
         dQ in global memory with TMA reduce-add (FA3's backward), so S and
         dP are computed once per block pair, not twice (5 matmuls instead
-        of 7). block_q_dq and block_k_dq are then unused.
+        of 7). block_q_dq and block_k_dq are then unused. dQ then depends on
+        the order of the float32 adds: not bit-reproducible across runs
+        (within one bf16 rounding); fused_bwd=False is.
       pingpong: let the forward consumers take turns on the tensor cores
         (round robin: each issues its matmuls, then hands the turn on).
       overlap: forward consumers overlap their own matmuls and softmax

@@ -317,7 +317,12 @@ FORWARD_VARIANTS = {
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
 @pytest.mark.parametrize("variant", FORWARD_VARIANTS)
 def test_gpu_forward_variants_match_reference(variant: str, case: Case) -> None:
-    changes = FORWARD_VARIANTS[variant]
+    _assert_variant_matches(case, FORWARD_VARIANTS[variant])
+
+
+def _assert_variant_matches(case: Case, changes: dict) -> None:
+    """The sweep case with `changes` applied to its head_dim's default tiles
+    matches the reference to the dtype's tolerance."""
     errs = _mosaic_errors(case, lambda d: dataclasses.replace(MosaicBlockSizes.get_default(d), **changes))
     tol = TOLERANCES[(case.dtype, "gpu")]
     assert all(math.isfinite(e) for e in errs.values()), errs
@@ -339,13 +344,9 @@ BACKWARD_VARIANTS = {
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
 @pytest.mark.parametrize("variant", BACKWARD_VARIANTS)
 def test_gpu_backward_variants_match_reference(variant: str, case: Case) -> None:
-    changes = BACKWARD_VARIANTS[variant]
     if variant == "fused-q128" and case.head_dim > 64:
         pytest.skip("128-query fused steps need more shared memory than head_dim > 64 leaves")
-    errs = _mosaic_errors(case, lambda d: dataclasses.replace(MosaicBlockSizes.get_default(d), **changes))
-    tol = TOLERANCES[(case.dtype, "gpu")]
-    assert all(math.isfinite(e) for e in errs.values()), errs
-    assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
+    _assert_variant_matches(case, BACKWARD_VARIANTS[variant])
 
 
 @needs_hopper

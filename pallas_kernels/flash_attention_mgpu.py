@@ -874,8 +874,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
                         _when(owner, dq_product)
 
-                # Fused: this block's dQ share starts from zero (it is added
-                # into dq_acc, not carried).
+                # Fused: each block's dQ tile starts from zero; the owner
+                # carries it into the next step, which adds it to dq_acc.
                 dq = [_zeros((bq, head_dim), plgpu.Layout.WGMMA)] if fused else []
                 dv, dk, *dq = _accumulate(grads, dv, dk, *dq)
                 if fused:

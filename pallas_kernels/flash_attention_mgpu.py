@@ -107,6 +107,12 @@ class MosaicBlockSizes:
         of 7). block_q_dq and block_k_dq are then unused. dQ then depends on
         the order of the float32 adds: not bit-reproducible across runs
         (within one bf16 rounding); fused_bwd=False is.
+      dq_split: fused backward only: every query block's dQ is split by
+        columns, each consumer computing half of head_dim over both
+        consumers' keys (FA3's head_dim 128 layout: 64 - not 128 - float32
+        dQ columns in a consumer's registers). Without it the block's owner
+        (the consumers alternate) computes all of them. Needs each half to
+        be whole 128-byte swizzle rows of keys: head_dim 128.
       pingpong: let the forward consumers take turns on the tensor cores
         (round robin: each issues its matmuls, then hands the turn on).
       overlap: forward consumers overlap their own matmuls and softmax
@@ -128,10 +134,13 @@ class MosaicBlockSizes:
     consumers: int = 2
     persistent: bool = False
     fused_bwd: bool = False
+    dq_split: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.pingpong:
             raise ValueError("overlap=True replaces the consumers' turn-taking: also set pingpong=False")
+        if self.dq_split and not self.fused_bwd:
+            raise ValueError("dq_split=True splits the fused backward's dQ: also set fused_bwd=True")
         if self.consumers not in _REGISTERS:
             raise ValueError(f"consumers={self.consumers!r} must be one of {tuple(_REGISTERS)}")
         if self.consumers == 3 and self.block_q != 64:
@@ -749,7 +758,13 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     batch, padded_len, heads, head_dim = q.shape
     dtype = q.dtype
     fused = dq_acc is not None
+    split = fused and blocks.dq_split
     bk, bq = blocks.block_k_dkv, blocks.block_q_dkv
+    # dq_split: consumer c computes dQ columns [c * dq_cols, (c + 1) * dq_cols).
+    dq_cols = head_dim // 2 if split else head_dim
+    if split and (dq_cols * dtype.itemsize) % 128:
+        raise ValueError(f"dq_split=True needs head_dim 128 (each consumer's {dq_cols} columns of the keys must be "
+                         f"whole 128-byte swizzle rows), got {head_dim=}: use dq_split=False")
     tile = 2 * bk
     num_tiles = padded_len // tile
     # Padded query rows have dO = 0 and delta = 0, so they add nothing to dK
@@ -762,7 +777,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     # Fused: both consumers' dS^T, double-buffered (operands of the dQ
     # product), and a float32 dQ tile per consumer (source of the reduce-add)
     # also live in shared memory.
-    fixed = 4 * bk * row + (4 * bk * bq * dtype.itemsize + 2 * bq * head_dim * 4 if fused else 0)
+    fixed = 4 * bk * row + (4 * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
     stages = _fit_stages("fused backward" if fused else "dK/dV", blocks.num_stages_bwd, num_q_blocks, fixed,
                          bq * (2 * row + 8))
 
@@ -813,13 +828,17 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 ds_smem, dq_smem, ds_ready, ds_free = fused_scratch
 
             def add_dq(dq, blk):
-                """Adds dQ of query block `blk` over this CTA's keys to
-                dq_acc: registers -> shared memory -> TMA reduce-add."""
+                """Adds dQ of query block `blk` over this CTA's keys (this
+                consumer's columns of it with dq_split) to dq_acc:
+                registers -> shared memory -> TMA reduce-add."""
                 # The previous reduce-add must have read its source.
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 dq_smem.at[wg][...] = dq
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, pl.ds(blk * bq, bq), h], reduction_op="add")
+                dst = dq_ref.at[b, pl.ds(blk * bq, bq), h]
+                if split:
+                    dst = dst.at[:, pl.ds(wg * dq_cols, dq_cols)]
+                plgpu.copy_smem_to_gmem(dq_smem.at[wg], dst, reduction_op="add")
 
             # Everything is computed transposed ([keys, queries]) so that dK
             # and dV come out of wgmma with the keys as rows.
@@ -831,6 +850,11 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             # consumer), and the owners alternate. The owner stores that tile
             # and issues its reduce-add during block i + 1's S and dP
             # products, so they overlap the tensor cores.
+            #
+            # dq_split: both consumers read both dS^T of every block, each
+            # for its half of dQ's columns, and add it as soon as it is
+            # computed: carrying it over the next S and dP would not fit in
+            # registers next to head_dim 128's dK and dV.
             def step(i, carry, *, masked: bool):
                 dk, dv, *dq_prev = carry  # fused: dQ of the previous block, if this consumer owned it
                 slot = lax.rem(i - first, stages)
@@ -841,7 +865,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     s_ref, dp_ref = refs
                     plgpu.wgmma(s_ref, k_smem.at[wg], q_smem.at[slot].transpose((1, 0)))
                     plgpu.wgmma(dp_ref, v_smem.at[wg], do_smem.at[slot].transpose((1, 0)))
-                    if fused:
+                    if fused and not split:
                         _when((i > first) & (lax.rem(i - 1, 2) == wg), lambda: add_dq(dq_prev[0], i - 1))
 
                 zeros = _zeros((bk, bq), plgpu.Layout.WGMMA)
@@ -855,31 +879,41 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
                 if fused:
                     buf = lax.rem(i, 2)
-                    owner = buf == wg
-                    # The other consumer owned this buffer two blocks ago:
-                    # wait until its dQ product has read it.
-                    _when((~owner) & (i - first >= 2), lambda: plgpu.barrier_wait(ds_free.at[buf]))
+                    # Whether this consumer multiplies the block's dS^T tiles:
+                    # the owner, or both with dq_split.
+                    reader = True if split else buf == wg
+                    # The other consumer read this buffer two blocks ago:
+                    # wait until its dQ product is done with it.
+                    reused = i - first >= 2
+                    _when(reused if split else (~reader) & reused, lambda: plgpu.barrier_wait(ds_free.at[buf]))
                     ds_smem.at[buf, wg][...] = ds_t
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(ds_ready.at[buf])
-                    _when(owner, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
+                    _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
 
                 def grads(refs):
                     plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
                     plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
-                    if fused:  # the owner: dQ of this block, dS K over both consumers' keys
-                        def dq_product():
+                    if fused:  # dQ of this block (or its columns): dS K over both consumers' keys
+                        def dq_product(cols=slice(None)):
                             for c in range(2):
-                                plgpu.wgmma(refs[2], ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c])
+                                plgpu.wgmma(refs[2], ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
 
-                        _when(owner, dq_product)
+                        if split:
+                            for half in range(2):
+                                _when(wg == half, functools.partial(dq_product, pl.ds(half * dq_cols, dq_cols)))
+                        else:
+                            _when(reader, dq_product)
 
                 # Fused: each block's dQ tile starts from zero; the owner
-                # carries it into the next step, which adds it to dq_acc.
-                dq = [_zeros((bq, head_dim), plgpu.Layout.WGMMA)] if fused else []
+                # carries it into the next step, which adds it to dq_acc
+                # (with dq_split each consumer adds its columns now).
+                dq = [_zeros((bq, dq_cols), plgpu.Layout.WGMMA)] if fused else []
                 dv, dk, *dq = _accumulate(grads, dv, dk, *dq)
                 if fused:
-                    _when(owner, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
+                    _when(reader, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
+                if split:
+                    add_dq(dq.pop(), i)
                 # lse/delta were read with ordinary loads (generic proxy); the
                 # next TMA into this slot writes through the async proxy, so
                 # fence the two before releasing the slot.
@@ -888,8 +922,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 plgpu.barrier_arrive(do_free.at[slot])
                 return dk, dv, *dq
 
-            carry = tuple(_zeros(shape, plgpu.Layout.WGMMA)
-                          for shape in ((bk, head_dim), (bk, head_dim), *([(bq, head_dim)] if fused else [])))
+            carried_dq = [(bq, head_dim)] if fused and not split else []
+            carry = tuple(_zeros(shape, plgpu.Layout.WGMMA) for shape in ((bk, head_dim), (bk, head_dim), *carried_dq))
             if causal:
                 carry = lax.fori_loop(first, n_masked_end, functools.partial(step, masked=True), carry)
                 start = n_masked_end
@@ -897,13 +931,15 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 start = 0
             dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
             if fused:
+                # The last block's dQ, if carried (zeros if the tile saw no block).
                 last_owner = lax.rem(num_q_blocks - 1, 2) == wg
-                # The last block's dQ (zeros if the tile saw no block).
-                _when(last_owner, lambda: add_dq(dq[0], num_q_blocks - 1))
-                # dK overwrites this consumer's keys, which the last block's
-                # owner multiplies in its dQ product: wait for that to finish.
-                _when((~last_owner) & (n_steps > 0),
-                      lambda: plgpu.barrier_wait(ds_free.at[lax.rem(num_q_blocks - 1, 2)]))
+                if not split:
+                    _when(last_owner, lambda: add_dq(dq[0], num_q_blocks - 1))
+                # dK overwrites this consumer's keys, which the other
+                # consumer (the last block's owner, or either with dq_split)
+                # multiplies in its dQ product: wait for that to finish.
+                readers_left = n_steps > 0 if split else (~last_owner) & (n_steps > 0)
+                _when(readers_left, lambda: plgpu.barrier_wait(ds_free.at[lax.rem(num_q_blocks - 1, 2)]))
             k_smem.at[wg][...] = (dk * sm_scale).astype(dtype)
             v_smem.at[wg][...] = dv.astype(dtype)
             plgpu.commit_smem()
@@ -930,9 +966,9 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             # [buffer, consumer]; wgmma needs dS^T and K swizzled alike, and
             # bq rows are >= 128 B, so K's swizzle fits.
             plgpu.SMEM((2, 2, bk, bq), dtype, transforms=transforms),
-            plgpu.SMEM((2, bq, head_dim), jnp.float32, transforms=_smem_transforms(head_dim, 4)),
+            plgpu.SMEM((2, bq, dq_cols), jnp.float32, transforms=_smem_transforms(dq_cols, 4)),
             plgpu.Barrier(num_arrivals=2, num_barriers=2),
-            plgpu.Barrier(num_barriers=2),
+            plgpu.Barrier(num_arrivals=2 if split else 1, num_barriers=2),
         )
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"

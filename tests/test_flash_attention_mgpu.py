@@ -61,6 +61,7 @@ def _zeros(dtype="bfloat16", head_dim=64, seq=16):
         ({"overlap": True}, "also set pingpong=False"),
         ({"consumers": 4}, r"consumers=4 must be one of \(2, 3\)"),
         ({"consumers": 3, "block_q": 128}, "use block_q=64"),
+        ({"dq_split": True}, "also set fused_bwd=True"),
     ],
 )
 def test_block_sizes_validate(kwargs, match) -> None:
@@ -197,6 +198,9 @@ LOWERING_CASES = [
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True)),
     ((2, 200, 1, 64), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, block_q_dkv=128)),
     ((2, 200, 1, 80), True, "bfloat16", MosaicBlockSizes(fused_bwd=True)),
+    # ... with dQ split by columns between the consumers (head_dim 128).
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
+    ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
     # The persistent forward (one program per SM walking tiles), each schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),
@@ -232,6 +236,18 @@ def test_tiles_beyond_shared_memory_name_the_fix() -> None:
                                     block_sizes=MosaicBlockSizes(fused_bwd=True, block_q_dkv=128)))
     need = r"fused backward: tiles need 328704 bytes of shared memory \(limit 224256\); use smaller blocks"
     with pytest.raises(ValueError, match=need):
+        bwd.trace(x, x, x, x, lse, x)
+
+
+@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+def test_dq_split_needs_head_dim_128() -> None:
+    """Half of head_dim 64 is 32 key columns, less than one 128-byte swizzle
+    row, which wgmma cannot take as an operand: a ValueError naming the fix."""
+    x = jax.ShapeDtypeStruct((1, 256, 1, 64), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((1, 1, 256), jnp.float32)
+    bwd = jax.jit(functools.partial(mgpu.mosaic_backward, causal=False, sm_scale=0.1,
+                                    block_sizes=MosaicBlockSizes(fused_bwd=True, dq_split=True)))
+    with pytest.raises(ValueError, match=r"dq_split=True needs head_dim 128 .*got head_dim=64: use dq_split=False"):
         bwd.trace(x, x, x, x, lse, x)
 
 
@@ -332,11 +348,13 @@ def _assert_variant_matches(case: Case, changes: dict) -> None:
 # Both backward schedules over the whole sweep, whatever the head_dim's
 # default: the fused kernel (dQ added up across key tiles with TMA
 # reduce-add, one owner per query block) and the two kernels; plus the fused
-# kernel with 128-query steps (a 128-row dQ tile, a one-stage ring).
+# kernel with 128-query steps (a 128-row dQ tile, a one-stage ring) and with
+# dQ split by columns between the consumers.
 BACKWARD_VARIANTS = {
-    "fused": dict(fused_bwd=True),
-    "two-kernels": dict(fused_bwd=False),
-    "fused-q128": dict(fused_bwd=True, block_q_dkv=128),
+    "fused": dict(fused_bwd=True, dq_split=False),
+    "two-kernels": dict(fused_bwd=False, dq_split=False),
+    "fused-q128": dict(fused_bwd=True, dq_split=False, block_q_dkv=128),
+    "fused-split": dict(fused_bwd=True, dq_split=True),
 }
 
 
@@ -346,21 +364,27 @@ BACKWARD_VARIANTS = {
 def test_gpu_backward_variants_match_reference(variant: str, case: Case) -> None:
     if variant == "fused-q128" and case.head_dim > 64:
         pytest.skip("128-query fused steps need more shared memory than head_dim > 64 leaves")
+    if variant == "fused-split" and case.head_dim != 128:
+        pytest.skip("dq_split needs head_dim 128")
     _assert_variant_matches(case, BACKWARD_VARIANTS[variant])
 
 
 @needs_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_gpu_repeatable(head_dim: int) -> None:
+@pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(fused_bwd=True, dq_split=True)),
+                                                   (128, dict(fused_bwd=False))], ids=str)
+def test_gpu_repeatable(head_dim: int, changes: dict) -> None:
     """Identical inputs give bit-identical o, dK and dV across runs (a
-    moving result would mean a race). dQ is bit-identical from the two-kernel
-    backward; the fused one adds float32 shares in whatever order the TMA
-    reduce-adds land, so its dQ may differ by a rounding of the bf16 result,
-    and no more."""
+    moving result would mean a race), with the head_dim's default tiles and
+    with each backward schedule at 128. dQ is bit-identical from the
+    two-kernel backward; the fused one adds float32 shares in whatever order
+    the TMA reduce-adds land, so its dQ may differ by a rounding of the bf16
+    result, and no more."""
     case = Case(2, 1000, 4, head_dim, True, "bfloat16", None)
     q, k, v, do = make_inputs(case)
-    f = jax.jit(lambda q, k, v, do: jax.vjp(lambda *x: flash_attention(*x, backend="mosaic"), q, k, v))
-    fused = MosaicBlockSizes.get_default(head_dim).fused_bwd
+    blocks = dataclasses.replace(MosaicBlockSizes.get_default(head_dim), **changes)
+    f = jax.jit(lambda q, k, v, do: jax.vjp(lambda *x: flash_attention(*x, backend="mosaic", block_sizes=blocks),
+                                            q, k, v))
+    fused = blocks.fused_bwd
     first = None
     for _ in range(5):
         o, vjp = f(q, k, v, do)

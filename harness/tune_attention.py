@@ -80,7 +80,6 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"fused_bwd": True, "block_q_dkv": 128},
         {"fused_bwd": True, "num_stages_bwd": 3},
         {"fused_bwd": True, "dq_split": True},
-        {"fused_bwd": True, "dq_split": True, "num_stages_bwd": 1},
     ],
     ("triton", "fwd"): [
         {},

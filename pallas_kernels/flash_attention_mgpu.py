@@ -774,12 +774,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
     row = head_dim * dtype.itemsize
-    # Fused: both consumers' dS^T in a ring of `ds_bufs` buffers (operands
-    # of the dQ product) and a float32 dQ tile per consumer (source of the
-    # reduce-add) also live in shared memory. dq_split reads a block's dS^T
-    # one step later, so it keeps a third buffer.
-    ds_bufs = 3 if split else 2
-    fixed = 4 * bk * row + (2 * ds_bufs * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
+    # Fused: both consumers' dS^T, double-buffered (operands of the dQ
+    # product), and a float32 dQ tile per consumer (source of the reduce-add)
+    # also live in shared memory.
+    fixed = 4 * bk * row + (4 * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
     stages = _fit_stages("fused backward" if fused else "dK/dV", blocks.num_stages_bwd, num_q_blocks, fixed,
                          bq * (2 * row + 8))
 
@@ -854,22 +852,9 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             # products, so they overlap the tensor cores.
             #
             # dq_split: both consumers read both dS^T of every block, each
-            # for its half of dQ's columns, one step later (with block i + 1's
-            # dV and dK products), so neither waits for the other's dS^T of
-            # the current block and the consumers stay free to drift apart
-            # (one in its exponentials while the other has the tensor
-            # cores). The columns are added as soon as computed: carrying
-            # them over the next S and dP would not fit in registers next to
-            # head_dim 128's dK and dV.
-            def dq_product(acc, buf, cols=slice(None)):
-                """acc += dS^T(buf)^T K over both consumers' keys (`cols` of it)."""
-                for c in range(2):
-                    plgpu.wgmma(acc, ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
-
-            def split_dq_product(acc, buf):
-                for half in range(2):
-                    _when(wg == half, functools.partial(dq_product, acc, buf, pl.ds(half * dq_cols, dq_cols)))
-
+            # for its half of dQ's columns, and add it as soon as it is
+            # computed: carrying it over the next S and dP would not fit in
+            # registers next to head_dim 128's dK and dV.
             def step(i, carry, *, masked: bool):
                 dk, dv, *dq_prev = carry  # fused: dQ of the previous block, if this consumer owned it
                 slot = lax.rem(i - first, stages)
@@ -893,48 +878,42 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     p_t = jnp.where(keep, p_t, 0.0)
                 ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
                 if fused:
-                    buf = lax.rem(i, ds_bufs)
-                    # Whether this consumer multiplies the block's dS^T tiles
-                    # now: its owner (without dq_split).
-                    reader = buf == wg
-                    # The other consumer read this buffer ds_bufs blocks ago:
+                    buf = lax.rem(i, 2)
+                    # Whether this consumer multiplies the block's dS^T tiles:
+                    # the owner, or both with dq_split.
+                    reader = True if split else buf == wg
+                    # The other consumer read this buffer two blocks ago:
                     # wait until its dQ product is done with it.
-                    reused = i - first >= ds_bufs
+                    reused = i - first >= 2
                     _when(reused if split else (~reader) & reused, lambda: plgpu.barrier_wait(ds_free.at[buf]))
                     ds_smem.at[buf, wg][...] = ds_t
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(ds_ready.at[buf])
-                    if split:  # the previous block's dS^T, both consumers'
-                        has_prev = i > first
-                        prev = lax.rem(i + ds_bufs - 1, ds_bufs)
-                        _when(has_prev, lambda: plgpu.barrier_wait(ds_ready.at[prev]))
-                    else:
-                        _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
+                    _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
 
                 def grads(refs):
                     plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
                     plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
-                    if split:  # the previous block's dQ columns
-                        _when(has_prev, lambda: split_dq_product(refs[2], prev))
-                    elif fused:  # the owner: this block's dQ
-                        _when(reader, lambda: dq_product(refs[2], buf))
+                    if fused:  # dQ of this block (or its columns): dS K over both consumers' keys
+                        def dq_product(cols=slice(None)):
+                            for c in range(2):
+                                plgpu.wgmma(refs[2], ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
+
+                        if split:
+                            for half in range(2):
+                                _when(wg == half, functools.partial(dq_product, pl.ds(half * dq_cols, dq_cols)))
+                        else:
+                            _when(reader, dq_product)
 
                 # Fused: each block's dQ tile starts from zero; the owner
                 # carries it into the next step, which adds it to dq_acc
-                # (with dq_split each consumer adds the previous block's
-                # columns now).
+                # (with dq_split each consumer adds its columns now).
                 dq = [_zeros((bq, dq_cols), plgpu.Layout.WGMMA)] if fused else []
                 dv, dk, *dq = _accumulate(grads, dv, dk, *dq)
-                if split:
-                    dq_cols_prev = dq.pop()
-
-                    def release_prev():
-                        plgpu.barrier_arrive(ds_free.at[prev])
-                        add_dq(dq_cols_prev, i - 1)
-
-                    _when(has_prev, release_prev)
-                elif fused:
+                if fused:
                     _when(reader, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
+                if split:
+                    add_dq(dq.pop(), i)
                 # lse/delta were read with ordinary loads (generic proxy); the
                 # next TMA into this slot writes through the async proxy, so
                 # fence the two before releasing the slot.
@@ -951,27 +930,16 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             else:
                 start = 0
             dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
-            last_buf = lax.rem(num_q_blocks - 1, ds_bufs)
-            if split:
-                def last_dq():
-                    """The last block's dQ columns, which no next step reads."""
-                    plgpu.barrier_wait(ds_ready.at[last_buf])
-                    dq_last = _accumulate(lambda refs: split_dq_product(refs[0], last_buf),
-                                          _zeros((bq, dq_cols), plgpu.Layout.WGMMA))
-                    plgpu.barrier_arrive(ds_free.at[last_buf])
-                    add_dq(dq_last, num_q_blocks - 1)
-
-                _when(n_steps > 0, last_dq)
-            elif fused:
-                # The last block's dQ (zeros if the tile saw no block).
-                last_owner = lax.rem(num_q_blocks - 1, 2) == wg
-                _when(last_owner, lambda: add_dq(dq[0], num_q_blocks - 1))
             if fused:
+                # The last block's dQ, if carried (zeros if the tile saw no block).
+                last_owner = lax.rem(num_q_blocks - 1, 2) == wg
+                if not split:
+                    _when(last_owner, lambda: add_dq(dq[0], num_q_blocks - 1))
                 # dK overwrites this consumer's keys, which the other
                 # consumer (the last block's owner, or either with dq_split)
                 # multiplies in its dQ product: wait for that to finish.
                 readers_left = n_steps > 0 if split else (~last_owner) & (n_steps > 0)
-                _when(readers_left, lambda: plgpu.barrier_wait(ds_free.at[last_buf]))
+                _when(readers_left, lambda: plgpu.barrier_wait(ds_free.at[lax.rem(num_q_blocks - 1, 2)]))
             k_smem.at[wg][...] = (dk * sm_scale).astype(dtype)
             v_smem.at[wg][...] = dv.astype(dtype)
             plgpu.commit_smem()
@@ -997,10 +965,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         scratch += (
             # [buffer, consumer]; wgmma needs dS^T and K swizzled alike, and
             # bq rows are >= 128 B, so K's swizzle fits.
-            plgpu.SMEM((ds_bufs, 2, bk, bq), dtype, transforms=transforms),
+            plgpu.SMEM((2, 2, bk, bq), dtype, transforms=transforms),
             plgpu.SMEM((2, bq, dq_cols), jnp.float32, transforms=_smem_transforms(dq_cols, 4)),
-            plgpu.Barrier(num_arrivals=2, num_barriers=ds_bufs),
-            plgpu.Barrier(num_arrivals=2 if split else 1, num_barriers=ds_bufs),
+            plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_arrivals=2 if split else 1, num_barriers=2),
         )
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"

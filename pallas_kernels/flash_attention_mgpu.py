@@ -416,10 +416,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     consumer_registers, producer_registers = _REGISTERS[n_wg]
     tile = n_wg * bq
     # The last tile may reach past the sequence (192-row tiles over 1024 rows):
-    # its consumers that would start past the end have no rows. They still
-    # walk the K/V ring and pass the turn on, so the barriers stay paired,
-    # but compute and store nothing (with overlap=True they take the last
-    # block_q rows instead and compute and store those rows again).
+    # its consumers that would start past the end take the last block_q rows
+    # instead, so they compute and store the same values as the consumer that
+    # owns those rows, and every consumer still runs the shared K/V loop.
     num_tiles = pl.cdiv(padded_len, tile)
     # Key blocks holding at least one real key; fully padded blocks are skipped.
     num_k_blocks = pl.cdiv(seq_len, bk)
@@ -494,16 +493,15 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
             def my_rows(i):
                 b, h, t = coords(i)
                 tile_start, n_blocks, n_free = tile_blocks(t)
-                start = tile_start + wg * bq
-                return b, h, jnp.minimum(start, padded_len - bq), n_blocks, n_free, start < padded_len
+                return b, h, jnp.minimum(tile_start + wg * bq, padded_len - bq), n_blocks, n_free
 
             def load_q(i, buf):
-                b, h, row0, *_ = my_rows(i)
+                b, h, row0, _, _ = my_rows(i)
                 plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_smem.at[buf * n_wg + wg],
                                         q_ready.at[buf * n_wg + wg])
 
             def run_tile(i, steps):
-                b, h, row0, n_blocks, n_free, has_rows = my_rows(i)
+                b, h, row0, n_blocks, n_free = my_rows(i)
                 buf = lax.rem(i, 2) if persistent else 0
                 if persistent:
                     @pl.when(i + 1 < n_items)
@@ -554,17 +552,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_arrive(v_free.at[slot])
                     return acc, m_new, l
 
-                def idle_step(j, carry):
-                    """step() for a consumer without rows: its barrier traffic only."""
-                    slot = ring(j)
-                    plgpu.barrier_wait(k_ready.at[slot])
-                    give_turn()
-                    plgpu.barrier_arrive(k_free.at[slot])
-                    plgpu.barrier_wait(v_ready.at[slot])
-                    take_turn()
-                    plgpu.barrier_arrive(v_free.at[slot])
-                    return carry
-
                 def overlapped_step(j, carry, *, masked: bool):
                     # Enters with P of block j-1 (not yet multiplied by V) and
                     # acc rescaled to its running max. Issues S_j = Q K_j^T and
@@ -613,30 +600,22 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_wait(v_ready.at[last])
                     acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[last]), acc)
                     plgpu.barrier_arrive(v_free.at[last])
-                    has_rows = True  # overlap: the consumer was clamped onto the last rows
                 else:
-                    # A consumer without rows runs idle_step over the same blocks.
-                    n_active = jnp.where(has_rows, n_blocks, 0)
-                    n_free = jnp.minimum(n_free, n_active)
                     take_turn()
                     carry = lax.fori_loop(0, n_free, functools.partial(step, masked=False), (acc0, m0, l0))
-                    acc, m, l = lax.fori_loop(n_free, n_active, functools.partial(step, masked=True), carry)
-                    lax.fori_loop(n_active, n_blocks, idle_step, None)
+                    acc, m, l = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), carry)
                     give_turn()
 
-                def store():
-                    # Every row (padded ones too: their q is zero) saw at least
-                    # key 0, so l > 0 and both outputs are finite. The output
-                    # goes out through q's buffer (q is no longer needed).
-                    o = acc * _rows(1.0 / l, acc.shape)
-                    q_tile[...] = o.astype(dtype)
-                    lse_tile[...] = m * LN_2 + jnp.log(l)
-                    plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, pl.ds(row0, bq), h], commit_group=False)
-                    plgpu.copy_smem_to_gmem(lse_tile, lse_ref.at[b, h, pl.ds(row0, bq)], commit_group=False)
-                    plgpu.commit_smem_to_gmem_group()
-
-                _when(has_rows, store)
+                # Every row (padded ones too: their q is zero) saw at least key 0,
+                # so l > 0 and both outputs are finite. The output goes out
+                # through q's buffer (q is no longer needed).
+                o = acc * _rows(1.0 / l, acc.shape)
+                q_tile[...] = o.astype(dtype)
+                lse_tile[...] = m * LN_2 + jnp.log(l)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, pl.ds(row0, bq), h], commit_group=False)
+                plgpu.copy_smem_to_gmem(lse_tile, lse_ref.at[b, h, pl.ds(row0, bq)], commit_group=False)
+                plgpu.commit_smem_to_gmem_group()
                 return steps + n_blocks
 
             if pingpong:

@@ -169,7 +169,9 @@ class MosaicBlockSizes:
         grid at every FA3 shape tried, seq 1024-16384) and the fused
         backward with 64-query steps (1.01-1.10x the two kernels at seq 4096
         and 16384, 0.94-0.97x at 1024). At 128 the same choices were slower:
-        registers and shared memory are already full there. block_k_dq=128
+        registers and shared memory are already full there, and the fused
+        backward, even with dQ split by columns (dq_split), measured
+        0.71-0.97x the two kernels. block_k_dq=128
         keeps the dQ kernel of the two-kernel backward (fused_bwd=False)
         as tuned; its dK/dV kernel was tuned with block_q_dkv=128."""
         if head_dim <= 64:

@@ -146,12 +146,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def block_sizes_for(backend: str, head_dim: int, overrides: dict) -> object:
-    """The backend's default block sizes for head_dim with `overrides` applied
-    (a ValueError from the block-size checks passes through)."""
+def block_sizes_for(backend: str, head_dim: int, overrides: dict, seq_len: int | None = None) -> object:
+    """The backend's default block sizes for head_dim and seq_len with
+    `overrides` applied (a ValueError from the block-size checks passes
+    through)."""
     from pallas_kernels.flash_attention import _BACKENDS
 
-    return dataclasses.replace(_BACKENDS[backend].default_block_sizes(head_dim), **overrides)
+    return dataclasses.replace(_BACKENDS[backend].default_block_sizes(head_dim, seq_len), **overrides)
 
 
 def _label(overrides: dict) -> str:
@@ -175,7 +176,7 @@ def measure(backend: str, pass_: str, overrides: dict, cell: dict, reference, ar
            "status": "ok"}
     outputs = None
     try:
-        blocks = block_sizes_for(backend, cell["head_dim"], overrides)
+        blocks = block_sizes_for(backend, cell["head_dim"], overrides, cell["seq"])
         row["block_sizes"] = dataclasses.asdict(blocks)
         thunks, sync, timer = bench._build_jax(IMPL[backend], cell, args.device, block_sizes=blocks)
         outputs = _as_tuple(sync(thunks[pass_]()))
@@ -216,7 +217,7 @@ def run(args: argparse.Namespace, out_path: Path) -> list[dict]:
             for n, overrides in enumerate([*candidates, {}]):
                 again = n > 0 and not overrides
                 for i, cell in enumerate(args.cells):
-                    if not again and _repeats(args.backend, cell["head_dim"], overrides, seen.setdefault(i, [])):
+                    if not again and _repeats(args.backend, cell, overrides, seen.setdefault(i, [])):
                         continue
                     start = time.perf_counter()
                     row, outputs = measure(args.backend, pass_, overrides, cell, references.get(i), args)
@@ -232,11 +233,11 @@ def run(args: argparse.Namespace, out_path: Path) -> list[dict]:
     return rows
 
 
-def _repeats(backend: str, head_dim: int, overrides: dict, seen: list) -> bool:
+def _repeats(backend: str, cell: dict, overrides: dict, seen: list) -> bool:
     """True if these overrides give block sizes already measured on this cell
-    (e.g. a candidate that sets a head_dim's default value)."""
+    (e.g. a candidate that sets the cell's default value)."""
     try:
-        blocks = block_sizes_for(backend, head_dim, overrides)
+        blocks = block_sizes_for(backend, cell["head_dim"], overrides, cell["seq"])
     except ValueError:
         return False
     if blocks in seen:

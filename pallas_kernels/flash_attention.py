@@ -89,9 +89,11 @@ class BlockSizes:
                 raise ValueError(f"{field}={value!r} must be a positive integer")
 
     @classmethod
-    def get_default(cls, head_dim: int) -> BlockSizes:
+    def get_default(cls, head_dim: int, seq_len: int | None = None) -> BlockSizes:
         """Defaults for the Triton kernels, tuned on an H200 in bfloat16 (see
-        NOTES.md); `fitted` shrinks them where shared memory is short."""
+        NOTES.md); `fitted` shrinks them where shared memory is short (and
+        adapts them to seq_len, so it is not needed here)."""
+        del seq_len
         if _padded_head_dim(head_dim) <= 64:
             return cls()
         return cls(num_stages_fwd=3, block_k_dkv=128, block_q_dq=128, num_warps_bwd=8)
@@ -480,7 +482,7 @@ def _triton_backward(q: jax.Array, k: jax.Array, v: jax.Array, o: jax.Array, lse
 class _Backend:
     forward: Callable[..., tuple[jax.Array, jax.Array]]
     backward: Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
-    default_block_sizes: Callable[[int], object]
+    default_block_sizes: Callable[[int, int | None], object]  # (head_dim, seq_len)
     block_sizes_type: type
     # Why this family cannot run the inputs here (None if it can).
     unsupported_reason: Callable[..., str | None]
@@ -558,7 +560,7 @@ def _prepare(q, k, v, sm_scale, block_sizes, backend, interpret):
     name = _resolve_backend(backend, q, block_sizes, interpret)
     expected = _BACKENDS[name].block_sizes_type
     if block_sizes is None:
-        block_sizes = _BACKENDS[name].default_block_sizes(q.shape[-1])
+        block_sizes = _BACKENDS[name].default_block_sizes(q.shape[-1], q.shape[1])
     elif not isinstance(block_sizes, expected):
         raise ValueError(f"block_sizes={block_sizes!r} must be a {expected.__name__} or None for backend {name!r}")
     return name, scale, block_sizes

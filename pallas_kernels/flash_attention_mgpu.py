@@ -74,6 +74,11 @@ SUPPORTED_HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128)
 # way, 2 * 232 + 40 = 3 * 168 and 3 * 160 + 32 = 4 * 128.
 _REGISTERS = {2: (232, 40), 3: (160, 32)}
 _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
+# The head_dim <= 64 default backward is fused above this sequence length:
+# up to it, the two kernels were as fast or faster on an H100 (seq 1024 and
+# 2048), where the fused kernel's float32 dQ buffer (zero-filled, then scaled
+# and cast by XLA) and its reduce-adds weigh more against less compute.
+FUSED_BWD_MIN_SEQ = 2048
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -160,22 +165,26 @@ class MosaicBlockSizes:
                 raise ValueError(f"{field}={value!r} must be an integer between 1 and 8")
 
     @classmethod
-    def get_default(cls, head_dim: int) -> MosaicBlockSizes:
-        """Defaults per head_dim, from `harness.tune_attention` (NOTES.md):
-        64-row consumer tiles and 128-key forward steps. head_dim <= 64
-        affords a third K/V stage, 128-row streamed tiles in the backward
-        (dQ streams 128 keys, dK/dV 128 queries per step) and, on an H100, a
-        persistent forward with three consumers (1.06-1.13x the two-consumer
-        grid at every FA3 shape tried, seq 1024-16384) and the fused
-        backward with 64-query steps (1.01-1.10x the two kernels at seq 4096
-        and 16384, 0.94-0.97x at 1024). At 128 the same choices were slower:
+    def get_default(cls, head_dim: int, seq_len: int | None = None) -> MosaicBlockSizes:
+        """Defaults per head_dim and sequence length (None: a long one), from
+        `harness.tune_attention` (NOTES.md): 64-row consumer tiles and
+        128-key forward steps. head_dim <= 64 affords a third K/V stage,
+        128-row streamed tiles in the backward (dQ streams 128 keys, dK/dV
+        128 queries per step) and, on an H100, a persistent forward with
+        three consumers (1.06-1.13x the two-consumer grid at every FA3 shape
+        tried, seq 1024-16384). Its backward is the fused kernel with
+        64-query steps above FUSED_BWD_MIN_SEQ (1.01-1.10x the two kernels
+        at seq 4096 and 16384) and the two kernels up to it (1.00-1.10x the
+        fused one at seq 1024 and 2048). At 128 the same choices were slower:
         registers and shared memory are already full there, and the fused
         backward, even with dQ split by columns (dq_split), measured
         0.71-0.97x the two kernels. block_k_dq=128
         keeps the dQ kernel of the two-kernel backward (fused_bwd=False)
         as tuned; its dK/dV kernel was tuned with block_q_dkv=128."""
         if head_dim <= 64:
-            return cls(block_k=128, num_stages=3, block_k_dq=128, consumers=3, persistent=True, fused_bwd=True)
+            fused = seq_len is None or seq_len > FUSED_BWD_MIN_SEQ
+            return cls(block_k=128, num_stages=3, block_k_dq=128, block_q_dkv=64 if fused else 128, consumers=3,
+                       persistent=True, fused_bwd=fused)
         return cls(block_k=128, num_stages=2)
 
     @property

@@ -78,6 +78,25 @@ def test_seq_multiple() -> None:
         assert isinstance(MosaicBlockSizes.get_default(head_dim), MosaicBlockSizes)
 
 
+def test_default_backward_depends_on_length() -> None:
+    """head_dim <= 64: the two kernels (128-query dK/dV steps) up to
+    FUSED_BWD_MIN_SEQ, the fused kernel (64-query steps) above it and when
+    the length is not known; head_dim 128: the two kernels at every length."""
+    limit = mgpu.FUSED_BWD_MIN_SEQ
+    for seq in (1, 1024, limit):
+        short = MosaicBlockSizes.get_default(64, seq)
+        assert (short.fused_bwd, short.block_q_dkv) == (False, 128)
+    for seq in (limit + 1, 16384, None):
+        long_ = MosaicBlockSizes.get_default(64, seq)
+        assert (long_.fused_bwd, long_.block_q_dkv) == (True, 64)
+    # Only the backward differs: the forward runs the same tiles.
+    assert dataclasses.replace(MosaicBlockSizes.get_default(64, 1024), fused_bwd=True,
+                               block_q_dkv=64) == MosaicBlockSizes.get_default(64)
+    assert {MosaicBlockSizes.get_default(128, seq) for seq in (1024, 4096, None)} == {
+        MosaicBlockSizes.get_default(128)}
+    assert not MosaicBlockSizes.get_default(128).fused_bwd
+
+
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
 @pytest.mark.parametrize(
     ("dtype", "head_dim", "device", "interpret", "reason"),
@@ -120,6 +139,10 @@ def test_auto_picks_mosaic_on_hopper(monkeypatch) -> None:
     assert fa._resolve_backend("auto", _zeros("bfloat16"), interpret=True) == "triton"
     assert fa._resolve_backend("auto", _zeros("bfloat16"), fa.BlockSizes()) == "triton"
     assert fa._resolve_backend("triton", _zeros("bfloat16")) == "triton"
+    # The default tiles follow the inputs' length.
+    for seq, fused in ((1024, False), (4096, True)):
+        x = _zeros("bfloat16", seq=seq)
+        assert fa._prepare(x, x, x, None, None, None, False)[2].fused_bwd is fused
     # Forcing the Hopper kernels with inputs they cannot run names the reason.
     with pytest.raises(ValueError, match="backend='mosaic' cannot run these inputs: dtype=float32"):
         fa._resolve_backend("mosaic", _zeros("float32"))
@@ -284,10 +307,10 @@ def _mosaic_errors(case: Case, blocks=None) -> dict[str, float]:
     q = make_inputs(case)[0]
     assert fa._resolve_backend("mosaic", q) == "mosaic"
 
-    def forced(head_dim):
+    def forced(head_dim, seq_len=None):
         if callable(blocks):
             return blocks(head_dim)
-        return blocks or original(head_dim)
+        return blocks or original(head_dim, seq_len)
 
     fa._BACKENDS["mosaic"] = dataclasses.replace(fa._BACKENDS["mosaic"], default_block_sizes=forced)
     try:

@@ -96,8 +96,18 @@ def test_candidates_equal_to_the_default_are_skipped() -> None:
     from pallas_kernels import MosaicBlockSizes
 
     seen: list = []
+    cell = {"head_dim": 128, "seq": 4096}
     default = MosaicBlockSizes.get_default(128)
-    assert not tune._repeats("mosaic", 128, {}, seen)
-    assert tune._repeats("mosaic", 128, {"num_stages": default.num_stages}, seen)
-    assert not tune._repeats("mosaic", 128, {"num_stages": default.num_stages + 1}, seen)
-    assert not tune._repeats("mosaic", 128, {"block_q": 48}, seen)  # invalid: measured, recorded as failed
+    assert not tune._repeats("mosaic", cell, {}, seen)
+    assert tune._repeats("mosaic", cell, {"num_stages": default.num_stages}, seen)
+    assert not tune._repeats("mosaic", cell, {"num_stages": default.num_stages + 1}, seen)
+    assert not tune._repeats("mosaic", cell, {"block_q": 48}, seen)  # invalid: measured, recorded as failed
+    # The default depends on the length: at head_dim 64 and seq 1024 it is
+    # the two-kernel backward, at 4096 the fused one.
+    short, long_ = {"head_dim": 64, "seq": 1024}, {"head_dim": 64, "seq": 4096}
+    seen_short: list = []
+    seen_long: list = []
+    assert not tune._repeats("mosaic", short, {}, seen_short)
+    assert tune._repeats("mosaic", short, {"fused_bwd": False}, seen_short)
+    assert not tune._repeats("mosaic", long_, {}, seen_long)
+    assert not tune._repeats("mosaic", long_, {"fused_bwd": False}, seen_long)

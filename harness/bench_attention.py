@@ -11,7 +11,10 @@ compute capability 9.x).
 
 Times forward, backward (given saved residuals) and forward+backward, each the
 median over `--iters` repeats of back-to-back launches (after warm-up), with
-the min-max spread. FLOP convention: forward = 4*B*H*S^2*D (QK^T and PV),
+the min-max spread. A repeat launches enough calls to last `--min-batch-ms`,
+so its fixed cost (first launch, final sync) is spread thin; the
+implementations of one cell take their repeats in rotating rounds, so clock
+and power drift during the run falls on all of them alike. FLOP convention: forward = 4*B*H*S^2*D (QK^T and PV),
 halved when causal; backward = 2.5x forward (five matmuls instead of two);
 forward+backward = 3.5x forward. D is the true head_dim, not the padded one.
 Ratios are time / time of the fastest PyTorch SDPA backend for the same cell
@@ -96,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=15, help="timed repeats per pass (median reported)")
-    p.add_argument("--min-batch-ms", type=float, default=5.0,
+    p.add_argument("--min-batch-ms", type=float, default=25.0,
                    help="launches per repeat are chosen so that a repeat lasts at least this long")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                    help="cpu: tiny smoke runs (Pallas in interpret mode, GPU-only impls marked unsupported)")
@@ -250,34 +253,92 @@ def _build_torch(impl: str, cell: dict, device: str):
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd_bwd}, sync, "cuda" if dev == "cuda" else "wall"
 
 
-def _time_ms(thunk: Callable, sync: Callable, timer: str, args: argparse.Namespace) -> tuple[float, float, float]:
-    """(median, min, max) milliseconds per call over args.iters repeats."""
-    for _ in range(args.warmup):
-        sync(thunk())
-    start = time.perf_counter()
-    sync(thunk())
-    once_ms = (time.perf_counter() - start) * 1e3
-    # Launch enough calls back to back that host overhead between them hides.
-    n = max(1, min(200, math.ceil(args.min_batch_ms / max(once_ms, 1e-3))))
-    samples = []
-    for _ in range(args.iters):
-        if timer == "cuda":
-            import torch
+# Calls per repeat are capped so that a fast pass cannot make one repeat run
+# for seconds on a CPU smoke run.
+MAX_CALLS_PER_REPEAT = 1000
 
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for _ in range(n):
-                thunk()
-            end.record()
-            end.synchronize()
-            samples.append(begin.elapsed_time(end) / n)
-        else:
-            start = time.perf_counter()
-            for _ in range(n):
-                result = thunk()
-            sync(result)
-            samples.append((time.perf_counter() - start) * 1e3 / n)
-    return statistics.median(samples), min(samples), max(samples)
+
+def calls_per_repeat(thunk: Callable, sync: Callable, timer: str, warmup: int, min_batch_ms: float) -> int:
+    """Warms `thunk` up, then returns how many back-to-back calls make one
+    repeat last at least `min_batch_ms`, found by timing growing batches.
+
+    A repeat pays a fixed cost once (the first launch reaching an idle GPU,
+    the final synchronization: tens of microseconds, now and then
+    milliseconds); spread over too few calls it inflates short passes (with
+    3 ms repeats it added 10-15% to a 0.25 ms forward on an H100). Timing a
+    single call would count that cost in full and pick too few calls."""
+    for _ in range(warmup):
+        sync(thunk())
+    n = 1
+    while n < MAX_CALLS_PER_REPEAT:
+        batch_ms = repeat_ms(thunk, sync, timer, n) * n
+        if batch_ms >= min_batch_ms:
+            break
+        n = min(MAX_CALLS_PER_REPEAT, max(2 * n, math.ceil(1.2 * n * min_batch_ms / max(batch_ms, 1e-3))))
+    return n
+
+
+def repeat_ms(thunk: Callable, sync: Callable, timer: str, n: int) -> float:
+    """One repeat: `n` back-to-back calls; milliseconds per call (CUDA events
+    for PyTorch, the host clock around launches and one final sync for JAX)."""
+    if timer == "cuda":
+        import torch
+
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(n):
+            thunk()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / n
+    start = time.perf_counter()
+    for _ in range(n):
+        result = thunk()
+    sync(result)
+    return (time.perf_counter() - start) * 1e3 / n
+
+
+def time_interleaved(entries: dict, *, warmup: int, iters: int,
+                     min_batch_ms: float) -> dict[object, tuple[float, float, float] | Exception]:
+    """Times every entry (key -> (thunk, sync, timer)) with `iters` repeats,
+    taken in rounds: one repeat of each entry per round, the order rotated by
+    one each round. Clock and power drift over the run then lands on every
+    entry alike instead of on whichever ran last.
+
+    Returns key -> (median, min, max) ms per call, or the exception that
+    entry raised (it is dropped from later rounds; the others go on)."""
+    out: dict[object, tuple[float, float, float] | Exception] = {}
+    calls: dict[object, int] = {}
+    for key, (thunk, sync, timer) in entries.items():
+        try:
+            calls[key] = calls_per_repeat(thunk, sync, timer, warmup, min_batch_ms)
+        except Exception as exc:  # noqa: BLE001 -- reported per entry
+            out[key] = exc
+    samples: dict[object, list[float]] = {key: [] for key in calls}
+    keys = list(calls)
+    for round_ in range(iters):
+        shift = round_ % len(keys) if keys else 0
+        for key in keys[shift:] + keys[:shift]:
+            if key in out:
+                continue
+            thunk, sync, timer = entries[key]
+            try:
+                samples[key].append(repeat_ms(thunk, sync, timer, calls[key]))
+            except Exception as exc:  # noqa: BLE001
+                out[key] = exc
+    for key, got in samples.items():
+        if key not in out:
+            out[key] = (statistics.median(got), min(got), max(got))
+    return out
+
+
+def _time_ms(thunk: Callable, sync: Callable, timer: str, args: argparse.Namespace) -> tuple[float, float, float]:
+    """(median, min, max) milliseconds per call over args.iters repeats of one thunk."""
+    got = time_interleaved({0: (thunk, sync, timer)}, warmup=args.warmup, iters=args.iters,
+                           min_batch_ms=args.min_batch_ms)[0]
+    if isinstance(got, Exception):
+        raise got
+    return got
 
 
 def _failure(exc: BaseException, caught: list) -> str:
@@ -302,27 +363,46 @@ def _release_memory() -> None:
             torch.cuda.empty_cache()
 
 
-def measure(impl: str, cell: dict, args: argparse.Namespace) -> dict:
-    row = {"impl": impl, **cell, "status": "ok"}
-    if args.device == "cpu" and impl in GPU_ONLY:
-        row["status"] = "unsupported: needs a GPU"
-        return row
+def measure_cell(cell: dict, impls: list[str], args: argparse.Namespace) -> list[dict]:
+    """Times every pass of every implementation on one cell, their repeats
+    interleaved (time_interleaved); one row per implementation, a failure
+    (unsupported, OOM, compile error) marking that row only."""
+    rows = {impl: {"impl": impl, **cell, "status": "ok"} for impl in impls}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        entries = {}
         try:
-            builder = _build_torch if impl.startswith("torch") else _build_jax
-            thunks, sync, timer = builder(impl, cell, args.device)
-            for name in PASSES:
-                median, lo, hi = _time_ms(thunks[name], sync, timer, args)
+            for impl in impls:
+                if args.device == "cpu" and impl in GPU_ONLY:
+                    rows[impl]["status"] = "unsupported: needs a GPU"
+                    continue
+                builder = _build_torch if impl.startswith("torch") else _build_jax
+                try:
+                    thunks, sync, timer = builder(impl, cell, args.device)
+                except Exception as exc:  # noqa: BLE001 -- every failure becomes a marked row
+                    rows[impl]["status"] = _failure(exc, caught)
+                    continue
+                entries.update({(impl, name): (thunks[name], sync, timer) for name in PASSES})
+            timed = time_interleaved(entries, warmup=args.warmup, iters=args.iters, min_batch_ms=args.min_batch_ms)
+            for (impl, name), got in timed.items():
+                row = rows[impl]
+                if isinstance(got, Exception):
+                    if row["status"] == "ok":
+                        row["status"] = _failure(got, caught)
+                    continue
+                median, lo, hi = got
                 row[f"{name}_ms"] = median
                 row[f"{name}_ms_spread"] = [lo, hi]
                 row[f"{name}_tflops"] = fwd_flops(cell) * PASS_FLOP_FACTOR[name] / (median * 1e-3) / 1e12
-        except Exception as exc:  # noqa: BLE001 -- every failure becomes a marked cell
-            row["status"] = _failure(exc, caught)
         finally:
-            thunks = None
+            entries = thunks = None
             _release_memory()
-    return row
+    for row in rows.values():  # a failed pass voids the row's other passes too
+        if row["status"] != "ok":
+            for name in PASSES:
+                for suffix in ("_ms", "_ms_spread", "_tflops"):
+                    row.pop(f"{name}{suffix}", None)
+    return list(rows.values())
 
 
 def run_benchmark(args: argparse.Namespace) -> list[dict]:
@@ -331,8 +411,7 @@ def run_benchmark(args: argparse.Namespace) -> list[dict]:
     device = jax.devices("cpu")[0] if args.device == "cpu" else jax.devices()[0]
     with jax.default_device(device):
         for cell in cells(args):
-            for impl in args.impl:
-                row = measure(impl, cell, args)
+            for row in measure_cell(cell, args.impl, args):
                 rows.append(row)
                 print(_progress_line(row), file=sys.stderr, flush=True)
     add_sdpa_ratios(rows)
@@ -425,8 +504,10 @@ def environment(args: argparse.Namespace) -> dict:
         "jax": jax.__version__,
         "jaxlib": __import__("jaxlib").__version__,
         "flop_convention": "fwd 4*B*H*S^2*D (causal /2); bwd 2.5x fwd; fwd+bwd 3.5x fwd",
-        "timing": f"median of {args.iters} repeats after {args.warmup} warm-up calls; "
-                  "each repeat times back-to-back launches (CUDA events for PyTorch, block_until_ready for JAX)",
+        "timing": f"median of {args.iters} repeats after {args.warmup} warm-up calls; each repeat times "
+                  f"back-to-back launches lasting >= {args.min_batch_ms:g} ms (CUDA events for PyTorch, "
+                  "block_until_ready for JAX); a cell's implementations and passes take their repeats in "
+                  "rotating rounds",
     }
     for module in ("torch", "triton"):
         try:

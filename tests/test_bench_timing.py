@@ -1,0 +1,89 @@
+"""harness.bench_attention's timing core on fake thunks: calls per repeat,
+rotating rounds, and failures kept per entry."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from harness import bench_attention as bench
+
+
+class Clocked:
+    """A thunk that takes `ms` per call, plus `first_ms` on the first call of
+    each repeat (a repeat starts after a sync); `log` records call order."""
+
+    def __init__(self, name: str, ms: float, log: list, first_ms: float = 0.0, fail_after: int | None = None):
+        self.name, self.ms, self.first_ms, self.log, self.fail_after = name, ms, first_ms, log, fail_after
+        self.synced, self.calls = True, 0
+
+    def __call__(self):
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while allocating")
+        if self.synced:
+            self.log.append(self.name)
+            time.sleep(self.first_ms / 1e3)
+        self.synced = False
+        time.sleep(self.ms / 1e3)
+        return self
+
+    def sync(self, result):
+        result.synced = True
+        return result
+
+
+def _entry(thunk: Clocked):
+    return thunk, thunk.sync, "wall"
+
+
+def test_calls_per_repeat_fill_the_batch() -> None:
+    log: list = []
+    thunk = Clocked("a", 2.0, log)
+    assert 5 <= bench.calls_per_repeat(thunk, thunk.sync, "wall", warmup=1, min_batch_ms=10.0) <= 8
+    # Never fewer than one call, never more than the cap.
+    assert bench.calls_per_repeat(thunk, thunk.sync, "wall", warmup=0, min_batch_ms=0.0) == 1
+    fast = Clocked("b", 0.0, log)
+    assert bench.calls_per_repeat(fast, fast.sync, "wall", warmup=0, min_batch_ms=1e6) == bench.MAX_CALLS_PER_REPEAT
+
+
+def test_fixed_cost_per_repeat_is_spread_over_the_batch() -> None:
+    """1 ms per call plus 4 ms once per repeat: a 2 ms repeat is one call and
+    counts the fixed cost in full; 40 ms repeats add about a tenth."""
+    log: list = []
+    thunk = Clocked("a", 1.0, log, first_ms=4.0)
+    short = bench.time_interleaved({"a": _entry(thunk)}, warmup=1, iters=3, min_batch_ms=2.0)["a"][0]
+    long_ = bench.time_interleaved({"a": _entry(thunk)}, warmup=1, iters=3, min_batch_ms=40.0)["a"][0]
+    assert short > 4.0
+    assert 1.0 <= long_ < 1.5
+
+
+def test_rounds_rotate_the_order() -> None:
+    log: list = []
+    entries = {name: _entry(Clocked(name, 0.2, log)) for name in "abc"}
+    got = bench.time_interleaved(entries, warmup=0, iters=3, min_batch_ms=0.1)
+    assert set(got) == {"a", "b", "c"} and all(isinstance(v, tuple) and v[0] > 0 for v in got.values())
+    # Calibration (each entry's batches, in order), then the rounds start one
+    # later each time.
+    rounds = log[-9:]
+    assert rounds == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_a_failing_entry_is_reported_and_the_rest_go_on() -> None:
+    ok, oom = Clocked("ok", 0.2, []), Clocked("oom", 0.2, [], fail_after=3)
+    got = bench.time_interleaved({"ok": _entry(ok), "oom": _entry(oom)}, warmup=0, iters=4, min_batch_ms=0.1)
+    assert isinstance(got["oom"], RuntimeError)
+    median, lo, hi = got["ok"]
+    assert lo <= median <= hi
+    # One call calibrates (it outlasts the batch), then one per round, all
+    # four rounds; the failed entry stopped at its failing call.
+    assert (ok.calls, oom.calls) == (5, 4)
+    assert bench._failure(got["oom"], []) == "OOM"
+
+
+def test_time_ms_raises_the_failure() -> None:
+    thunk = Clocked("a", 0.1, [], fail_after=0)
+    args = bench.parse_args(["--iters", "2", "--warmup", "0"])
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        bench._time_ms(thunk, thunk.sync, "wall", args)

@@ -353,6 +353,18 @@ def _query_tile_key_blocks(t, tile: int, block_k: int, num_k_blocks: int, causal
     return tile_start, n_blocks, lax.div(tile_start, block_k)  # blocks below every row's diagonal
 
 
+def _consumer_key_blocks(row0, rows: int, block_k: int, n_free, n_blocks, causal: bool):
+    """(unmasked, end): of its tile's key blocks, how many a consumer whose
+    rows start at `row0` runs without a mask, and where its blocks end.
+    Causal: blocks before the one holding row0 are below every one of its
+    rows' diagonals, and blocks past the one holding its last row are above
+    all of them (fully masked: they would add exactly zero). Otherwise the
+    tile's own counts."""
+    if not causal:
+        return n_free, n_blocks
+    return lax.div(row0, block_k), jnp.minimum(lax.div(row0 + rows - 1, block_k) + 1, n_blocks)
+
+
 def _producer_loop(n_steps, num_stages: int, issue, *, start=0):
     """Producer warpgroup: fill the ring, then refill each slot as soon as the
     consumers release it. `issue(step, slot, wait)` starts the copies of one
@@ -586,6 +598,18 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_arrive(v_free.at[prev])
                     return (acc + pv) * _rows(alpha, acc.shape), m_new, l_new, p
 
+                def store(acc, m, l):
+                    # Every row (padded ones too: their q is zero) saw at least
+                    # key 0, so l > 0 and both outputs are finite. The output
+                    # goes out through q's buffer (q is no longer needed).
+                    o = acc * _rows(1.0 / l, acc.shape)
+                    q_tile[...] = o.astype(dtype)
+                    lse_tile[...] = m * LN_2 + jnp.log(l)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, pl.ds(row0, bq), h], commit_group=False)
+                    plgpu.copy_smem_to_gmem(lse_tile, lse_ref.at[b, h, pl.ds(row0, bq)], commit_group=False)
+                    plgpu.commit_smem_to_gmem_group()
+
                 acc0 = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
                 m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
                 l0 = _zeros((bq,), plgpu.Layout.WGMMA.reduce(1))
@@ -611,22 +635,31 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_wait(v_ready.at[last])
                     acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[last]), acc)
                     plgpu.barrier_arrive(v_free.at[last])
+                    store(acc, m, l)
                 else:
+                    # Causal: the tile's key blocks run up to its last row's
+                    # diagonal; this consumer's own rows need fewer (my_end)
+                    # and fewer masks (my_free). It computes those, stores
+                    # its output, then walks the rest of the ring without
+                    # computing: it still observes every barrier phase and
+                    # takes its turns, so the others' hand-offs stay paired.
+                    my_free, my_end = _consumer_key_blocks(row0, bq, bk, n_free, n_blocks, causal)
                     take_turn()
-                    carry = lax.fori_loop(0, n_free, functools.partial(step, masked=False), (acc0, m0, l0))
-                    acc, m, l = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), carry)
+                    carry = lax.fori_loop(0, my_free, functools.partial(step, masked=False), (acc0, m0, l0))
+                    acc, m, l = lax.fori_loop(my_free, my_end, functools.partial(step, masked=True), carry)
                     give_turn()
+                    store(acc, m, l)
 
-                # Every row (padded ones too: their q is zero) saw at least key 0,
-                # so l > 0 and both outputs are finite. The output goes out
-                # through q's buffer (q is no longer needed).
-                o = acc * _rows(1.0 / l, acc.shape)
-                q_tile[...] = o.astype(dtype)
-                lse_tile[...] = m * LN_2 + jnp.log(l)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, pl.ds(row0, bq), h], commit_group=False)
-                plgpu.copy_smem_to_gmem(lse_tile, lse_ref.at[b, h, pl.ds(row0, bq)], commit_group=False)
-                plgpu.commit_smem_to_gmem_group()
+                    def idle_step(j, _):
+                        slot = ring(j)
+                        plgpu.barrier_wait(k_ready.at[slot])
+                        plgpu.barrier_arrive(k_free.at[slot])
+                        plgpu.barrier_wait(v_ready.at[slot])
+                        plgpu.barrier_arrive(v_free.at[slot])
+                        take_turn()
+                        give_turn()
+
+                    lax.fori_loop(my_end, n_blocks, idle_step, None)
                 return steps + n_blocks
 
             if pingpong:

@@ -498,7 +498,11 @@ def render_table(rows: list[dict], markdown: bool = False) -> str:
     return "\n".join([fmt.format(*header)] + [fmt.format(*line) for line in lines])
 
 
-def environment(args: argparse.Namespace) -> dict:
+def environment(args: argparse.Namespace, interleaved: bool = True) -> dict:
+    """Machine, versions and the timing method (`interleaved`: a cell's
+    implementations took their repeats in rotating rounds)."""
+    rounds = ("; a cell's implementations and passes take their repeats in rotating rounds" if interleaved
+              else "; one configuration timed to completion after another")
     extra = {
         "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,
@@ -506,8 +510,7 @@ def environment(args: argparse.Namespace) -> dict:
         "flop_convention": "fwd 4*B*H*S^2*D (causal /2); bwd 2.5x fwd; fwd+bwd 3.5x fwd",
         "timing": f"median of {args.iters} repeats after {args.warmup} warm-up calls; each repeat times "
                   f"back-to-back launches lasting >= {args.min_batch_ms:g} ms (CUDA events for PyTorch, "
-                  "block_until_ready for JAX); a cell's implementations and passes take their repeats in "
-                  "rotating rounds",
+                  f"block_until_ready for JAX){rounds}",
     }
     for module in ("torch", "triton"):
         try:

@@ -195,6 +195,38 @@ def test_snake_schedule_balances_decreasing_lengths() -> None:
     assert max(totals) < max(round_robin)
 
 
+@pytest.mark.parametrize(("seq", "bq", "consumers", "bk"), [(1024, 64, 3, 128), (1000, 64, 3, 128),
+                                                       (4096, 64, 2, 128), (520, 128, 2, 64)])
+def test_consumer_key_blocks_skip_only_masked_work(seq, bq, consumers, bk) -> None:
+    """Causal forward: of its tile's key blocks, a consumer runs without a
+    mask exactly those below all of its rows' diagonals and skips exactly
+    those above all of them; every key it needs stays in [0, end)."""
+    tile, num_k_blocks = consumers * bq, -(-seq // bk)
+    padded = -(-seq // 128) * 128
+    skipped = total = 0
+    for t in range(-(-padded // tile)):
+        tile_start, n_blocks, n_free = (int(x) for x in mgpu._query_tile_key_blocks(
+            jnp.int32(t), tile, bk, num_k_blocks, True, unmasked=num_k_blocks))
+        for wg in range(consumers):
+            row0 = min(tile_start + wg * bq, padded - bq)  # the last tile's consumers are clamped
+            free, end = (int(x) for x in mgpu._consumer_key_blocks(jnp.int32(row0), bq, bk, jnp.int32(n_free),
+                                                                   jnp.int32(n_blocks), True))
+            assert n_free <= free < end <= n_blocks
+            rows = np.arange(row0, row0 + bq)
+            for j in range(n_blocks):
+                keys = np.arange(j * bk, (j + 1) * bk)
+                needed = keys[None, :] <= rows[:, None]
+                assert needed.all() == (j < free), (t, wg, j)
+                assert (not needed.any()) == (j >= end), (t, wg, j)
+            skipped += n_blocks - end
+            total += n_blocks
+    # Three 64-row consumers on 128-key blocks skip some blocks; two consumers
+    # whose tile is one key block wide have none to skip.
+    assert (skipped > 0) == (consumers * bq > bk)
+    # Not causal: the tile's own counts.
+    assert mgpu._consumer_key_blocks(jnp.int32(64), 64, 128, 7, 8, False) == (7, 8)
+
+
 # Shapes that exercise every static branch of the three kernels: ragged and
 # exact lengths, causal and not, head_dim 64/80/128, both dtypes, two block
 # configurations (the second: 128-row warpgroup tiles, 3 stages, 64-key steps).

@@ -79,6 +79,10 @@ _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 # 2048), where the fused kernel's float32 dQ buffer (zero-filled, then scaled
 # and cast by XLA) and its reduce-adds weigh more against less compute.
 FUSED_BWD_MIN_SEQ = 2048
+# The head_dim > 64 forward runs persistent above this length: on an H100 it
+# was 1.02-1.08x the one-program-per-tile grid at seq 4096-16384 and
+# 0.73-0.77x at 1024 and 2048 (interleaved timing, bit-identical outputs).
+PERSISTENT_FWD_MIN_SEQ = 2048
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -175,17 +179,18 @@ class MosaicBlockSizes:
         tried, seq 1024-16384). Its backward is the fused kernel with
         64-query steps above FUSED_BWD_MIN_SEQ (1.01-1.10x the two kernels
         at seq 4096 and 16384) and the two kernels up to it (1.00-1.10x the
-        fused one at seq 1024 and 2048). At 128 the same choices were slower:
-        registers and shared memory are already full there, and the fused
-        backward, even with dQ split by columns (dq_split), measured
-        0.71-0.97x the two kernels. block_k_dq=128
+        fused one at seq 1024 and 2048). At 128 three consumers and the
+        fused backward were slower: registers and shared memory are already
+        full there, and the fused backward, even with dQ split by columns
+        (dq_split), measured 0.71-0.97x the two kernels; its forward runs
+        persistent above PERSISTENT_FWD_MIN_SEQ. block_k_dq=128
         keeps the dQ kernel of the two-kernel backward (fused_bwd=False)
         as tuned; its dK/dV kernel was tuned with block_q_dkv=128."""
         if head_dim <= 64:
             fused = seq_len is None or seq_len > FUSED_BWD_MIN_SEQ
             return cls(block_k=128, num_stages=3, block_k_dq=128, block_q_dkv=64 if fused else 128, consumers=3,
                        persistent=True, fused_bwd=fused)
-        return cls(block_k=128, num_stages=2)
+        return cls(block_k=128, num_stages=2, persistent=seq_len is None or seq_len > PERSISTENT_FWD_MIN_SEQ)
 
     @property
     def seq_multiple(self) -> int:

@@ -92,9 +92,19 @@ def test_default_backward_depends_on_length() -> None:
     # Only the backward differs: the forward runs the same tiles.
     assert dataclasses.replace(MosaicBlockSizes.get_default(64, 1024), fused_bwd=True,
                                block_q_dkv=64) == MosaicBlockSizes.get_default(64)
-    assert {MosaicBlockSizes.get_default(128, seq) for seq in (1024, 4096, None)} == {
-        MosaicBlockSizes.get_default(128)}
-    assert not MosaicBlockSizes.get_default(128).fused_bwd
+    assert not any(MosaicBlockSizes.get_default(128, seq).fused_bwd for seq in (1024, 4096, None))
+
+
+def test_default_forward_grid_depends_on_length() -> None:
+    """head_dim <= 64: persistent at every length; head_dim 128: one program
+    per tile up to PERSISTENT_FWD_MIN_SEQ, persistent above it and when the
+    length is not known. Nothing else changes with the length there."""
+    limit = mgpu.PERSISTENT_FWD_MIN_SEQ
+    assert all(MosaicBlockSizes.get_default(64, seq).persistent for seq in (1, limit, limit + 1, None))
+    for seq, persistent in ((1, False), (limit, False), (limit + 1, True), (16384, True), (None, True)):
+        blocks = MosaicBlockSizes.get_default(128, seq)
+        assert blocks.persistent is persistent
+        assert dataclasses.replace(blocks, persistent=False) == MosaicBlockSizes.get_default(128, 1)
 
 
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")

@@ -335,6 +335,9 @@ GPU_CASES = [
     Case(1, 2048, 2, 128, False, "bfloat16", None),
     Case(1, 1500, 2, 64, False, "float16", None),
     Case(1, 4096, 1, 64, True, "float16", None),
+    # head_dim 128 past PERSISTENT_FWD_MIN_SEQ: its default forward is persistent.
+    Case(1, 4100, 2, 128, True, "bfloat16", None),
+    Case(1, 4096, 1, 128, False, "float16", None),
 ]
 # A second tile configuration over a few of the same shapes.
 ALT_BLOCKS = MosaicBlockSizes(block_q=128, block_k=64, num_stages=3, block_q_dq=128, block_k_dq=128,

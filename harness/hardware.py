@@ -68,17 +68,35 @@ def command_line() -> str:
     return " ".join(["python", *args])
 
 
+# nvidia-smi fields recorded with every result. A GPU held at its power limit
+# under sustained load clocks down (an H100 at 700 W ran 1560-1875 MHz instead of
+# 1980), so the limit and the clock ceiling say whether two machines compare.
+NVIDIA_SMI_FIELDS = {"name": "gpu_name", "driver_version": "driver", "power.limit": "gpu_power_limit",
+                     "clocks.max.sm": "gpu_max_sm_clock"}
+
+
+def parse_nvidia_smi(text: str) -> dict[str, str]:
+    """The first GPU's line of `nvidia-smi --query-gpu=<NVIDIA_SMI_FIELDS> --format=csv,noheader`,
+    keyed by our names; fields nvidia-smi cannot read ("[N/A]") are left out."""
+    lines = text.strip().splitlines()
+    if not lines:
+        return {}
+    values = [part.strip() for part in lines[0].split(",")]
+    return {key: value for key, value in zip(NVIDIA_SMI_FIELDS.values(), values)
+            if value and not value.startswith("[")}
+
+
 def nvidia_smi() -> dict[str, str]:
-    """GPU name and driver version as nvidia-smi reports them (empty without a GPU)."""
+    """GPU name, driver, power limit and maximum SM clock as nvidia-smi reports
+    them (empty without a GPU)."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=20, check=True,
-        ).stdout.strip().splitlines()
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
-    name, driver = (part.strip() for part in out[0].split(",", 1))
-    return {"gpu_name": name, "driver": driver}
+    return parse_nvidia_smi(out)
 
 
 def environment(extra: dict | None = None) -> dict:

@@ -22,6 +22,9 @@ from harness.cli import emit
 # (label, section, metric name) in the order the summary shows them.
 SUMMARY_METRICS = (
     ("duration", "GPU Speed Of Light Throughput", "Duration"),
+    ("SM frequency", "GPU Speed Of Light Throughput", "SM Frequency"),
+    ("elapsed cycles", "GPU Speed Of Light Throughput", "Elapsed Cycles"),
+    ("executed instructions", "Instruction Statistics", "Executed Instructions"),
     ("SM throughput", "GPU Speed Of Light Throughput", "Compute (SM) Throughput"),
     ("memory throughput", "GPU Speed Of Light Throughput", "Memory Throughput"),
     ("DRAM throughput", "GPU Speed Of Light Throughput", "DRAM Throughput"),

@@ -27,6 +27,10 @@ def test_summary_derives_active_over_elapsed_and_keeps_units() -> None:
     assert s["SM active / elapsed cycles"] == "71%"
     assert s["registers per thread"] == "127 register/thread"
     assert s["local-memory spill requests"] == "0"
+    # The clock the kernel ran at and the work it issued: comparing two
+    # kernels under a power cap needs both.
+    assert s["SM frequency"] == "1,754,633,910.56 hz" and s["elapsed cycles"] == "252,504 cycle"
+    assert s["executed instructions"] == "60,216,192 inst"
     md = ncu.render_markdown([s], FIXTURE.name)
     assert "| theoretical occupancy | 25% |" in md and "| achieved occupancy | 22.80% |" in md
 
@@ -59,3 +63,5 @@ def test_tensor_pipe_and_stalls_from_raw_metrics() -> None:
 def test_without_raw_metrics_the_rows_are_left_out() -> None:
     s = ncu.summary(ncu.read_details(FIXTURE)[0])
     assert "tensor pipe active" not in s and "top stalls (cycles per issue)" not in s
+    # A section that was not collected (InstructionStats here) leaves its rows out too.
+    assert "executed instructions" not in ncu.summary(ncu.read_details(MOSAIC)[0])

@@ -14,9 +14,11 @@ median over `--iters` repeats of back-to-back launches (after warm-up), with
 the min-max spread. A repeat launches enough calls to last `--min-batch-ms`,
 so its fixed cost (first launch, final sync) is spread thin; the
 implementations of one cell take their repeats in rotating rounds, so clock
-and power drift during the run falls on all of them alike. FLOP convention: forward = 4*B*H*S^2*D (QK^T and PV),
-halved when causal; backward = 2.5x forward (five matmuls instead of two);
-forward+backward = 3.5x forward. D is the true head_dim, not the padded one.
+and power drift during the run falls on all of them alike.
+
+FLOP convention: forward = 4*B*H*S^2*D (QK^T and PV), halved when causal;
+backward = 2.5x forward (five matmuls instead of two); forward+backward =
+3.5x forward. D is the true head_dim, not the padded one.
 Ratios are time / time of the fastest PyTorch SDPA backend for the same cell
 and pass (measured in the same run), so < 1 means faster than SDPA. The
 `<pass>_speedup_vs_best` fields are the other way round, a throughput ratio

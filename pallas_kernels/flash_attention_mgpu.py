@@ -182,8 +182,8 @@ class MosaicBlockSizes:
         fused one at seq 1024 and 2048). At 128 three consumers and the
         fused backward were slower: registers and shared memory are already
         full there, and the fused backward, even with dQ split by columns
-        (dq_split), measured 0.71-0.97x the two kernels; its forward runs
-        persistent above PERSISTENT_FWD_MIN_SEQ. block_k_dq=128
+        (dq_split), measured 0.71-0.97x the two kernels. The head_dim 128
+        forward runs persistent above PERSISTENT_FWD_MIN_SEQ only. block_k_dq=128
         keeps the dQ kernel of the two-kernel backward (fused_bwd=False)
         as tuned; its dK/dV kernel was tuned with block_q_dkv=128."""
         if head_dim <= 64:

@@ -124,6 +124,10 @@ class MosaicBlockSizes:
         be whole 128-byte swizzle rows of keys: head_dim 128.
       pingpong: let the forward consumers take turns on the tensor cores
         (round robin: each issues its matmuls, then hands the turn on).
+      paired: ping-pong only: a consumer's turn issues P_{j-1} V_{j-1} and
+        S_j back to back and it waits for both after handing the turn on
+        (FA3's ping-pong). Without it the consumer waits for P V inside its
+        turn before it issues S, so the tensor cores idle for that wait.
       overlap: forward consumers overlap their own matmuls and softmax
         instead (FA3 §3.2): the scores of the next key block and the
         previous block's P V are in flight while the softmax runs. Needs
@@ -139,6 +143,7 @@ class MosaicBlockSizes:
     block_q_dkv: int = 64
     num_stages_bwd: int = 2
     pingpong: bool = True
+    paired: bool = False
     overlap: bool = False
     consumers: int = 2
     persistent: bool = False
@@ -148,6 +153,8 @@ class MosaicBlockSizes:
     def __post_init__(self) -> None:
         if self.overlap and self.pingpong:
             raise ValueError("overlap=True replaces the consumers' turn-taking: also set pingpong=False")
+        if self.paired and not self.pingpong:
+            raise ValueError("paired=True pairs the matmuls of a ping-pong turn: also set pingpong=True")
         if self.dq_split and not self.fused_bwd:
             raise ValueError("dq_split=True splits the fused backward's dQ: also set fused_bwd=True")
         if self.consumers not in _REGISTERS:
@@ -461,7 +468,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, n_bufs * n_wg * bq * (row + 4), 2 * bk * row)
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
-    pingpong, overlap = blocks.pingpong, blocks.overlap
+    pingpong, overlap, paired = blocks.pingpong, blocks.overlap, blocks.paired
+    # Block 0 of a pipelined schedule runs alone, masked wherever any block may need it.
+    first_masked = causal or seq_len % bk != 0
 
     def body(q_ref, k_ref, v_ref, o_ref, lse_ref, q_smem, k_smem, v_smem, lse_smem,
              q_ready, k_ready, v_ready, k_free, v_free, turn):
@@ -580,9 +589,31 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_arrive(v_free.at[slot])
                     return acc, m_new, l
 
-                def overlapped_step(j, carry, *, masked: bool):
+                def paired_step(j, carry, *, masked: bool):
                     # Enters with P of block j-1 (not yet multiplied by V) and
-                    # acc rescaled to its running max. Issues S_j = Q K_j^T and
+                    # acc rescaled to its running max. In its turn the consumer
+                    # issues P_{j-1} V_{j-1} and S_j = Q K_j^T back to back and
+                    # hands the turn on; only then does it wait for both.
+                    acc, m, l, p_prev = carry
+                    slot, prev = ring(j), ring(j - 1)
+                    plgpu.barrier_wait(k_ready.at[slot])
+                    plgpu.barrier_wait(v_ready.at[prev])
+                    take_turn()
+
+                    def products(refs):
+                        pv_ref, s_ref = refs
+                        plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
+                        plgpu.wgmma(s_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+                        give_turn()
+
+                    acc, s = _accumulate(products, acc, _zeros((bq, bk), plgpu.Layout.WGMMA))
+                    plgpu.barrier_arrive(v_free.at[prev])
+                    plgpu.barrier_arrive(k_free.at[slot])
+                    m_new, alpha, l, p = softmax_update(s, m, l, j, masked)
+                    return acc * _rows(alpha, acc.shape), m_new, l, p.astype(dtype)
+
+                def overlapped_step(j, carry, *, masked: bool):
+                    # Enters as paired_step. Issues S_j = Q K_j^T and
                     # then P_{j-1} V_{j-1}, waits only for S_j, and runs the
                     # softmax of block j while P_{j-1} V_{j-1} is in flight.
                     acc, m, l, p_prev = carry
@@ -618,53 +649,61 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 acc0 = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
                 m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
                 l0 = _zeros((bq,), plgpu.Layout.WGMMA.reduce(1))
-                if overlap:
-                    # Block 0 alone: its scores and softmax start the pipeline
-                    # (always masked: a no-op where nothing needs masking).
+                # Causal: the tile's key blocks run up to its last row's
+                # diagonal; this consumer's own rows need fewer (my_end) and
+                # fewer masks (my_free). It computes those, stores its
+                # output, then walks the rest of the ring without computing:
+                # it still observes every barrier phase and takes its turns,
+                # so the others' hand-offs stay paired. Every schedule takes
+                # n_blocks + 1 turns per tile.
+                my_free, my_end = _consumer_key_blocks(row0, bq, bk, n_free, n_blocks, causal)
+                if overlap or paired:
+                    # Block 0's scores and softmax start the pipeline; the
+                    # last block's P V ends it.
                     first = ring(0)
                     plgpu.barrier_wait(k_ready.at[first])
+                    take_turn()
 
                     def first_scores(ref):
                         plgpu.wgmma(ref, q_tile, k_smem.at[first].transpose((1, 0)))
+                        give_turn()
                         return ref[...]
 
                     s = pl.run_scoped(first_scores, plgpu.ACC((bq, bk), jnp.float32))
                     plgpu.barrier_arrive(k_free.at[first])
-                    m, _, l, p = softmax_update(s, m0, l0, 0, True)
+                    m, _, l, p = softmax_update(s, m0, l0, 0, first_masked)
                     carry = (acc0, m, l, p.astype(dtype))
-                    masked_from = max(n_free, 1) if isinstance(n_free, int) else jnp.maximum(n_free, 1)
-                    carry = lax.fori_loop(1, n_free, functools.partial(overlapped_step, masked=False), carry)
-                    acc, m, l, p = lax.fori_loop(masked_from, n_blocks,
-                                                 functools.partial(overlapped_step, masked=True), carry)
-                    last = ring(n_blocks - 1)
+                    pipelined = overlapped_step if overlap else paired_step
+                    carry = lax.fori_loop(1, my_free, functools.partial(pipelined, masked=False), carry)
+                    acc, m, l, p = lax.fori_loop(jnp.maximum(my_free, 1), my_end,
+                                                 functools.partial(pipelined, masked=True), carry)
+                    last = ring(my_end - 1)
                     plgpu.barrier_wait(v_ready.at[last])
-                    acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[last]), acc)
+                    take_turn()
+
+                    def last_product(refs):
+                        plgpu.wgmma(refs[0], p, v_smem.at[last])
+                        give_turn()
+
+                    acc = _accumulate(last_product, acc)
                     plgpu.barrier_arrive(v_free.at[last])
-                    store(acc, m, l)
                 else:
-                    # Causal: the tile's key blocks run up to its last row's
-                    # diagonal; this consumer's own rows need fewer (my_end)
-                    # and fewer masks (my_free). It computes those, stores
-                    # its output, then walks the rest of the ring without
-                    # computing: it still observes every barrier phase and
-                    # takes its turns, so the others' hand-offs stay paired.
-                    my_free, my_end = _consumer_key_blocks(row0, bq, bk, n_free, n_blocks, causal)
                     take_turn()
                     carry = lax.fori_loop(0, my_free, functools.partial(step, masked=False), (acc0, m0, l0))
                     acc, m, l = lax.fori_loop(my_free, my_end, functools.partial(step, masked=True), carry)
                     give_turn()
-                    store(acc, m, l)
+                store(acc, m, l)
 
-                    def idle_step(j, _):
-                        slot = ring(j)
-                        plgpu.barrier_wait(k_ready.at[slot])
-                        plgpu.barrier_arrive(k_free.at[slot])
-                        plgpu.barrier_wait(v_ready.at[slot])
-                        plgpu.barrier_arrive(v_free.at[slot])
-                        take_turn()
-                        give_turn()
+                def idle_step(j, _):
+                    slot = ring(j)
+                    plgpu.barrier_wait(k_ready.at[slot])
+                    plgpu.barrier_arrive(k_free.at[slot])
+                    plgpu.barrier_wait(v_ready.at[slot])
+                    plgpu.barrier_arrive(v_free.at[slot])
+                    take_turn()
+                    give_turn()
 
-                    lax.fori_loop(my_end, n_blocks, idle_step, None)
+                lax.fori_loop(my_end, n_blocks, idle_step, None)
                 return steps + n_blocks
 
             if pingpong:

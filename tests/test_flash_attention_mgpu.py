@@ -59,6 +59,7 @@ def _zeros(dtype="bfloat16", head_dim=64, seq=16):
         ({"block_q_dkv": 512}, "block_q_dkv=512 must be 64, 128, 192 or 256"),
         ({"num_stages": 0}, "num_stages=0 must be an integer between 1 and 8"),
         ({"overlap": True}, "also set pingpong=False"),
+        ({"pingpong": False, "paired": True}, "also set pingpong=True"),
         ({"consumers": 4}, r"consumers=4 must be one of \(2, 3\)"),
         ({"consumers": 3, "block_q": 128}, "use block_q=64"),
         ({"dq_split": True}, "also set fused_bwd=True"),
@@ -253,6 +254,12 @@ LOWERING_CASES = [
     ((1, 256, 2, 64), True, "bfloat16", MosaicBlockSizes(pingpong=False, overlap=True, num_stages=3)),
     ((1, 300, 1, 80), False, "float16", MosaicBlockSizes(pingpong=False, overlap=True)),
     ((1, 17, 1, 128), True, "bfloat16", MosaicBlockSizes(pingpong=False, overlap=True, block_k=64)),
+    # Ping-pong turns that issue P V and the next S together.
+    ((1, 256, 2, 64), True, "bfloat16", MosaicBlockSizes(paired=True, num_stages=3)),
+    ((1, 300, 1, 80), False, "float16", MosaicBlockSizes(paired=True)),
+    ((1, 17, 1, 128), True, "bfloat16", MosaicBlockSizes(paired=True, block_k=64)),
+    ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, paired=True, persistent=True)),
+    ((1, 520, 1, 128), False, "bfloat16", MosaicBlockSizes(paired=True, persistent=True)),
     # Three forward consumers (192-row tiles, the last one clamped), with
     # their round-robin turns and with the overlapped schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, num_stages=3)),
@@ -384,13 +391,17 @@ def test_gpu_alt_blocks_match_reference(case: Case) -> None:
 
 
 # Alternative forward schedules, each over the whole sweep: each consumer
-# overlapping its own matmuls and softmax; three consumers (192 query rows per
+# overlapping its own matmuls and softmax; ping-pong turns that issue P V and
+# the next block's S together (default tiles, and the plain grid with three
+# consumers at head_dim 64); three consumers (192 query rows per
 # CTA; at most lengths the last tile's extra consumers are clamped onto the
 # last rows); the persistent grid (one program per SM walking tiles, the K/V
 # ring and the turn token running on across tiles), with two and three
 # consumers.
 FORWARD_VARIANTS = {
     "overlap": dict(pingpong=False, overlap=True),
+    "paired": dict(paired=True),
+    "paired-grid": dict(paired=True, persistent=False),
     "consumers3": dict(consumers=3),
     "persistent": dict(persistent=True),
     "persistent-consumers3": dict(persistent=True, consumers=3),

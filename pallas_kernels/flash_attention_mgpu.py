@@ -128,10 +128,6 @@ class MosaicBlockSizes:
         S_j back to back and it waits for both after handing the turn on
         (FA3's ping-pong). Without it the consumer waits for P V inside its
         turn before it issues S, so the tensor cores idle for that wait.
-      q_in_registers: forward consumers load their q tile into registers
-        once per tile and multiply Q K^T from there (wgmma with its A operand
-        in registers), instead of reading q from shared memory in every
-        product: 2 KiB less shared-memory traffic per 64 x 128 x 16 step.
       overlap: forward consumers overlap their own matmuls and softmax
         instead (FA3 §3.2): the scores of the next key block and the
         previous block's P V are in flight while the softmax runs. Needs
@@ -148,7 +144,6 @@ class MosaicBlockSizes:
     num_stages_bwd: int = 2
     pingpong: bool = True
     paired: bool = False
-    q_in_registers: bool = False
     overlap: bool = False
     consumers: int = 2
     persistent: bool = False
@@ -474,7 +469,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
     pingpong, overlap, paired = blocks.pingpong, blocks.overlap, blocks.paired
-    q_in_registers = blocks.q_in_registers
     # Block 0 of a pipelined schedule runs alone, masked wherever any block may need it.
     first_masked = causal or seq_len % bk != 0
 
@@ -556,8 +550,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
 
                 q_tile, lse_tile = q_smem.at[buf * n_wg + wg], lse_smem.at[buf * n_wg + wg]
                 plgpu.barrier_wait(q_ready.at[buf * n_wg + wg])
-                # The A operand of every Q K^T product.
-                q_op = plgpu.load(q_tile, (), layout=plgpu.Layout.WGMMA) if q_in_registers else q_tile
 
                 def ring(j):
                     return lax.rem(steps + j, stages)
@@ -582,7 +574,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_wait(k_ready.at[slot])
 
                     def scores(ref):
-                        plgpu.wgmma(ref, q_op, k_smem.at[slot].transpose((1, 0)))
+                        plgpu.wgmma(ref, q_tile, k_smem.at[slot].transpose((1, 0)))
                         give_turn()
                         return ref[...]
 
@@ -611,7 +603,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     def products(refs):
                         pv_ref, s_ref = refs
                         plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
-                        plgpu.wgmma(s_ref, q_op, k_smem.at[slot].transpose((1, 0)))
+                        plgpu.wgmma(s_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
                         give_turn()
 
                     acc, s = _accumulate(products, acc, _zeros((bq, bk), plgpu.Layout.WGMMA))
@@ -630,7 +622,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_wait(v_ready.at[prev])
 
                     def products(s_ref, pv_ref):
-                        plgpu.wgmma(s_ref, q_op, k_smem.at[slot].transpose((1, 0)))
+                        plgpu.wgmma(s_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
                         plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
                         s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_j done, P V may still run
                         plgpu.barrier_arrive(k_free.at[slot])
@@ -673,7 +665,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     take_turn()
 
                     def first_scores(ref):
-                        plgpu.wgmma(ref, q_op, k_smem.at[first].transpose((1, 0)))
+                        plgpu.wgmma(ref, q_tile, k_smem.at[first].transpose((1, 0)))
                         give_turn()
                         return ref[...]
 

@@ -260,10 +260,6 @@ LOWERING_CASES = [
     ((1, 17, 1, 128), True, "bfloat16", MosaicBlockSizes(paired=True, block_k=64)),
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, paired=True, persistent=True)),
     ((1, 520, 1, 128), False, "bfloat16", MosaicBlockSizes(paired=True, persistent=True)),
-    # q multiplied from registers.
-    ((1, 256, 2, 128), True, "bfloat16", MosaicBlockSizes(q_in_registers=True)),
-    ((2, 1024, 2, 64), False, "float16", MosaicBlockSizes(consumers=3, persistent=True, q_in_registers=True)),
-    ((1, 300, 1, 80), True, "bfloat16", MosaicBlockSizes(q_in_registers=True, paired=True)),
     # Three forward consumers (192-row tiles, the last one clamped), with
     # their round-robin turns and with the overlapped schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, num_stages=3)),
@@ -397,7 +393,7 @@ def test_gpu_alt_blocks_match_reference(case: Case) -> None:
 # Alternative forward schedules, each over the whole sweep: each consumer
 # overlapping its own matmuls and softmax; ping-pong turns that issue P V and
 # the next block's S together (default tiles, and the plain grid with three
-# consumers at head_dim 64); q multiplied from registers; three consumers (192 query rows per
+# consumers at head_dim 64); three consumers (192 query rows per
 # CTA; at most lengths the last tile's extra consumers are clamped onto the
 # last rows); the persistent grid (one program per SM walking tiles, the K/V
 # ring and the turn token running on across tiles), with two and three
@@ -406,7 +402,6 @@ FORWARD_VARIANTS = {
     "overlap": dict(pingpong=False, overlap=True),
     "paired": dict(paired=True),
     "paired-grid": dict(paired=True, persistent=False),
-    "q-registers": dict(q_in_registers=True),
     "consumers3": dict(consumers=3),
     "persistent": dict(persistent=True),
     "persistent-consumers3": dict(persistent=True, consumers=3),

@@ -129,9 +129,9 @@ class MosaicBlockSizes:
         (FA3's ping-pong). Without it the consumer waits for P V inside its
         turn before it issues S, so the tensor cores idle for that wait.
       overlap: forward consumers overlap their own matmuls and softmax
-        instead (FA3 §3.2): the scores of the next key block and the
-        previous block's P V are in flight while the softmax runs. Needs
-        pingpong=False.
+        (FA3 §3.2): the scores of the next key block and the previous
+        block's P V are in flight while the softmax runs. With pingpong,
+        both are issued in one turn (FA3's head_dim 128 schedule).
     """
 
     block_q: int = 64
@@ -151,8 +151,8 @@ class MosaicBlockSizes:
     dq_split: bool = False
 
     def __post_init__(self) -> None:
-        if self.overlap and self.pingpong:
-            raise ValueError("overlap=True replaces the consumers' turn-taking: also set pingpong=False")
+        if self.overlap and self.paired:
+            raise ValueError("overlap=True and paired=True are two schedules of a consumer's matmuls: choose one")
         if self.paired and not self.pingpong:
             raise ValueError("paired=True pairs the matmuls of a ping-pong turn: also set pingpong=True")
         if self.dq_split and not self.fused_bwd:
@@ -613,26 +613,36 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     return acc * _rows(alpha, acc.shape), m_new, l, p.astype(dtype)
 
                 def overlapped_step(j, carry, *, masked: bool):
-                    # Enters as paired_step. Issues S_j = Q K_j^T and
-                    # then P_{j-1} V_{j-1}, waits only for S_j, and runs the
-                    # softmax of block j while P_{j-1} V_{j-1} is in flight.
+                    # Enters as paired_step. Issues S_j = Q K_j^T and then
+                    # P_{j-1} V_{j-1} (accumulated into acc), waits only for
+                    # S_j, and runs the softmax of block j while P_{j-1} V_{j-1}
+                    # is in flight (FA3 §3.2). acc is rescaled once that is done.
                     acc, m, l, p_prev = carry
                     slot, prev = ring(j), ring(j - 1)
                     plgpu.barrier_wait(k_ready.at[slot])
                     plgpu.barrier_wait(v_ready.at[prev])
+                    take_turn()
 
-                    def products(s_ref, pv_ref):
+                    def products(refs):
+                        acc_ref, s_ref, m_ref, l_ref, alpha_ref, p_ref = refs
                         plgpu.wgmma(s_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
-                        plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
+                        plgpu.wgmma(acc_ref, p_prev, v_smem.at[prev])
+                        give_turn()
                         s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_j done, P V may still run
                         plgpu.barrier_arrive(k_free.at[slot])
-                        m_new, alpha, l_new, p = softmax_update(s, m, l, j, masked)
-                        return m_new, alpha, l_new, p.astype(dtype), pv_ref[...]
+                        m_ref[...], alpha_ref[...], l_ref[...], p_ref[...] = softmax_update(
+                            s, m_ref[...], l_ref[...], j, masked)
 
-                    m_new, alpha, l_new, p, pv = pl.run_scoped(
-                        products, plgpu.ACC((bq, bk), jnp.float32), plgpu.ACC((bq, head_dim), jnp.float32))
+                    s0 = _zeros((bq, bk), plgpu.Layout.WGMMA)
+                    acc, _, m, l, alpha, p = pl.run_state(products)(
+                        (plgpu.ACC.init(acc), plgpu.ACC.init(s0), m, l, m, s0))
+                    # P_{j-1} V_{j-1} has completed here. The barrier keeps the
+                    # conversion of P_j, whose registers may be those P_{j-1}
+                    # was read from, after that wait: if it came before, ptxas
+                    # would serialize every wgmma of the kernel (C7513).
+                    acc, p = lax.optimization_barrier((acc, p))
                     plgpu.barrier_arrive(v_free.at[prev])
-                    return (acc + pv) * _rows(alpha, acc.shape), m_new, l_new, p
+                    return acc * _rows(alpha, acc.shape), m, l, p.astype(dtype)
 
                 def store(acc, m, l):
                     # Every row (padded ones too: their q is zero) saw at least

@@ -58,7 +58,7 @@ def _zeros(dtype="bfloat16", head_dim=64, seq=16):
         ({"block_k": 100}, "block_k=100 must be 64, 128, 192 or 256"),
         ({"block_q_dkv": 512}, "block_q_dkv=512 must be 64, 128, 192 or 256"),
         ({"num_stages": 0}, "num_stages=0 must be an integer between 1 and 8"),
-        ({"overlap": True}, "also set pingpong=False"),
+        ({"overlap": True, "paired": True}, "choose one"),
         ({"pingpong": False, "paired": True}, "also set pingpong=True"),
         ({"consumers": 4}, r"consumers=4 must be one of \(2, 3\)"),
         ({"consumers": 3, "block_q": 128}, "use block_q=64"),
@@ -258,6 +258,8 @@ LOWERING_CASES = [
     ((1, 256, 2, 64), True, "bfloat16", MosaicBlockSizes(paired=True, num_stages=3)),
     ((1, 300, 1, 80), False, "float16", MosaicBlockSizes(paired=True)),
     ((1, 17, 1, 128), True, "bfloat16", MosaicBlockSizes(paired=True, block_k=64)),
+    ((1, 256, 2, 128), False, "bfloat16", MosaicBlockSizes(overlap=True)),
+    ((1, 520, 1, 64), True, "float16", MosaicBlockSizes(overlap=True, consumers=3, persistent=True)),
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, paired=True, persistent=True)),
     ((1, 520, 1, 128), False, "bfloat16", MosaicBlockSizes(paired=True, persistent=True)),
     # Three forward consumers (192-row tiles, the last one clamped), with
@@ -400,6 +402,7 @@ def test_gpu_alt_blocks_match_reference(case: Case) -> None:
 # consumers.
 FORWARD_VARIANTS = {
     "overlap": dict(pingpong=False, overlap=True),
+    "overlap-pingpong": dict(overlap=True),
     "paired": dict(paired=True),
     "paired-grid": dict(paired=True, persistent=False),
     "consumers3": dict(consumers=3),

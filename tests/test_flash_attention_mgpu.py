@@ -392,19 +392,21 @@ def test_gpu_alt_blocks_match_reference(case: Case) -> None:
     assert max(errs.values()) <= tol, f"{case}: {errs} exceed {tol}"
 
 
-# Alternative forward schedules, each over the whole sweep: each consumer
-# overlapping its own matmuls and softmax; ping-pong turns that issue P V and
-# the next block's S together (default tiles, and the plain grid with three
-# consumers at head_dim 64); three consumers (192 query rows per
+# Alternative forward schedules, each over the whole sweep (each head_dim's
+# default tiles with the schedule changed): each consumer overlapping its own
+# matmuls and softmax (the head_dim 128 default), with and without turns;
+# round-robin turns (the head_dim 64 default); turns that issue P V and the
+# next block's S together (also on the plain grid); three consumers (192 query rows per
 # CTA; at most lengths the last tile's extra consumers are clamped onto the
 # last rows); the persistent grid (one program per SM walking tiles, the K/V
 # ring and the turn token running on across tiles), with two and three
 # consumers.
 FORWARD_VARIANTS = {
     "overlap": dict(pingpong=False, overlap=True),
-    "overlap-pingpong": dict(overlap=True),
-    "paired": dict(paired=True),
-    "paired-grid": dict(paired=True, persistent=False),
+    "overlap-pingpong": dict(pingpong=True, overlap=True),
+    "roundrobin": dict(pingpong=True, overlap=False),
+    "paired": dict(pingpong=True, overlap=False, paired=True),
+    "paired-grid": dict(pingpong=True, overlap=False, paired=True, persistent=False),
     "consumers3": dict(consumers=3),
     "persistent": dict(persistent=True),
     "persistent-consumers3": dict(persistent=True, consumers=3),

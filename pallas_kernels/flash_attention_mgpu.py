@@ -314,8 +314,10 @@ def _compiler_params():
 
 
 def _launch(body, out_type, scratch, grid: tuple, name: str, consumers: int = 2,
-            grid_names: tuple = ("heads", "tiles", "batch"), mutable: bool = False):
-    """One program per grid point (by default one per (head, tile, batch))
+            grid_names: tuple = ("tiles", "heads", "batch"), mutable: bool = False):
+    """One program per grid point (by default one per (tile, head, batch):
+    tiles vary fastest, so the programs that run at once share a few heads'
+    streamed blocks in L2 instead of each reading a different head's)
     with `consumers` consumer warpgroups (`wg` 0 .. consumers - 1) and the
     producer (`wg` == consumers).
 
@@ -434,6 +436,19 @@ def _num_sms(default: int = 132) -> int:
     return int(count) if count else default
 
 
+# Bytes of streamed K/V that the programs of a persistent grid running at once
+# should share: a fraction of the 50 MiB L2 of an H100, leaving room for the
+# queries and outputs passing through it.
+_L2_WORKING_SET = 16 * 2**20
+
+
+def _head_group(n_heads: int, bytes_per_head: int) -> int:
+    """The largest divisor of n_heads (batch x heads) whose heads' streamed
+    blocks fit in _L2_WORKING_SET, at least 1."""
+    limit = max(1, _L2_WORKING_SET // bytes_per_head)
+    return max(d for d in range(1, min(n_heads, limit) + 1) if n_heads % d == 0)
+
+
 def _snake_schedule(n_work: int, n_programs: int, program):
     """Static schedule of a persistent grid: (number of items of `program`,
     function from its i-th turn to the item's index).
@@ -471,6 +486,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     # loads while this one computes, and one K/V ring across tiles.
     n_work = num_tiles * batch * heads
     n_programs = min(n_work, _num_sms()) if persistent else None
+    group = _head_group(batch * heads, 2 * padded_len * row)
     n_bufs = 2 if persistent else 1
     stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, n_bufs * n_wg * bq * (row + 4), 2 * bk * row)
     qk_scale = sm_scale * LOG2_E
@@ -486,10 +502,13 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
             n_items, item = _snake_schedule(n_work, n_programs, lax.axis_index("programs"))
 
             def coords(i):
-                w = item(i)  # work items are numbered longest first
-                bh = lax.rem(w, batch * heads)
-                return lax.div(bh, heads), lax.rem(bh, heads), _longest_first(lax.div(w, batch * heads),
-                                                                              num_tiles, causal)
+                # Work items run in groups of `group` (batch, head) pairs,
+                # within a group longest first, so the programs running at
+                # once stream the K/V of a few heads (which stay in L2).
+                w = item(i)
+                g, r = lax.div(w, group * num_tiles), lax.rem(w, group * num_tiles)
+                bh = g * group + lax.rem(r, group)
+                return lax.div(bh, heads), lax.rem(bh, heads), _longest_first(lax.div(r, group), num_tiles, causal)
         else:
             n_items = 1
 
@@ -747,7 +766,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     if persistent:
         grid, names = (n_programs,), ("programs",)
     else:
-        grid, names = (heads, num_tiles, batch), ("heads", "tiles", "batch")
+        grid, names = (num_tiles, heads, batch), ("tiles", "heads", "batch")
     return _launch(body, out_type, scratch, grid, "flash_attention_mgpu_fwd", consumers=n_wg,
                    grid_names=names)(q, k, v)
 
@@ -848,7 +867,7 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
     )
     out_type = jax.ShapeDtypeStruct(q.shape, dtype)
-    return _launch(body, out_type, scratch, (heads, num_tiles, batch), "flash_attention_mgpu_bwd_dq")(
+    return _launch(body, out_type, scratch, (num_tiles, heads, batch), "flash_attention_mgpu_bwd_dq")(
         q, k, v, do, lse, delta)
 
 
@@ -1077,7 +1096,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         )
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
-    launch = _launch(body, (grad, grad), scratch, (heads, num_tiles, batch), name, mutable=fused)
+    launch = _launch(body, (grad, grad), scratch, (num_tiles, heads, batch), name, mutable=fused)
     return launch(q, k, v, do, lse, delta, *((dq_acc,) if fused else ()))
 
 

@@ -448,6 +448,17 @@ def _head_group(n_heads: int, bytes_per_head: int) -> int:
     return max(d for d in range(1, min(n_heads, limit) + 1) if n_heads % d == 0)
 
 
+def _work_item(w, *, group: int, num_tiles: int, heads: int, causal: bool):
+    """(batch, head, tile) of a persistent forward's work item w. Items come in
+    groups of `group` (batch, head) pairs, each group's items numbered by tile
+    (longest first when causal) with its heads innermost, so the programs
+    running at once stream the K/V of about `group` heads, which stay in L2.
+    group = batch * heads is one longest-first order over every head."""
+    g, r = lax.div(w, group * num_tiles), lax.rem(w, group * num_tiles)
+    bh = g * group + lax.rem(r, group)
+    return lax.div(bh, heads), lax.rem(bh, heads), _longest_first(lax.div(r, group), num_tiles, causal)
+
+
 def _snake_schedule(n_work: int, n_programs: int, program):
     """Static schedule of a persistent grid: (number of items of `program`,
     function from its i-th turn to the item's index).
@@ -504,13 +515,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
             n_items, item = _snake_schedule(n_work, n_programs, lax.axis_index("programs"))
 
             def coords(i):
-                # Work items run in groups of `group` (batch, head) pairs,
-                # within a group longest first, so the programs running at
-                # once stream the K/V of a few heads (which stay in L2).
-                w = item(i)
-                g, r = lax.div(w, group * num_tiles), lax.rem(w, group * num_tiles)
-                bh = g * group + lax.rem(r, group)
-                return lax.div(bh, heads), lax.rem(bh, heads), _longest_first(lax.div(r, group), num_tiles, causal)
+                return _work_item(item(i), group=group, num_tiles=num_tiles, heads=heads, causal=causal)
         else:
             n_items = 1
 

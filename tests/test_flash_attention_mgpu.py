@@ -206,6 +206,50 @@ def test_snake_schedule_balances_decreasing_lengths() -> None:
     assert max(totals) < max(round_robin)
 
 
+def test_head_group_fits_l2_and_divides() -> None:
+    """As many heads as fit the L2 working set, but a divisor of their count."""
+    mib = 2**20
+    assert mgpu._head_group(64, 2 * mib) == 8  # head_dim 128, seq 4096: 2 MiB of K/V per head
+    assert mgpu._head_group(12, 2 * mib) == 6
+    assert mgpu._head_group(7, 2 * mib) == 7
+    assert mgpu._head_group(64, 64 * mib) == 1
+    assert mgpu._head_group(512, mib // 4) == 64
+
+
+@pytest.mark.parametrize(("batch", "heads", "num_tiles", "causal"), [(4, 16, 32, False), (2, 3, 5, True),
+                                                                     (4, 16, 32, True), (1, 32, 86, False)])
+def test_work_items_cover_the_grid_and_share_heads(batch, heads, num_tiles, causal) -> None:
+    """The persistent forward's item numbering is a bijection onto (batch,
+    head, tile). Non-causal, in groups of heads: any 132 consecutive items
+    (programs that run at once) touch at most two groups' heads, where one
+    order over all heads touches up to 132. Causal, one group over all
+    heads: tile lengths never increase along the numbering."""
+    n = batch * heads
+    group = n if causal else mgpu._head_group(n, 2 * 4096 * 256)
+    items = [tuple(int(x) for x in mgpu._work_item(jnp.int32(w), group=group, num_tiles=num_tiles, heads=heads,
+                                                      causal=causal)) for w in range(n * num_tiles)]
+    assert sorted(items) == [(b, h, t) for b in range(batch) for h in range(heads) for t in range(num_tiles)]
+    if causal:
+        tiles = [t for _, _, t in items]
+        assert tiles == sorted(tiles, reverse=True)
+    else:
+        def heads_at_once(order):
+            window = min(132, len(order))
+            return max(len({(b, h) for b, h, _ in order[w:w + window]}) for w in range(len(order) - window + 1))
+
+        ungrouped = [tuple(int(x) for x in mgpu._work_item(jnp.int32(w), group=n, num_tiles=num_tiles, heads=heads,
+                                                              causal=causal)) for w in range(n * num_tiles)]
+        assert group < n and heads_at_once(items) <= 2 * group < heads_at_once(ungrouped)
+
+
+def test_backward_grid_order() -> None:
+    """Tiles fastest only for the two-kernel backward above the length limit."""
+    limit = mgpu.TILES_FASTEST_BWD_MIN_SEQ
+    assert mgpu._backward_grid(32, 16, 4, limit + 128, fused=False) == ((32, 16, 4), ("tiles", "heads", "batch"))
+    assert mgpu._backward_grid(32, 16, 4, limit, fused=False) == ((16, 32, 4), ("heads", "tiles", "batch"))
+    assert mgpu._backward_grid(32, 16, 4, 4 * limit, fused=True) == ((16, 32, 4), ("heads", "tiles", "batch"))
+
+
 @pytest.mark.parametrize(("seq", "bq", "consumers", "bk"), [(1024, 64, 3, 128), (1000, 64, 3, 128),
                                                        (4096, 64, 2, 128), (520, 128, 2, 64)])
 def test_consumer_key_blocks_skip_only_masked_work(seq, bq, consumers, bk) -> None:
@@ -275,6 +319,8 @@ LOWERING_CASES = [
     # ... with dQ split by columns between the consumers (head_dim 128).
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
+    # Past TILES_FASTEST_BWD_MIN_SEQ: the two-kernel backward launches tiles fastest.
+    ((1, 2304, 1, 128), True, "bfloat16", None),
     # The persistent forward (one program per SM walking tiles), each schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),

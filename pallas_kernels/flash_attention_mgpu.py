@@ -11,13 +11,17 @@ follow the FlashAttention-3 design (Shah et al. 2024, arXiv:2407.08608):
   consumer warpgroups that run `wgmma` and the softmax;
 - the consumers take turns on the tensor cores ("ping-pong", FA3 §3.1, as
   a round robin): while one runs its matmuls the others run their
-  exponentials;
-- the forward can run persistent: one CTA per SM walks the query tiles,
-  longest first, with its K/V pipeline running on across tiles;
+  exponentials; or (the head_dim 128 default) each consumer overlaps its
+  own softmax with its previous block's P V (FA3 §3.2);
+- the forward can run persistent: one CTA per SM walks the query tiles
+  (causal: longest first; otherwise a few heads at a time, so their K/V
+  stays in L2), with its K/V pipeline running on across tiles;
 - scores live in base 2 with the softmax scale and log2(e) folded into one
   multiply-add; causal loops are split into an unmasked and a masked part;
 - the backward is two kernels, dQ (one query tile per CTA, streaming K/V) and
-  dK/dV (one key tile per CTA, streaming Q/dO/lse/delta), so no atomics.
+  dK/dV (one key tile per CTA, streaming Q/dO/lse/delta), so no atomics;
+  or, the head_dim <= 64 default above seq 2048, one fused kernel that adds
+  dQ up with TMA reduce-adds.
 
 Layout and contracts are those of the portable kernels: q, k, v, o are
 [batch, seq, heads, head_dim]; lse is [batch, heads, seq] float32, natural log.

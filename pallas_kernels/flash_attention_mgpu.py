@@ -131,7 +131,8 @@ class MosaicBlockSizes:
       paired: ping-pong only: a consumer's turn issues P_{j-1} V_{j-1} and
         S_j back to back and it waits for both after handing the turn on
         (FA3's ping-pong). Without it the consumer waits for P V inside its
-        turn before it issues S, so the tensor cores idle for that wait.
+        turn before it issues S. Within noise at head_dim 128 on an H100,
+        and it spills at head_dim 64's 160 registers: not a default.
       overlap: forward consumers overlap their own matmuls and softmax
         (FA3 §3.2): the scores of the next key block and the previous
         block's P V are in flight while the softmax runs. With pingpong,
@@ -502,7 +503,8 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     n_programs = min(n_work, _num_sms()) if persistent else None
     # Non-causal items are all alike, so they can run in groups of heads;
     # causal ones keep one longest-first order over all heads, which the
-    # snake schedule balances (grouped, a 2x imbalance between programs).
+    # snake schedule balances (grouped by 8 heads at seq 4096, the busiest
+    # program would get 1.68x the mean work; it measured 0.58-0.61x).
     group = batch * heads if causal else _head_group(batch * heads, 2 * padded_len * row)
     n_bufs = 2 if persistent else 1
     stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, n_bufs * n_wg * bq * (row + 4), 2 * bk * row)
@@ -626,16 +628,22 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_arrive(v_free.at[slot])
                     return acc, m_new, l
 
+                def enter_pipelined(j):
+                    """A pipelined step's start: K_j and V_{j-1} are in, the
+                    turn is taken. Returns their ring slots."""
+                    slot, prev = ring(j), ring(j - 1)
+                    plgpu.barrier_wait(k_ready.at[slot])
+                    plgpu.barrier_wait(v_ready.at[prev])
+                    take_turn()
+                    return slot, prev
+
                 def paired_step(j, carry, *, masked: bool):
                     # Enters with P of block j-1 (not yet multiplied by V) and
                     # acc rescaled to its running max. In its turn the consumer
                     # issues P_{j-1} V_{j-1} and S_j = Q K_j^T back to back and
                     # hands the turn on; only then does it wait for both.
                     acc, m, l, p_prev = carry
-                    slot, prev = ring(j), ring(j - 1)
-                    plgpu.barrier_wait(k_ready.at[slot])
-                    plgpu.barrier_wait(v_ready.at[prev])
-                    take_turn()
+                    slot, prev = enter_pipelined(j)
 
                     def products(refs):
                         pv_ref, s_ref = refs
@@ -655,10 +663,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     # S_j, and runs the softmax of block j while P_{j-1} V_{j-1}
                     # is in flight (FA3 §3.2). acc is rescaled once that is done.
                     acc, m, l, p_prev = carry
-                    slot, prev = ring(j), ring(j - 1)
-                    plgpu.barrier_wait(k_ready.at[slot])
-                    plgpu.barrier_wait(v_ready.at[prev])
-                    take_turn()
+                    slot, prev = enter_pipelined(j)
 
                     def products(refs):
                         acc_ref, s_ref, m_ref, l_ref, alpha_ref, p_ref = refs
@@ -784,8 +789,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
 
 # The backward kernels of the two-kernel schedule launch tiles fastest above
 # this length (programs running at once then stream the same heads' blocks
-# from L2): 1.07-1.11x the head-fastest grid at head_dim 128 and seq 4096,
-# 0.88x at 1024, on an H100.
+# from L2). On an H100 at head_dim 128, seq 4096 non-causal: 1.09x and 1.05x
+# the head-fastest grid in two A/Bs, whose spread was about 6%; 0.88x at seq
+# 1024.
 TILES_FASTEST_BWD_MIN_SEQ = 2048
 
 

@@ -13,9 +13,10 @@ follow the FlashAttention-3 design (Shah et al. 2024, arXiv:2407.08608):
   a round robin): while one runs its matmuls the others run their
   exponentials; or (the head_dim 128 default) each consumer overlaps its
   own softmax with its previous block's P V (FA3 §3.2);
-- the forward can run persistent: one CTA per SM walks the query tiles
-  (causal: longest first; otherwise a few heads at a time, so their K/V
-  stays in L2), with its K/V pipeline running on across tiles;
+- the forward can run persistent: one CTA per SM walks its row of a static
+  schedule of query tiles (a few heads at a time, so their K/V stays in L2;
+  causal tiles longest first within them, balanced by list scheduling), with
+  its K/V pipeline running on across tiles;
 - scores live in base 2 with the softmax scale and log2(e) folded into one
   multiply-add; causal loops are split into an unmasked and a masked part;
 - the backward is two kernels, dQ (one query tile per CTA, streaming K/V) and
@@ -37,10 +38,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 try:  # Mosaic GPU is optional: CPU-only installs and older jax lack parts of it.
@@ -453,32 +456,52 @@ def _head_group(n_heads: int, bytes_per_head: int) -> int:
     return max(d for d in range(1, min(n_heads, limit) + 1) if n_heads % d == 0)
 
 
-def _work_item(w, *, group: int, num_tiles: int, heads: int, causal: bool):
-    """(batch, head, tile) of a persistent forward's work item w. Items come in
-    groups of `group` (batch, head) pairs, each group's items numbered by tile
-    (longest first when causal) with its heads innermost, so the programs
-    running at once stream the K/V of about `group` heads, which stay in L2.
-    group = batch * heads is one longest-first order over every head."""
-    g, r = lax.div(w, group * num_tiles), lax.rem(w, group * num_tiles)
-    bh = g * group + lax.rem(r, group)
-    return lax.div(bh, heads), lax.rem(bh, heads), _longest_first(lax.div(r, group), num_tiles, causal)
+def _work_order(n_heads: int, num_tiles: int, *, group: int, causal: bool) -> np.ndarray:
+    """The persistent forward's work items, bh * num_tiles + tile for each
+    (batch x head bh, query tile), in the order they are handed out: groups
+    of `group` heads, each group's tiles by rank (longest first when causal)
+    with its heads innermost. Programs running at once then stream the K/V
+    of about `group` heads, which stay in L2."""
+    bh = np.arange(n_heads).reshape(n_heads // group, 1, group)
+    rank = np.arange(num_tiles).reshape(1, num_tiles, 1)
+    tile = num_tiles - 1 - rank if causal else rank
+    return (bh * num_tiles + tile).reshape(-1)
 
 
-def _snake_schedule(n_work: int, n_programs: int, program):
-    """Static schedule of a persistent grid: (number of items of `program`,
-    function from its i-th turn to the item's index).
+def _list_schedule(costs, n_programs: int) -> np.ndarray:
+    """Static list scheduling of a persistent grid: items are handed out in
+    order, each to the program that, by the estimated `costs`, is free first
+    (ties: the lowest program), which is what a dynamic tile scheduler would
+    do if the estimates were exact. Equal costs give round robin. Returns
+    int32 [n_programs, 1 + most items]: row p is p's item count, then the
+    indices of its items in the order it runs them (zero-padded).
 
-    Round i hands items [i P, (i + 1) P) to the P programs, every other round
-    in reverse. With items numbered longest first, a program that got a
-    longer item in one round gets a shorter one in the next, which balances
-    the programs' totals better than round robin."""
+    Unlike a fixed pattern over the numbering (a snake), this balances the
+    programs whatever the order of the lengths: grouped causal tiles come
+    long, short, long, short group after group."""
+    free_at = [(0.0, p) for p in range(n_programs)]
+    runs: list[list[int]] = [[] for _ in range(n_programs)]
+    for item, cost in enumerate(costs):
+        t, p = heapq.heappop(free_at)
+        runs[p].append(item)
+        heapq.heappush(free_at, (t + float(cost), p))
+    table = np.zeros((n_programs, 1 + max(map(len, runs))), np.int32)
+    for p, run in enumerate(runs):
+        table[p, 0] = len(run)
+        table[p, 1:1 + len(run)] = run
+    return table
 
-    def position(i):
-        return jnp.where(lax.rem(i, 2) == 0, program, n_programs - 1 - program)
 
-    full_rounds, rest = divmod(n_work, n_programs)
-    n_items = full_rounds + (position(full_rounds) < rest).astype(jnp.int32)
-    return n_items, lambda i: i * n_programs + position(i)
+def _forward_schedule(batch: int, heads: int, num_tiles: int, n_programs: int, *, causal: bool, key_blocks,
+                      bytes_per_head: int) -> np.ndarray:
+    """The persistent forward's schedule: _list_schedule's table with each
+    item replaced by its work code (bh * num_tiles + tile, _work_order).
+    `key_blocks(t)`: the number of key blocks query tile t visits; a tile is
+    estimated to cost those plus one (its q load, pipeline fill and store)."""
+    order = _work_order(batch * heads, num_tiles, group=_head_group(batch * heads, bytes_per_head), causal=causal)
+    table = _list_schedule([key_blocks(int(code) % num_tiles) + 1 for code in order], n_programs)
+    table[:, 1:] = order[table[:, 1:]]
+    return table
 
 
 def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, blocks: MosaicBlockSizes):
@@ -496,16 +519,18 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     num_k_blocks = pl.cdiv(seq_len, bk)
     row = head_dim * dtype.itemsize
     persistent = blocks.persistent
-    # Persistent: one program per SM walks its share of the work items
-    # (_snake_schedule), with two query/output buffers so the next tile's q
-    # loads while this one computes, and one K/V ring across tiles.
+    # Persistent: one program per SM walks its row of a static schedule
+    # (_forward_schedule: a few heads at a time, balanced by list
+    # scheduling), with two query/output buffers so the next tile's q loads
+    # while this one computes, and one K/V ring across tiles.
     n_work = num_tiles * batch * heads
     n_programs = min(n_work, _num_sms()) if persistent else None
-    # Non-causal items are all alike, so they can run in groups of heads;
-    # causal ones keep one longest-first order over all heads, which the
-    # snake schedule balances (grouped by 8 heads at seq 4096, the busiest
-    # program would get 1.68x the mean work; it measured 0.58-0.61x).
-    group = batch * heads if causal else _head_group(batch * heads, 2 * padded_len * row)
+    if persistent:
+        def key_blocks(t):  # _query_tile_key_blocks' count, on Python ints
+            return min(-(-(t + 1) * tile // bk), num_k_blocks) if causal else num_k_blocks
+
+        schedule = jnp.asarray(_forward_schedule(batch, heads, num_tiles, n_programs, causal=causal,
+                                                 key_blocks=key_blocks, bytes_per_head=2 * padded_len * row))
     n_bufs = 2 if persistent else 1
     stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, n_bufs * n_wg * bq * (row + 4), 2 * bk * row)
     qk_scale = sm_scale * LOG2_E
@@ -514,14 +539,19 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     # Block 0 of a pipelined schedule runs alone, masked wherever any block may need it.
     first_masked = causal or seq_len % bk != 0
 
-    def body(q_ref, k_ref, v_ref, o_ref, lse_ref, q_smem, k_smem, v_smem, lse_smem,
-             q_ready, k_ready, v_ready, k_free, v_free, turn):
+    def body(q_ref, k_ref, v_ref, *refs):
+        if persistent:
+            schedule_ref, *refs = refs
+        (o_ref, lse_ref, q_smem, k_smem, v_smem, lse_smem, q_ready, k_ready, v_ready, k_free, v_free, turn) = refs
         wg = lax.axis_index("wg")
         if persistent:
-            n_items, item = _snake_schedule(n_work, n_programs, lax.axis_index("programs"))
+            program = lax.axis_index("programs")
+            n_items = schedule_ref[program, 0]
 
             def coords(i):
-                return _work_item(item(i), group=group, num_tiles=num_tiles, heads=heads, causal=causal)
+                code = schedule_ref[program, 1 + i]
+                bh = lax.div(code, num_tiles)
+                return lax.div(bh, heads), lax.rem(bh, heads), lax.rem(code, num_tiles)
         else:
             n_items = 1
 
@@ -784,7 +814,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     else:
         grid, names = (heads, num_tiles, batch), ("heads", "tiles", "batch")
     return _launch(body, out_type, scratch, grid, "flash_attention_mgpu_fwd", consumers=n_wg,
-                   grid_names=names)(q, k, v)
+                   grid_names=names)(q, k, v, *((schedule,) if persistent else ()))
 
 
 # The backward kernels of the two-kernel schedule launch tiles fastest above

@@ -321,12 +321,30 @@ def _compiler_params():
     return plgpu.CompilerParams(approx_math=True)
 
 
+def _tile_grid(heads: int, num_tiles: int, batch: int) -> tuple[int, int, int]:
+    """Grid of the kernels with one program per (head, tile, batch), in
+    Pallas order, named _TILE_GRID_NAMES.
+
+    Mosaic GPU launches a Pallas grid reversed: its last axis becomes CUDA's
+    x, the fastest in launch order. So this runs batch fastest, then tiles,
+    then heads, and the programs running at once cover every tile of a few
+    (batch, head) pairs, whose streamed blocks they share through L2. The
+    reverse ((tiles, heads, batch) here: heads and batch fastest, programs
+    running at once spread over every head) read 48-58% of DRAM bandwidth at
+    32-36% L2 hits in the head_dim 128 backward at seq 4096, against 7-10%
+    and 85-88% (Nsight Compute on an H100); it ran the head_dim 64 fused
+    backward at 0.58x and the forward grid at seq 1024 at 0.64x."""
+    return heads, num_tiles, batch
+
+
+_TILE_GRID_NAMES = ("heads", "tiles", "batch")
+
+
 def _launch(body, out_type, scratch, grid: tuple, name: str, consumers: int = 2,
-            grid_names: tuple = ("heads", "tiles", "batch"), mutable: bool = False):
-    """One program per grid point (by default one per (head, tile, batch);
-    the first axis varies fastest in launch order)
-    with `consumers` consumer warpgroups (`wg` 0 .. consumers - 1) and the
-    producer (`wg` == consumers).
+            grid_names: tuple = _TILE_GRID_NAMES, mutable: bool = False):
+    """One program per grid point (by default _tile_grid's) with `consumers`
+    consumer warpgroups (`wg` 0 .. consumers - 1) and the producer
+    (`wg` == consumers). Mosaic GPU launches the grid's last axis fastest.
 
     mutable: some operands are `jax.Ref`s the kernel writes in place. That
     takes `pl.kernel` itself: `plgpu.kernel` wraps the call in a custom_vmap,
@@ -812,26 +830,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     if persistent:
         grid, names = (n_programs,), ("programs",)
     else:
-        grid, names = (heads, num_tiles, batch), ("heads", "tiles", "batch")
+        grid, names = _tile_grid(heads, num_tiles, batch), _TILE_GRID_NAMES
     return _launch(body, out_type, scratch, grid, "flash_attention_mgpu_fwd", consumers=n_wg,
                    grid_names=names)(q, k, v, *((schedule,) if persistent else ()))
-
-
-# The backward kernels of the two-kernel schedule launch tiles fastest above
-# this length (programs running at once then stream the same heads' blocks
-# from L2). On an H100 at head_dim 128, seq 4096 non-causal: 1.09x and 1.05x
-# the head-fastest grid in two A/Bs, whose spread was about 6%; 0.88x at seq
-# 1024.
-TILES_FASTEST_BWD_MIN_SEQ = 2048
-
-
-def _backward_grid(num_tiles: int, heads: int, batch: int, seq_len: int, *, fused: bool):
-    """Grid and axis names of a backward kernel. The fused kernel keeps heads
-    fastest: with tiles fastest its programs running at once reduce-add into
-    the same head's dQ rows, and it measured 0.66x."""
-    if fused or seq_len <= TILES_FASTEST_BWD_MIN_SEQ:
-        return (heads, num_tiles, batch), ("heads", "tiles", "batch")
-    return (num_tiles, heads, batch), ("tiles", "heads", "batch")
 
 
 # ----------------------------------------------------------------------------
@@ -930,8 +931,7 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
     )
     out_type = jax.ShapeDtypeStruct(q.shape, dtype)
-    grid, names = _backward_grid(num_tiles, heads, batch, padded_len, fused=False)
-    return _launch(body, out_type, scratch, grid, "flash_attention_mgpu_bwd_dq", grid_names=names)(
+    return _launch(body, out_type, scratch, _tile_grid(heads, num_tiles, batch), "flash_attention_mgpu_bwd_dq")(
         q, k, v, do, lse, delta)
 
 
@@ -1160,8 +1160,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         )
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
-    grid, names = _backward_grid(num_tiles, heads, batch, padded_len, fused=fused)
-    launch = _launch(body, (grad, grad), scratch, grid, name, grid_names=names, mutable=fused)
+    launch = _launch(body, (grad, grad), scratch, _tile_grid(heads, num_tiles, batch), name, mutable=fused)
     return launch(q, k, v, do, lse, delta, *((dq_acc,) if fused else ()))
 
 

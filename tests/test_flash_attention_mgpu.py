@@ -278,12 +278,58 @@ def test_forward_schedule_streams_few_heads_at_once(batch, heads, num_tiles, cau
         assert busiest < min(n_programs, batch * heads)
 
 
-def test_backward_grid_order() -> None:
-    """Tiles fastest only for the two-kernel backward above the length limit."""
-    limit = mgpu.TILES_FASTEST_BWD_MIN_SEQ
-    assert mgpu._backward_grid(32, 16, 4, limit + 128, fused=False) == ((32, 16, 4), ("tiles", "heads", "batch"))
-    assert mgpu._backward_grid(32, 16, 4, limit, fused=False) == ((16, 32, 4), ("heads", "tiles", "batch"))
-    assert mgpu._backward_grid(32, 16, 4, 4 * limit, fused=True) == ((16, 32, 4), ("heads", "tiles", "batch"))
+def _cuda_launch_grids(lowered) -> list[tuple[int, ...]]:
+    """The CUDA grid (x, y, z) of every Mosaic GPU kernel in a lowered
+    program, read from the kernels' serialized MLIR."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    def walk(op):
+        for region in op.regions:
+            for block in region:
+                for inner in block.operations:
+                    yield inner
+                    yield from walk(inner)
+
+    grids = []
+    for op in walk(lowered.compiler_ir("stablehlo").operation):
+        if op.name != "stablehlo.custom_call" or "mosaic_gpu" not in str(op.attributes["call_target_name"]):
+            continue
+        module = bytes(ir.StringAttr(op.attributes["mhlo.backend_config"]["module"]).value_bytes)
+        context = mlir.make_ir_context()
+        context.allow_unregistered_dialects = True
+        with context:
+            for inner in walk(ir.Module.parse(module).operation):
+                if inner.name.endswith("gpu.launch"):
+                    # Operands: async token, then grid x, y, z, block x, y, z.
+                    grids.append(tuple(ir.IntegerAttr(value.owner.attributes["value"]).value
+                                       for value in list(inner.operands)[1:4]))
+    return grids
+
+
+@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+def test_tile_grids_launch_batch_then_tiles_then_heads() -> None:
+    """Mosaic GPU launches a Pallas grid reversed. Every one-program-per-tile
+    kernel (the forward grid, dQ, dK/dV, the fused backward) must come out
+    as CUDA grid (batch, tiles, heads): batch fastest, then tiles, so the
+    programs running at once share a few heads' blocks (_tile_grid). The
+    persistent forward is one row of programs."""
+    batch, seq, heads, head_dim = 3, 512, 5, 64
+    x = jax.ShapeDtypeStruct((batch, seq, heads, head_dim), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)
+    tiles = seq // 128  # 2 x 64 rows per program, forward and backward
+    kwargs = dict(causal=True, sm_scale=0.125)
+    for fused in (False, True):
+        blocks = MosaicBlockSizes(persistent=False, fused_bwd=fused)
+        fwd = jax.jit(functools.partial(mgpu.mosaic_forward, block_sizes=blocks, **kwargs))
+        bwd = jax.jit(functools.partial(mgpu.mosaic_backward, block_sizes=blocks, **kwargs))
+        grids = (_cuda_launch_grids(fwd.trace(x, x, x).lower(lowering_platforms=("cuda",)))
+                 + _cuda_launch_grids(bwd.trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",))))
+        assert grids == [(batch, tiles, heads)] * (2 if fused else 3)
+    persistent = jax.jit(functools.partial(mgpu.mosaic_forward, block_sizes=MosaicBlockSizes(persistent=True),
+                                           **kwargs))
+    assert _cuda_launch_grids(persistent.trace(x, x, x).lower(lowering_platforms=("cuda",))) == [
+        (min(batch * heads * tiles, 132), 1, 1)]
 
 
 @pytest.mark.parametrize(("seq", "bq", "consumers", "bk"), [(1024, 64, 3, 128), (1000, 64, 3, 128),
@@ -355,8 +401,6 @@ LOWERING_CASES = [
     # ... with dQ split by columns between the consumers (head_dim 128).
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
-    # Past TILES_FASTEST_BWD_MIN_SEQ: the two-kernel backward launches tiles fastest.
-    ((1, 2304, 1, 128), True, "bfloat16", None),
     # The persistent forward (one program per SM walking tiles), each schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),

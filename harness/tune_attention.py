@@ -63,6 +63,7 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"consumers": 3, "num_stages": 2},
         {"consumers": 3, "num_stages": 4},
         {"consumers": 3, "block_k": 64, "num_stages": 4},
+        {"persistent": False},
         {"persistent": True},
         {"persistent": True, "consumers": 3},
         {"persistent": True, "consumers": 3, "num_stages": 2},

@@ -86,11 +86,6 @@ _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 # 2048), where the fused kernel's float32 dQ buffer (zero-filled, then scaled
 # and cast by XLA) and its reduce-adds weigh more against less compute.
 FUSED_BWD_MIN_SEQ = 2048
-# The head_dim > 64 forward runs persistent above this length: on an H100 it
-# was 1.02-1.08x the one-program-per-tile grid at seq 4096-16384 and
-# 0.73-0.77x at 1024 and 2048 (interleaved timing, bit-identical outputs).
-PERSISTENT_FWD_MIN_SEQ = 2048
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MosaicBlockSizes:
@@ -197,10 +192,12 @@ class MosaicBlockSizes:
         fused one at seq 1024 and 2048). At 128 three consumers and the
         fused backward were slower: registers and shared memory are already
         full there, and the fused backward, even with dQ split by columns
-        (dq_split), measured 0.71-0.97x the two kernels. The head_dim 128
-        forward runs persistent above PERSISTENT_FWD_MIN_SEQ only, and each
-        of its consumers overlaps its own matmuls and softmax (overlap=True,
-        no turns): 1.05-1.09x the round-robin turns non-causal and
+        (dq_split), measured 0.71-0.97x the two kernels. The forward runs
+        persistent at every length (at head_dim 128 seq 1024-2048 1.07-1.26x
+        the one-program-per-tile grid on an H100 once its schedule was list
+        scheduled over head groups), and at head_dim 128 each of its
+        consumers overlaps its own matmuls and softmax (overlap=True, no
+        turns): 1.05-1.09x the round-robin turns non-causal and
         1.00-1.03x causal on an H100, with bit-identical outputs. At
         head_dim 64 the overlapped schedule spills at three consumers' 160
         registers (1.01-1.05x non-causal, 0.67-0.95x causal) and two
@@ -211,8 +208,7 @@ class MosaicBlockSizes:
             fused = seq_len is None or seq_len > FUSED_BWD_MIN_SEQ
             return cls(block_k=128, num_stages=3, block_k_dq=128, block_q_dkv=64 if fused else 128, consumers=3,
                        persistent=True, fused_bwd=fused)
-        return cls(block_k=128, num_stages=2, pingpong=False, overlap=True,
-                   persistent=seq_len is None or seq_len > PERSISTENT_FWD_MIN_SEQ)
+        return cls(block_k=128, num_stages=2, pingpong=False, overlap=True, persistent=True)
 
     @property
     def seq_multiple(self) -> int:

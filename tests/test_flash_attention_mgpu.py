@@ -96,16 +96,12 @@ def test_default_backward_depends_on_length() -> None:
     assert not any(MosaicBlockSizes.get_default(128, seq).fused_bwd for seq in (1024, 4096, None))
 
 
-def test_default_forward_grid_depends_on_length() -> None:
-    """head_dim <= 64: persistent at every length; head_dim 128: one program
-    per tile up to PERSISTENT_FWD_MIN_SEQ, persistent above it and when the
-    length is not known. Nothing else changes with the length there."""
-    limit = mgpu.PERSISTENT_FWD_MIN_SEQ
-    assert all(MosaicBlockSizes.get_default(64, seq).persistent for seq in (1, limit, limit + 1, None))
-    for seq, persistent in ((1, False), (limit, False), (limit + 1, True), (16384, True), (None, True)):
-        blocks = MosaicBlockSizes.get_default(128, seq)
-        assert blocks.persistent is persistent
-        assert dataclasses.replace(blocks, persistent=False) == MosaicBlockSizes.get_default(128, 1)
+def test_default_forward_is_persistent_at_every_length() -> None:
+    """Every head_dim's default forward is persistent whatever the length,
+    and at head_dim 128 nothing in the defaults depends on the length."""
+    lengths = (1, 1024, 2048, 2049, 16384, None)
+    assert all(MosaicBlockSizes.get_default(d, seq).persistent for d in (64, 80, 128) for seq in lengths)
+    assert {MosaicBlockSizes.get_default(128, seq) for seq in lengths} == {MosaicBlockSizes.get_default(128)}
 
 
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
@@ -470,7 +466,7 @@ GPU_CASES = [
     Case(1, 2048, 2, 128, False, "bfloat16", None),
     Case(1, 1500, 2, 64, False, "float16", None),
     Case(1, 4096, 1, 64, True, "float16", None),
-    # head_dim 128 past PERSISTENT_FWD_MIN_SEQ: its default forward is persistent.
+    # head_dim 128 at long lengths.
     Case(1, 4100, 2, 128, True, "bfloat16", None),
     Case(1, 4096, 1, 128, False, "float16", None),
 ]

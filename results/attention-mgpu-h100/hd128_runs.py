@@ -8,7 +8,8 @@ from harness import attention_targets
 
 HERE = Path(__file__).parent
 RUNS = [("06d22c7 (run 2)", "fa3-hd128-bf16-run2.json"), ("648db8d", "fa3-hd128-bf16-overlap.json"),
-        ("380b30c", "fa3-hd128-bf16-l2order.json"), ("1061937", "fa3-hd128-bf16-grid.json")]
+        ("380b30c", "fa3-hd128-bf16-l2order.json"), ("1061937", "fa3-hd128-bf16-grid.json"),
+        ("81e586d", "fa3-hd128-bf16-persistent-all.json")]
 if sys.argv[1:] == ["64"]:
     RUNS = [("06d22c7 (run 2)", "fa3-hd64-bf16-run2.json"), ("648db8d", "fa3-hd64-bf16-overlap.json"),
             ("1061937", "fa3-hd64-bf16-grid.json")]

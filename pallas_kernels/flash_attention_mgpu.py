@@ -104,8 +104,10 @@ class MosaicBlockSizes:
         K/V block among 192 query rows (FA3's head_dim 64 tile) but leave
         each consumer 160 registers instead of 232.
       persistent: the forward launches one program per SM, each walking
-        tiles (longest first) with the K/V ring running on across tiles and
-        the next tile's q loading while the current one computes.
+        its row of a static schedule (_forward_schedule: a few heads at a
+        time, causal tiles longest first, balanced by list scheduling) with
+        the K/V ring running on across tiles and the next tile's q loading
+        while the current one computes. False: one program per tile.
       block_q_dq, block_k_dq: dQ kernel: query rows per consumer, key rows
         per step.
       block_k_dkv, block_q_dkv: dK/dV kernel and fused backward: key rows

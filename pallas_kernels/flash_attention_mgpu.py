@@ -539,9 +539,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     # (_forward_schedule: a few heads at a time, balanced by list
     # scheduling), with two query/output buffers so the next tile's q loads
     # while this one computes, and one K/V ring across tiles.
-    n_work = num_tiles * batch * heads
-    n_programs = min(n_work, _num_sms()) if persistent else None
     if persistent:
+        n_programs = min(num_tiles * batch * heads, _num_sms())
+
         def key_blocks(t):  # _query_tile_key_blocks' count, on Python ints
             return min(-(-(t + 1) * tile // bk), num_k_blocks) if causal else num_k_blocks
 

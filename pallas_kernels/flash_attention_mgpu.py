@@ -154,8 +154,6 @@ class MosaicBlockSizes:
     persistent: bool = False
     fused_bwd: bool = False
     dq_split: bool = False
-    dq_lag: bool = False
-    stagger: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -164,10 +162,6 @@ class MosaicBlockSizes:
             raise ValueError("paired=True pairs the matmuls of a ping-pong turn: also set pingpong=True")
         if self.dq_split and not self.fused_bwd:
             raise ValueError("dq_split=True splits the fused backward's dQ: also set fused_bwd=True")
-        if self.dq_lag and not self.dq_split:
-            raise ValueError("dq_lag=True delays the split dQ product: also set fused_bwd=True and dq_split=True")
-        if self.stagger and not self.fused_bwd:
-            raise ValueError("stagger=True offsets the fused backward's consumers: also set fused_bwd=True")
         if self.consumers not in _REGISTERS:
             raise ValueError(f"consumers={self.consumers!r} must be one of {tuple(_REGISTERS)}")
         if self.consumers == 3 and self.block_q != 64:
@@ -951,8 +945,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     dtype = q.dtype
     fused = dq_acc is not None
     split = fused and blocks.dq_split
-    lag = split and blocks.dq_lag
-    stagger = fused and blocks.stagger
     bk, bq = blocks.block_k_dkv, blocks.block_q_dkv
     # dq_split: consumer c computes dQ columns [c * dq_cols, (c + 1) * dq_cols).
     dq_cols = head_dim // 2 if split else head_dim
@@ -971,8 +963,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     # Fused: both consumers' dS^T, double-buffered (operands of the dQ
     # product), and a float32 dQ tile per consumer (source of the reduce-add)
     # also live in shared memory.
-    ds_bufs = 3 if lag else 2
-    fixed = 4 * bk * row + (2 * ds_bufs * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
+    fixed = 4 * bk * row + (4 * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
     stages = _fit_stages("fused backward" if fused else "dK/dV", blocks.num_stages_bwd, num_q_blocks, fixed,
                          bq * (2 * row + 8))
 
@@ -1020,12 +1011,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             plgpu.barrier_wait(ready)
 
             if fused:
-                ds_smem, dq_smem, ds_ready, ds_free, *stagger_bar = fused_scratch
-                if stagger:
-                    # Consumer 1 starts once consumer 0's first S and dP are
-                    # done, so one is in its exponentials while the other
-                    # has the tensor cores.
-                    _when((wg == 1) & (n_steps > 0), lambda: plgpu.barrier_wait(stagger_bar[0].at[0]))
+                ds_smem, dq_smem, ds_ready, ds_free = fused_scratch
 
             def add_dq(dq, blk):
                 """Adds dQ of query block `blk` over this CTA's keys (this
@@ -1039,15 +1025,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 if split:
                     dst = dst.at[:, pl.ds(wg * dq_cols, dq_cols)]
                 plgpu.copy_smem_to_gmem(dq_smem.at[wg], dst, reduction_op="add")
-
-            def dq_product(acc, buf, cols=slice(None)):
-                """acc += dS^T(buf)^T K over both consumers' keys (`cols` of them)."""
-                for c in range(2):
-                    plgpu.wgmma(acc, ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
-
-            def split_dq_product(acc, buf):
-                for half in range(2):
-                    _when(wg == half, functools.partial(dq_product, acc, buf, pl.ds(half * dq_cols, dq_cols)))
 
             # Everything is computed transposed ([keys, queries]) so that dK
             # and dV come out of wgmma with the keys as rows.
@@ -1079,8 +1056,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
                 zeros = _zeros((bk, bq), plgpu.Layout.WGMMA)
                 s_t, dp_t = _accumulate(products, zeros, zeros)
-                if stagger:
-                    _when((wg == 0) & (i == first), lambda: plgpu.barrier_arrive(stagger_bar[0].at[0]))
                 lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
                 delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
                 p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
@@ -1089,53 +1064,42 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     p_t = jnp.where(keep, p_t, 0.0)
                 ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
                 if fused:
-                    buf = lax.rem(i, ds_bufs)
+                    buf = lax.rem(i, 2)
                     # Whether this consumer multiplies the block's dS^T tiles:
                     # the owner, or both with dq_split.
                     reader = True if split else buf == wg
                     # The other consumer read this buffer two blocks ago:
                     # wait until its dQ product is done with it.
-                    reused = i - first >= ds_bufs
+                    reused = i - first >= 2
                     _when(reused if split else (~reader) & reused, lambda: plgpu.barrier_wait(ds_free.at[buf]))
                     ds_smem.at[buf, wg][...] = ds_t
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(ds_ready.at[buf])
-                    if lag:  # both consumers' dS^T of the previous block
-                        has_prev = i > first
-                        prev = lax.rem(i + ds_bufs - 1, ds_bufs)
-                        _when(has_prev, lambda: plgpu.barrier_wait(ds_ready.at[prev]))
-                    else:
-                        _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
+                    _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
 
                 def grads(refs):
                     plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
                     plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
-                    # dQ: dS K over both consumers' keys (this consumer's
-                    # columns with dq_split; the previous block's with dq_lag)
-                    if lag:
-                        _when(has_prev, lambda: split_dq_product(refs[2], prev))
-                    elif split:
-                        split_dq_product(refs[2], buf)
-                    elif fused:
-                        _when(reader, lambda: dq_product(refs[2], buf))
+                    if fused:  # dQ of this block (or its columns): dS K over both consumers' keys
+                        def dq_product(cols=slice(None)):
+                            for c in range(2):
+                                plgpu.wgmma(refs[2], ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
+
+                        if split:
+                            for half in range(2):
+                                _when(wg == half, functools.partial(dq_product, pl.ds(half * dq_cols, dq_cols)))
+                        else:
+                            _when(reader, dq_product)
 
                 # Fused: each block's dQ tile starts from zero; the owner
                 # carries it into the next step, which adds it to dq_acc
                 # (with dq_split each consumer adds its columns now).
                 dq = [_zeros((bq, dq_cols), plgpu.Layout.WGMMA)] if fused else []
                 dv, dk, *dq = _accumulate(grads, dv, dk, *dq)
-                if lag:
-                    dq_cols_prev = dq.pop()
-
-                    def release_prev():
-                        plgpu.barrier_arrive(ds_free.at[prev])
-                        add_dq(dq_cols_prev, i - 1)
-
-                    _when(has_prev, release_prev)
-                elif fused:
+                if fused:
                     _when(reader, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
-                    if split:
-                        add_dq(dq.pop(), i)
+                if split:
+                    add_dq(dq.pop(), i)
                 # lse/delta were read with ordinary loads (generic proxy); the
                 # next TMA into this slot writes through the async proxy, so
                 # fence the two before releasing the slot.
@@ -1152,17 +1116,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             else:
                 start = 0
             dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
-            last_buf = lax.rem(num_q_blocks - 1, ds_bufs)
-            if lag:
-                def last_dq():
-                    """The last block's dQ columns, which no next step multiplies."""
-                    plgpu.barrier_wait(ds_ready.at[last_buf])
-                    dq_last = _accumulate(lambda refs: split_dq_product(refs[0], last_buf),
-                                          _zeros((bq, dq_cols), plgpu.Layout.WGMMA))
-                    plgpu.barrier_arrive(ds_free.at[last_buf])
-                    add_dq(dq_last, num_q_blocks - 1)
-
-                _when(n_steps > 0, last_dq)
             if fused:
                 # The last block's dQ, if carried (zeros if the tile saw no block).
                 last_owner = lax.rem(num_q_blocks - 1, 2) == wg
@@ -1172,7 +1125,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 # consumer (the last block's owner, or either with dq_split)
                 # multiplies in its dQ product: wait for that to finish.
                 readers_left = n_steps > 0 if split else (~last_owner) & (n_steps > 0)
-                _when(readers_left, lambda: plgpu.barrier_wait(ds_free.at[last_buf]))
+                _when(readers_left, lambda: plgpu.barrier_wait(ds_free.at[lax.rem(num_q_blocks - 1, 2)]))
             k_smem.at[wg][...] = (dk * sm_scale).astype(dtype)
             v_smem.at[wg][...] = dv.astype(dtype)
             plgpu.commit_smem()
@@ -1198,11 +1151,11 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         scratch += (
             # [buffer, consumer]; wgmma needs dS^T and K swizzled alike, and
             # bq rows are >= 128 B, so K's swizzle fits.
-            plgpu.SMEM((ds_bufs, 2, bk, bq), dtype, transforms=transforms),
+            plgpu.SMEM((2, 2, bk, bq), dtype, transforms=transforms),
             plgpu.SMEM((2, bq, dq_cols), jnp.float32, transforms=_smem_transforms(dq_cols, 4)),
-            plgpu.Barrier(num_arrivals=2, num_barriers=ds_bufs),
-            plgpu.Barrier(num_arrivals=2 if split else 1, num_barriers=ds_bufs),
-        ) + ((plgpu.Barrier(num_barriers=1),) if stagger else ())
+            plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            plgpu.Barrier(num_arrivals=2 if split else 1, num_barriers=2),
+        )
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
     launch = _launch(body, (grad, grad), scratch, _tile_grid(heads, num_tiles, batch), name, mutable=fused)

@@ -13,8 +13,15 @@ Times forward, backward (given saved residuals) and forward+backward, each the
 median over `--iters` repeats of back-to-back launches (after warm-up), with
 the min-max spread. A repeat launches enough calls to last `--min-batch-ms`,
 so its fixed cost (first launch, final sync) is spread thin; the
-implementations of one cell take their repeats in rotating rounds, so clock
-and power drift during the run falls on all of them alike.
+implementations of one cell take their repeats in rotating rounds, so drift
+over the run (temperature) falls on all of them alike. Each timed repeat
+follows `--lead-in-ms` of untimed calls of the same pass: a GPU at its power
+limit sets its clock from the power drawn over roughly the last 100 ms, so
+without a lead-in a 25 ms repeat runs at a clock set by whatever ran before
+it, and in a fixed rotation that is always the same neighbour (on an H100 one
+reference's forward measured 10% faster in the rounds than in its own
+steady state, ours 2%). With it, each pass is timed at its own steady state,
+as it would run in a loop of its own.
 
 FLOP convention: forward = 4*B*H*S^2*D (QK^T and PV), halved when causal;
 backward = 2.5x forward (five matmuls instead of two); forward+backward =
@@ -70,6 +77,10 @@ DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 DEFAULT_SEQS = tuple(2**p for p in range(7, 15))
 # Non-causal cells are only run from this length up when --causal both.
 NONCAUSAL_MIN_SEQ = 1024
+# Untimed calls of a pass before each of its timed repeats. An H100 at its
+# power limit changed its SM clock in steps about 100 ms apart and had
+# settled 200 ms after switching from one attention implementation to another.
+LEAD_IN_MS = 200.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=15, help="timed repeats per pass (median reported)")
     p.add_argument("--min-batch-ms", type=float, default=25.0,
                    help="launches per repeat are chosen so that a repeat lasts at least this long")
+    p.add_argument("--lead-in-ms", type=float, default=LEAD_IN_MS,
+                   help="untimed calls of the same pass for at least this long before each timed repeat, so the "
+                        "clock under a power limit has settled to that pass (0: none)")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                    help="cpu: tiny smoke runs (Pallas in interpret mode, GPU-only impls marked unsupported)")
     p.add_argument("--out", type=Path, default=None, help="default: results/attention-<gpu>/")
@@ -300,12 +314,20 @@ def repeat_ms(thunk: Callable, sync: Callable, timer: str, n: int) -> float:
     return (time.perf_counter() - start) * 1e3 / n
 
 
-def time_interleaved(entries: dict, *, warmup: int, iters: int,
-                     min_batch_ms: float) -> dict[object, tuple[float, float, float] | Exception]:
+def lead_in(thunk: Callable, sync: Callable, timer: str, n: int, ms: float) -> None:
+    """Untimed repeats of `n` calls until at least `ms` milliseconds have passed."""
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        repeat_ms(thunk, sync, timer, n)
+
+
+def time_interleaved(entries: dict, *, warmup: int, iters: int, min_batch_ms: float,
+                     lead_in_ms: float = 0.0) -> dict[object, tuple[float, float, float] | Exception]:
     """Times every entry (key -> (thunk, sync, timer)) with `iters` repeats,
     taken in rounds: one repeat of each entry per round, the order rotated by
-    one each round. Clock and power drift over the run then lands on every
-    entry alike instead of on whichever ran last.
+    one each round, so drift over the run lands on every entry alike instead
+    of on whichever ran last. With `lead_in_ms`, each timed repeat follows
+    that long of untimed calls of the same entry (see the module docstring).
 
     Returns key -> (median, min, max) ms per call, or the exception that
     entry raised (it is dropped from later rounds; the others go on)."""
@@ -325,6 +347,8 @@ def time_interleaved(entries: dict, *, warmup: int, iters: int,
                 continue
             thunk, sync, timer = entries[key]
             try:
+                if lead_in_ms > 0:
+                    lead_in(thunk, sync, timer, calls[key], lead_in_ms)
                 samples[key].append(repeat_ms(thunk, sync, timer, calls[key]))
             except Exception as exc:  # noqa: BLE001
                 out[key] = exc
@@ -337,7 +361,7 @@ def time_interleaved(entries: dict, *, warmup: int, iters: int,
 def _time_ms(thunk: Callable, sync: Callable, timer: str, args: argparse.Namespace) -> tuple[float, float, float]:
     """(median, min, max) milliseconds per call over args.iters repeats of one thunk."""
     got = time_interleaved({0: (thunk, sync, timer)}, warmup=args.warmup, iters=args.iters,
-                           min_batch_ms=args.min_batch_ms)[0]
+                           min_batch_ms=args.min_batch_ms, lead_in_ms=getattr(args, "lead_in_ms", 0.0))[0]
     if isinstance(got, Exception):
         raise got
     return got
@@ -385,7 +409,8 @@ def measure_cell(cell: dict, impls: list[str], args: argparse.Namespace) -> list
                     rows[impl]["status"] = _failure(exc, caught)
                     continue
                 entries.update({(impl, name): (thunks[name], sync, timer) for name in PASSES})
-            timed = time_interleaved(entries, warmup=args.warmup, iters=args.iters, min_batch_ms=args.min_batch_ms)
+            timed = time_interleaved(entries, warmup=args.warmup, iters=args.iters, min_batch_ms=args.min_batch_ms,
+                                     lead_in_ms=args.lead_in_ms)
             for (impl, name), got in timed.items():
                 row = rows[impl]
                 if isinstance(got, Exception):
@@ -505,6 +530,9 @@ def environment(args: argparse.Namespace, interleaved: bool = True) -> dict:
     implementations took their repeats in rotating rounds)."""
     rounds = ("; a cell's implementations and passes take their repeats in rotating rounds" if interleaved
               else "; one configuration timed to completion after another")
+    lead = getattr(args, "lead_in_ms", 0.0)
+    rounds += (f"; each timed repeat follows >= {lead:g} ms of untimed calls of the same pass" if lead
+               else "; no lead-in before a timed repeat")
     extra = {
         "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,

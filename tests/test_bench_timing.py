@@ -3,6 +3,7 @@ rotating rounds, and failures kept per entry."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -90,3 +91,48 @@ def test_time_ms_raises_the_failure() -> None:
     args = bench.parse_args(["--iters", "2", "--warmup", "0"])
     with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
         bench._time_ms(thunk, thunk.sync, "wall", args)
+
+
+class Settling:
+    """Thunks sharing one fake GPU whose clock follows the last ~10 calls: the
+    first `boosted` calls of an entry after another entry ran take `fast_ms`,
+    later ones `ms` (a power-limited GPU runs a pass at the clock its
+    predecessor left for about 100 ms)."""
+
+    def __init__(self, ms: float = 1.0, fast_ms: float = 0.4, boosted: int = 10):
+        self.ms, self.fast_ms, self.boosted = ms, fast_ms, boosted
+        self.last, self.run = None, 0
+
+    def entry(self, name: str):
+        def thunk():
+            self.run = self.run + 1 if self.last == name else 1
+            self.last = name
+            time.sleep((self.fast_ms if self.run <= self.boosted else self.ms) / 1e3)
+            return None
+
+        return thunk, (lambda result: result), "wall"
+
+
+def test_lead_in_times_each_entry_at_its_own_steady_state() -> None:
+    """Without a lead-in, a repeat that follows another entry is timed at the
+    clock that entry left (mostly boosted calls here); with one, the boosted
+    calls fall in the untimed lead-in and the median is the steady 1 ms."""
+    gpu = Settling()
+    entries = {name: gpu.entry(name) for name in "abc"}
+    plain = bench.time_interleaved(entries, warmup=0, iters=4, min_batch_ms=5.0)
+    led = bench.time_interleaved(entries, warmup=0, iters=4, min_batch_ms=5.0, lead_in_ms=20.0)
+    for name in "abc":
+        assert plain[name][0] < 0.8
+        assert 0.95 <= led[name][0] < 1.3
+
+
+def test_lead_in_runs_the_same_entry_before_each_timed_repeat() -> None:
+    log: list = []
+    entries = {name: _entry(Clocked(name, 0.2, log)) for name in "abc"}
+    bench.time_interleaved(entries, warmup=0, iters=3, min_batch_ms=0.1, lead_in_ms=2.0)
+    runs = [(name, len(list(group))) for name, group in itertools.groupby(log)]
+    # Calibration is one run per entry; then each timed repeat comes after
+    # untimed repeats of the same entry (a run of at least two repeats), and
+    # the rounds still rotate.
+    assert [name for name, _ in runs] == ["a", "b", "c"] + ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(count >= 2 for _, count in runs[3:])

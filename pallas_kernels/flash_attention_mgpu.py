@@ -86,6 +86,12 @@ _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 # 2048), where the fused kernel's float32 dQ buffer (zero-filled, then scaled
 # and cast by XLA) and its reduce-adds weigh more against less compute.
 FUSED_BWD_MIN_SEQ = 2048
+# The head_dim <= 64 default forward runs three consumers (192-row tiles)
+# above this length and two (128-row tiles) up to it. At seq 1024 a 192-row
+# tiling clamps its last tile onto rows another consumer already computes:
+# two consumers measured 1.11x (causal) and 1.02x (non-causal) three on an
+# H100, and 0.98x at seq 2048 causal (results/attention-mgpu-h100/timing/).
+THREE_CONSUMERS_MIN_SEQ = 1024
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MosaicBlockSizes:
@@ -187,8 +193,10 @@ class MosaicBlockSizes:
         128-key forward steps. head_dim <= 64 affords a third K/V stage,
         128-row streamed tiles in the backward (dQ streams 128 keys, dK/dV
         128 queries per step) and, on an H100, a persistent forward with
-        three consumers (1.06-1.13x the two-consumer grid at every FA3 shape
-        tried, seq 1024-16384). Its backward is the fused kernel with
+        three consumers above THREE_CONSUMERS_MIN_SEQ (1.06-1.13x the
+        two-consumer grid at every FA3 shape tried, seq 1024-16384) and two
+        up to it (persistent too: 1.11x causal and 1.02x non-causal three
+        consumers at seq 1024). Its backward is the fused kernel with
         64-query steps above FUSED_BWD_MIN_SEQ (1.01-1.10x the two kernels
         at seq 4096 and 16384) and the two kernels up to it (1.00-1.10x the
         fused one at seq 1024 and 2048). At 128 three consumers and the
@@ -208,8 +216,9 @@ class MosaicBlockSizes:
         as tuned; its dK/dV kernel was tuned with block_q_dkv=128."""
         if head_dim <= 64:
             fused = seq_len is None or seq_len > FUSED_BWD_MIN_SEQ
-            return cls(block_k=128, num_stages=3, block_k_dq=128, block_q_dkv=64 if fused else 128, consumers=3,
-                       persistent=True, fused_bwd=fused)
+            three = seq_len is None or seq_len > THREE_CONSUMERS_MIN_SEQ
+            return cls(block_k=128, num_stages=3, block_k_dq=128, block_q_dkv=64 if fused else 128,
+                       consumers=3 if three else 2, persistent=True, fused_bwd=fused)
         return cls(block_k=128, num_stages=2, pingpong=False, overlap=True, persistent=True)
 
     @property

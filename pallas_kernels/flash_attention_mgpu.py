@@ -21,7 +21,7 @@ follow the FlashAttention-3 design (Shah et al. 2024, arXiv:2407.08608):
   multiply-add; causal loops are split into an unmasked and a masked part;
 - the backward is two kernels, dQ (one query tile per CTA, streaming K/V) and
   dK/dV (one key tile per CTA, streaming Q/dO/lse/delta), so no atomics;
-  or, the head_dim <= 64 default above seq 2048, one fused kernel that adds
+  or, the head_dim <= 64 default above seq 1024, one fused kernel that adds
   dQ up with TMA reduce-adds.
 
 Layout and contracts are those of the portable kernels: q, k, v, o are
@@ -81,11 +81,15 @@ SUPPORTED_HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128)
 # way, 2 * 232 + 40 = 3 * 168 and 3 * 160 + 32 = 4 * 128.
 _REGISTERS = {2: (232, 40), 3: (160, 32)}
 _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
-# The head_dim <= 64 default backward is fused above this sequence length:
-# up to it, the two kernels were as fast or faster on an H100 (seq 1024 and
-# 2048), where the fused kernel's float32 dQ buffer (zero-filled, then scaled
-# and cast by XLA) and its reduce-adds weigh more against less compute.
-FUSED_BWD_MIN_SEQ = 2048
+# The head_dim <= 64 default backward is fused above this sequence length.
+# Up to it the two kernels were as fast on an H100 (the fused kernel 1.02x
+# non-causal at seq 1024, 0.91x causal in an earlier run): there the fused
+# kernel's float32 dQ buffer (zero-filled, then scaled and cast by XLA) and
+# its reduce-adds weigh more against less compute. At seq 2048 the fused
+# kernel measured 1.08x (causal) and 1.09x (non-causal) the two kernels,
+# each timed at its own steady state (results/attention-mgpu-h100/timing/
+# ab-fused-short.log; without the lead-in it had looked 0.98-1.00x).
+FUSED_BWD_MIN_SEQ = 1024
 # The head_dim <= 64 default forward runs three consumers (192-row tiles)
 # above this length and two (128-row tiles) up to it. At seq 1024 a 192-row
 # tiling clamps its last tile onto rows another consumer already computes:
@@ -198,8 +202,8 @@ class MosaicBlockSizes:
         up to it (persistent too: 1.11x causal and 1.02x non-causal three
         consumers at seq 1024). Its backward is the fused kernel with
         64-query steps above FUSED_BWD_MIN_SEQ (1.01-1.10x the two kernels
-        at seq 4096 and 16384) and the two kernels up to it (1.00-1.10x the
-        fused one at seq 1024 and 2048). At 128 three consumers and the
+        at seq 4096 and 16384, 1.08-1.09x at 2048) and the two kernels up
+        to it (as fast at seq 1024). At 128 three consumers and the
         fused backward were slower: registers and shared memory are already
         full there, and the fused backward, even with dQ split by columns
         (dq_split), measured 0.71-0.97x the two kernels. The forward runs

@@ -90,9 +90,9 @@ def test_default_backward_depends_on_length() -> None:
     for seq in (limit + 1, 16384, None):
         long_ = MosaicBlockSizes.get_default(64, seq)
         assert (long_.fused_bwd, long_.block_q_dkv) == (True, 64)
-    # Only the backward differs: the forward runs the same tiles.
-    assert dataclasses.replace(MosaicBlockSizes.get_default(64, limit), fused_bwd=True,
-                               block_q_dkv=64) == MosaicBlockSizes.get_default(64)
+    # The backward and the forward's consumers change at the limit, nothing else.
+    assert dataclasses.replace(MosaicBlockSizes.get_default(64, limit), fused_bwd=True, block_q_dkv=64,
+                               consumers=3) == MosaicBlockSizes.get_default(64)
     assert not any(MosaicBlockSizes.get_default(128, seq).fused_bwd for seq in (1024, 4096, None))
 
 
@@ -104,9 +104,8 @@ def test_default_forward_consumers_depend_on_length() -> None:
     assert [MosaicBlockSizes.get_default(64, seq).consumers for seq in (1, 1000, limit, limit + 1, 16384, None)] == [
         2, 2, 2, 3, 3, 3]
     assert {MosaicBlockSizes.get_default(128, seq).consumers for seq in (1024, 4096, None)} == {2}
-    # Only the consumers differ at the limit.
-    assert dataclasses.replace(MosaicBlockSizes.get_default(64, limit), consumers=3) == MosaicBlockSizes.get_default(
-        64, limit + 1)
+    # Both head_dim 64 switches (consumers and the fused backward) fall at one length.
+    assert mgpu.THREE_CONSUMERS_MIN_SEQ == mgpu.FUSED_BWD_MIN_SEQ
 
 
 def test_default_forward_is_persistent_at_every_length() -> None:

@@ -119,6 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--min-batch-ms", type=float, default=25.0)
+    p.add_argument("--lead-in-ms", type=float, default=bench.LEAD_IN_MS,
+                   help="untimed calls of the same configuration before each timed repeat, so the clock under "
+                        "a power limit has settled to it (harness.bench_attention; 0: none)")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                    help="cpu: interpret mode on tiny shapes (checks the search, not the speed)")
     p.add_argument("--only", default=None, metavar="FIELD",
@@ -372,8 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or bench.REPO_ROOT / "results" / f"attention-tune-{hardware.gpu_slug(jax.devices()[0].device_kind)}"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.name}.jsonl"
-    env = bench.environment(argparse.Namespace(iters=args.iters, warmup=args.warmup, min_batch_ms=args.min_batch_ms),
-                            interleaved=False)
+    env = bench.environment(argparse.Namespace(iters=args.iters, warmup=args.warmup, min_batch_ms=args.min_batch_ms,
+                                               lead_in_ms=args.lead_in_ms), interleaved=False)
     with path.open("w") as f:
         f.write(json.dumps({"environment": env}) + "\n")
     rows = run(args, path)

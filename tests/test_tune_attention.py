@@ -57,7 +57,7 @@ def test_tiny_search_end_to_end(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setitem(tune.CANDIDATES, ("triton", "bwd"), [{}, {"block_q_dq": 32}])
     argv = ["--backend", "triton", "--device", "cpu", "--shapes", "grid", "--seq", "40", "--head-dim", "16",
             "--heads", "2", "--dtype", "fp32", "--causal", "true", "--iters", "1", "--warmup", "0",
-            "--min-batch-ms", "0", "--out", str(tmp_path), "--name", "t"]
+            "--min-batch-ms", "0", "--lead-in-ms", "0", "--out", str(tmp_path), "--name", "t"]
     assert tune.main(argv) == 0
     rows, env = tune.read_rows(tmp_path / "t.jsonl")
     assert env["device"] == "cpu"
@@ -84,7 +84,7 @@ def test_only_keeps_the_candidates_that_set_the_field(tmp_path, monkeypatch) -> 
     monkeypatch.setitem(tune.CANDIDATES, ("triton", "fwd"), [{}, {"block_k": 32}, {"block_q": 32, "block_k": 16}])
     argv = ["--backend", "triton", "--passes", "fwd", "--device", "cpu", "--shapes", "grid", "--seq", "40",
             "--head-dim", "16", "--heads", "1", "--dtype", "fp32", "--causal", "true", "--iters", "1",
-            "--warmup", "0", "--min-batch-ms", "0", "--out", str(tmp_path), "--name", "t", "--only", "block_q"]
+            "--warmup", "0", "--min-batch-ms", "0", "--lead-in-ms", "0", "--out", str(tmp_path), "--name", "t", "--only", "block_q"]
     assert tune.main(argv) == 0
     rows, _ = tune.read_rows(tmp_path / "t.jsonl")
     assert [r["candidate"] for r in rows] == ["default", "block_q=32 block_k=16", "default (again)"]

@@ -122,6 +122,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="default: results/attention-<gpu>/")
     p.add_argument("--name", default="attention", help="stem of the .json/.png/.md files written")
     args = p.parse_args(argv)
+    if args.lead_in_ms < 0:
+        p.error(f"--lead-in-ms must be >= 0 (0 turns the lead-in off), got {args.lead_in_ms:g}")
     if args.shapes == "fa3":
         args.seq = args.seq or [s for s in FA3_SEQS if s >= 1024]
         args.head_dim = args.head_dim or [64, 128]

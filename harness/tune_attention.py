@@ -130,6 +130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default=None, help="file stem (default <backend>-d<head_dims>)")
     p.add_argument("--render", type=Path, default=None, help="render an existing .jsonl and exit")
     args = p.parse_args(argv)
+    if args.lead_in_ms < 0:
+        p.error(f"--lead-in-ms must be >= 0 (0 turns the lead-in off), got {args.lead_in_ms:g}")
     if args.render is not None:
         return args
     passes = [x for x in args.passes.split(",") if x]

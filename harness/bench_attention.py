@@ -363,7 +363,7 @@ def time_interleaved(entries: dict, *, warmup: int, iters: int, min_batch_ms: fl
 def _time_ms(thunk: Callable, sync: Callable, timer: str, args: argparse.Namespace) -> tuple[float, float, float]:
     """(median, min, max) milliseconds per call over args.iters repeats of one thunk."""
     got = time_interleaved({0: (thunk, sync, timer)}, warmup=args.warmup, iters=args.iters,
-                           min_batch_ms=args.min_batch_ms, lead_in_ms=getattr(args, "lead_in_ms", 0.0))[0]
+                           min_batch_ms=args.min_batch_ms, lead_in_ms=args.lead_in_ms)[0]
     if isinstance(got, Exception):
         raise got
     return got
@@ -532,9 +532,8 @@ def environment(args: argparse.Namespace, interleaved: bool = True) -> dict:
     implementations took their repeats in rotating rounds)."""
     rounds = ("; a cell's implementations and passes take their repeats in rotating rounds" if interleaved
               else "; one configuration timed to completion after another")
-    lead = getattr(args, "lead_in_ms", 0.0)
-    rounds += (f"; each timed repeat follows >= {lead:g} ms of untimed calls of the same pass" if lead
-               else "; no lead-in before a timed repeat")
+    rounds += (f"; each timed repeat follows >= {args.lead_in_ms:g} ms of untimed calls of the same pass"
+               if args.lead_in_ms else "; no lead-in before a timed repeat")
     extra = {
         "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,

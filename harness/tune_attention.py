@@ -377,8 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or bench.REPO_ROOT / "results" / f"attention-tune-{hardware.gpu_slug(jax.devices()[0].device_kind)}"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.name}.jsonl"
-    env = bench.environment(argparse.Namespace(iters=args.iters, warmup=args.warmup, min_batch_ms=args.min_batch_ms,
-                                               lead_in_ms=args.lead_in_ms), interleaved=False)
+    env = bench.environment(args, interleaved=False)
     with path.open("w") as f:
         f.write(json.dumps({"environment": env}) + "\n")
     rows = run(args, path)

@@ -104,8 +104,6 @@ def test_default_forward_consumers_depend_on_length() -> None:
     assert [MosaicBlockSizes.get_default(64, seq).consumers for seq in (1, 1000, limit, limit + 1, 16384, None)] == [
         2, 2, 2, 3, 3, 3]
     assert {MosaicBlockSizes.get_default(128, seq).consumers for seq in (1024, 4096, None)} == {2}
-    # Both head_dim 64 switches (consumers and the fused backward) fall at one length.
-    assert mgpu.THREE_CONSUMERS_MIN_SEQ == mgpu.FUSED_BWD_MIN_SEQ
 
 
 def test_default_forward_is_persistent_at_every_length() -> None:

@@ -1,11 +1,12 @@
-"""torch SDPA forward+backward through cuDNN, FA3 shape 4 x 16 x 4096 x 128 bf16; the second call is profiled."""
+"""torch SDPA forward+backward through cuDNN on an FA3 shape; the second call is profiled. usage: d seq true|false"""
 import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-causal = sys.argv[1] == "true"
-q, k, v = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-do = torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.bfloat16)
+d, seq, causal = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "true"
+shape = (16384 // seq, 2048 // d, seq, d)
+q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+do = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
     for i in range(2):
         torch.cuda.synchronize()

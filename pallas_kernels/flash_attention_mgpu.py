@@ -164,6 +164,8 @@ class MosaicBlockSizes:
     persistent: bool = False
     fused_bwd: bool = False
     dq_split: bool = False
+    bwd_overlap: bool = False
+    bwd_overlap_dv: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -324,6 +326,26 @@ def _accumulate(fn, *initial):
     arrays) and returns their final values; one wgmma wait at the end."""
     out = pl.run_state(fn)(tuple(plgpu.ACC.init(x) for x in initial))
     return out if len(initial) > 1 else out[0]
+
+
+def _scores_and_dp(issue, probabilities, shape, overlap: bool):
+    """Runs `issue(s_ref, dp_ref)`, which issues the backward's two score
+    products S and dP (wgmma, in this order), and returns
+    (probabilities(S), dP). With `overlap` the probabilities (the
+    exponentials) are computed once S is done, while dP is still on the
+    tensor cores; otherwise after both."""
+    zeros = _zeros(shape, plgpu.Layout.WGMMA)
+    if not overlap:
+        s, dp = _accumulate(lambda refs: issue(*refs), zeros, zeros)
+        return probabilities(s), dp
+
+    def body(refs):
+        s_ref, dp_ref, p_ref = refs
+        issue(s_ref, dp_ref)
+        p_ref[...] = probabilities(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))
+
+    _, dp, p = pl.run_state(body)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros), zeros))
+    return p, dp
 
 
 def _compiler_params():
@@ -898,21 +920,22 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[slot])
 
-                def products(refs):
-                    s_ref, dp_ref = refs
+                def products(s_ref, dp_ref):
                     # Both matmuls in flight before the first wait.
                     plgpu.wgmma(s_ref, q_smem.at[wg], k_smem.at[slot].transpose((1, 0)))
                     plgpu.wgmma(dp_ref, do_smem.at[wg], v_smem.at[slot].transpose((1, 0)))
 
-                zeros = _zeros((bq, bk), plgpu.Layout.WGMMA)
-                s, dp = _accumulate(products, zeros, zeros)
+                def probabilities(s):
+                    # P recomputed from the saved log-sum-exp (FA2 Algorithm 2).
+                    p = jnp.exp2(s * qk_scale - _rows(lse2, s.shape))
+                    if masked:
+                        keep = j * bk + _iota((bq, bk), 1) <= row0 + _iota((bq, bk), 0)
+                        # where(), not a multiply: a masked exp2 may overflow to inf.
+                        p = jnp.where(keep, p, 0.0)
+                    return p
+
+                p, dp = _scores_and_dp(products, probabilities, (bq, bk), blocks.bwd_overlap)
                 plgpu.barrier_arrive(v_free.at[slot])
-                # P recomputed from the saved log-sum-exp (FA2 Algorithm 2).
-                p = jnp.exp2(s * qk_scale - _rows(lse2, s.shape))
-                if masked:
-                    keep = j * bk + _iota((bq, bk), 1) <= row0 + _iota((bq, bk), 0)
-                    # where(), not a multiply: a masked exp2 may overflow to inf.
-                    p = jnp.where(keep, p, 0.0)
                 ds = (p * (dp - _rows(delta, dp.shape))).astype(dtype)
                 dq = _accumulate(lambda refs: plgpu.wgmma(refs[0], ds, k_smem.at[slot]), dq)
                 plgpu.barrier_arrive(k_free.at[slot])
@@ -1060,21 +1083,39 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 plgpu.barrier_wait(q_ready.at[slot])
                 plgpu.barrier_wait(do_ready.at[slot])
 
-                def products(refs):
-                    s_ref, dp_ref = refs
+                def products(s_ref, dp_ref):
                     plgpu.wgmma(s_ref, k_smem.at[wg], q_smem.at[slot].transpose((1, 0)))
                     plgpu.wgmma(dp_ref, v_smem.at[wg], do_smem.at[slot].transpose((1, 0)))
                     if fused and not split:
                         _when((i > first) & (lax.rem(i - 1, 2) == wg), lambda: add_dq(dq_prev[0], i - 1))
 
-                zeros = _zeros((bk, bq), plgpu.Layout.WGMMA)
-                s_t, dp_t = _accumulate(products, zeros, zeros)
-                lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
+                def probabilities(s_t):
+                    lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
+                    p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
+                    if masked:
+                        keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
+                        p_t = jnp.where(keep, p_t, 0.0)
+                    return p_t
+
+                if blocks.bwd_overlap_dv and not fused:
+                    def chain(refs):
+                        s_ref, dp_ref, dv_ref, dk_ref = refs
+                        products(s_ref, dp_ref)
+                        p_t = probabilities(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))
+                        plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
+                        dp_t = plgpu.wgmma_accumulator_load(dp_ref, wait_n=1)
+                        delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+                        ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
+                        plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
+
+                    zeros = _zeros((bk, bq), plgpu.Layout.WGMMA)
+                    _, _, dv, dk = pl.run_state(chain)(tuple(plgpu.ACC.init(x) for x in (zeros, zeros, dv, dk)))
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(q_free.at[slot])
+                    plgpu.barrier_arrive(do_free.at[slot])
+                    return dk, dv
+                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap)
                 delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
-                p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
-                if masked:
-                    keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
-                    p_t = jnp.where(keep, p_t, 0.0)
                 ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
                 if fused:
                     buf = lax.rem(i, 2)

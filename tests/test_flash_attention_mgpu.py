@@ -407,6 +407,12 @@ LOWERING_CASES = [
     # ... with dQ split by columns between the consumers (head_dim 128).
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
+    # Backward consumers that compute P while dP is on the tensor cores, in
+    # each backward schedule.
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=True)),
+    ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_overlap=True, fused_bwd=True)),
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=True, fused_bwd=True, dq_split=True)),
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=True, bwd_overlap_dv=True)),
     # The persistent forward (one program per SM walking tiles), each schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),

@@ -407,12 +407,11 @@ LOWERING_CASES = [
     # ... with dQ split by columns between the consumers (head_dim 128).
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
-    # Backward consumers that compute P while dP is on the tensor cores, in
-    # each backward schedule.
-    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=True)),
-    ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_overlap=True, fused_bwd=True)),
-    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=True, fused_bwd=True, dq_split=True)),
-    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=True, bwd_overlap_dv=True)),
+    # Backward consumers that wait for S and dP together (bwd_overlap=False),
+    # in each backward schedule.
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=False)),
+    ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_overlap=False, fused_bwd=True)),
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=False, fused_bwd=True, dq_split=True)),
     # The persistent forward (one program per SM walking tiles), each schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),
@@ -571,12 +570,15 @@ def _assert_variant_matches(case: Case, changes: dict) -> None:
 # default: the fused kernel (dQ added up across key tiles with TMA
 # reduce-add, one owner per query block) and the two kernels; plus the fused
 # kernel with 128-query steps (a 128-row dQ tile, a one-stage ring) and with
-# dQ split by columns between the consumers.
+# dQ split by columns between the consumers; and both schedules with
+# consumers that wait for S and dP together (bwd_overlap=False).
 BACKWARD_VARIANTS = {
     "fused": dict(fused_bwd=True, dq_split=False),
     "two-kernels": dict(fused_bwd=False, dq_split=False),
     "fused-q128": dict(fused_bwd=True, dq_split=False, block_q_dkv=128),
     "fused-split": dict(fused_bwd=True, dq_split=True),
+    "fused-serial": dict(fused_bwd=True, dq_split=False, bwd_overlap=False),
+    "two-kernels-serial": dict(fused_bwd=False, dq_split=False, bwd_overlap=False),
 }
 
 

@@ -121,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cpu: tiny smoke runs (Pallas in interpret mode, GPU-only impls marked unsupported)")
     p.add_argument("--out", type=Path, default=None, help="default: results/attention-<gpu>/")
     p.add_argument("--name", default="attention", help="stem of the .json/.png/.md files written")
+    p.add_argument("--render", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="run nothing: rewrite the .md and .png of these results JSON files from them alone")
     args = p.parse_args(argv)
     if args.lead_in_ms < 0:
         p.error(f"--lead-in-ms must be >= 0 (0 turns the lead-in off), got {args.lead_in_ms:g}")
@@ -593,12 +595,21 @@ def default_out_dir() -> Path:
 
 
 def write_results(rows: list[dict], args: argparse.Namespace) -> dict[str, Path]:
-    """Writes <name>.json (environment + rows), <name>.md and <name>.png."""
+    """Writes <name>.json (environment + rows), then <name>.md and <name>.png from it."""
     out = args.out or default_out_dir()
     out.mkdir(parents=True, exist_ok=True)
-    env = environment(args)
-    paths = {"json": out / f"{args.name}.json", "md": out / f"{args.name}.md", "png": out / f"{args.name}.png"}
-    paths["json"].write_text(json.dumps({"environment": env, "results": rows}, indent=1) + "\n")
+    path = out / f"{args.name}.json"
+    path.write_text(json.dumps({"environment": environment(args), "results": rows}, indent=1) + "\n")
+    return {"json": path, **render_results(path)}
+
+
+def render_results(path: Path) -> dict[str, Path]:
+    """Writes the .md table and .png plot of a results JSON next to it, from
+    the JSON alone (its recorded environment, not this machine's)."""
+    data = json.loads(path.read_text())
+    env, rows = data["environment"], data["results"]
+    stem = path.with_name(path.name.removesuffix(".json"))
+    paths = {"md": stem.with_name(stem.name + ".md"), "png": stem.with_name(stem.name + ".png")}
     meta = "\n".join(f"- {k}: `{env[k]}`" for k in ("device", "jax", "torch", "triton", "git_commit", "command"))
     paths["md"].write_text(
         f"# Attention benchmark ({env['device']})\n\n{meta}\n- {env['timing']}\n- FLOPs: {env['flop_convention']}\n"
@@ -611,8 +622,26 @@ def write_results(rows: list[dict], args: argparse.Namespace) -> dict[str, Path]
     return paths
 
 
+def _render_only(paths: list[Path]) -> int:
+    for path in paths:
+        try:
+            written = render_results(path)
+        except FileNotFoundError:
+            print(f"bench_attention: --render {path}: no such file (pass a .json written by this benchmark)",
+                  file=sys.stderr)
+            return 2
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            print(f"bench_attention: --render {path}: not a results JSON of this benchmark ({exc!r}); "
+                  "pass the .json it wrote", file=sys.stderr)
+            return 2
+        print(f"wrote {written['md']} and {written['png']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        return _render_only(args.render)
     platform_name = jax.devices()[0].platform
     if args.device == "gpu" and platform_name != "gpu":
         print(f"bench_attention: no GPU visible to JAX (platform {platform_name!r}); "

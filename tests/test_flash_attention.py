@@ -217,3 +217,21 @@ def test_bench_cpu_smoke(tmp_path) -> None:
     assert json.loads(paths["json"].read_text())["results"]
     assert paths["png"].stat().st_size > 0
     assert "pallas" in paths["md"].read_text()
+    # --render rewrites the table and plot from the JSON alone, identically.
+    table = paths["md"].read_text()
+    paths["md"].unlink()
+    paths["png"].unlink()
+    assert bench_attention.main(["--render", str(paths["json"])]) == 0
+    assert paths["md"].read_text() == table
+    assert paths["png"].stat().st_size > 0
+
+
+def test_bench_render_names_the_fix(tmp_path, capsys) -> None:
+    from harness import bench_attention
+
+    assert bench_attention.main(["--render", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "other.json"
+    bad.write_text('{"rows": []}')
+    assert bench_attention.main(["--render", str(bad)]) == 2
+    assert "not a results JSON" in capsys.readouterr().err

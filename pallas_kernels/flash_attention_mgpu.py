@@ -150,7 +150,7 @@ class MosaicBlockSizes:
       bwd_overlap: backward consumers (every backward kernel) compute the
         exponentials of P once S is done, while dP is still on the tensor
         cores, instead of waiting for both. Bit-identical results; the
-        default (1.00-1.04x on an H100, NOTES.md).
+        default (0.98-1.07x the serial schedule on an H100, NOTES.md).
     """
 
     block_q: int = 64

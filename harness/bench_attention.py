@@ -608,8 +608,7 @@ def render_results(path: Path) -> dict[str, Path]:
     the JSON alone (its recorded environment, not this machine's)."""
     data = json.loads(path.read_text())
     env, rows = data["environment"], data["results"]
-    stem = path.with_name(path.name.removesuffix(".json"))
-    paths = {"md": stem.with_name(stem.name + ".md"), "png": stem.with_name(stem.name + ".png")}
+    paths = {"md": path.with_suffix(".md"), "png": path.with_suffix(".png")}
     meta = "\n".join(f"- {k}: `{env[k]}`" for k in ("device", "jax", "torch", "triton", "git_commit", "command"))
     paths["md"].write_text(
         f"# Attention benchmark ({env['device']})\n\n{meta}\n- {env['timing']}\n- FLOPs: {env['flop_convention']}\n"

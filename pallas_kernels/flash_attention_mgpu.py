@@ -151,6 +151,13 @@ class MosaicBlockSizes:
         exponentials of P once S is done, while dP is still on the tensor
         cores, instead of waiting for both. Bit-identical results; the
         default (0.98-1.07x the serial schedule on an H100, NOTES.md).
+      bwd_pipelined: the two-kernel backward (fused_bwd=False) leaves each
+        step's gradient products (dQ += dS K in the dQ kernel, dV and dK in
+        the dK/dV kernel) on the tensor cores while the consumer issues the
+        next step's S and dP; it waits for them together with S, and
+        releases the slot they read one step later (FA3 keeps dK in flight
+        this way). Without it a step waits for its gradient products before
+        the next one starts. Bit-identical results.
     """
 
     block_q: int = 64
@@ -169,6 +176,7 @@ class MosaicBlockSizes:
     fused_bwd: bool = False
     dq_split: bool = False
     bwd_overlap: bool = True
+    bwd_pipelined: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -918,7 +926,11 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
             lse2 = plgpu.load(lse_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1)) * LOG2_E
             delta = plgpu.load(delta_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1))
 
-            def step(j, dq, *, masked: bool):
+            def step(j, dq, *, masked: bool, dq_ref=None):
+                """One key block. With `dq_ref` (bwd_pipelined), its dQ
+                product is left in flight on that accumulator and block
+                j - 1's K slot is released here, once the wait for S has
+                also waited for block j - 1's product."""
                 slot = lax.rem(j, stages)
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[slot])
@@ -940,14 +952,26 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
                 p, dp = _scores_and_dp(products, probabilities, (bq, bk), blocks.bwd_overlap)
                 plgpu.barrier_arrive(v_free.at[slot])
                 ds = (p * (dp - _rows(delta, dp.shape))).astype(dtype)
+                if dq_ref is not None:
+                    _when(j > 0, lambda: plgpu.barrier_arrive(k_free.at[lax.rem(j - 1, stages)]))
+                    plgpu.wgmma(dq_ref, ds, k_smem.at[slot])
+                    return dq
                 dq = _accumulate(lambda refs: plgpu.wgmma(refs[0], ds, k_smem.at[slot]), dq)
                 plgpu.barrier_arrive(k_free.at[slot])
                 return dq
 
+            def key_blocks(dq, dq_ref=None):
+                dq = lax.fori_loop(0, n_free, functools.partial(step, masked=False, dq_ref=dq_ref), dq)
+                if causal:
+                    dq = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True, dq_ref=dq_ref), dq)
+                return dq
+
             dq = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
-            dq = lax.fori_loop(0, n_free, functools.partial(step, masked=False), dq)
-            if causal:
-                dq = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), dq)
+            if blocks.bwd_pipelined:
+                dq = _accumulate(lambda refs: key_blocks(None, refs[0]), dq)
+                _when(n_blocks > 0, lambda: plgpu.barrier_arrive(k_free.at[lax.rem(n_blocks - 1, stages)]))
+            else:
+                dq = key_blocks(dq)
             # dS is the gradient of the scaled scores: apply the scale once.
             q_smem.at[wg][...] = (dq * sm_scale).astype(dtype)
             plgpu.commit_smem()
@@ -984,6 +1008,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     dtype = q.dtype
     fused = dq_acc is not None
     split = fused and blocks.dq_split
+    pipelined = blocks.bwd_pipelined and not fused
     bk, bq = blocks.block_k_dkv, blocks.block_q_dkv
     # dq_split: consumer c computes dQ columns [c * dq_cols, (c + 1) * dq_cols).
     dq_cols = head_dim // 2 if split else head_dim
@@ -1080,7 +1105,19 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             # for its half of dQ's columns, and add it as soon as it is
             # computed: carrying it over the next S and dP would not fit in
             # registers next to head_dim 128's dK and dV.
-            def step(i, carry, *, masked: bool):
+            def release(slot):
+                # lse/delta were read with ordinary loads (generic proxy); the
+                # next TMA into this slot writes through the async proxy, so
+                # fence the two before releasing the slot.
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(q_free.at[slot])
+                plgpu.barrier_arrive(do_free.at[slot])
+
+            def step(i, carry, *, masked: bool, grad_refs=None):
+                """One query block. With `grad_refs` (dV and dK accumulators,
+                bwd_pipelined) its dV and dK products are left in flight and
+                block i - 1's slot is released here, once the wait for S has
+                also waited for block i - 1's products."""
                 dk, dv, *dq_prev = carry  # fused: dQ of the previous block, if this consumer owned it
                 slot = lax.rem(i - first, stages)
                 plgpu.barrier_wait(q_ready.at[slot])
@@ -1117,6 +1154,12 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     plgpu.barrier_arrive(ds_ready.at[buf])
                     _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
 
+                if grad_refs is not None:
+                    _when(i > first, lambda: release(lax.rem(i - 1 - first, stages)))
+                    plgpu.wgmma(grad_refs[0], p_t.astype(dtype), do_smem.at[slot])
+                    plgpu.wgmma(grad_refs[1], ds_t, q_smem.at[slot])
+                    return carry
+
                 def grads(refs):
                     plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
                     plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
@@ -1140,22 +1183,27 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     _when(reader, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
                 if split:
                     add_dq(dq.pop(), i)
-                # lse/delta were read with ordinary loads (generic proxy); the
-                # next TMA into this slot writes through the async proxy, so
-                # fence the two before releasing the slot.
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(q_free.at[slot])
-                plgpu.barrier_arrive(do_free.at[slot])
+                release(slot)
                 return dk, dv, *dq
+
+            def query_blocks(carry, grad_refs=None):
+                if causal:
+                    carry = lax.fori_loop(first, n_masked_end,
+                                          functools.partial(step, masked=True, grad_refs=grad_refs), carry)
+                    start = n_masked_end
+                else:
+                    start = 0
+                return lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False, grad_refs=grad_refs),
+                                     carry)
 
             carried_dq = [(bq, head_dim)] if fused and not split else []
             carry = tuple(_zeros(shape, plgpu.Layout.WGMMA) for shape in ((bk, head_dim), (bk, head_dim), *carried_dq))
-            if causal:
-                carry = lax.fori_loop(first, n_masked_end, functools.partial(step, masked=True), carry)
-                start = n_masked_end
+            if pipelined:
+                dv, dk = _accumulate(lambda refs: query_blocks((None, None), refs), *carry[::-1])
+                _when(n_steps > 0, lambda: release(lax.rem(n_steps - 1, stages)))
+                dq = []
             else:
-                start = 0
-            dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
+                dk, dv, *dq = query_blocks(carry)
             if fused:
                 # The last block's dQ, if carried (zeros if the tile saw no block).
                 last_owner = lax.rem(num_q_blocks - 1, 2) == wg

@@ -417,6 +417,10 @@ LOWERING_CASES = [
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_pipelined=True, num_stages_bwd=3)),
     ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_pipelined=True, block_k_dq=128, block_q_dkv=128)),
     ((1, 17, 1, 80), True, "bfloat16", MosaicBlockSizes(bwd_pipelined=True, bwd_overlap=False)),
+    # ... with its consumers taking turns (bwd_pingpong), alone and combined.
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_pingpong=True)),
+    ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_pingpong=True, bwd_overlap=False, block_k_dq=128)),
+    ((1, 520, 1, 128), False, "bfloat16", MosaicBlockSizes(bwd_pingpong=True, bwd_pipelined=True, num_stages_bwd=3)),
     # The persistent forward (one program per SM walking tiles), each schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),
@@ -585,6 +589,7 @@ BACKWARD_VARIANTS = {
     "fused-serial": dict(fused_bwd=True, dq_split=False, bwd_overlap=False),
     "two-kernels-serial": dict(fused_bwd=False, dq_split=False, bwd_overlap=False),
     "two-kernels-pipelined": dict(fused_bwd=False, dq_split=False, bwd_pipelined=True, num_stages_bwd=3),
+    "two-kernels-pingpong": dict(fused_bwd=False, dq_split=False, bwd_pingpong=True),
 }
 
 

@@ -151,18 +151,10 @@ class MosaicBlockSizes:
         exponentials of P once S is done, while dP is still on the tensor
         cores, instead of waiting for both. Bit-identical results; the
         default (0.98-1.07x the serial schedule on an H100, NOTES.md).
-      bwd_pipelined: the two-kernel backward (fused_bwd=False) leaves each
-        step's gradient products (dQ += dS K in the dQ kernel, dV and dK in
-        the dK/dV kernel) on the tensor cores while the consumer issues the
-        next step's S and dP; it waits for them together with S, and
-        releases the slot they read one step later (FA3 keeps dK in flight
-        this way). Without it a step waits for its gradient products before
-        the next one starts. Bit-identical results.
-      bwd_pingpong: the two-kernel backward's consumers take turns on the
-        tensor cores, as the forward's do: each step's S and dP, then its
-        gradient products, each issued in the consumer's turn, so that
-        while one consumer runs its exponentials and dS the other's
-        matmuls run. Without it the two run every phase at once.
+      dq_pipelined: the dQ kernel (fused_bwd=False) leaves each step's
+        dQ += dS K on the tensor cores while the consumer issues the next
+        step's S and dP, waits for it together with S, and releases the K
+        slot it reads one step later (FA3 keeps dK in flight this way).
         Bit-identical results.
     """
 
@@ -182,8 +174,7 @@ class MosaicBlockSizes:
     fused_bwd: bool = False
     dq_split: bool = False
     bwd_overlap: bool = True
-    bwd_pipelined: bool = False
-    bwd_pingpong: bool = False
+    dq_pipelined: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -364,21 +355,6 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool):
 
     _, dp, p = pl.run_state(body)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros), zeros))
     return p, dp
-
-
-def _turns(turn, wg, n_wg: int, enabled: bool):
-    """Round-robin turns of `n_wg` consumers on the tensor cores: returns
-    (take, give). One token circulates: turn[i] is arrived on only by
-    consumer i - 1 and, to start, by the last consumer (`_start_turns`).
-    Without `enabled` both do nothing."""
-    if not enabled:
-        return (lambda: None), (lambda: None)
-    return (lambda: plgpu.barrier_wait(turn.at[wg])), (lambda: plgpu.barrier_arrive(turn.at[lax.rem(wg + 1, n_wg)]))
-
-
-def _start_turns(turn, wg, n_wg: int, enabled: bool) -> None:
-    if enabled:
-        _when(wg == n_wg - 1, lambda: plgpu.barrier_arrive(turn.at[0]))
 
 
 def _compiler_params():
@@ -920,7 +896,7 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
     transforms = _smem_transforms(head_dim, dtype.itemsize)
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, q_smem, do_smem, lse_smem, delta_smem,
-             k_smem, v_smem, row_ready, k_ready, v_ready, k_free, v_free, turn):
+             k_smem, v_smem, row_ready, k_ready, v_ready, k_free, v_free):
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         t = _longest_first(lax.axis_index("tiles"), num_tiles, causal)
         tile_start, n_blocks, n_free = _query_tile_key_blocks(t, tile, bk, num_k_blocks, causal,
@@ -947,10 +923,9 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
             plgpu.barrier_wait(ready)
             lse2 = plgpu.load(lse_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1)) * LOG2_E
             delta = plgpu.load(delta_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1))
-            take_turn, give_turn = _turns(turn, wg, 2, blocks.bwd_pingpong)
 
             def step(j, dq, *, masked: bool, dq_ref=None):
-                """One key block. With `dq_ref` (bwd_pipelined), its dQ
+                """One key block. With `dq_ref` (dq_pipelined), its dQ
                 product is left in flight on that accumulator and block
                 j - 1's K slot is released here, once the wait for S has
                 also waited for block j - 1's product."""
@@ -962,7 +937,6 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
                     # Both matmuls in flight before the first wait.
                     plgpu.wgmma(s_ref, q_smem.at[wg], k_smem.at[slot].transpose((1, 0)))
                     plgpu.wgmma(dp_ref, do_smem.at[wg], v_smem.at[slot].transpose((1, 0)))
-                    give_turn()
 
                 def probabilities(s):
                     # P recomputed from the saved log-sum-exp (FA2 Algorithm 2).
@@ -973,21 +947,14 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
                         p = jnp.where(keep, p, 0.0)
                     return p
 
-                take_turn()
                 p, dp = _scores_and_dp(products, probabilities, (bq, bk), blocks.bwd_overlap)
                 plgpu.barrier_arrive(v_free.at[slot])
                 ds = (p * (dp - _rows(delta, dp.shape))).astype(dtype)
-
-                def dq_product(acc_ref):
-                    plgpu.wgmma(acc_ref, ds, k_smem.at[slot])
-                    give_turn()
-
-                take_turn()
                 if dq_ref is not None:
                     _when(j > 0, lambda: plgpu.barrier_arrive(k_free.at[lax.rem(j - 1, stages)]))
-                    dq_product(dq_ref)
+                    plgpu.wgmma(dq_ref, ds, k_smem.at[slot])
                     return dq
-                dq = _accumulate(lambda refs: dq_product(refs[0]), dq)
+                dq = _accumulate(lambda refs: plgpu.wgmma(refs[0], ds, k_smem.at[slot]), dq)
                 plgpu.barrier_arrive(k_free.at[slot])
                 return dq
 
@@ -997,9 +964,10 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
                     dq = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True, dq_ref=dq_ref), dq)
                 return dq
 
-            _start_turns(turn, wg, 2, blocks.bwd_pingpong)
             dq = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
-            if blocks.bwd_pipelined:
+            if blocks.dq_pipelined:
+                # One accumulator over all the blocks; the last product is
+                # waited for when it ends, then the last K slot released.
                 dq = _accumulate(lambda refs: key_blocks(None, refs[0]), dq)
                 _when(n_blocks > 0, lambda: plgpu.barrier_arrive(k_free.at[lax.rem(n_blocks - 1, stages)]))
             else:
@@ -1022,7 +990,6 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
         plgpu.Barrier(num_barriers=stages),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-        plgpu.Barrier(num_barriers=2),
     )
     out_type = jax.ShapeDtypeStruct(q.shape, dtype)
     return _launch(body, out_type, scratch, _tile_grid(heads, num_tiles, batch), "flash_attention_mgpu_bwd_dq")(
@@ -1041,8 +1008,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     dtype = q.dtype
     fused = dq_acc is not None
     split = fused and blocks.dq_split
-    pipelined = blocks.bwd_pipelined and not fused
-    pingpong = blocks.bwd_pingpong and not fused
     bk, bq = blocks.block_k_dkv, blocks.block_q_dkv
     # dq_split: consumer c computes dQ columns [c * dq_cols, (c + 1) * dq_cols).
     dq_cols = head_dim // 2 if split else head_dim
@@ -1069,7 +1034,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         if fused:
             dq_ref, *refs = refs
         (dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
-         kv_ready, q_ready, do_ready, q_free, do_free, turn, *fused_scratch) = refs
+         kv_ready, q_ready, do_ready, q_free, do_free, *fused_scratch) = refs
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         t = lax.axis_index("tiles")
         tile_start = t * tile
@@ -1110,7 +1075,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
             if fused:
                 ds_smem, dq_smem, ds_ready, ds_free = fused_scratch
-            take_turn, give_turn = _turns(turn, wg, 2, pingpong)
 
             def add_dq(dq, blk):
                 """Adds dQ of query block `blk` over this CTA's keys (this
@@ -1140,19 +1104,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             # for its half of dQ's columns, and add it as soon as it is
             # computed: carrying it over the next S and dP would not fit in
             # registers next to head_dim 128's dK and dV.
-            def release(slot):
-                # lse/delta were read with ordinary loads (generic proxy); the
-                # next TMA into this slot writes through the async proxy, so
-                # fence the two before releasing the slot.
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(q_free.at[slot])
-                plgpu.barrier_arrive(do_free.at[slot])
-
-            def step(i, carry, *, masked: bool, grad_refs=None):
-                """One query block. With `grad_refs` (dV and dK accumulators,
-                bwd_pipelined) its dV and dK products are left in flight and
-                block i - 1's slot is released here, once the wait for S has
-                also waited for block i - 1's products."""
+            def step(i, carry, *, masked: bool):
                 dk, dv, *dq_prev = carry  # fused: dQ of the previous block, if this consumer owned it
                 slot = lax.rem(i - first, stages)
                 plgpu.barrier_wait(q_ready.at[slot])
@@ -1161,7 +1113,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 def products(s_ref, dp_ref):
                     plgpu.wgmma(s_ref, k_smem.at[wg], q_smem.at[slot].transpose((1, 0)))
                     plgpu.wgmma(dp_ref, v_smem.at[wg], do_smem.at[slot].transpose((1, 0)))
-                    give_turn()
                     if fused and not split:
                         _when((i > first) & (lax.rem(i - 1, 2) == wg), lambda: add_dq(dq_prev[0], i - 1))
 
@@ -1173,7 +1124,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                         p_t = jnp.where(keep, p_t, 0.0)
                     return p_t
 
-                take_turn()
                 p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap)
                 delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
                 ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
@@ -1191,18 +1141,9 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     plgpu.barrier_arrive(ds_ready.at[buf])
                     _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
 
-                take_turn()
-                if grad_refs is not None:
-                    _when(i > first, lambda: release(lax.rem(i - 1 - first, stages)))
-                    plgpu.wgmma(grad_refs[0], p_t.astype(dtype), do_smem.at[slot])
-                    plgpu.wgmma(grad_refs[1], ds_t, q_smem.at[slot])
-                    give_turn()
-                    return carry
-
                 def grads(refs):
                     plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
                     plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
-                    give_turn()
                     if fused:  # dQ of this block (or its columns): dS K over both consumers' keys
                         def dq_product(cols=slice(None)):
                             for c in range(2):
@@ -1223,28 +1164,22 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     _when(reader, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
                 if split:
                     add_dq(dq.pop(), i)
-                release(slot)
+                # lse/delta were read with ordinary loads (generic proxy); the
+                # next TMA into this slot writes through the async proxy, so
+                # fence the two before releasing the slot.
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(q_free.at[slot])
+                plgpu.barrier_arrive(do_free.at[slot])
                 return dk, dv, *dq
 
-            def query_blocks(carry, grad_refs=None):
-                if causal:
-                    carry = lax.fori_loop(first, n_masked_end,
-                                          functools.partial(step, masked=True, grad_refs=grad_refs), carry)
-                    start = n_masked_end
-                else:
-                    start = 0
-                return lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False, grad_refs=grad_refs),
-                                     carry)
-
-            _start_turns(turn, wg, 2, pingpong)
             carried_dq = [(bq, head_dim)] if fused and not split else []
             carry = tuple(_zeros(shape, plgpu.Layout.WGMMA) for shape in ((bk, head_dim), (bk, head_dim), *carried_dq))
-            if pipelined:
-                dv, dk = _accumulate(lambda refs: query_blocks((None, None), refs), *carry[::-1])
-                _when(n_steps > 0, lambda: release(lax.rem(n_steps - 1, stages)))
-                dq = []
+            if causal:
+                carry = lax.fori_loop(first, n_masked_end, functools.partial(step, masked=True), carry)
+                start = n_masked_end
             else:
-                dk, dv, *dq = query_blocks(carry)
+                start = 0
+            dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
             if fused:
                 # The last block's dQ, if carried (zeros if the tile saw no block).
                 last_owner = lax.rem(num_q_blocks - 1, 2) == wg
@@ -1275,7 +1210,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-        plgpu.Barrier(num_barriers=2),  # turns (bwd_pingpong)
     )
     if fused:
         scratch += (

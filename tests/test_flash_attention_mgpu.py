@@ -412,15 +412,11 @@ LOWERING_CASES = [
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=False)),
     ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_overlap=False, fused_bwd=True)),
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=False, fused_bwd=True, dq_split=True)),
-    # The two-kernel backward with its gradient products left in flight
-    # across steps (bwd_pipelined), with both schedules of S and dP.
-    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_pipelined=True, num_stages_bwd=3)),
-    ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_pipelined=True, block_k_dq=128, block_q_dkv=128)),
-    ((1, 17, 1, 80), True, "bfloat16", MosaicBlockSizes(bwd_pipelined=True, bwd_overlap=False)),
-    # ... with its consumers taking turns (bwd_pingpong), alone and combined.
-    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_pingpong=True)),
-    ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_pingpong=True, bwd_overlap=False, block_k_dq=128)),
-    ((1, 520, 1, 128), False, "bfloat16", MosaicBlockSizes(bwd_pingpong=True, bwd_pipelined=True, num_stages_bwd=3)),
+    # The dQ kernel with its dQ product left in flight across steps
+    # (dq_pipelined), with both schedules of S and dP.
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(dq_pipelined=True, num_stages_bwd=3)),
+    ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(dq_pipelined=True, block_k_dq=128)),
+    ((1, 17, 1, 80), True, "bfloat16", MosaicBlockSizes(dq_pipelined=True, bwd_overlap=False)),
     # The persistent forward (one program per SM walking tiles), each schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),
@@ -588,8 +584,7 @@ BACKWARD_VARIANTS = {
     "fused-split": dict(fused_bwd=True, dq_split=True),
     "fused-serial": dict(fused_bwd=True, dq_split=False, bwd_overlap=False),
     "two-kernels-serial": dict(fused_bwd=False, dq_split=False, bwd_overlap=False),
-    "two-kernels-pipelined": dict(fused_bwd=False, dq_split=False, bwd_pipelined=True, num_stages_bwd=3),
-    "two-kernels-pingpong": dict(fused_bwd=False, dq_split=False, bwd_pingpong=True),
+    "two-kernels-dq-pipelined": dict(fused_bwd=False, dq_split=False, dq_pipelined=True, num_stages_bwd=3),
 }
 
 

@@ -151,11 +151,6 @@ class MosaicBlockSizes:
         exponentials of P once S is done, while dP is still on the tensor
         cores, instead of waiting for both. Bit-identical results; the
         default (0.98-1.07x the serial schedule on an H100, NOTES.md).
-      dq_pipelined: the dQ kernel (fused_bwd=False) leaves each step's
-        dQ += dS K on the tensor cores while the consumer issues the next
-        step's S and dP, waits for it together with S, and releases the K
-        slot it reads one step later (FA3 keeps dK in flight this way).
-        Bit-identical results.
     """
 
     block_q: int = 64
@@ -174,7 +169,6 @@ class MosaicBlockSizes:
     fused_bwd: bool = False
     dq_split: bool = False
     bwd_overlap: bool = True
-    dq_pipelined: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -924,11 +918,7 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
             lse2 = plgpu.load(lse_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1)) * LOG2_E
             delta = plgpu.load(delta_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1))
 
-            def step(j, dq, *, masked: bool, dq_ref=None):
-                """One key block. With `dq_ref` (dq_pipelined), its dQ
-                product is left in flight on that accumulator and block
-                j - 1's K slot is released here, once the wait for S has
-                also waited for block j - 1's product."""
+            def step(j, dq, *, masked: bool):
                 slot = lax.rem(j, stages)
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[slot])
@@ -950,28 +940,14 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
                 p, dp = _scores_and_dp(products, probabilities, (bq, bk), blocks.bwd_overlap)
                 plgpu.barrier_arrive(v_free.at[slot])
                 ds = (p * (dp - _rows(delta, dp.shape))).astype(dtype)
-                if dq_ref is not None:
-                    _when(j > 0, lambda: plgpu.barrier_arrive(k_free.at[lax.rem(j - 1, stages)]))
-                    plgpu.wgmma(dq_ref, ds, k_smem.at[slot])
-                    return dq
                 dq = _accumulate(lambda refs: plgpu.wgmma(refs[0], ds, k_smem.at[slot]), dq)
                 plgpu.barrier_arrive(k_free.at[slot])
                 return dq
 
-            def key_blocks(dq, dq_ref=None):
-                dq = lax.fori_loop(0, n_free, functools.partial(step, masked=False, dq_ref=dq_ref), dq)
-                if causal:
-                    dq = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True, dq_ref=dq_ref), dq)
-                return dq
-
             dq = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
-            if blocks.dq_pipelined:
-                # One accumulator over all the blocks; the last product is
-                # waited for when it ends, then the last K slot released.
-                dq = _accumulate(lambda refs: key_blocks(None, refs[0]), dq)
-                _when(n_blocks > 0, lambda: plgpu.barrier_arrive(k_free.at[lax.rem(n_blocks - 1, stages)]))
-            else:
-                dq = key_blocks(dq)
+            dq = lax.fori_loop(0, n_free, functools.partial(step, masked=False), dq)
+            if causal:
+                dq = lax.fori_loop(n_free, n_blocks, functools.partial(step, masked=True), dq)
             # dS is the gradient of the scaled scores: apply the scale once.
             q_smem.at[wg][...] = (dq * sm_scale).astype(dtype)
             plgpu.commit_smem()

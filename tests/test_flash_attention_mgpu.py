@@ -412,11 +412,6 @@ LOWERING_CASES = [
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=False)),
     ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_overlap=False, fused_bwd=True)),
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=False, fused_bwd=True, dq_split=True)),
-    # The dQ kernel with its dQ product left in flight across steps
-    # (dq_pipelined), with both schedules of S and dP.
-    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(dq_pipelined=True, num_stages_bwd=3)),
-    ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(dq_pipelined=True, block_k_dq=128)),
-    ((1, 17, 1, 80), True, "bfloat16", MosaicBlockSizes(dq_pipelined=True, bwd_overlap=False)),
     # The persistent forward (one program per SM walking tiles), each schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),
@@ -584,7 +579,6 @@ BACKWARD_VARIANTS = {
     "fused-split": dict(fused_bwd=True, dq_split=True),
     "fused-serial": dict(fused_bwd=True, dq_split=False, bwd_overlap=False),
     "two-kernels-serial": dict(fused_bwd=False, dq_split=False, bwd_overlap=False),
-    "two-kernels-dq-pipelined": dict(fused_bwd=False, dq_split=False, dq_pipelined=True, num_stages_bwd=3),
 }
 
 

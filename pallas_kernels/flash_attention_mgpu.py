@@ -118,11 +118,6 @@ class MosaicBlockSizes:
         time, causal tiles longest first, balanced by list scheduling) with
         the K/V ring running on across tiles and the next tile's q loading
         while the current one computes. False: one program per tile.
-      q_prefetch_block: persistent forward: the key block of a tile at
-        whose start each consumer loads its next tile's q (into the buffer
-        that staged the previous tile's output, once that store has read
-        it). 0: at the tile's start, right behind the previous tile's
-        output store.
       block_q_dq, block_k_dq: dQ kernel: query rows per consumer, key rows
         per step.
       block_k_dkv, block_q_dkv: dK/dV kernel and fused backward: key rows
@@ -171,7 +166,6 @@ class MosaicBlockSizes:
     overlap: bool = False
     consumers: int = 2
     persistent: bool = False
-    q_prefetch_block: int = 0
     fused_bwd: bool = False
     dq_split: bool = False
     bwd_overlap: bool = True
@@ -196,8 +190,6 @@ class MosaicBlockSizes:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 64 or value > 256 or value % 64:
                 raise ValueError(f"{field}={value!r} must be 64, 128, 192 or 256")
-        if not isinstance(self.q_prefetch_block, int) or self.q_prefetch_block < 0:
-            raise ValueError(f"q_prefetch_block={self.q_prefetch_block!r} must be a key block index >= 0")
         for field in ("num_stages", "num_stages_bwd"):
             value = getattr(self, field)
             if not isinstance(value, int) or not 1 <= value <= 8:
@@ -671,21 +663,11 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
             def run_tile(i, steps):
                 b, h, row0, n_blocks, n_free = my_rows(i)
                 buf = lax.rem(i, 2) if persistent else 0
-                prefetch_at = blocks.q_prefetch_block
-
-                def prefetch(j=None):
-                    """Persistent: at the start of key block `prefetch_at`
-                    (or, with j=None, if the tile ended before it), load
-                    the next tile's q. The other buffer holds the previous
-                    tile's output: its store must have read it first."""
-                    if not persistent:
-                        return
-                    due = (my_end <= prefetch_at) if j is None else (j == prefetch_at)
-                    if isinstance(due, bool) and not due:
-                        return
-
-                    @pl.when(jnp.logical_and(due, i + 1 < n_items))
+                if persistent:
+                    @pl.when(i + 1 < n_items)
                     def _prefetch():
+                        # The other buffer holds the previous tile's output:
+                        # its store must have read it before q overwrites it.
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                         load_q(i + 1, 1 - buf)
 
@@ -711,7 +693,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
 
                 def step(j, carry, *, masked: bool):
                     acc, m, l = carry
-                    prefetch(j)
                     slot = ring(j)
                     plgpu.barrier_wait(k_ready.at[slot])
 
@@ -746,7 +727,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     # issues P_{j-1} V_{j-1} and S_j = Q K_j^T back to back and
                     # hands the turn on; only then does it wait for both.
                     acc, m, l, p_prev = carry
-                    prefetch(j)
                     slot, prev = enter_pipelined(j)
 
                     def products(refs):
@@ -767,7 +747,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     # S_j, and runs the softmax of block j while P_{j-1} V_{j-1}
                     # is in flight (FA3 §3.2). acc is rescaled once that is done.
                     acc, m, l, p_prev = carry
-                    prefetch(j)
                     slot, prev = enter_pipelined(j)
 
                     def products(refs):
@@ -817,7 +796,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 if overlap or paired:
                     # Block 0's scores and softmax start the pipeline; the
                     # last block's P V ends it.
-                    prefetch(0)
                     first = ring(0)
                     plgpu.barrier_wait(k_ready.at[first])
                     take_turn()
@@ -850,7 +828,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     carry = lax.fori_loop(0, my_free, functools.partial(step, masked=False), (acc0, m0, l0))
                     acc, m, l = lax.fori_loop(my_free, my_end, functools.partial(step, masked=True), carry)
                     give_turn()
-                prefetch()  # the tile ended before block prefetch_at
                 store(acc, m, l)
 
                 def idle_step(j, _):

@@ -416,11 +416,6 @@ LOWERING_CASES = [
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),
     ((1, 520, 1, 80), True, "bfloat16", MosaicBlockSizes(persistent=True, pingpong=False, overlap=True)),
-    # ... loading the next tile's q at a later key block of the current one.
-    ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True, q_prefetch_block=2)),
-    ((1, 520, 1, 128), False, "bfloat16", MosaicBlockSizes(persistent=True, pingpong=False, overlap=True,
-                                                            q_prefetch_block=2)),
-    ((1, 300, 2, 128), True, "float16", MosaicBlockSizes(persistent=True, paired=True, q_prefetch_block=1)),
 ]
 
 
@@ -552,7 +547,6 @@ FORWARD_VARIANTS = {
     "consumers3": dict(consumers=3),
     "persistent": dict(persistent=True),
     "persistent-consumers3": dict(persistent=True, consumers=3),
-    "persistent-late-q": dict(persistent=True, q_prefetch_block=2),
 }
 
 

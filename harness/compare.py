@@ -165,8 +165,13 @@ def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: d
 
 
 def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
+    """Folder name of a comparison. `device` is the device a successful run
+    reported; when every run failed there is none, and the requested device
+    names the folder (a failed GPU run is not filed as a CPU one)."""
     attention = "" if args.attention == "naive" else f"-{args.attention}"
     profiled = "-profiled" if args.profiler else ""
+    if device is None:
+        device = args.device
     return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{gpu_slug(device if device != 'cpu' else None)}{profiled}"
 
 

@@ -97,6 +97,23 @@ def test_simulated_oom_is_reported_and_the_other_backend_still_runs(tmp_path):
     assert "out of memory in backward" in report
 
 
+def test_result_folder_is_named_after_the_device():
+    """A successful run's device names the folder; when every run failed
+    (no device reported) the requested device does, so a failed GPU run is
+    not filed under -cpu."""
+    def parse(*argv):
+        args = compare.parse_args(compare.build_parser(), list(argv))
+        args.profiler = None
+        return args
+
+    args = parse("--model", "large", "--ctx", "1024", "--dtype", "bf16", "--attention", "pallas", "--device", "cuda")
+    assert compare.result_dir_name(args, "NVIDIA H100 80GB HBM3") == "large-ctx1024-bf16-pallas-h100-80gb-hbm3"
+    assert compare.result_dir_name(args, None) == "large-ctx1024-bf16-pallas-cuda"
+    args = parse("--model", "tiny", "--ctx", "16", "--device", "cpu")
+    assert compare.result_dir_name(args, None) == "tiny-ctx16-fp32-cpu"
+    assert compare.result_dir_name(args, "cpu") == "tiny-ctx16-fp32-cpu"
+
+
 def test_jax_processes_share_the_named_compile_cache(tmp_path):
     """--compile-cache reaches the JAX subprocesses: the run's executables land there
     (every compile is cached here, however short) and stay after the comparison."""

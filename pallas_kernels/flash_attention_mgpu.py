@@ -151,10 +151,6 @@ class MosaicBlockSizes:
         exponentials of P once S is done, while dP is still on the tensor
         cores, instead of waiting for both. Bit-identical results; the
         default (0.98-1.07x the serial schedule on an H100, NOTES.md).
-      dq_rows_in_registers: the dQ kernel's consumers load their q and dO
-        rows into registers once and multiply S = Q K^T and dP = dO V^T
-        from there (wgmma with its A operand in registers), so each of
-        those products reads only K or V from shared memory.
     """
 
     block_q: int = 64
@@ -173,7 +169,6 @@ class MosaicBlockSizes:
     fused_bwd: bool = False
     dq_split: bool = False
     bwd_overlap: bool = True
-    dq_rows_in_registers: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -922,10 +917,6 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
             plgpu.barrier_wait(ready)
             lse2 = plgpu.load(lse_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1)) * LOG2_E
             delta = plgpu.load(delta_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1))
-            # The A operands of S and dP: shared memory, or registers loaded once.
-            q_op, do_op = q_smem.at[wg], do_smem.at[wg]
-            if blocks.dq_rows_in_registers:
-                q_op, do_op = (plgpu.load(x, (), layout=plgpu.Layout.WGMMA) for x in (q_op, do_op))
 
             def step(j, dq, *, masked: bool):
                 slot = lax.rem(j, stages)
@@ -934,8 +925,8 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
 
                 def products(s_ref, dp_ref):
                     # Both matmuls in flight before the first wait.
-                    plgpu.wgmma(s_ref, q_op, k_smem.at[slot].transpose((1, 0)))
-                    plgpu.wgmma(dp_ref, do_op, v_smem.at[slot].transpose((1, 0)))
+                    plgpu.wgmma(s_ref, q_smem.at[wg], k_smem.at[slot].transpose((1, 0)))
+                    plgpu.wgmma(dp_ref, do_smem.at[wg], v_smem.at[slot].transpose((1, 0)))
 
                 def probabilities(s):
                     # P recomputed from the saved log-sum-exp (FA2 Algorithm 2).

@@ -151,11 +151,6 @@ class MosaicBlockSizes:
         exponentials of P once S is done, while dP is still on the tensor
         cores, instead of waiting for both. Bit-identical results; the
         default (0.98-1.07x the serial schedule on an H100, NOTES.md).
-      bwd_lse_early, bwd_delta_early: the dK/dV and fused kernels load a
-        step's lse (D) from shared memory before they issue S and dP, so
-        the load's latency passes while the products run. Otherwise lse
-        is loaded once S is done and D once dP is, and the exponentials
-        (dS) wait for the load.
     """
 
     block_q: int = 64
@@ -174,8 +169,6 @@ class MosaicBlockSizes:
     fused_bwd: bool = False
     dq_split: bool = False
     bwd_overlap: bool = True
-    bwd_lse_early: bool = False
-    bwd_delta_early: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -1099,17 +1092,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     if fused and not split:
                         _when((i > first) & (lax.rem(i - 1, 2) == wg), lambda: add_dq(dq_prev[0], i - 1))
 
-                def load_lse2():
-                    return plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
-
-                def load_delta():
-                    return plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
-
-                early_lse2 = load_lse2() if blocks.bwd_lse_early else None
-                early_delta = load_delta() if blocks.bwd_delta_early else None
-
                 def probabilities(s_t):
-                    lse2 = load_lse2() if early_lse2 is None else early_lse2
+                    lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
                     p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
                     if masked:
                         keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
@@ -1117,7 +1101,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     return p_t
 
                 p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap)
-                delta = load_delta() if early_delta is None else early_delta
+                delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
                 ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
                 if fused:
                     buf = lax.rem(i, 2)

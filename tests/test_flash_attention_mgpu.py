@@ -412,10 +412,6 @@ LOWERING_CASES = [
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=False)),
     ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_overlap=False, fused_bwd=True)),
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=False, fused_bwd=True, dq_split=True)),
-    # The dK/dV and fused kernels loading lse and D before S and dP.
-    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_lse_early=True, bwd_delta_early=True)),
-    ((1, 300, 2, 64), False, "float16", MosaicBlockSizes(bwd_lse_early=True, fused_bwd=True)),
-    ((1, 17, 1, 80), True, "bfloat16", MosaicBlockSizes(bwd_delta_early=True, bwd_overlap=False)),
     # The persistent forward (one program per SM walking tiles), each schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),
@@ -583,7 +579,6 @@ BACKWARD_VARIANTS = {
     "fused-split": dict(fused_bwd=True, dq_split=True),
     "fused-serial": dict(fused_bwd=True, dq_split=False, bwd_overlap=False),
     "two-kernels-serial": dict(fused_bwd=False, dq_split=False, bwd_overlap=False),
-    "stats-early": dict(bwd_lse_early=True, bwd_delta_early=True),
 }
 
 

@@ -83,6 +83,18 @@ NONCAUSAL_MIN_SEQ = 1024
 LEAD_IN_MS = 200.0
 
 
+def lead_in_ms(value: str) -> float:
+    """argparse type of --lead-in-ms (here and in harness.tune_attention):
+    milliseconds >= 0, where 0 turns the lead-in off."""
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = float("nan")
+    if not ms >= 0:
+        raise argparse.ArgumentTypeError(f"must be milliseconds >= 0 (0 turns the lead-in off), got {value!r}")
+    return ms
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     def int_list(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x]
@@ -114,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=15, help="timed repeats per pass (median reported)")
     p.add_argument("--min-batch-ms", type=float, default=25.0,
                    help="launches per repeat are chosen so that a repeat lasts at least this long")
-    p.add_argument("--lead-in-ms", type=float, default=LEAD_IN_MS,
+    p.add_argument("--lead-in-ms", type=lead_in_ms, default=LEAD_IN_MS,
                    help="untimed calls of the same pass for at least this long before each timed repeat, so the "
                         "clock under a power limit has settled to that pass (0: none)")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
@@ -124,8 +136,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--render", type=Path, nargs="+", default=None, metavar="JSON",
                    help="run nothing: rewrite the .md and .png of these results JSON files from them alone")
     args = p.parse_args(argv)
-    if args.lead_in_ms < 0:
-        p.error(f"--lead-in-ms must be >= 0 (0 turns the lead-in off), got {args.lead_in_ms:g}")
     if args.shapes == "fa3":
         args.seq = args.seq or [s for s in FA3_SEQS if s >= 1024]
         args.head_dim = args.head_dim or [64, 128]

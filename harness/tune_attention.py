@@ -119,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--min-batch-ms", type=float, default=25.0)
-    p.add_argument("--lead-in-ms", type=float, default=bench.LEAD_IN_MS,
+    p.add_argument("--lead-in-ms", type=bench.lead_in_ms, default=bench.LEAD_IN_MS,
                    help="untimed calls of the same configuration before each timed repeat, so the clock under "
                         "a power limit has settled to it (harness.bench_attention; 0: none)")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
@@ -130,8 +130,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default=None, help="file stem (default <backend>-d<head_dims>)")
     p.add_argument("--render", type=Path, default=None, help="render an existing .jsonl and exit")
     args = p.parse_args(argv)
-    if args.lead_in_ms < 0:
-        p.error(f"--lead-in-ms must be >= 0 (0 turns the lead-in off), got {args.lead_in_ms:g}")
     if args.render is not None:
         return args
     passes = [x for x in args.passes.split(",") if x]

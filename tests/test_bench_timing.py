@@ -139,8 +139,16 @@ def test_lead_in_runs_the_same_entry_before_each_timed_repeat() -> None:
     assert all(count >= 2 for _, count in runs[3:])
 
 
-def test_negative_lead_in_is_refused(capsys) -> None:
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--lead-in-ms", "-5"])
-    assert "--lead-in-ms must be >= 0 (0 turns the lead-in off), got -5" in capsys.readouterr().err
+@pytest.mark.parametrize("value", ["-5", "nan", "soon"])
+def test_bad_lead_in_is_refused(capsys, value) -> None:
+    """In both entry points that take it: one line naming the option and the fix."""
+    from harness import tune_attention
+
+    for parse in (bench.parse_args, tune_attention.parse_args):
+        with pytest.raises(SystemExit):
+            parse(["--lead-in-ms", value])
+        err = capsys.readouterr().err
+        assert f"argument --lead-in-ms: must be milliseconds >= 0 (0 turns the lead-in off), got {value!r}" in err
+        assert "Traceback" not in err
     assert bench.parse_args([]).lead_in_ms == bench.LEAD_IN_MS
+    assert bench.parse_args(["--lead-in-ms", "0"]).lead_in_ms == 0.0

@@ -151,6 +151,13 @@ class MosaicBlockSizes:
         exponentials of P once S is done, while dP is still on the tensor
         cores, instead of waiting for both. Bit-identical results; the
         default (0.98-1.07x the serial schedule on an H100, NOTES.md).
+      split_order: fused backward with dq_split only: each step issues its
+        gradient products in FA3's order: dV += P^T dO before the dS^T
+        exchange (it runs while the consumer computes dS and waits for the
+        other one), then dQ, then dK += dS^T Q, which stays on the tensor
+        cores while the consumer stores its dQ tile and issues the
+        reduce-add. Without it all three are issued after the exchange and
+        the dQ store waits for all of them. Bit-identical results.
     """
 
     block_q: int = 64
@@ -169,6 +176,7 @@ class MosaicBlockSizes:
     fused_bwd: bool = False
     dq_split: bool = False
     bwd_overlap: bool = True
+    split_order: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -177,6 +185,9 @@ class MosaicBlockSizes:
             raise ValueError("paired=True pairs the matmuls of a ping-pong turn: also set pingpong=True")
         if self.dq_split and not self.fused_bwd:
             raise ValueError("dq_split=True splits the fused backward's dQ: also set fused_bwd=True")
+        if self.split_order and not self.dq_split:
+            raise ValueError("split_order=True orders the steps of the dq_split backward: also set "
+                             "fused_bwd=True and dq_split=True")
         if self.consumers not in _REGISTERS:
             raise ValueError(f"consumers={self.consumers!r} must be one of {tuple(_REGISTERS)}")
         if self.consumers == 3 and self.block_q != 64:
@@ -1102,12 +1113,18 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
                 p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap)
                 delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
-                ds_t = (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
-                if fused:
-                    buf = lax.rem(i, 2)
-                    # Whether this consumer multiplies the block's dS^T tiles:
-                    # the owner, or both with dq_split.
-                    reader = True if split else buf == wg
+
+                def grad_scores():
+                    return (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
+
+                buf = lax.rem(i, 2)
+                # Whether this consumer multiplies the block's dS^T tiles:
+                # the owner, or both with dq_split.
+                reader = True if split else buf == wg
+
+                def exchange(ds_t):
+                    """Puts this consumer's dS^T of the block in shared memory
+                    and, if it reads them, waits for the other one's."""
                     # The other consumer read this buffer two blocks ago:
                     # wait until its dQ product is done with it.
                     reused = i - first >= 2
@@ -1117,29 +1134,55 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     plgpu.barrier_arrive(ds_ready.at[buf])
                     _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
 
-                def grads(refs):
-                    plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
-                    plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
-                    if fused:  # dQ of this block (or its columns): dS K over both consumers' keys
-                        def dq_product(cols=slice(None)):
-                            for c in range(2):
-                                plgpu.wgmma(refs[2], ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
+                def dq_product(acc, cols=slice(None)):
+                    """dQ of this block (or its columns): dS K over both consumers' keys."""
+                    for c in range(2):
+                        plgpu.wgmma(acc, ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
 
-                        if split:
-                            for half in range(2):
-                                _when(wg == half, functools.partial(dq_product, pl.ds(half * dq_cols, dq_cols)))
-                        else:
-                            _when(reader, dq_product)
+                def my_dq_product(acc):
+                    if split:
+                        for half in range(2):
+                            _when(wg == half, functools.partial(dq_product, acc, pl.ds(half * dq_cols, dq_cols)))
+                    else:
+                        _when(reader, functools.partial(dq_product, acc))
 
-                # Fused: each block's dQ tile starts from zero; the owner
-                # carries it into the next step, which adds it to dq_acc
-                # (with dq_split each consumer adds its columns now).
-                dq = [_zeros((bq, dq_cols), plgpu.Layout.WGMMA)] if fused else []
-                dv, dk, *dq = _accumulate(grads, dv, dk, *dq)
-                if fused:
-                    _when(reader, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
-                if split:
-                    add_dq(dq.pop(), i)
+                if blocks.split_order:
+                    # FA3's step: dV is on the tensor cores during dS and the
+                    # exchange, dK during the dQ store.
+                    def fa3_step(refs):
+                        dv_ref, dk_ref, dq_ref = refs
+                        plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
+                        ds_t = grad_scores()
+                        exchange(ds_t)
+                        my_dq_product(dq_ref)
+                        plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
+                        dq = plgpu.wgmma_accumulator_load(dq_ref, wait_n=1)  # dV and dQ done, dK in flight
+                        plgpu.barrier_arrive(ds_free.at[buf])
+                        add_dq(dq, i)
+
+                    dv, dk, _ = pl.run_state(fa3_step)(
+                        tuple(plgpu.ACC.init(x) for x in (dv, dk, _zeros((bq, dq_cols), plgpu.Layout.WGMMA))))
+                    dq = []
+                else:
+                    ds_t = grad_scores()
+                    if fused:
+                        exchange(ds_t)
+
+                    def grads(refs):
+                        plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
+                        plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
+                        if fused:
+                            my_dq_product(refs[2])
+
+                    # Fused: each block's dQ tile starts from zero; the owner
+                    # carries it into the next step, which adds it to dq_acc
+                    # (with dq_split each consumer adds its columns now).
+                    dq = [_zeros((bq, dq_cols), plgpu.Layout.WGMMA)] if fused else []
+                    dv, dk, *dq = _accumulate(grads, dv, dk, *dq)
+                    if fused:
+                        _when(reader, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
+                    if split:
+                        add_dq(dq.pop(), i)
                 # lse/delta were read with ordinary loads (generic proxy); the
                 # next TMA into this slot writes through the async proxy, so
                 # fence the two before releasing the slot.

@@ -63,6 +63,7 @@ def _zeros(dtype="bfloat16", head_dim=64, seq=16):
         ({"consumers": 4}, r"consumers=4 must be one of \(2, 3\)"),
         ({"consumers": 3, "block_q": 128}, "use block_q=64"),
         ({"dq_split": True}, "also set fused_bwd=True"),
+        ({"fused_bwd": True, "split_order": True}, "also set fused_bwd=True and dq_split=True"),
     ],
 )
 def test_block_sizes_validate(kwargs, match) -> None:
@@ -407,6 +408,9 @@ LOWERING_CASES = [
     # ... with dQ split by columns between the consumers (head_dim 128).
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True)),
+    # ... in FA3's step order (dV before the exchange, dK over the dQ store).
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True)),
+    ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True)),
     # Backward consumers that wait for S and dP together (bwd_overlap=False),
     # in each backward schedule.
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=False)),
@@ -577,6 +581,7 @@ BACKWARD_VARIANTS = {
     "two-kernels": dict(fused_bwd=False, dq_split=False),
     "fused-q128": dict(fused_bwd=True, dq_split=False, block_q_dkv=128),
     "fused-split": dict(fused_bwd=True, dq_split=True),
+    "fused-split-order": dict(fused_bwd=True, dq_split=True, split_order=True),
     "fused-serial": dict(fused_bwd=True, dq_split=False, bwd_overlap=False),
     "two-kernels-serial": dict(fused_bwd=False, dq_split=False, bwd_overlap=False),
 }
@@ -588,13 +593,14 @@ BACKWARD_VARIANTS = {
 def test_gpu_backward_variants_match_reference(variant: str, case: Case) -> None:
     if variant == "fused-q128" and case.head_dim > 64:
         pytest.skip("128-query fused steps need more shared memory than head_dim > 64 leaves")
-    if variant == "fused-split" and case.head_dim != 128:
+    if variant.startswith("fused-split") and case.head_dim != 128:
         pytest.skip("dq_split needs head_dim 128")
     _assert_variant_matches(case, BACKWARD_VARIANTS[variant])
 
 
 @needs_hopper
 @pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(fused_bwd=True, dq_split=True)),
+                                                   (128, dict(fused_bwd=True, dq_split=True, split_order=True)),
                                                    (128, dict(fused_bwd=False))], ids=str)
 def test_gpu_repeatable(head_dim: int, changes: dict) -> None:
     """Identical inputs give bit-identical o, dK and dV across runs (a

@@ -90,6 +90,7 @@ _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 # each timed at its own steady state (results/attention-mgpu-h100/timing/
 # ab-fused-short.log; without the lead-in it had looked 0.98-1.00x).
 FUSED_BWD_MIN_SEQ = 1024
+_SPLIT_ORDER_MASKED = True  # experiment: split_order in the causal masked steps too
 # The head_dim <= 64 default forward runs three consumers (192-row tiles)
 # above this length and two (128-row tiles) up to it. At seq 1024 a 192-row
 # tiling clamps its last tile onto rows another consumer already computes:
@@ -1146,7 +1147,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     else:
                         _when(reader, functools.partial(dq_product, acc))
 
-                if blocks.split_order:
+                if blocks.split_order and not (masked and not _SPLIT_ORDER_MASKED):
                     # FA3's step: dV is on the tensor cores during dS and the
                     # exchange, dK during the dQ store.
                     def fa3_step(refs):

@@ -91,6 +91,7 @@ _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 # ab-fused-short.log; without the lead-in it had looked 0.98-1.00x).
 FUSED_BWD_MIN_SEQ = 1024
 _SPLIT_ORDER_MASKED = True  # experiment: split_order in the causal masked steps too
+_MASKED_BWD_OVERLAP = True  # experiment: bwd_overlap in the dK/dV and fused kernels' masked steps
 # The head_dim <= 64 default forward runs three consumers (192-row tiles)
 # above this length and two (128-row tiles) up to it. At seq 1024 a 192-row
 # tiling clamps its last tile onto rows another consumer already computes:
@@ -1112,7 +1113,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                         p_t = jnp.where(keep, p_t, 0.0)
                     return p_t
 
-                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap)
+                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq),
+                                           blocks.bwd_overlap and (_MASKED_BWD_OVERLAP or not masked))
                 delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
 
                 def grad_scores():

@@ -91,6 +91,7 @@ _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 # ab-fused-short.log; without the lead-in it had looked 0.98-1.00x).
 FUSED_BWD_MIN_SEQ = 1024
 _SPLIT_ORDER_MASKED = True  # experiment: split_order in the causal masked steps too
+_MASK_DIFF = False  # experiment: the dK/dV and fused kernels' causal mask as one difference of iotas
 _MASKED_BWD_OVERLAP = True  # experiment: bwd_overlap in the dK/dV and fused kernels' masked steps
 # The head_dim <= 64 default forward runs three consumers (192-row tiles)
 # above this length and two (128-row tiles) up to it. At seq 1024 a 192-row
@@ -1109,7 +1110,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
                     p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
                     if masked:
-                        keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
+                        if _MASK_DIFF:
+                            keep = _iota((bk, bq), 0) - _iota((bk, bq), 1) <= i * bq - key0
+                        else:
+                            keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
                         p_t = jnp.where(keep, p_t, 0.0)
                     return p_t
 

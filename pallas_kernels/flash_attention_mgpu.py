@@ -91,6 +91,7 @@ _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 # ab-fused-short.log; without the lead-in it had looked 0.98-1.00x).
 FUSED_BWD_MIN_SEQ = 1024
 _SPLIT_ORDER_MASKED = True  # experiment: split_order in the causal masked steps too
+_ONE_LOOP = False  # experiment: causal dK/dV and fused kernels in one loop, the mask in every step ("cond": only where needed)
 _MASK_DIFF = False  # experiment: the dK/dV and fused kernels' causal mask as one difference of iotas
 _MASKED_BWD_OVERLAP = True  # experiment: bwd_overlap in the dK/dV and fused kernels' masked steps
 # The head_dim <= 64 default forward runs three consumers (192-row tiles)
@@ -1109,7 +1110,16 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 def probabilities(s_t):
                     lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
                     p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
-                    if masked:
+                    if _ONE_LOOP and causal:
+                        def mask(p_t):
+                            keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
+                            return jnp.where(keep, p_t, 0.0)
+
+                        if _ONE_LOOP == "cond":
+                            p_t = lax.cond(i < n_masked_end, mask, lambda x: x, p_t)
+                        else:
+                            p_t = mask(p_t)
+                    elif masked:
                         if _MASK_DIFF:
                             keep = _iota((bk, bq), 0) - _iota((bk, bq), 1) <= i * bq - key0
                         else:
@@ -1200,11 +1210,11 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
             carried_dq = [(bq, head_dim)] if fused and not split else []
             carry = tuple(_zeros(shape, plgpu.Layout.WGMMA) for shape in ((bk, head_dim), (bk, head_dim), *carried_dq))
-            if causal:
+            if causal and not _ONE_LOOP:
                 carry = lax.fori_loop(first, n_masked_end, functools.partial(step, masked=True), carry)
                 start = n_masked_end
             else:
-                start = 0
+                start = first
             dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
             if fused:
                 # The last block's dQ, if carried (zeros if the tile saw no block).

@@ -90,10 +90,6 @@ _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 # each timed at its own steady state (results/attention-mgpu-h100/timing/
 # ab-fused-short.log; without the lead-in it had looked 0.98-1.00x).
 FUSED_BWD_MIN_SEQ = 1024
-_SPLIT_ORDER_MASKED = True  # experiment: split_order in the causal masked steps too
-_ONE_LOOP = False  # experiment: causal dK/dV and fused kernels in one loop, the mask in every step ("cond": only where needed)
-_MASK_DIFF = False  # experiment: the dK/dV and fused kernels' causal mask as one difference of iotas
-_MASKED_BWD_OVERLAP = True  # experiment: bwd_overlap in the dK/dV and fused kernels' masked steps
 # The head_dim <= 64 default forward runs three consumers (192-row tiles)
 # above this length and two (128-row tiles) up to it. At seq 1024 a 192-row
 # tiling clamps its last tile onto rows another consumer already computes:
@@ -162,6 +158,12 @@ class MosaicBlockSizes:
         cores while the consumer stores its dQ tile and issues the
         reduce-add. Without it all three are issued after the exchange and
         the dQ store waits for all of them. Bit-identical results.
+      masked_loop: causal dK/dV and fused backward: the query blocks that
+        cross the diagonal run in a loop of their own, masked, before the
+        loop over the rest. False: one loop over all of them, the mask
+        under a branch that only those blocks take. Two loops hold two sets
+        of loop invariants (wgmma descriptors among them): the causal dq_split
+        fused kernel spilled 508 bytes with them and 124 in one loop.
     """
 
     block_q: int = 64
@@ -181,6 +183,7 @@ class MosaicBlockSizes:
     dq_split: bool = False
     bwd_overlap: bool = True
     split_order: bool = False
+    masked_loop: bool = True
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -1095,7 +1098,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             # for its half of dQ's columns, and add it as soon as it is
             # computed: carrying it over the next S and dP would not fit in
             # registers next to head_dim 128's dK and dV.
-            def step(i, carry, *, masked: bool):
+            def step(i, carry, *, masked: bool | None):
                 dk, dv, *dq_prev = carry  # fused: dQ of the previous block, if this consumer owned it
                 slot = lax.rem(i - first, stages)
                 plgpu.barrier_wait(q_ready.at[slot])
@@ -1110,25 +1113,18 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 def probabilities(s_t):
                     lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
                     p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
-                    if _ONE_LOOP and causal:
+                    if masked is None:  # one loop: mask the blocks that cross the diagonal
                         def mask(p_t):
                             keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
                             return jnp.where(keep, p_t, 0.0)
 
-                        if _ONE_LOOP == "cond":
-                            p_t = lax.cond(i < n_masked_end, mask, lambda x: x, p_t)
-                        else:
-                            p_t = mask(p_t)
+                        p_t = lax.cond(i < n_masked_end, mask, lambda x: x, p_t)
                     elif masked:
-                        if _MASK_DIFF:
-                            keep = _iota((bk, bq), 0) - _iota((bk, bq), 1) <= i * bq - key0
-                        else:
-                            keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
+                        keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
                         p_t = jnp.where(keep, p_t, 0.0)
                     return p_t
 
-                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq),
-                                           blocks.bwd_overlap and (_MASKED_BWD_OVERLAP or not masked))
+                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap)
                 delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
 
                 def grad_scores():
@@ -1163,7 +1159,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     else:
                         _when(reader, functools.partial(dq_product, acc))
 
-                if blocks.split_order and not (masked and not _SPLIT_ORDER_MASKED):
+                if blocks.split_order:
                     # FA3's step: dV is on the tensor cores during dS and the
                     # exchange, dK during the dQ store.
                     def fa3_step(refs):
@@ -1210,12 +1206,12 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
             carried_dq = [(bq, head_dim)] if fused and not split else []
             carry = tuple(_zeros(shape, plgpu.Layout.WGMMA) for shape in ((bk, head_dim), (bk, head_dim), *carried_dq))
-            if causal and not _ONE_LOOP:
+            if causal and blocks.masked_loop:
                 carry = lax.fori_loop(first, n_masked_end, functools.partial(step, masked=True), carry)
-                start = n_masked_end
+                start, masked = n_masked_end, False
             else:
-                start = first
-            dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=False), carry)
+                start, masked = first, (None if causal else False)
+            dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=masked), carry)
             if fused:
                 # The last block's dQ, if carried (zeros if the tile saw no block).
                 last_owner = lax.rem(num_q_blocks - 1, 2) == wg

@@ -411,6 +411,11 @@ LOWERING_CASES = [
     # ... in FA3's step order (dV before the exchange, dK over the dQ store).
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True)),
+    # Causal backward in one loop (the diagonal's mask under a branch).
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True,
+                                                          masked_loop=False)),
+    ((2, 1000, 1, 64), True, "float16", MosaicBlockSizes(fused_bwd=True, masked_loop=False)),
+    ((1, 300, 2, 128), True, "bfloat16", MosaicBlockSizes(masked_loop=False)),
     # Backward consumers that wait for S and dP together (bwd_overlap=False),
     # in each backward schedule.
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(bwd_overlap=False)),
@@ -582,6 +587,9 @@ BACKWARD_VARIANTS = {
     "fused-q128": dict(fused_bwd=True, dq_split=False, block_q_dkv=128),
     "fused-split": dict(fused_bwd=True, dq_split=True),
     "fused-split-order": dict(fused_bwd=True, dq_split=True, split_order=True),
+    "fused-split-order-one-loop": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False),
+    "fused-one-loop": dict(fused_bwd=True, dq_split=False, masked_loop=False),
+    "two-kernels-one-loop": dict(fused_bwd=False, dq_split=False, masked_loop=False),
     "fused-serial": dict(fused_bwd=True, dq_split=False, bwd_overlap=False),
     "two-kernels-serial": dict(fused_bwd=False, dq_split=False, bwd_overlap=False),
 }
@@ -595,12 +603,16 @@ def test_gpu_backward_variants_match_reference(variant: str, case: Case) -> None
         pytest.skip("128-query fused steps need more shared memory than head_dim > 64 leaves")
     if variant.startswith("fused-split") and case.head_dim != 128:
         pytest.skip("dq_split needs head_dim 128")
+    if variant.endswith("one-loop") and not case.causal:
+        pytest.skip("masked_loop changes causal kernels only")
     _assert_variant_matches(case, BACKWARD_VARIANTS[variant])
 
 
 @needs_hopper
 @pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(fused_bwd=True, dq_split=True)),
                                                    (128, dict(fused_bwd=True, dq_split=True, split_order=True)),
+                                                   (128, dict(fused_bwd=True, dq_split=True, split_order=True,
+                                                              masked_loop=False)),
                                                    (128, dict(fused_bwd=False))], ids=str)
 def test_gpu_repeatable(head_dim: int, changes: dict) -> None:
     """Identical inputs give bit-identical o, dK and dV across runs (a

@@ -71,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         from harness.tune_attention import block_sizes_for
 
         try:
-            args.block_sizes = block_sizes_for(args.backend, args.head_dim, args.overrides, args.seq)
+            args.block_sizes = block_sizes_for(args.backend, args.head_dim, args.overrides, args.seq,
+                                                args.causal == "true")
         except (TypeError, ValueError) as exc:
             p.error(f"--blocks {args.blocks!r}: {exc}")
     return args

@@ -153,13 +153,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def block_sizes_for(backend: str, head_dim: int, overrides: dict, seq_len: int | None = None) -> object:
-    """The backend's default block sizes for head_dim and seq_len with
-    `overrides` applied (a ValueError from the block-size checks passes
+def block_sizes_for(backend: str, head_dim: int, overrides: dict, seq_len: int | None = None,
+                    causal: bool | None = None) -> object:
+    """The backend's default block sizes for head_dim, seq_len and causal
+    with `overrides` applied (a ValueError from the block-size checks passes
     through)."""
     from pallas_kernels.flash_attention import _BACKENDS
 
-    return dataclasses.replace(_BACKENDS[backend].default_block_sizes(head_dim, seq_len), **overrides)
+    return dataclasses.replace(_BACKENDS[backend].default_block_sizes(head_dim, seq_len, causal), **overrides)
 
 
 def _label(overrides: dict) -> str:
@@ -183,7 +184,7 @@ def measure(backend: str, pass_: str, overrides: dict, cell: dict, reference, ar
            "status": "ok"}
     outputs = None
     try:
-        blocks = block_sizes_for(backend, cell["head_dim"], overrides, cell["seq"])
+        blocks = block_sizes_for(backend, cell["head_dim"], overrides, cell["seq"], cell["causal"])
         row["block_sizes"] = dataclasses.asdict(blocks)
         thunks, sync, timer = bench._build_jax(IMPL[backend], cell, args.device, block_sizes=blocks)
         outputs = _as_tuple(sync(thunks[pass_]()))
@@ -244,7 +245,7 @@ def _repeats(backend: str, cell: dict, overrides: dict, seen: list) -> bool:
     """True if these overrides give block sizes already measured on this cell
     (e.g. a candidate that sets the cell's default value)."""
     try:
-        blocks = block_sizes_for(backend, cell["head_dim"], overrides, cell["seq"])
+        blocks = block_sizes_for(backend, cell["head_dim"], overrides, cell["seq"], cell["causal"])
     except ValueError:
         return False
     if blocks in seen:

@@ -89,11 +89,12 @@ class BlockSizes:
                 raise ValueError(f"{field}={value!r} must be a positive integer")
 
     @classmethod
-    def get_default(cls, head_dim: int, seq_len: int | None = None) -> BlockSizes:
+    def get_default(cls, head_dim: int, seq_len: int | None = None, causal: bool | None = None) -> BlockSizes:
         """Defaults for the Triton kernels, tuned on an H200 in bfloat16 (see
         NOTES.md); `fitted` shrinks them where shared memory is short (and
-        adapts them to seq_len, so it is not needed here)."""
-        del seq_len
+        adapts them to seq_len, so it is not needed here). They do not
+        depend on `causal`."""
+        del seq_len, causal
         if _padded_head_dim(head_dim) <= 64:
             return cls()
         return cls(num_stages_fwd=3, block_k_dkv=128, block_q_dq=128, num_warps_bwd=8)
@@ -555,12 +556,12 @@ def _check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, sm_scale: float | No
     return float(sm_scale)
 
 
-def _prepare(q, k, v, sm_scale, block_sizes, backend, interpret):
+def _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret):
     scale = _check_inputs(q, k, v, sm_scale)
     name = _resolve_backend(backend, q, block_sizes, interpret)
     expected = _BACKENDS[name].block_sizes_type
     if block_sizes is None:
-        block_sizes = _BACKENDS[name].default_block_sizes(q.shape[-1], q.shape[1])
+        block_sizes = _BACKENDS[name].default_block_sizes(q.shape[-1], q.shape[1], bool(causal))
     elif not isinstance(block_sizes, expected):
         raise ValueError(f"block_sizes={block_sizes!r} must be a {expected.__name__} or None for backend {name!r}")
     return name, scale, block_sizes
@@ -621,7 +622,7 @@ def flash_attention(
       with TF32 tensor-core products on GPU (as XLA does at default
       precision); accumulation is float32.
     """
-    name, scale, block_sizes = _prepare(q, k, v, sm_scale, block_sizes, backend, interpret)
+    name, scale, block_sizes = _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret)
     return _attention(q, k, v, bool(causal), scale, block_sizes, bool(interpret), name)
 
 
@@ -638,7 +639,7 @@ def flash_attention_with_lse(
 ) -> tuple[jax.Array, jax.Array]:
     """Forward pass only: (o, lse), lse = log(sum(exp(scaled scores))) per row,
     shaped [batch, heads, seq], float32. Use `flash_attention` for gradients."""
-    name, scale, block_sizes = _prepare(q, k, v, sm_scale, block_sizes, backend, interpret)
+    name, scale, block_sizes = _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret)
     return _BACKENDS[name].forward(q, k, v, causal=bool(causal), sm_scale=scale,
                                    block_sizes=block_sizes, interpret=bool(interpret))
 

@@ -90,6 +90,14 @@ _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 # each timed at its own steady state (results/attention-mgpu-h100/timing/
 # ab-fused-short.log; without the lead-in it had looked 0.98-1.00x).
 FUSED_BWD_MIN_SEQ = 1024
+# The head_dim 128 default backward is the fused kernel with dQ split by
+# columns, in FA3's step order (split_order) and, causal, in one loop
+# (masked_loop=False). Non-causal it measured 1.04-1.10x the two kernels at
+# seq 1024-16384 on an H100; causal 0.96x and 0.97x at seq 1024 and 2048,
+# 1.01-1.06x at 4096-16384 (results/attention-mgpu-h100/timing/
+# split-order-ab*.log, one-loop-ab*.log). So causal inputs keep the two
+# kernels up to this length.
+FUSED_BWD128_CAUSAL_MIN_SEQ = 2048
 # The head_dim <= 64 default forward runs three consumers (192-row tiles)
 # above this length and two (128-row tiles) up to it. At seq 1024 a 192-row
 # tiling clamps its last tile onto rows another consumer already computes:
@@ -214,7 +222,7 @@ class MosaicBlockSizes:
                 raise ValueError(f"{field}={value!r} must be an integer between 1 and 8")
 
     @classmethod
-    def get_default(cls, head_dim: int, seq_len: int | None = None) -> MosaicBlockSizes:
+    def get_default(cls, head_dim: int, seq_len: int | None = None, causal: bool | None = None) -> MosaicBlockSizes:
         """Defaults per head_dim and sequence length (None: a long one), from
         `harness.tune_attention` (NOTES.md): 64-row consumer tiles and
         128-key forward steps. head_dim <= 64 affords a third K/V stage,
@@ -226,10 +234,11 @@ class MosaicBlockSizes:
         consumers at seq 1024). Its backward is the fused kernel with
         64-query steps above FUSED_BWD_MIN_SEQ (1.01-1.10x the two kernels
         at seq 4096 and 16384, 1.08-1.09x at 2048) and the two kernels up
-        to it (as fast at seq 1024). At 128 three consumers and the
-        fused backward were slower: registers and shared memory are already
-        full there, and the fused backward, even with dQ split by columns
-        (dq_split), measured 0.71-0.97x the two kernels. The forward runs
+        to it (as fast at seq 1024). At 128 three consumers were slower
+        (registers and shared memory are already full there), and so was
+        the fused backward until its steps took FA3's order (below): with dQ
+        split by columns but every gradient product issued after the dS^T
+        exchange it measured 0.71-0.97x the two kernels. The forward runs
         persistent at every length (at head_dim 128 seq 1024-2048 1.07-1.26x
         the one-program-per-tile grid on an H100 once its schedule was list
         scheduled over head groups), and at head_dim 128 each of its
@@ -240,13 +249,22 @@ class MosaicBlockSizes:
         registers (1.01-1.05x non-causal, 0.67-0.95x causal) and two
         consumers are slower still, so it keeps the turns. block_k_dq=128
         keeps the dQ kernel of the two-kernel backward (fused_bwd=False)
-        as tuned; its dK/dV kernel was tuned with block_q_dkv=128."""
+        as tuned; its dK/dV kernel was tuned with block_q_dkv=128.
+
+        The head_dim 128 backward is the fused kernel with dQ split by
+        columns in FA3's step order (dq_split, split_order; causal in one
+        loop, masked_loop=False), except causal up to
+        FUSED_BWD128_CAUSAL_MIN_SEQ, where it is the two kernels. `causal`
+        None (not known) counts as causal."""
         if head_dim <= 64:
             fused = seq_len is None or seq_len > FUSED_BWD_MIN_SEQ
             three = seq_len is None or seq_len > THREE_CONSUMERS_MIN_SEQ
             return cls(block_k=128, num_stages=3, block_k_dq=128, block_q_dkv=64 if fused else 128,
                        consumers=3 if three else 2, persistent=True, fused_bwd=fused)
-        return cls(block_k=128, num_stages=2, pingpong=False, overlap=True, persistent=True)
+        forward = dict(block_k=128, num_stages=2, pingpong=False, overlap=True, persistent=True)
+        if head_dim < 128 or (causal is not False and seq_len is not None and seq_len <= FUSED_BWD128_CAUSAL_MIN_SEQ):
+            return cls(**forward)
+        return cls(**forward, fused_bwd=True, dq_split=True, split_order=True, masked_loop=False)
 
     @property
     def seq_multiple(self) -> int:

@@ -94,7 +94,22 @@ def test_default_backward_depends_on_length() -> None:
     # The backward and the forward's consumers change at the limit, nothing else.
     assert dataclasses.replace(MosaicBlockSizes.get_default(64, limit), fused_bwd=True, block_q_dkv=64,
                                consumers=3) == MosaicBlockSizes.get_default(64)
-    assert not any(MosaicBlockSizes.get_default(128, seq).fused_bwd for seq in (1024, 4096, None))
+
+
+def test_default_head_dim_128_backward_depends_on_causal_and_length() -> None:
+    """head_dim 128: the fused kernel with dQ split by columns in FA3's step
+    order, except causal up to FUSED_BWD128_CAUSAL_MIN_SEQ (and causal
+    unknown counts as causal); the forward's tiles do not change. Other
+    head dims above 64 cannot split dQ and keep the two kernels."""
+    limit = mgpu.FUSED_BWD128_CAUSAL_MIN_SEQ
+    fused = dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False)
+    two = MosaicBlockSizes.get_default(128, limit, causal=True)
+    assert not two.fused_bwd
+    for seq, causal in ((1024, False), (limit, False), (limit + 1, True), (16384, None), (None, None), (None, True)):
+        assert MosaicBlockSizes.get_default(128, seq, causal=causal) == dataclasses.replace(two, **fused), (seq, causal)
+    for seq, causal in ((1024, True), (limit, None)):
+        assert MosaicBlockSizes.get_default(128, seq, causal=causal) == two, (seq, causal)
+    assert not any(MosaicBlockSizes.get_default(d, None, causal=False).fused_bwd for d in (80, 96, 112))
 
 
 def test_default_forward_consumers_depend_on_length() -> None:
@@ -109,10 +124,15 @@ def test_default_forward_consumers_depend_on_length() -> None:
 
 def test_default_forward_is_persistent_at_every_length() -> None:
     """Every head_dim's default forward is persistent whatever the length,
-    and at head_dim 128 nothing in the defaults depends on the length."""
+    and at head_dim 128 the forward's tiles do not depend on the length
+    (only the causal backward does, above)."""
     lengths = (1, 1024, 2048, 2049, 16384, None)
-    assert all(MosaicBlockSizes.get_default(d, seq).persistent for d in (64, 80, 128) for seq in lengths)
-    assert {MosaicBlockSizes.get_default(128, seq) for seq in lengths} == {MosaicBlockSizes.get_default(128)}
+    assert all(MosaicBlockSizes.get_default(d, seq, causal=c).persistent
+               for d in (64, 80, 128) for seq in lengths for c in (True, False, None))
+    forward_fields = ("block_q", "block_k", "num_stages", "pingpong", "paired", "overlap", "consumers", "persistent")
+    assert {tuple(getattr(MosaicBlockSizes.get_default(128, seq, causal=c), f) for f in forward_fields)
+            for seq in lengths for c in (True, False)} == {
+        tuple(getattr(MosaicBlockSizes.get_default(128), f) for f in forward_fields)}
 
 
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
@@ -157,10 +177,12 @@ def test_auto_picks_mosaic_on_hopper(monkeypatch) -> None:
     assert fa._resolve_backend("auto", _zeros("bfloat16"), interpret=True) == "triton"
     assert fa._resolve_backend("auto", _zeros("bfloat16"), fa.BlockSizes()) == "triton"
     assert fa._resolve_backend("triton", _zeros("bfloat16")) == "triton"
-    # The default tiles follow the inputs' length.
-    for seq, fused in ((1024, False), (4096, True)):
-        x = _zeros("bfloat16", seq=seq)
-        assert fa._prepare(x, x, x, None, None, None, False)[2].fused_bwd is fused
+    # The default tiles follow the inputs' length, and at head_dim 128 also
+    # whether the attention is causal.
+    for head_dim, seq, causal, fused in ((64, 1024, True, False), (64, 4096, True, True), (128, 1024, False, True),
+                                         (128, 1024, True, False), (128, 4096, True, True)):
+        x = _zeros("bfloat16", head_dim, seq=seq)
+        assert fa._prepare(x, x, x, causal, None, None, None, False)[2].fused_bwd is fused, (head_dim, seq, causal)
     # Forcing the Hopper kernels with inputs they cannot run names the reason.
     with pytest.raises(ValueError, match="backend='mosaic' cannot run these inputs: dtype=float32"):
         fa._resolve_backend("mosaic", _zeros("float32"))

@@ -96,7 +96,7 @@ def test_candidates_equal_to_the_default_are_skipped() -> None:
     from pallas_kernels import MosaicBlockSizes
 
     seen: list = []
-    cell = {"head_dim": 128, "seq": 4096}
+    cell = {"head_dim": 128, "seq": 4096, "causal": True}
     default = MosaicBlockSizes.get_default(128)
     assert not tune._repeats("mosaic", cell, {}, seen)
     assert tune._repeats("mosaic", cell, {"num_stages": default.num_stages}, seen)
@@ -104,7 +104,7 @@ def test_candidates_equal_to_the_default_are_skipped() -> None:
     assert not tune._repeats("mosaic", cell, {"block_q": 48}, seen)  # invalid: measured, recorded as failed
     # The default depends on the length: at head_dim 64 and seq 1024 it is
     # the two-kernel backward, at 4096 the fused one.
-    short, long_ = {"head_dim": 64, "seq": 1024}, {"head_dim": 64, "seq": 4096}
+    short, long_ = {"head_dim": 64, "seq": 1024, "causal": True}, {"head_dim": 64, "seq": 4096, "causal": True}
     seen_short: list = []
     seen_long: list = []
     assert not tune._repeats("mosaic", short, {}, seen_short)

@@ -29,7 +29,7 @@ for d, seq, causal in cells:
     ks = jax.random.split(jax.random.key(0), 4 if PASS == "bwd" else 3)
     q, k, v, *do = (jax.random.normal(kk, shape, jnp.float32).astype(jnp.bfloat16) for kk in ks)
     kw = dict(causal=causal, sm_scale=1 / math.sqrt(d))
-    default = mgpu.MosaicBlockSizes.get_default(d, seq)
+    default = mgpu.MosaicBlockSizes.get_default(d, seq, causal)
     if PASS == "bwd":
         o, lse = jax.jit(lambda q, k, v: mgpu.mosaic_forward(q, k, v, block_sizes=default, **kw))(q, k, v)
     entries, outs, rerun = {}, {}, {}

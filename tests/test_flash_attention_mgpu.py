@@ -529,10 +529,10 @@ def _mosaic_errors(case: Case, blocks=None) -> dict[str, float]:
     q = make_inputs(case)[0]
     assert fa._resolve_backend("mosaic", q) == "mosaic"
 
-    def forced(head_dim, seq_len=None):
+    def forced(head_dim, seq_len=None, causal=None):
         if callable(blocks):
             return blocks(head_dim)
-        return blocks or original(head_dim, seq_len)
+        return blocks or original(head_dim, seq_len, causal)
 
     fa._BACKENDS["mosaic"] = dataclasses.replace(fa._BACKENDS["mosaic"], default_block_sizes=forced)
     try:
@@ -603,17 +603,19 @@ def _assert_variant_matches(case: Case, changes: dict) -> None:
 # kernel with 128-query steps (a 128-row dQ tile, a one-stage ring) and with
 # dQ split by columns between the consumers; and both schedules with
 # consumers that wait for S and dP together (bwd_overlap=False).
+# The schedules without dQ split by columns (the head_dim 128 default has it).
+_UNSPLIT = dict(dq_split=False, split_order=False, masked_loop=True)
 BACKWARD_VARIANTS = {
-    "fused": dict(fused_bwd=True, dq_split=False),
-    "two-kernels": dict(fused_bwd=False, dq_split=False),
-    "fused-q128": dict(fused_bwd=True, dq_split=False, block_q_dkv=128),
-    "fused-split": dict(fused_bwd=True, dq_split=True),
-    "fused-split-order": dict(fused_bwd=True, dq_split=True, split_order=True),
+    "fused": dict(_UNSPLIT, fused_bwd=True),
+    "two-kernels": dict(_UNSPLIT, fused_bwd=False),
+    "fused-q128": dict(_UNSPLIT, fused_bwd=True, block_q_dkv=128),
+    "fused-split": dict(_UNSPLIT, fused_bwd=True, dq_split=True),
+    "fused-split-order": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=True),
     "fused-split-order-one-loop": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False),
-    "fused-one-loop": dict(fused_bwd=True, dq_split=False, masked_loop=False),
-    "two-kernels-one-loop": dict(fused_bwd=False, dq_split=False, masked_loop=False),
-    "fused-serial": dict(fused_bwd=True, dq_split=False, bwd_overlap=False),
-    "two-kernels-serial": dict(fused_bwd=False, dq_split=False, bwd_overlap=False),
+    "fused-one-loop": dict(_UNSPLIT, fused_bwd=True, masked_loop=False),
+    "two-kernels-one-loop": dict(_UNSPLIT, fused_bwd=False, masked_loop=False),
+    "fused-serial": dict(_UNSPLIT, fused_bwd=True, bwd_overlap=False),
+    "two-kernels-serial": dict(_UNSPLIT, fused_bwd=False, bwd_overlap=False),
 }
 
 
@@ -631,11 +633,9 @@ def test_gpu_backward_variants_match_reference(variant: str, case: Case) -> None
 
 
 @needs_hopper
-@pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(fused_bwd=True, dq_split=True)),
-                                                   (128, dict(fused_bwd=True, dq_split=True, split_order=True)),
-                                                   (128, dict(fused_bwd=True, dq_split=True, split_order=True,
-                                                              masked_loop=False)),
-                                                   (128, dict(fused_bwd=False))], ids=str)
+@pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(_UNSPLIT, fused_bwd=True, dq_split=True)),
+                                                   (128, dict(masked_loop=True)), (128, dict(_UNSPLIT, fused_bwd=False))],
+                         ids=str)
 def test_gpu_repeatable(head_dim: int, changes: dict) -> None:
     """Identical inputs give bit-identical o, dK and dV across runs (a
     moving result would mean a race), with the head_dim's default tiles and

@@ -46,6 +46,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -447,14 +448,28 @@ def measure_cell(cell: dict, impls: list[str], args: argparse.Namespace) -> list
 
 
 def run_benchmark(args: argparse.Namespace) -> list[dict]:
-    """Measures every requested (cell, impl); returns one dict per pair."""
+    """Measures every requested (cell, impl); returns one dict per pair.
+
+    Stopped part-way (Ctrl-C, or SIGTERM under `main`, e.g. from a time
+    limit), it returns the cells measured completely so far and sets
+    `args.stopped_after` to their number."""
     rows = []
+    args.stopped_after = None
     device = jax.devices("cpu")[0] if args.device == "cpu" else jax.devices()[0]
     with jax.default_device(device):
-        for cell in cells(args):
-            for row in measure_cell(cell, args.impl, args):
-                rows.append(row)
-                print(_progress_line(row), file=sys.stderr, flush=True)
+        done = 0
+        try:
+            for cell in cells(args):
+                cell_rows = []
+                for row in measure_cell(cell, args.impl, args):
+                    cell_rows.append(row)
+                    print(_progress_line(row), file=sys.stderr, flush=True)
+                rows += cell_rows
+                done += 1
+        except KeyboardInterrupt:
+            args.stopped_after = done
+            print(f"bench_attention: stopped; keeping the {done} cell(s) measured completely "
+                  f"(of {len(cells(args))})", file=sys.stderr, flush=True)
     add_sdpa_ratios(rows)
     add_best_ref_speedups(rows)
     return rows
@@ -548,6 +563,7 @@ def environment(args: argparse.Namespace, interleaved: bool = True) -> dict:
                if args.lead_in_ms else "; no lead-in before a timed repeat")
     extra = {
         "device": jax.devices()[0].device_kind,
+        "stopped_after_cells": getattr(args, "stopped_after", None),
         "jax": jax.__version__,
         "jaxlib": __import__("jaxlib").__version__,
         "flop_convention": "fwd 4*B*H*S^2*D (causal /2); bwd 2.5x fwd; fwd+bwd 3.5x fwd",
@@ -620,6 +636,8 @@ def render_results(path: Path) -> dict[str, Path]:
     env, rows = data["environment"], data["results"]
     paths = {"md": path.with_suffix(".md"), "png": path.with_suffix(".png")}
     meta = "\n".join(f"- {k}: `{env[k]}`" for k in ("device", "jax", "torch", "triton", "git_commit", "command"))
+    if env.get("stopped_after_cells") is not None:
+        meta += f"\n- **stopped before the end: only the first {env['stopped_after_cells']} cell(s) were measured**"
     paths["md"].write_text(
         f"# Attention benchmark ({env['device']})\n\n{meta}\n- {env['timing']}\n- FLOPs: {env['flop_convention']}\n"
         f"- x/SDPA: time divided by the fastest PyTorch SDPA backend's time for the same cell (< 1 is faster)\n"
@@ -656,11 +674,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_attention: no GPU visible to JAX (platform {platform_name!r}); "
               "use --device cpu for a tiny smoke run", file=sys.stderr)
         return 2
-    rows = run_benchmark(args)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        rows = run_benchmark(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(render_table(rows))
     for kind, path in write_results(rows, args).items():
         print(f"wrote {kind}: {path}")
-    return 0
+    return 0 if args.stopped_after is None else 1
+
+
+def _interrupt(signum, frame):
+    """SIGTERM (e.g. a time limit) stops a sweep the way Ctrl-C does."""
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -226,6 +226,37 @@ def test_bench_cpu_smoke(tmp_path) -> None:
     assert paths["png"].stat().st_size > 0
 
 
+def test_bench_stopped_part_way_keeps_the_cells_it_finished(tmp_path, monkeypatch, capsys) -> None:
+    """A sweep stopped part-way (a time limit's SIGTERM, Ctrl-C) writes the
+    cells it measured completely, says so in its files, and exits 1."""
+    from harness import bench_attention
+
+    measured = []
+
+    def row(impl, cell, ms):
+        times = {f"{p}{suffix}": value for p, t in zip(bench_attention.PASSES, (ms, 2 * ms, 3 * ms))
+                 for suffix, value in (("_ms", t), ("_ms_spread", [t, t]), ("_tflops", 1 / t))}
+        return {"impl": impl, **cell, "status": "ok", **times}
+
+    def measure_cell(cell, impls, args):
+        if measured:  # the second cell: stopped after its first implementation
+            yield row(impls[0], cell, 1.0)
+            raise KeyboardInterrupt
+        measured.append(cell)
+        for impl, ms in zip(impls, (1.0, 2.0)):
+            yield row(impl, cell, ms)
+
+    monkeypatch.setattr(bench_attention, "measure_cell", measure_cell)
+    argv = ["--device", "cpu", "--seq", "128,256", "--head-dim", "64", "--dtype", "fp32", "--causal", "true",
+            "--impl", "pallas,xla_naive", "--out", str(tmp_path), "--name", "stopped"]
+    assert bench_attention.main(argv) == 1
+    assert "stopped; keeping the 1 cell(s) measured completely (of 2)" in capsys.readouterr().err
+    data = json.loads((tmp_path / "stopped.json").read_text())
+    assert data["environment"]["stopped_after_cells"] == 1
+    assert [(r["impl"], r["seq"]) for r in data["results"]] == [("pallas", 128), ("xla_naive", 128)]
+    assert "only the first 1 cell(s) were measured" in (tmp_path / "stopped.md").read_text()
+
+
 def test_bench_render_names_the_fix(tmp_path, capsys) -> None:
     from harness import bench_attention
 

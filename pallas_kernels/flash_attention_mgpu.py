@@ -21,8 +21,10 @@ follow the FlashAttention-3 design (Shah et al. 2024, arXiv:2407.08608):
   multiply-add; causal loops are split into an unmasked and a masked part;
 - the backward is two kernels, dQ (one query tile per CTA, streaming K/V) and
   dK/dV (one key tile per CTA, streaming Q/dO/lse/delta), so no atomics;
-  or, the head_dim <= 64 default above seq 1024, one fused kernel that adds
-  dQ up with TMA reduce-adds.
+  or one fused kernel that adds dQ up with TMA reduce-adds: the head_dim
+  <= 64 default above seq 1024, and at head_dim 128 (dQ split by columns
+  between the consumers, each step's products in FA3's order) the default
+  except causal up to seq 2048.
 
 Layout and contracts are those of the portable kernels: q, k, v, o are
 [batch, seq, heads, head_dim]; lse is [batch, heads, seq] float32, natural log.
@@ -94,7 +96,7 @@ FUSED_BWD_MIN_SEQ = 1024
 # columns, in FA3's step order (split_order) and, causal, in one loop
 # (masked_loop=False). Non-causal it measured 1.04-1.10x the two kernels at
 # seq 1024-16384 on an H100; causal 0.96x and 0.97x at seq 1024 and 2048,
-# 1.01-1.06x at 4096-16384 (results/attention-mgpu-h100/timing/
+# 1.01-1.06x at 4096-16384 (results/attention-mgpu-h100/split-order/
 # split-order-ab*.log, one-loop-ab*.log). So causal inputs keep the two
 # kernels up to this length.
 FUSED_BWD128_CAUSAL_MIN_SEQ = 2048
@@ -165,7 +167,8 @@ class MosaicBlockSizes:
         other one), then dQ, then dK += dS^T Q, which stays on the tensor
         cores while the consumer stores its dQ tile and issues the
         reduce-add. Without it all three are issued after the exchange and
-        the dQ store waits for all of them. Bit-identical results.
+        the dQ store waits for all of them. Each accumulator sees the same
+        products in the same order either way.
       masked_loop: causal dK/dV and fused backward: the query blocks that
         cross the diagonal run in a loop of their own, masked, before the
         loop over the rest. False: one loop over all of them, the mask
@@ -1128,18 +1131,17 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     if fused and not split:
                         _when((i > first) & (lax.rem(i - 1, 2) == wg), lambda: add_dq(dq_prev[0], i - 1))
 
+                def mask(p_t):
+                    keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
+                    return jnp.where(keep, p_t, 0.0)
+
                 def probabilities(s_t):
                     lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
                     p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
-                    if masked is None:  # one loop: mask the blocks that cross the diagonal
-                        def mask(p_t):
-                            keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
-                            return jnp.where(keep, p_t, 0.0)
-
+                    if masked is None:  # one loop: only the blocks that cross the diagonal take the branch
                         p_t = lax.cond(i < n_masked_end, mask, lambda x: x, p_t)
                     elif masked:
-                        keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
-                        p_t = jnp.where(keep, p_t, 0.0)
+                        p_t = mask(p_t)
                     return p_t
 
                 p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap)
@@ -1147,11 +1149,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
                 def grad_scores():
                     return (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
-
-                buf = lax.rem(i, 2)
-                # Whether this consumer multiplies the block's dS^T tiles:
-                # the owner, or both with dq_split.
-                reader = True if split else buf == wg
 
                 def exchange(ds_t):
                     """Puts this consumer's dS^T of the block in shared memory
@@ -1177,7 +1174,14 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     else:
                         _when(reader, functools.partial(dq_product, acc))
 
+                def buffer():
+                    """The block's dS^T buffer, and whether this consumer
+                    multiplies its tiles: the owner, or both with dq_split."""
+                    buf = lax.rem(i, 2)
+                    return buf, True if split else buf == wg
+
                 if blocks.split_order:
+                    buf, reader = buffer()
                     # FA3's step: dV is on the tensor cores during dS and the
                     # exchange, dK during the dQ store.
                     def fa3_step(refs):
@@ -1197,6 +1201,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 else:
                     ds_t = grad_scores()
                     if fused:
+                        buf, reader = buffer()
                         exchange(ds_t)
 
                     def grads(refs):

@@ -1,6 +1,9 @@
 """Hopper A/B of block-size variants of one pass, interleaved rounds in one process.
 usage: [PASS=fwd|bwd] [ITERS=21] [LEAD_IN_MS=0] variants_ab.py 'name:field=v,field=v;name2:...' d:seq:c|n ...
-(default always included). The backward reports each variant's largest difference from the
+(default always included). Two pseudo-fields: regs=N gives each of the two
+consumers N registers and the producer 504 - 2N while the variant is traced;
+_NAME=value sets the kernel module's switch _NAME likewise (switches that
+existed at the commits named in the logs). The backward reports each variant's largest difference from the
 default's gradients and from its own second run. MGPU_SMEM_LIMIT overrides the module's
 shared-memory budget."""
 import dataclasses, math, os, sys
@@ -14,7 +17,9 @@ PASS = os.environ.get("PASS", "fwd")
 ITERS, LEAD_IN_MS = int(os.environ.get("ITERS", "21")), float(os.environ.get("LEAD_IN_MS", "0"))
 
 def parse(v):
-    return {"true": True, "false": False}.get(v.lower(), None) if v.lower() in ("true", "false") else int(v)
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    return int(v) if v.lstrip("-").isdigit() else v
 
 def max_diff(a, b):
     return max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32)))) for x, y in zip(a, b))
@@ -35,6 +40,15 @@ for d, seq, causal in cells:
     entries, outs, rerun = {}, {}, {}
     for name, ch in VARIANTS.items():
         try:
+            ch = dict(ch)
+            regs = ch.pop("regs", None)  # consumers' registers (2 consumers: the producer gets 504 - 2 * regs)
+            saved = mgpu._CONSUMER_REGISTERS, mgpu._PRODUCER_REGISTERS
+            if regs:
+                mgpu._CONSUMER_REGISTERS, mgpu._PRODUCER_REGISTERS = regs, 504 - 2 * regs
+            globs = {f: ch.pop(f) for f in list(ch) if f.startswith("_")}  # module switches, set while tracing
+            saved_globs = {f: getattr(mgpu, f) for f in globs}
+            for g, val in globs.items():
+                setattr(mgpu, g, val)
             blocks = dataclasses.replace(default, **ch)
             if PASS == "bwd":
                 f = jax.jit(lambda o, lse, blocks=blocks: mgpu.mosaic_backward(q, k, v, o, lse, do[0], block_sizes=blocks, **kw))
@@ -42,7 +56,12 @@ for d, seq, causal in cells:
             else:
                 f = jax.jit(lambda q, k, v, blocks=blocks: mgpu.mosaic_forward(q, k, v, block_sizes=blocks, **kw)[0])
                 args = (q, k, v)
-            outs[name] = jax.block_until_ready(f(*args))
+            try:
+                outs[name] = jax.block_until_ready(f(*args))
+            finally:
+                mgpu._CONSUMER_REGISTERS, mgpu._PRODUCER_REGISTERS = saved
+                for g, val in saved_globs.items():
+                    setattr(mgpu, g, val)
             if PASS == "bwd":
                 rerun[name] = max_diff(outs[name], jax.block_until_ready(f(*args)))
         except Exception as exc:

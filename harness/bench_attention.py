@@ -457,9 +457,9 @@ def run_benchmark(args: argparse.Namespace) -> list[dict]:
     args.stopped_after = None
     device = jax.devices("cpu")[0] if args.device == "cpu" else jax.devices()[0]
     with jax.default_device(device):
-        done = 0
+        todo, done = cells(args), 0
         try:
-            for cell in cells(args):
+            for cell in todo:
                 cell_rows = []
                 for row in measure_cell(cell, args.impl, args):
                     cell_rows.append(row)
@@ -469,7 +469,7 @@ def run_benchmark(args: argparse.Namespace) -> list[dict]:
         except KeyboardInterrupt:
             args.stopped_after = done
             print(f"bench_attention: stopped; keeping the {done} cell(s) measured completely "
-                  f"(of {len(cells(args))})", file=sys.stderr, flush=True)
+                  f"(of {len(todo)})", file=sys.stderr, flush=True)
     add_sdpa_ratios(rows)
     add_best_ref_speedups(rows)
     return rows

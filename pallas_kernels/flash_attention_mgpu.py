@@ -1150,7 +1150,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 def grad_scores():
                     return (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
 
-                def exchange(ds_t):
+                def exchange(ds_t, buf, reader):
                     """Puts this consumer's dS^T of the block in shared memory
                     and, if it reads them, waits for the other one's."""
                     # The other consumer read this buffer two blocks ago:
@@ -1162,17 +1162,17 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     plgpu.barrier_arrive(ds_ready.at[buf])
                     _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
 
-                def dq_product(acc, cols=slice(None)):
+                def dq_product(acc, buf, cols=slice(None)):
                     """dQ of this block (or its columns): dS K over both consumers' keys."""
                     for c in range(2):
                         plgpu.wgmma(acc, ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
 
-                def my_dq_product(acc):
+                def my_dq_product(acc, buf, reader):
                     if split:
                         for half in range(2):
-                            _when(wg == half, functools.partial(dq_product, acc, pl.ds(half * dq_cols, dq_cols)))
+                            _when(wg == half, functools.partial(dq_product, acc, buf, pl.ds(half * dq_cols, dq_cols)))
                     else:
-                        _when(reader, functools.partial(dq_product, acc))
+                        _when(reader, functools.partial(dq_product, acc, buf))
 
                 def buffer():
                     """The block's dS^T buffer, and whether this consumer
@@ -1188,8 +1188,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                         dv_ref, dk_ref, dq_ref = refs
                         plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
                         ds_t = grad_scores()
-                        exchange(ds_t)
-                        my_dq_product(dq_ref)
+                        exchange(ds_t, buf, reader)
+                        my_dq_product(dq_ref, buf, reader)
                         plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
                         dq = plgpu.wgmma_accumulator_load(dq_ref, wait_n=1)  # dV and dQ done, dK in flight
                         plgpu.barrier_arrive(ds_free.at[buf])
@@ -1202,13 +1202,13 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     ds_t = grad_scores()
                     if fused:
                         buf, reader = buffer()
-                        exchange(ds_t)
+                        exchange(ds_t, buf, reader)
 
                     def grads(refs):
                         plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
                         plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
                         if fused:
-                            my_dq_product(refs[2])
+                            my_dq_product(refs[2], buf, reader)
 
                     # Fused: each block's dQ tile starts from zero; the owner
                     # carries it into the next step, which adds it to dq_acc

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from harness.tune_attention import UNSPLIT_BWD
 from pallas_kernels import MosaicBlockSizes, flash_attention, flash_attention_with_lse, mha_reference
 from pallas_kernels import flash_attention_mgpu as mgpu
 from tests.test_flash_attention import TOLERANCES, Case, errors, make_inputs, rel_err
@@ -603,19 +604,19 @@ def _assert_variant_matches(case: Case, changes: dict) -> None:
 # kernel with 128-query steps (a 128-row dQ tile, a one-stage ring) and with
 # dQ split by columns between the consumers; and both schedules with
 # consumers that wait for S and dP together (bwd_overlap=False).
-# The schedules without dQ split by columns (the head_dim 128 default has it).
-_UNSPLIT = dict(dq_split=False, split_order=False, masked_loop=True)
+# UNSPLIT_BWD: the schedules without dQ split by columns (the head_dim 128
+# default has it).
 BACKWARD_VARIANTS = {
-    "fused": dict(_UNSPLIT, fused_bwd=True),
-    "two-kernels": dict(_UNSPLIT, fused_bwd=False),
-    "fused-q128": dict(_UNSPLIT, fused_bwd=True, block_q_dkv=128),
-    "fused-split": dict(_UNSPLIT, fused_bwd=True, dq_split=True),
+    "fused": dict(UNSPLIT_BWD, fused_bwd=True),
+    "two-kernels": dict(UNSPLIT_BWD, fused_bwd=False),
+    "fused-q128": dict(UNSPLIT_BWD, fused_bwd=True, block_q_dkv=128),
+    "fused-split": dict(UNSPLIT_BWD, fused_bwd=True, dq_split=True),
     "fused-split-order": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=True),
     "fused-split-order-one-loop": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False),
-    "fused-one-loop": dict(_UNSPLIT, fused_bwd=True, masked_loop=False),
-    "two-kernels-one-loop": dict(_UNSPLIT, fused_bwd=False, masked_loop=False),
-    "fused-serial": dict(_UNSPLIT, fused_bwd=True, bwd_overlap=False),
-    "two-kernels-serial": dict(_UNSPLIT, fused_bwd=False, bwd_overlap=False),
+    "fused-one-loop": dict(UNSPLIT_BWD, fused_bwd=True, masked_loop=False),
+    "two-kernels-one-loop": dict(UNSPLIT_BWD, fused_bwd=False, masked_loop=False),
+    "fused-serial": dict(UNSPLIT_BWD, fused_bwd=True, bwd_overlap=False),
+    "two-kernels-serial": dict(UNSPLIT_BWD, fused_bwd=False, bwd_overlap=False),
 }
 
 
@@ -633,8 +634,8 @@ def test_gpu_backward_variants_match_reference(variant: str, case: Case) -> None
 
 
 @needs_hopper
-@pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(_UNSPLIT, fused_bwd=True, dq_split=True)),
-                                                   (128, dict(masked_loop=True)), (128, dict(_UNSPLIT, fused_bwd=False))],
+@pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(UNSPLIT_BWD, fused_bwd=True, dq_split=True)),
+                                                   (128, dict(masked_loop=True)), (128, dict(UNSPLIT_BWD, fused_bwd=False))],
                          ids=str)
 def test_gpu_repeatable(head_dim: int, changes: dict) -> None:
     """Identical inputs give bit-identical o, dK and dV across runs (a

@@ -83,7 +83,6 @@ SUPPORTED_HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128)
 # of consumer warpgroups: the whole register file of one CTA (65536) either
 # way, 2 * 232 + 40 = 3 * 168 and 3 * 160 + 32 = 4 * 128.
 _REGISTERS = {2: (232, 40), 3: (160, 32)}
-_CHAIN_PEEL, _CHAIN_COND = True, False
 _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
 # The head_dim <= 64 default backward is fused above this sequence length.
 # Up to it the two kernels were as fast on an H100 (the fused kernel 1.02x
@@ -930,16 +929,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     # by then this program's last store, issued before that
                     # step, has read the buffer it goes into.
                     has_next = i + 1 < n_items
-                    if not _CHAIN_PEEL:
-                        _when(has_next & (t.n_blocks < 2), t.prefetch)
-
-                        def step(j, carry, *, masked):
-                            carry = t.overlapped_step(j, carry, masked=masked)
-                            _when(has_next & (j == 1), t.prefetch)
-                            return carry
-
-                        carry = lax.fori_loop(1, t.n_free, functools.partial(step, masked=False), carry)
-                        return lax.fori_loop(max(t.n_free, 1), t.n_blocks, functools.partial(step, masked=True), carry)
                     if t.n_blocks >= 2:
                         carry = t.overlapped_step(1, carry, masked=t.n_free <= 1)
                     _when(has_next, t.prefetch)
@@ -956,7 +945,10 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 plgpu.barrier_arrive(k_free.at[first])
                 m, _, l, p = t.softmax_update(s, m0, l0, 0, first_masked)
 
-                def boundary(t, i, steps, acc, m, l, p):
+                def chained_tile(i, state):
+                    steps, (acc, m, l, p) = state
+                    t = tile_parts(i, steps)
+                    acc, m, l, p = tile_blocks_from_1(t, i, (acc, m, l, p))
                     n = tile_parts(i + 1, steps + t.n_blocks)
                     first, last = n.ring(0), t.ring(t.n_blocks - 1)
                     plgpu.barrier_wait(q_ready.at[n.buf * n_wg + wg])
@@ -967,36 +959,17 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     acc, m_next, _, l_next, p_next = t.overlapped_products(
                         acc, p, m0, l0, first, last, n.q_tile, 0, first_masked)
                     t.store(acc, m, l)
-                    return acc0, m_next, l_next, p_next.astype(dtype)
+                    return steps + t.n_blocks, (acc0, m_next, l_next, p_next.astype(dtype))
 
-                def final(t, acc, m, l, p):
-                    last = t.ring(t.n_blocks - 1)
-                    plgpu.barrier_wait(v_ready.at[last])
-                    acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[last]), acc)
-                    plgpu.barrier_arrive(v_free.at[last])
-                    t.store(acc, m, l)
-
-                def chained_tile(i, state):
-                    steps, carry = state
-                    t = tile_parts(i, steps)
-                    acc, m, l, p = tile_blocks_from_1(t, i, carry)
-                    if _CHAIN_COND:
-                        def last_tile():
-                            final(t, acc, m, l, p)
-                            return acc0, m0, l0, p
-
-                        carry = lax.cond(i + 1 < n_items, lambda: boundary(t, i, steps, acc, m, l, p), last_tile)
-                    else:
-                        carry = boundary(t, i, steps, acc, m, l, p)
-                    return steps + t.n_blocks, carry
-
-                init = (0, (acc0, m, l, p.astype(dtype)))
-                if _CHAIN_COND:
-                    lax.fori_loop(0, n_items, chained_tile, init)
-                else:
-                    steps, carry = lax.fori_loop(0, n_items - 1, chained_tile, init)
-                    t = tile_parts(n_items - 1, steps)
-                    final(t, *tile_blocks_from_1(t, n_items - 1, carry))
+                steps, carry = lax.fori_loop(0, n_items - 1, chained_tile, (0, (acc0, m, l, p.astype(dtype))))
+                i = n_items - 1
+                t = tile_parts(i, steps)
+                acc, m, l, p = tile_blocks_from_1(t, i, carry)
+                last = t.ring(t.n_blocks - 1)
+                plgpu.barrier_wait(v_ready.at[last])
+                acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[last]), acc)
+                plgpu.barrier_arrive(v_free.at[last])
+                t.store(acc, m, l)
 
             if pingpong:
                 _when(wg == n_wg - 1, lambda: plgpu.barrier_arrive(turn.at[0]))

@@ -796,17 +796,20 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     m_new, alpha, l, p = softmax_update(s, m, l, j, masked)
                     return acc * _rows(alpha, acc.shape), m_new, l, p.astype(dtype)
 
-                def overlapped_products(acc, p_prev, m, l, slot, prev, q_scores, j, masked: bool):
+                def overlapped_products(acc, p_prev, m, l, slot, prev, q_scores, j, masked: bool, issued=None):
                     # Issues S_j = q_scores K_j^T (K_j in ring slot `slot`) and
                     # then p_prev V (V in slot `prev`, accumulated into acc),
                     # waits only for S_j and runs its softmax from (m, l) while
-                    # P V is in flight (FA3 §3.2). Returns acc once P V is done, and
+                    # P V is in flight (FA3 §3.2); `issued()`, if given, runs
+                    # right after the issue. Returns acc once P V is done, and
                     # the softmax's m, alpha, l and P (float32).
                     def products(refs):
                         acc_ref, s_ref, m_ref, l_ref, alpha_ref, p_ref = refs
                         plgpu.wgmma(s_ref, q_scores, k_smem.at[slot].transpose((1, 0)))
                         plgpu.wgmma(acc_ref, p_prev, v_smem.at[prev])
                         give_turn()
+                        if issued is not None:
+                            issued()
                         s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_j done, P V may still run
                         plgpu.barrier_arrive(k_free.at[slot])
                         m_ref[...], alpha_ref[...], l_ref[...], p_ref[...] = softmax_update(
@@ -823,12 +826,13 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_arrive(v_free.at[prev])
                     return acc, m, alpha, l, p
 
-                def overlapped_step(j, carry, *, masked: bool):
+                def overlapped_step(j, carry, *, masked: bool, issued=None):
                     # Enters as paired_step. Issues S_j = Q K_j^T and then
                     # P_{j-1} V_{j-1}; acc is rescaled once that is done.
                     acc, m, l, p_prev = carry
                     slot, prev = enter_pipelined(j)
-                    acc, m, alpha, l, p = overlapped_products(acc, p_prev, m, l, slot, prev, q_tile, j, masked)
+                    acc, m, alpha, l, p = overlapped_products(acc, p_prev, m, l, slot, prev, q_tile, j, masked,
+                                                              issued=issued)
                     return acc * _rows(alpha, acc.shape), m, l, p.astype(dtype)
 
                 def store(acc, m, l):
@@ -924,17 +928,19 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 acc0, m0, l0 = initial_state()
 
                 def tile_blocks_from_1(t, i, carry):
-                    # Blocks 1 .. n_blocks - 1 (Python ints when not causal).
-                    # Once step 1 is done, the next tile's q starts loading:
-                    # by then this program's last store, issued before that
-                    # step, has read the buffer it goes into.
+                    # Blocks 1 .. n_blocks - 1; step 1 also loads the next
+                    # tile's q, once this program's last store has read the
+                    # buffer it goes into (issued a step earlier).
                     has_next = i + 1 < n_items
-                    if t.n_blocks >= 2:
-                        carry = t.overlapped_step(1, carry, masked=t.n_free <= 1)
-                    _when(has_next, t.prefetch)
-                    carry = lax.fori_loop(2, t.n_free, functools.partial(t.overlapped_step, masked=False), carry)
-                    return lax.fori_loop(max(t.n_free, 2), t.n_blocks,
-                                         functools.partial(t.overlapped_step, masked=True), carry)
+                    _when(has_next & (t.n_blocks < 2), t.prefetch)
+
+                    def step(j, carry, *, masked: bool):
+                        return t.overlapped_step(j, carry, masked=masked,
+                                                 issued=lambda: _when(has_next & (j == 1), t.prefetch))
+
+                    carry = lax.fori_loop(1, t.n_free, functools.partial(step, masked=False), carry)
+                    return lax.fori_loop(jnp.maximum(t.n_free, 1), t.n_blocks,
+                                         functools.partial(step, masked=True), carry)
 
                 t = tile_parts(0, 0)
                 first = t.ring(0)

@@ -42,7 +42,6 @@ import dataclasses
 import functools
 import heapq
 import math
-import types
 
 import jax
 import jax.numpy as jnp
@@ -176,12 +175,6 @@ class MosaicBlockSizes:
         under a branch that only those blocks take. Two loops hold two sets
         of loop invariants (wgmma descriptors among them): the causal dq_split
         fused kernel spilled 508 bytes with them and 124 in one loop.
-      chain_tiles: persistent forward with overlap and no turns, non-causal
-        (causal inputs run tile by tile): a program's tiles form one
-        pipeline. Each tile's last P V is issued together with the next
-        tile's first scores, so that block's softmax runs while P V is on
-        the tensor cores instead of after them, and the tile's output is
-        stored next; the next tile's q loads during the tile's second step.
     """
 
     block_q: int = 64
@@ -202,7 +195,6 @@ class MosaicBlockSizes:
     bwd_overlap: bool = True
     split_order: bool = False
     masked_loop: bool = True
-    chain_tiles: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -214,9 +206,6 @@ class MosaicBlockSizes:
         if self.split_order and not self.dq_split:
             raise ValueError("split_order=True orders the steps of the dq_split backward: also set "
                              "fused_bwd=True and dq_split=True")
-        if self.chain_tiles and not (self.persistent and self.overlap and not self.pingpong):
-            raise ValueError("chain_tiles=True chains the tiles of a persistent program's overlapped pipeline: "
-                             "also set persistent=True, overlap=True and pingpong=False")
         if self.consumers not in _REGISTERS:
             raise ValueError(f"consumers={self.consumers!r} must be one of {tuple(_REGISTERS)}")
         if self.consumers == 3 and self.block_q != 64:
@@ -640,8 +629,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
     pingpong, overlap, paired = blocks.pingpong, blocks.overlap, blocks.paired
-    # Causal consumers of one tile end at different key blocks: they run tile by tile.
-    chain = blocks.chain_tiles and not causal
     # Block 0 of a pipelined schedule runs alone, masked wherever any block may need it.
     first_masked = causal or seq_len % bk != 0
 
@@ -712,22 +699,19 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_smem.at[buf * n_wg + wg],
                                         q_ready.at[buf * n_wg + wg])
 
-            def tile_parts(i, steps, *, prefetch_first: bool = False):
-                """Tile i's coordinates and the pieces of its pipeline, its
-                ring steps starting at `steps`; prefetch_first: start loading
-                the next tile's q (if any) first."""
+            def run_tile(i, steps):
                 b, h, row0, n_blocks, n_free = my_rows(i)
                 buf = lax.rem(i, 2) if persistent else 0
+                if persistent:
+                    @pl.when(i + 1 < n_items)
+                    def _prefetch():
+                        # The other buffer holds the previous tile's output:
+                        # its store must have read it before q overwrites it.
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                        load_q(i + 1, 1 - buf)
 
-                def prefetch():
-                    # The other buffer holds the previous tile's output:
-                    # its store must have read it before q overwrites it.
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    load_q(i + 1, 1 - buf)
-
-                if prefetch_first:
-                    _when(i + 1 < n_items, prefetch)
                 q_tile, lse_tile = q_smem.at[buf * n_wg + wg], lse_smem.at[buf * n_wg + wg]
+                plgpu.barrier_wait(q_ready.at[buf * n_wg + wg])
 
                 def ring(j):
                     return lax.rem(steps + j, stages)
@@ -796,20 +780,19 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     m_new, alpha, l, p = softmax_update(s, m, l, j, masked)
                     return acc * _rows(alpha, acc.shape), m_new, l, p.astype(dtype)
 
-                def overlapped_products(acc, p_prev, m, l, slot, prev, q_scores, j, masked: bool, issued=None):
-                    # Issues S_j = q_scores K_j^T (K_j in ring slot `slot`) and
-                    # then p_prev V (V in slot `prev`, accumulated into acc),
-                    # waits only for S_j and runs its softmax from (m, l) while
-                    # P V is in flight (FA3 §3.2); `issued()`, if given, runs
-                    # right after the issue. Returns acc once P V is done, and
-                    # the softmax's m, alpha, l and P (float32).
+                def overlapped_step(j, carry, *, masked: bool):
+                    # Enters as paired_step. Issues S_j = Q K_j^T and then
+                    # P_{j-1} V_{j-1} (accumulated into acc), waits only for
+                    # S_j, and runs the softmax of block j while P_{j-1} V_{j-1}
+                    # is in flight (FA3 §3.2). acc is rescaled once that is done.
+                    acc, m, l, p_prev = carry
+                    slot, prev = enter_pipelined(j)
+
                     def products(refs):
                         acc_ref, s_ref, m_ref, l_ref, alpha_ref, p_ref = refs
-                        plgpu.wgmma(s_ref, q_scores, k_smem.at[slot].transpose((1, 0)))
+                        plgpu.wgmma(s_ref, q_tile, k_smem.at[slot].transpose((1, 0)))
                         plgpu.wgmma(acc_ref, p_prev, v_smem.at[prev])
                         give_turn()
-                        if issued is not None:
-                            issued()
                         s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # S_j done, P V may still run
                         plgpu.barrier_arrive(k_free.at[slot])
                         m_ref[...], alpha_ref[...], l_ref[...], p_ref[...] = softmax_update(
@@ -824,15 +807,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     # would serialize every wgmma of the kernel (C7513).
                     acc, p = lax.optimization_barrier((acc, p))
                     plgpu.barrier_arrive(v_free.at[prev])
-                    return acc, m, alpha, l, p
-
-                def overlapped_step(j, carry, *, masked: bool, issued=None):
-                    # Enters as paired_step. Issues S_j = Q K_j^T and then
-                    # P_{j-1} V_{j-1}; acc is rescaled once that is done.
-                    acc, m, l, p_prev = carry
-                    slot, prev = enter_pipelined(j)
-                    acc, m, alpha, l, p = overlapped_products(acc, p_prev, m, l, slot, prev, q_tile, j, masked,
-                                                              issued=issued)
                     return acc * _rows(alpha, acc.shape), m, l, p.astype(dtype)
 
                 def store(acc, m, l):
@@ -847,21 +821,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.copy_smem_to_gmem(lse_tile, lse_ref.at[b, h, pl.ds(row0, bq)], commit_group=False)
                     plgpu.commit_smem_to_gmem_group()
 
-                return types.SimpleNamespace(
-                    n_blocks=n_blocks, n_free=n_free, row0=row0, buf=buf, q_tile=q_tile, ring=ring,
-                    prefetch=prefetch, step=step, paired_step=paired_step, overlapped_step=overlapped_step,
-                    overlapped_products=overlapped_products, softmax_update=softmax_update, store=store)
-
-            def initial_state():
                 acc0 = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
                 m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
                 l0 = _zeros((bq,), plgpu.Layout.WGMMA.reduce(1))
-                return acc0, m0, l0
-
-            def run_tile(i, steps):
-                t = tile_parts(i, steps, prefetch_first=persistent)
-                plgpu.barrier_wait(q_ready.at[t.buf * n_wg + wg])
-                acc0, m0, l0 = initial_state()
                 # Causal: the tile's key blocks run up to its last row's
                 # diagonal; this consumer's own rows need fewer (my_end) and
                 # fewer masks (my_free). It computes those, stores its
@@ -869,28 +831,28 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 # it still observes every barrier phase and takes its turns,
                 # so the others' hand-offs stay paired. Every schedule takes
                 # n_blocks + 1 turns per tile.
-                my_free, my_end = _consumer_key_blocks(t.row0, bq, bk, t.n_free, t.n_blocks, causal)
+                my_free, my_end = _consumer_key_blocks(row0, bq, bk, n_free, n_blocks, causal)
                 if overlap or paired:
                     # Block 0's scores and softmax start the pipeline; the
                     # last block's P V ends it.
-                    first = t.ring(0)
+                    first = ring(0)
                     plgpu.barrier_wait(k_ready.at[first])
                     take_turn()
 
                     def first_scores(ref):
-                        plgpu.wgmma(ref, t.q_tile, k_smem.at[first].transpose((1, 0)))
+                        plgpu.wgmma(ref, q_tile, k_smem.at[first].transpose((1, 0)))
                         give_turn()
                         return ref[...]
 
                     s = pl.run_scoped(first_scores, plgpu.ACC((bq, bk), jnp.float32))
                     plgpu.barrier_arrive(k_free.at[first])
-                    m, _, l, p = t.softmax_update(s, m0, l0, 0, first_masked)
+                    m, _, l, p = softmax_update(s, m0, l0, 0, first_masked)
                     carry = (acc0, m, l, p.astype(dtype))
-                    pipelined = t.overlapped_step if overlap else t.paired_step
+                    pipelined = overlapped_step if overlap else paired_step
                     carry = lax.fori_loop(1, my_free, functools.partial(pipelined, masked=False), carry)
                     acc, m, l, p = lax.fori_loop(jnp.maximum(my_free, 1), my_end,
                                                  functools.partial(pipelined, masked=True), carry)
-                    last = t.ring(my_end - 1)
+                    last = ring(my_end - 1)
                     plgpu.barrier_wait(v_ready.at[last])
                     take_turn()
 
@@ -902,13 +864,13 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_arrive(v_free.at[last])
                 else:
                     take_turn()
-                    carry = lax.fori_loop(0, my_free, functools.partial(t.step, masked=False), (acc0, m0, l0))
-                    acc, m, l = lax.fori_loop(my_free, my_end, functools.partial(t.step, masked=True), carry)
+                    carry = lax.fori_loop(0, my_free, functools.partial(step, masked=False), (acc0, m0, l0))
+                    acc, m, l = lax.fori_loop(my_free, my_end, functools.partial(step, masked=True), carry)
                     give_turn()
-                t.store(acc, m, l)
+                store(acc, m, l)
 
                 def idle_step(j, _):
-                    slot = t.ring(j)
+                    slot = ring(j)
                     plgpu.barrier_wait(k_ready.at[slot])
                     plgpu.barrier_arrive(k_free.at[slot])
                     plgpu.barrier_wait(v_ready.at[slot])
@@ -916,74 +878,13 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     take_turn()
                     give_turn()
 
-                lax.fori_loop(my_end, t.n_blocks, idle_step, None)
-                return steps + t.n_blocks
-
-            def run_chained():
-                """chain_tiles: one pipeline over all of this program's tiles
-                (non-causal, overlap, no turns). A tile's last P V is issued
-                with the next tile's first scores, whose softmax runs while it
-                is in flight; the tile's output is stored after it. The next
-                tile's q was loaded during this tile's second step."""
-                acc0, m0, l0 = initial_state()
-
-                def tile_blocks_from_1(t, i, carry):
-                    # Blocks 1 .. n_blocks - 1; step 1 also loads the next
-                    # tile's q, once this program's last store has read the
-                    # buffer it goes into (issued a step earlier).
-                    has_next = i + 1 < n_items
-                    _when(has_next & (t.n_blocks < 2), t.prefetch)
-
-                    def step(j, carry, *, masked: bool):
-                        return t.overlapped_step(j, carry, masked=masked,
-                                                 issued=lambda: _when(has_next & (j == 1), t.prefetch))
-
-                    carry = lax.fori_loop(1, t.n_free, functools.partial(step, masked=False), carry)
-                    return lax.fori_loop(jnp.maximum(t.n_free, 1), t.n_blocks,
-                                         functools.partial(step, masked=True), carry)
-
-                t = tile_parts(0, 0)
-                first = t.ring(0)
-                plgpu.barrier_wait(q_ready.at[wg])
-                plgpu.barrier_wait(k_ready.at[first])
-                s = pl.run_scoped(lambda ref: (plgpu.wgmma(ref, t.q_tile, k_smem.at[first].transpose((1, 0))),
-                                               ref[...])[1], plgpu.ACC((bq, bk), jnp.float32))
-                plgpu.barrier_arrive(k_free.at[first])
-                m, _, l, p = t.softmax_update(s, m0, l0, 0, first_masked)
-
-                def chained_tile(i, state):
-                    steps, (acc, m, l, p) = state
-                    t = tile_parts(i, steps)
-                    acc, m, l, p = tile_blocks_from_1(t, i, (acc, m, l, p))
-                    n = tile_parts(i + 1, steps + t.n_blocks)
-                    first, last = n.ring(0), t.ring(t.n_blocks - 1)
-                    plgpu.barrier_wait(q_ready.at[n.buf * n_wg + wg])
-                    plgpu.barrier_wait(k_ready.at[first])
-                    plgpu.barrier_wait(v_ready.at[last])
-                    # Tile i's last P V, and the next tile's first scores and
-                    # softmax (from its initial m and l).
-                    acc, m_next, _, l_next, p_next = t.overlapped_products(
-                        acc, p, m0, l0, first, last, n.q_tile, 0, first_masked)
-                    t.store(acc, m, l)
-                    return steps + t.n_blocks, (acc0, m_next, l_next, p_next.astype(dtype))
-
-                steps, carry = lax.fori_loop(0, n_items - 1, chained_tile, (0, (acc0, m, l, p.astype(dtype))))
-                i = n_items - 1
-                t = tile_parts(i, steps)
-                acc, m, l, p = tile_blocks_from_1(t, i, carry)
-                last = t.ring(t.n_blocks - 1)
-                plgpu.barrier_wait(v_ready.at[last])
-                acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[last]), acc)
-                plgpu.barrier_arrive(v_free.at[last])
-                t.store(acc, m, l)
+                lax.fori_loop(my_end, n_blocks, idle_step, None)
+                return steps + n_blocks
 
             if pingpong:
                 _when(wg == n_wg - 1, lambda: plgpu.barrier_arrive(turn.at[0]))
             load_q(0, 0)
-            if chain:
-                run_chained()
-            else:
-                for_each_tile(run_tile, 0)
+            for_each_tile(run_tile, 0)
             # The stores must have read shared memory before the CTA exits
             # (their writes to global memory complete on their own).
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)

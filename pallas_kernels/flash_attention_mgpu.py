@@ -390,10 +390,13 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool):
     return p, dp
 
 
+_AUTO_BARRIERS = True
+
+
 def _compiler_params():
     # approx_math: exp2/log use the MUFU approximations (ex2.approx), which is
     # what makes the softmax cheap enough to hide behind the matmuls.
-    return plgpu.CompilerParams(approx_math=True)
+    return plgpu.CompilerParams(approx_math=True, unsafe_no_auto_barriers=not _AUTO_BARRIERS)
 
 
 def _tile_grid(heads: int, num_tiles: int, batch: int) -> tuple[int, int, int]:

@@ -390,13 +390,28 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool):
     return p, dp
 
 
-_AUTO_BARRIERS = True
+# Pallas puts a warpgroup barrier (bar.sync of the consumer's 128 threads)
+# before and after every store from registers to shared memory and around
+# every scoped region (run_scoped/run_state), so that the code reads as if
+# each warpgroup ran in lockstep. The backward kernels run without them
+# (1.02-1.05x on an H100, NOTES.md): every hazard they guard against is
+# already ordered there. Each thread arrives on the ring's release barriers
+# itself (mbarrier arrivals release that thread's own reads of lse and
+# delta); commit_smem and wait_smem_to_gmem carry a warpgroup barrier, which
+# orders the dS^T and dQ tiles' stores before the TMA and wgmma that read
+# them and the dQ tile's TMA read before its next store; a consumer writes
+# dS^T only once every thread of both consumers has released its earlier
+# use; and dK, dV (dQ in the dQ kernel) overwrite operand tiles only after a
+# wgmma issued later has completed, which no warp can see before every warp
+# issued it. The forward keeps them: without them it measured 0.95-0.98x.
+_FWD_AUTO_BARRIERS = True
+_BWD_AUTO_BARRIERS = False
 
 
-def _compiler_params():
+def _compiler_params(auto_barriers: bool = True):
     # approx_math: exp2/log use the MUFU approximations (ex2.approx), which is
     # what makes the softmax cheap enough to hide behind the matmuls.
-    return plgpu.CompilerParams(approx_math=True, unsafe_no_auto_barriers=not _AUTO_BARRIERS)
+    return plgpu.CompilerParams(approx_math=True, unsafe_no_auto_barriers=not auto_barriers)
 
 
 def _tile_grid(heads: int, num_tiles: int, batch: int) -> tuple[int, int, int]:
@@ -419,7 +434,7 @@ _TILE_GRID_NAMES = ("heads", "tiles", "batch")
 
 
 def _launch(body, out_type, scratch, grid: tuple, name: str, consumers: int = 2,
-            grid_names: tuple = _TILE_GRID_NAMES, mutable: bool = False):
+            grid_names: tuple = _TILE_GRID_NAMES, mutable: bool = False, auto_barriers: bool = True):
     """One program per grid point (by default _tile_grid's) with `consumers`
     consumer warpgroups (`wg` 0 .. consumers - 1) and the producer
     (`wg` == consumers). Mosaic GPU launches the grid's last axis fastest.
@@ -430,13 +445,14 @@ def _launch(body, out_type, scratch, grid: tuple, name: str, consumers: int = 2,
     if not mutable:
         return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                             grid_names=grid_names, num_threads=consumers + 1, thread_name="wg",
-                            compiler_params=_compiler_params(), kernel_name=name)
+                            compiler_params=_compiler_params(auto_barriers), kernel_name=name)
     mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=consumers + 1, thread_name="wg")
 
     def with_scratch(*refs):
         pl.run_scoped(functools.partial(body, *refs), *scratch, collective_axes="wg")
 
-    return pl.kernel(with_scratch, out_type=out_type, mesh=mesh, compiler_params=_compiler_params(), name=name)
+    return pl.kernel(with_scratch, out_type=out_type, mesh=mesh, compiler_params=_compiler_params(auto_barriers),
+                     name=name)
 
 
 def _kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, *, b, h, block_k: int,
@@ -910,7 +926,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     else:
         grid, names = _tile_grid(heads, num_tiles, batch), _TILE_GRID_NAMES
     return _launch(body, out_type, scratch, grid, "flash_attention_mgpu_fwd", consumers=n_wg,
-                   grid_names=names)(q, k, v, *((schedule,) if persistent else ()))
+                   grid_names=names, auto_barriers=_FWD_AUTO_BARRIERS)(q, k, v, *((schedule,) if persistent else ()))
 
 
 # ----------------------------------------------------------------------------
@@ -1010,7 +1026,8 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
     )
     out_type = jax.ShapeDtypeStruct(q.shape, dtype)
-    return _launch(body, out_type, scratch, _tile_grid(heads, num_tiles, batch), "flash_attention_mgpu_bwd_dq")(
+    return _launch(body, out_type, scratch, _tile_grid(heads, num_tiles, batch), "flash_attention_mgpu_bwd_dq",
+                   auto_barriers=_BWD_AUTO_BARRIERS)(
         q, k, v, do, lse, delta)
 
 
@@ -1280,7 +1297,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         )
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
-    launch = _launch(body, (grad, grad), scratch, _tile_grid(heads, num_tiles, batch), name, mutable=fused)
+    launch = _launch(body, (grad, grad), scratch, _tile_grid(heads, num_tiles, batch), name, mutable=fused,
+                     auto_barriers=_BWD_AUTO_BARRIERS)
     return launch(q, k, v, do, lse, delta, *((dq_acc,) if fused else ()))
 
 

@@ -88,3 +88,25 @@ def test_hopper_targets_and_leaderboard(tmp_path, capsys) -> None:
     md = capsys.readouterr().out
     assert "forward and backward each >= 1.0x the fastest reference: 3 of 6 cell-passes" in md
     assert "forward+backward: 5.00 ms (under 5.36 ms); fastest reference torch_sdpa_cudnn 4.40 ms" in md
+
+
+def test_a_later_run_replaces_whole_cells(tmp_path, capsys) -> None:
+    """Files are oldest first; a cell measured again is taken from the last
+    run with every implementation, so a reference the new run left out does
+    not linger from the old one, and cells only the old run has stay."""
+    old = [_row("pallas_mosaic", 4096, 2.0, 3.0), _row("torch_sdpa_flash", 4096, 1.0, 1.0),
+           _row("pallas_mosaic", 8192, 4.0, 6.0), _row("torch_sdpa_cudnn", 8192, 5.0, 5.0)]
+    new = [_row("pallas_mosaic", 4096, 1.8, 2.5), _row("torch_sdpa_cudnn", 4096, 2.0, 2.6)]
+    rows = targets.latest_cells([old, new])
+    assert sorted((r["seq"], r["impl"]) for r in rows) == [
+        (4096, "pallas_mosaic"), (4096, "torch_sdpa_cudnn"), (8192, "pallas_mosaic"), (8192, "torch_sdpa_cudnn")]
+    got = {(r["seq"], r["pass"]): r for r in targets.check_hopper(rows)}
+    assert got[(4096, "fwd")]["speedup"] == pytest.approx(2.0 / 1.8) and got[(4096, "bwd")]["ms"] == 2.5
+    assert got[(8192, "fwd")]["speedup"] == pytest.approx(1.25)
+    paths = [tmp_path / "old.json", tmp_path / "new.json"]
+    for path, run in zip(paths, (old, new)):
+        path.write_text(json.dumps({"results": run}))
+    assert targets.main(["--targets", "hopper", *map(str, paths)]) == 0
+    md = capsys.readouterr().out
+    assert "From `old.json`, `new.json` (a cell in several: the last)." in md
+    assert "forward and backward each >= 1.0x the fastest reference: 3 of 4 cell-passes" in md

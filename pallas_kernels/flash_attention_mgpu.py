@@ -306,6 +306,13 @@ def unsupported_reason(q: jax.Array, *, interpret: bool = False, device=None) ->
 # Shared pieces.
 
 
+# The widest swizzle the tiles may use (bytes). Narrower ones are a
+# measurement switch: wgmma contracts over K in groups of the swizzle's
+# width, so tiles whose rows are contracted in steps that are not a multiple
+# of 64 elements (an 80-row query block) need 32 bytes.
+_MAX_SWIZZLE = 128
+
+
 def _smem_transforms(head_dim: int, itemsize: int) -> tuple:
     """Tiling + swizzle for a [rows, head_dim] tile in shared memory.
 
@@ -314,7 +321,7 @@ def _smem_transforms(head_dim: int, itemsize: int) -> tuple:
     swizzle instead of being padded to 128 columns."""
     row_bytes = head_dim * itemsize
     for swizzle in (128, 64, 32):
-        if row_bytes % swizzle == 0:
+        if swizzle <= _MAX_SWIZZLE and row_bytes % swizzle == 0:
             return plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle)
     raise ValueError(f"{head_dim=} must be a multiple of {32 // itemsize} for the Mosaic kernels")
 

@@ -362,16 +362,16 @@ def test_tile_grids_launch_batch_then_tiles_then_heads() -> None:
         (min(batch * heads * tiles, 132), 1, 1)]
 
 
-def _kernel_compiler_params(jaxpr) -> dict[str, object]:
-    """Each Mosaic GPU kernel's compiler parameters in a traced jaxpr, by kernel name."""
-    found = {}
+def _kernel_compiler_params(jaxpr) -> list[tuple[str, object]]:
+    """(kernel name, compiler parameters) of each Mosaic GPU kernel in a traced jaxpr."""
+    found = []
     for eqn in jaxpr.eqns:
         if "compiler_params" in eqn.params and "name" in eqn.params:
-            found[eqn.params["name"]] = eqn.params["compiler_params"]
+            found.append((eqn.params["name"], eqn.params["compiler_params"]))
         for value in eqn.params.values():
             inner = getattr(value, "jaxpr", value)
             if hasattr(inner, "eqns"):
-                found.update(_kernel_compiler_params(inner))
+                found += _kernel_compiler_params(inner)
     return found
 
 
@@ -383,16 +383,18 @@ def test_only_the_backward_kernels_drop_automatic_barriers() -> None:
     x = jax.ShapeDtypeStruct((1, 512, 2, 128), jnp.bfloat16)
     lse = jax.ShapeDtypeStruct((1, 2, 512), jnp.float32)
     kwargs = dict(causal=True, sm_scale=0.1)
-    params = {}
-    for blocks in (MosaicBlockSizes(), MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True),
-                   MosaicBlockSizes.get_default(128, 512, True)):
+    params = []
+    # The one-program-per-tile and the persistent forward; the two-kernel and the fused backward.
+    for blocks in (MosaicBlockSizes(), MosaicBlockSizes(persistent=True, fused_bwd=True, dq_split=True,
+                                                        split_order=True)):
         fwd = jax.make_jaxpr(functools.partial(mgpu.mosaic_forward, block_sizes=blocks, **kwargs))(x, x, x)
         bwd = jax.make_jaxpr(functools.partial(mgpu.mosaic_backward, block_sizes=blocks, **kwargs))(x, x, x, x, lse, x)
-        params.update(_kernel_compiler_params(fwd.jaxpr), **_kernel_compiler_params(bwd.jaxpr))
-    assert {name: p.unsafe_no_auto_barriers for name, p in params.items()} == {
-        "flash_attention_mgpu_fwd": False, "flash_attention_mgpu_bwd_dq": True,
-        "flash_attention_mgpu_bwd_dkdv": True, "flash_attention_mgpu_bwd_fused": True}
-    assert all(p.approx_math for p in params.values())
+        params += _kernel_compiler_params(fwd.jaxpr) + _kernel_compiler_params(bwd.jaxpr)
+    assert len(params) == 5
+    assert {(name, p.unsafe_no_auto_barriers) for name, p in params} == {
+        ("flash_attention_mgpu_fwd", False), ("flash_attention_mgpu_bwd_dq", True),
+        ("flash_attention_mgpu_bwd_dkdv", True), ("flash_attention_mgpu_bwd_fused", True)}
+    assert all(p.approx_math for _, p in params)
 
 
 @pytest.mark.parametrize(("seq", "bq", "consumers", "bk"), [(1024, 64, 3, 128), (1000, 64, 3, 128),

@@ -36,3 +36,22 @@ def test_rejects_bad_arguments(argv, capsys) -> None:
     with pytest.raises(SystemExit):
         attention_once.parse_args(argv)
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, rc, stream, text", [
+    (["--backend", "triton", "--seq", "24", "--heads", "1", "--head-dim", "16", "--dtype", "fp32"], 0, "stdout",
+     "attention_once: triton fp32 1x24x1x16 causal=true ran 2x"),
+    (["--seq", "8", "--head-dim", "300"], 2, "stderr", "head_dim=300"),
+], ids=["ok", "bad-input"])
+def test_command_line_exit_status_and_output(argv, rc, stream, text) -> None:
+    """As a program it leaves without interpreter teardown (a profiler must see
+    the exit); its status and its piped, block-buffered output still arrive."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe is then block-buffered
+    got = subprocess.run([sys.executable, "-m", "harness.attention_once", "--device", "cpu", *argv],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert got.returncode == rc, got.stderr
+    assert text in getattr(got, stream)

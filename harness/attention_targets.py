@@ -117,6 +117,14 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _fmt_pass(rec: dict) -> str:
+    """A judged pass below its target reads "0.996x below": two decimals alone
+    would print a 0.996x miss as 1.00x."""
+    if rec["meets"] is False:
+        return f"{rec['speedup']:.3f}x below"
+    return _fmt(rec["speedup"])
+
+
 def render_hopper_markdown(records: list[dict], sources: list[str], impl: str) -> str:
     judged = [r for r in records if r["meets"] is not None]
     lines = [f"# `{impl}` against the Hopper targets", "",
@@ -137,7 +145,7 @@ def render_hopper_markdown(records: list[dict], sources: list[str], impl: str) -
         by_cell.setdefault((r["head_dim"], r["seq"], not r["causal"], r["batch"], r["heads"]), {})[r["pass"]] = r
     for (head_dim, seq, noncausal, batch, heads), p in sorted(by_cell.items()):
         lines.append(f"| {batch} | {heads} | {seq} | {head_dim} | {'no' if noncausal else 'yes'} | "
-                     f"{_fmt(p['fwd']['speedup'])} | {_fmt(p['bwd']['speedup'])} | {_fmt(p['fwd_bwd']['speedup'])} | "
+                     f"{_fmt_pass(p['fwd'])} | {_fmt_pass(p['bwd'])} | {_fmt(p['fwd_bwd']['speedup'])} | "
                      f"{p['fwd']['best_ref']} / {p['bwd']['best_ref']} |")
     return "\n".join(lines) + "\n"
 

@@ -88,6 +88,18 @@ def test_hopper_targets_and_leaderboard(tmp_path, capsys) -> None:
     md = capsys.readouterr().out
     assert "forward and backward each >= 1.0x the fastest reference: 3 of 6 cell-passes" in md
     assert "forward+backward: 5.00 ms (under 5.36 ms); fastest reference torch_sdpa_cudnn 4.40 ms" in md
+    # A miss reads as one, however close: 0.8x below; 1.0x and the unjudged fwd+bwd stay plain.
+    assert "| 1 | 16 | 4096 | 64 | yes | 0.800x below | 1.00x | 0.98x |" in md
+
+
+def test_a_near_miss_is_not_rounded_to_a_pass(tmp_path, capsys) -> None:
+    rows = [_row("pallas_mosaic", 4096, 1.004, 0.996), _row("torch_sdpa_cudnn", 4096, 1.0, 1.0)]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"results": rows}))
+    assert targets.main(["--targets", "hopper", str(path)]) == 0
+    md = capsys.readouterr().out
+    assert "| 0.996x below | 1.00x |" in md  # fwd 1.0/1.004 misses, bwd 1.0/0.996 passes
+    assert "1 of 2 cell-passes" in md
 
 
 def test_a_later_run_replaces_whole_cells(tmp_path, capsys) -> None:

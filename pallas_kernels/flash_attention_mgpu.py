@@ -415,6 +415,19 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool):
 _FWD_AUTO_BARRIERS = True
 _BWD_AUTO_BARRIERS = False
 
+# Measurement switch (off: the kernels as measured). The causal dK/dV and
+# fused backward compute the diagonal's mask from row and column indices in
+# the steps that need it. Those indices do not change from step to step, and
+# the causal head_dim 128 fused kernel spills registers that the non-causal
+# one does not (120 bytes with the mask under a branch, 96 computed every
+# step, none non-causal), reloading them in every step. With the switch on,
+# each consumer writes the mask of the diagonal block once, as a tile of 0 and
+# -inf in shared memory, and the steps that cross the diagonal add it to
+# their scaled scores: the only per-step mask state is one scalar. Needs
+# block_k_dkv == block_q_dkv (the diagonal block is then always the same
+# triangle); same results bit for bit.
+_MASK_TILE = False
+
 
 def _compiler_params(auto_barriers: bool = True):
     # approx_math: exp2/log use the MUFU approximations (ex2.approx), which is
@@ -1070,6 +1083,9 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     # product), and a float32 dQ tile per consumer (source of the reduce-add)
     # also live in shared memory.
     fixed = 4 * bk * row + (4 * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
+    # The diagonal block's mask as a shared-memory tile per consumer (_MASK_TILE).
+    mask_tile = _MASK_TILE and causal and bk == bq
+    fixed += 2 * bk * bq * dtype.itemsize if mask_tile else 0
     stages = _fit_stages("fused backward" if fused else "dK/dV", blocks.num_stages_bwd, num_q_blocks, fixed,
                          bq * (2 * row + 8))
 
@@ -1077,7 +1093,9 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         if fused:
             dq_ref, *refs = refs
         (dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
-         kv_ready, q_ready, do_ready, q_free, do_free, *fused_scratch) = refs
+         kv_ready, q_ready, do_ready, q_free, do_free, *extra_scratch) = refs
+        fused_scratch = extra_scratch[:4] if fused else ()
+        tri_smem = extra_scratch[-1] if mask_tile else None
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         t = lax.axis_index("tiles")
         tile_start = t * tile
@@ -1115,6 +1133,13 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             plgpu.copy_gmem_to_smem(k_ref.at[b, keys, h], k_smem.at[wg], ready)
             plgpu.copy_gmem_to_smem(v_ref.at[b, keys, h], v_smem.at[wg], ready)
             plgpu.barrier_wait(ready)
+            if mask_tile:
+                # The block on the diagonal (query block start == key0):
+                # keys [rows] see queries [cols] at or after them.
+                zeros = _zeros((bk, bq), plgpu.Layout.WGMMA)
+                on_or_after = _iota((bk, bq), 0) <= _iota((bk, bq), 1)
+                tri_smem.at[wg][...] = jnp.where(on_or_after, zeros, zeros - jnp.inf).astype(dtype)
+                plgpu.commit_smem()
 
             if fused:
                 ds_smem, dq_smem, ds_ready, ds_free = fused_scratch
@@ -1163,8 +1188,21 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
                     return jnp.where(keep, p_t, 0.0)
 
+                def masked_scores(x):
+                    """x = scaled S^T - lse with the causal mask as -inf, by
+                    the block's offset from the diagonal (_MASK_TILE)."""
+                    d = i * bq - key0  # a multiple of bq: key0 is one
+                    branch = jnp.where(d < 0, 0, jnp.where(d == 0, 1, 2))  # before / on / after the diagonal
+                    if masked is None:  # one loop: only the blocks that cross the diagonal
+                        branch = jnp.where(i < n_masked_end, branch, 2)
+                    on_diagonal = lambda x: x + plgpu.load(tri_smem.at[wg], (), layout=plgpu.Layout.WGMMA).astype(
+                        jnp.float32)
+                    return lax.switch(branch, [lambda x: x - jnp.inf, on_diagonal, lambda x: x], x)
+
                 def probabilities(s_t):
                     lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
+                    if mask_tile and masked is not False:
+                        return jnp.exp2(masked_scores(s_t * qk_scale - _cols(lse2, s_t.shape)))
                     p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
                     if masked is None:  # one loop: only the blocks that cross the diagonal take the branch
                         p_t = lax.cond(i < n_masked_end, mask, lambda x: x, p_t)
@@ -1303,6 +1341,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             plgpu.Barrier(num_arrivals=2, num_barriers=2),
             plgpu.Barrier(num_arrivals=2 if split else 1, num_barriers=2),
         )
+    if mask_tile:
+        scratch += (plgpu.SMEM((2, bk, bq), dtype, transforms=transforms),)
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
     launch = _launch(body, (grad, grad), scratch, _tile_grid(heads, num_tiles, batch), name, mutable=fused,

@@ -503,6 +503,40 @@ def test_kernels_lower_for_cuda(shape, causal, dtype, blocks) -> None:
     assert all("mosaic_gpu" in t for t in texts)
 
 
+# The causal backward schedules under the _MASK_TILE measurement switch:
+# (shape, causal, blocks, whether the switch changes the kernel).
+MASK_TILE_CASES = [
+    ((2, 200, 1, 128), True, MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False), True),
+    ((2, 1000, 1, 64), True, MosaicBlockSizes(fused_bwd=True, masked_loop=False), True),
+    ((2, 1000, 1, 64), True, MosaicBlockSizes(fused_bwd=True), True),
+    ((1, 300, 2, 128), True, MosaicBlockSizes(), True),
+    ((1, 300, 2, 128), True, MosaicBlockSizes(masked_loop=False), True),
+    ((2, 200, 1, 64), True, MosaicBlockSizes(fused_bwd=True, block_q_dkv=128), False),  # 64 keys, 128 queries
+    ((1, 300, 2, 128), False, MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True), False),
+]
+
+
+@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+@pytest.mark.parametrize(("shape", "causal", "blocks", "changes"), MASK_TILE_CASES, ids=str)
+def test_mask_tile_switch_lowers_and_changes_only_square_causal_steps(monkeypatch, shape, causal, blocks,
+                                                                      changes) -> None:
+    """With the diagonal's mask read from a shared-memory tile, the causal
+    backward kernels still lower for CUDA; the switch changes exactly the
+    causal kernels with square steps (block_k_dkv == block_q_dkv)."""
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((shape[0], shape[2], shape[1]), jnp.float32)
+
+    def bwd(*args):  # a new function per trace: traced with the switch as it is then
+        return mgpu.mosaic_backward(*args, causal=causal, sm_scale=1 / math.sqrt(shape[-1]), block_sizes=blocks)
+
+    off = str(jax.make_jaxpr(bwd)(x, x, x, x, lse, x))
+    monkeypatch.setattr(mgpu, "_MASK_TILE", True)
+    on = str(jax.make_jaxpr(lambda *a: bwd(*a))(x, x, x, x, lse, x))
+    assert (on != off) == changes
+    text = jax.jit(lambda *a: bwd(*a)).trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+
+
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
 def test_tiles_beyond_shared_memory_name_the_fix() -> None:
     """The fused backward at head_dim 128 with 128-query steps needs more
@@ -666,6 +700,34 @@ def test_gpu_backward_variants_match_reference(variant: str, case: Case) -> None
     if variant.endswith("one-loop") and not case.causal:
         pytest.skip("masked_loop changes causal kernels only")
     _assert_variant_matches(case, BACKWARD_VARIANTS[variant])
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", [Case(2, 200, 1, 128, True, "bfloat16", None), Case(1, 4100, 2, 128, True, "bfloat16", None),
+                                  Case(2, 1000, 2, 80, True, "bfloat16", None), Case(1, 513, 1, 64, True, "float16", None)],
+                         ids=str)
+@pytest.mark.parametrize("changes", [{}, dict(UNSPLIT_BWD, fused_bwd=False)], ids=["default", "two-kernels"])
+def test_gpu_mask_tile_gives_the_same_gradients(monkeypatch, case: Case, changes: dict) -> None:
+    """The _MASK_TILE switch adds 0 or -inf to the scores where the default
+    zeroes their exponentials: dK and dV (and the two kernels' dQ) are
+    bit-identical; the fused dQ within its add-order rounding."""
+    q, k, v, do = make_inputs(case)
+    blocks = dataclasses.replace(MosaicBlockSizes.get_default(case.head_dim, case.seq, True), **changes)
+    kw = dict(causal=True, sm_scale=1 / math.sqrt(case.head_dim), block_sizes=blocks)
+    o, lse = jax.jit(lambda q, k, v: mgpu.mosaic_forward(q, k, v, **kw))(q, k, v)
+
+    def grads():  # a new function each time: traced with the switch as it is now
+        got = jax.jit(lambda *x: mgpu.mosaic_backward(*x, **kw))(q, k, v, o, lse, do)
+        return [np.asarray(g.astype(jnp.float32)) for g in got]
+
+    want = grads()
+    monkeypatch.setattr(mgpu, "_MASK_TILE", True)
+    got = grads()
+    for name, a, b in zip(("dq", "dk", "dv"), want, got):
+        if name == "dq" and blocks.fused_bwd:
+            np.testing.assert_allclose(b, a, rtol=2.0 ** -7, atol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=name)
 
 
 @needs_hopper

@@ -175,6 +175,15 @@ class MosaicBlockSizes:
         under a branch that only those blocks take. Two loops hold two sets
         of loop invariants (wgmma descriptors among them): the causal dq_split
         fused kernel spilled 508 bytes with them and 124 in one loop.
+      mask_tile: causal dK/dV and fused backward with square steps
+        (block_k_dkv == block_q_dkv; ignored otherwise): each consumer
+        writes the diagonal block's mask once, as a shared-memory tile of 0
+        and -inf, and the steps that cross the diagonal add it to their
+        scaled scores, so the only per-step mask state is the block's
+        offset from the diagonal. False: those steps compute the mask from
+        row and column indices, which the causal head_dim 128 fused kernel
+        kept in registers it spilled (120 bytes, reloaded every step; 16
+        with the tile). Same dK and dV bit for bit.
     """
 
     block_q: int = 64
@@ -195,6 +204,7 @@ class MosaicBlockSizes:
     bwd_overlap: bool = True
     split_order: bool = False
     masked_loop: bool = True
+    mask_tile: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -257,17 +267,21 @@ class MosaicBlockSizes:
         The head_dim 128 backward is the fused kernel with dQ split by
         columns in FA3's step order (dq_split, split_order; causal in one
         loop, masked_loop=False), except causal up to
-        FUSED_BWD128_CAUSAL_MIN_SEQ, where it is the two kernels. `causal`
-        None (not known) counts as causal."""
+        FUSED_BWD128_CAUSAL_MIN_SEQ, where it is the two kernels. Its causal
+        steps read the diagonal's mask from a shared-memory tile
+        (mask_tile): the fused kernel then spills 16 bytes instead of 120.
+        `causal` None (not known) counts as causal."""
         if head_dim <= 64:
             fused = seq_len is None or seq_len > FUSED_BWD_MIN_SEQ
             three = seq_len is None or seq_len > THREE_CONSUMERS_MIN_SEQ
             return cls(block_k=128, num_stages=3, block_k_dq=128, block_q_dkv=64 if fused else 128,
                        consumers=3 if three else 2, persistent=True, fused_bwd=fused)
         forward = dict(block_k=128, num_stages=2, pingpong=False, overlap=True, persistent=True)
-        if head_dim < 128 or (causal is not False and seq_len is not None and seq_len <= FUSED_BWD128_CAUSAL_MIN_SEQ):
+        if head_dim < 128:
             return cls(**forward)
-        return cls(**forward, fused_bwd=True, dq_split=True, split_order=True, masked_loop=False)
+        if causal is not False and seq_len is not None and seq_len <= FUSED_BWD128_CAUSAL_MIN_SEQ:
+            return cls(**forward, mask_tile=True)
+        return cls(**forward, fused_bwd=True, dq_split=True, split_order=True, masked_loop=False, mask_tile=True)
 
     @property
     def seq_multiple(self) -> int:
@@ -414,19 +428,6 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool):
 # issued it. The forward keeps them: without them it measured 0.95-0.98x.
 _FWD_AUTO_BARRIERS = True
 _BWD_AUTO_BARRIERS = False
-
-# Measurement switch (off: the kernels as measured). The causal dK/dV and
-# fused backward compute the diagonal's mask from row and column indices in
-# the steps that need it. Those indices do not change from step to step, and
-# the causal head_dim 128 fused kernel spills registers that the non-causal
-# one does not (120 bytes with the mask under a branch, 96 computed every
-# step, none non-causal), reloading them in every step. With the switch on,
-# each consumer writes the mask of the diagonal block once, as a tile of 0 and
-# -inf in shared memory, and the steps that cross the diagonal add it to
-# their scaled scores: the only per-step mask state is one scalar. Needs
-# block_k_dkv == block_q_dkv (the diagonal block is then always the same
-# triangle); same results bit for bit.
-_MASK_TILE = False
 
 
 def _compiler_params(auto_barriers: bool = True):
@@ -1083,8 +1084,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     # product), and a float32 dQ tile per consumer (source of the reduce-add)
     # also live in shared memory.
     fixed = 4 * bk * row + (4 * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
-    # The diagonal block's mask as a shared-memory tile per consumer (_MASK_TILE).
-    mask_tile = _MASK_TILE and causal and bk == bq
+    # The diagonal block's mask as a shared-memory tile per consumer.
+    mask_tile = blocks.mask_tile and causal and bk == bq
     fixed += 2 * bk * bq * dtype.itemsize if mask_tile else 0
     stages = _fit_stages("fused backward" if fused else "dK/dV", blocks.num_stages_bwd, num_q_blocks, fixed,
                          bq * (2 * row + 8))
@@ -1190,7 +1191,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
                 def masked_scores(x):
                     """x = scaled S^T - lse with the causal mask as -inf, by
-                    the block's offset from the diagonal (_MASK_TILE)."""
+                    the block's offset from the diagonal (mask_tile)."""
                     d = i * bq - key0  # a multiple of bq: key0 is one
                     branch = jnp.where(d < 0, 0, jnp.where(d == 0, 1, 2))  # before / on / after the diagonal
                     if masked is None:  # one loop: only the blocks that cross the diagonal

@@ -100,7 +100,8 @@ def test_default_backward_depends_on_length() -> None:
 def test_default_head_dim_128_backward_depends_on_causal_and_length() -> None:
     """head_dim 128: the fused kernel with dQ split by columns in FA3's step
     order, except causal up to FUSED_BWD128_CAUSAL_MIN_SEQ (and causal
-    unknown counts as causal); the forward's tiles do not change. Other
+    unknown counts as causal); the forward's tiles do not change; both
+    read the diagonal's mask from a tile (mask_tile). Other
     head dims above 64 cannot split dQ and keep the two kernels."""
     limit = mgpu.FUSED_BWD128_CAUSAL_MIN_SEQ
     fused = dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False)
@@ -111,6 +112,9 @@ def test_default_head_dim_128_backward_depends_on_causal_and_length() -> None:
     for seq, causal in ((1024, True), (limit, None)):
         assert MosaicBlockSizes.get_default(128, seq, causal=causal) == two, (seq, causal)
     assert not any(MosaicBlockSizes.get_default(d, None, causal=False).fused_bwd for d in (80, 96, 112))
+    # The causal steps read the diagonal's mask from a tile at head_dim 128 only.
+    assert two.mask_tile and MosaicBlockSizes.get_default(128, 16384, causal=True).mask_tile
+    assert not any(MosaicBlockSizes.get_default(d, seq, causal=True).mask_tile for d in (64, 80) for seq in (1024, 16384))
 
 
 def test_default_forward_consumers_depend_on_length() -> None:
@@ -503,8 +507,8 @@ def test_kernels_lower_for_cuda(shape, causal, dtype, blocks) -> None:
     assert all("mosaic_gpu" in t for t in texts)
 
 
-# The causal backward schedules under the _MASK_TILE measurement switch:
-# (shape, causal, blocks, whether the switch changes the kernel).
+# Backward schedules with and without mask_tile:
+# (shape, causal, blocks, whether mask_tile changes the kernel).
 MASK_TILE_CASES = [
     ((2, 200, 1, 128), True, MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False), True),
     ((2, 1000, 1, 64), True, MosaicBlockSizes(fused_bwd=True, masked_loop=False), True),
@@ -518,22 +522,21 @@ MASK_TILE_CASES = [
 
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
 @pytest.mark.parametrize(("shape", "causal", "blocks", "changes"), MASK_TILE_CASES, ids=str)
-def test_mask_tile_switch_lowers_and_changes_only_square_causal_steps(monkeypatch, shape, causal, blocks,
-                                                                      changes) -> None:
+def test_mask_tile_lowers_and_changes_only_square_causal_steps(shape, causal, blocks, changes) -> None:
     """With the diagonal's mask read from a shared-memory tile, the causal
-    backward kernels still lower for CUDA; the switch changes exactly the
+    backward kernels still lower for CUDA; mask_tile changes exactly the
     causal kernels with square steps (block_k_dkv == block_q_dkv)."""
     x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
     lse = jax.ShapeDtypeStruct((shape[0], shape[2], shape[1]), jnp.float32)
 
-    def bwd(*args):  # a new function per trace: traced with the switch as it is then
-        return mgpu.mosaic_backward(*args, causal=causal, sm_scale=1 / math.sqrt(shape[-1]), block_sizes=blocks)
+    def bwd(tile: bool):
+        blocks_here = dataclasses.replace(blocks, mask_tile=tile)
+        return lambda *a: mgpu.mosaic_backward(*a, causal=causal, sm_scale=1 / math.sqrt(shape[-1]),
+                                               block_sizes=blocks_here)
 
-    off = str(jax.make_jaxpr(bwd)(x, x, x, x, lse, x))
-    monkeypatch.setattr(mgpu, "_MASK_TILE", True)
-    on = str(jax.make_jaxpr(lambda *a: bwd(*a))(x, x, x, x, lse, x))
+    off, on = (str(jax.make_jaxpr(bwd(tile))(x, x, x, x, lse, x)) for tile in (False, True))
     assert (on != off) == changes
-    text = jax.jit(lambda *a: bwd(*a)).trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)).as_text()
+    text = jax.jit(bwd(True)).trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text
 
 
@@ -707,9 +710,9 @@ def test_gpu_backward_variants_match_reference(variant: str, case: Case) -> None
                                   Case(2, 1000, 2, 80, True, "bfloat16", None), Case(1, 1500, 2, 64, True, "float16", None)],
                          ids=str)
 @pytest.mark.parametrize("changes", [{}, dict(UNSPLIT_BWD, fused_bwd=False)], ids=["default", "two-kernels"])
-def test_gpu_mask_tile_gives_the_same_gradients(monkeypatch, case: Case, changes: dict) -> None:
-    """The _MASK_TILE switch adds 0 or -inf to the scores where the default
-    zeroes their exponentials: dK and dV (and the two kernels' dQ) are
+def test_gpu_mask_tile_gives_the_same_gradients(case: Case, changes: dict) -> None:
+    """mask_tile adds 0 or -inf to the scores where the index mask zeroes
+    their exponentials: dK and dV (and the two kernels' dQ) are
     bit-identical; the fused dQ within its add-order rounding."""
     q, k, v, do = make_inputs(case)
     blocks = dataclasses.replace(MosaicBlockSizes.get_default(case.head_dim, case.seq, True), **changes)
@@ -717,13 +720,12 @@ def test_gpu_mask_tile_gives_the_same_gradients(monkeypatch, case: Case, changes
     kw = dict(causal=True, sm_scale=1 / math.sqrt(case.head_dim), block_sizes=blocks)
     o, lse = jax.jit(lambda q, k, v: mgpu.mosaic_forward(q, k, v, **kw))(q, k, v)
 
-    def grads():  # a new function each time: traced with the switch as it is now
-        got = jax.jit(lambda *x: mgpu.mosaic_backward(*x, **kw))(q, k, v, o, lse, do)
+    def grads(tile: bool):
+        kw_here = dict(kw, block_sizes=dataclasses.replace(blocks, mask_tile=tile))
+        got = jax.jit(lambda *x: mgpu.mosaic_backward(*x, **kw_here))(q, k, v, o, lse, do)
         return [np.asarray(g.astype(jnp.float32)) for g in got]
 
-    want = grads()
-    monkeypatch.setattr(mgpu, "_MASK_TILE", True)
-    got = grads()
+    want, got = grads(False), grads(True)
     for name, a, b in zip(("dq", "dk", "dv"), want, got):
         if name == "dq" and blocks.fused_bwd:
             np.testing.assert_allclose(b, a, rtol=2.0 ** -7, atol=1e-6, err_msg=name)

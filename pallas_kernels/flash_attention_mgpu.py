@@ -106,6 +106,10 @@ FUSED_BWD128_CAUSAL_MIN_SEQ = 2048
 # two consumers measured 1.11x (causal) and 1.02x (non-causal) three on an
 # H100, and 0.98x at seq 2048 causal (results/attention-mgpu-h100/timing/).
 THREE_CONSUMERS_MIN_SEQ = 1024
+# head_dim 128 non-causal forwards up to this length run one head at a time
+# (group_heads=False): 1.07-1.08x the grouped order at seq 1024 and 2048 on
+# an H100 (NOTES.md); the grouped order was tuned at seq 4096 and above.
+ONE_HEAD_AT_A_TIME_MAX_SEQ = 2048
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MosaicBlockSizes:
@@ -184,6 +188,11 @@ class MosaicBlockSizes:
         row and column indices, which the causal head_dim 128 fused kernel
         kept in registers it spilled (120 bytes, reloaded every step; 16
         with the tile). Same dK and dV bit for bit.
+      group_heads: persistent forward: query tiles are handed out in
+        groups of heads whose K/V fit in a share of L2 (_head_group), rank
+        by rank with the heads innermost. False: one head after another,
+        each head's tiles consecutively, so all of them stream its K/V at
+        about the same time (short sequences: a head has few tiles).
     """
 
     block_q: int = 64
@@ -205,6 +214,7 @@ class MosaicBlockSizes:
     split_order: bool = False
     masked_loop: bool = True
     mask_tile: bool = False
+    group_heads: bool = True
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -279,6 +289,8 @@ class MosaicBlockSizes:
         forward = dict(block_k=128, num_stages=2, pingpong=False, overlap=True, persistent=True)
         if head_dim < 128:
             return cls(**forward)
+        if causal is False and seq_len is not None and seq_len <= ONE_HEAD_AT_A_TIME_MAX_SEQ:
+            forward["group_heads"] = False
         if causal is not False and seq_len is not None and seq_len <= FUSED_BWD128_CAUSAL_MIN_SEQ:
             return cls(**forward, mask_tile=True)
         return cls(**forward, fused_bwd=True, dq_split=True, split_order=True, masked_loop=False, mask_tile=True)
@@ -642,12 +654,13 @@ def _list_schedule(costs, n_programs: int) -> np.ndarray:
 
 
 def _forward_schedule(batch: int, heads: int, num_tiles: int, n_programs: int, *, causal: bool, key_blocks,
-                      bytes_per_head: int) -> np.ndarray:
+                      bytes_per_head: int, group_heads: bool = True) -> np.ndarray:
     """The persistent forward's schedule: _list_schedule's table with each
     item replaced by its work code (bh * num_tiles + tile, _work_order).
     `key_blocks(t)`: the number of key blocks query tile t visits; a tile is
     estimated to cost those plus one (its q load, pipeline fill and store)."""
-    order = _work_order(batch * heads, num_tiles, group=_head_group(batch * heads, bytes_per_head), causal=causal)
+    group = _head_group(batch * heads, bytes_per_head) if group_heads else 1
+    order = _work_order(batch * heads, num_tiles, group=group, causal=causal)
     table = _list_schedule([key_blocks(int(code) % num_tiles) + 1 for code in order], n_programs)
     table[:, 1:] = order[table[:, 1:]]
     return table
@@ -679,7 +692,8 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
             return min(-(-(t + 1) * tile // bk), num_k_blocks) if causal else num_k_blocks
 
         schedule = jnp.asarray(_forward_schedule(batch, heads, num_tiles, n_programs, causal=causal,
-                                                 key_blocks=key_blocks, bytes_per_head=2 * padded_len * row))
+                                                 key_blocks=key_blocks, bytes_per_head=2 * padded_len * row,
+                                                 group_heads=blocks.group_heads))
     n_bufs = 2 if persistent else 1
     stages = _fit_stages("forward", blocks.num_stages, num_k_blocks, n_bufs * n_wg * bq * (row + 4), 2 * bk * row)
     qk_scale = sm_scale * LOG2_E

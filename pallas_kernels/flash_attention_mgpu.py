@@ -404,28 +404,21 @@ def _accumulate(fn, *initial):
     return out if len(initial) > 1 else out[0]
 
 
-def _scores_and_dp(issue, probabilities, shape, overlap: bool, prefetch=None):
+def _scores_and_dp(issue, probabilities, shape, overlap: bool):
     """Runs `issue(s_ref, dp_ref)`, which issues the backward's two score
     products S and dP (wgmma, in this order), and returns
     (probabilities(S), dP). With `overlap` the probabilities (the
     exponentials) are computed once S is done, while dP is still on the
-    tensor cores; otherwise after both. `prefetch()`, if given, runs while
-    the products are on the tensor cores (overlap: right after they are
-    issued; otherwise just before), so that its shared-memory loads do not
-    wait behind them, and its result is passed to `probabilities` as a
-    second argument."""
+    tensor cores; otherwise after both."""
     zeros = _zeros(shape, plgpu.Layout.WGMMA)
-    fetch = (lambda: ()) if prefetch is None else (lambda: (prefetch(),))
     if not overlap:
-        fetched = fetch()
         s, dp = _accumulate(lambda refs: issue(*refs), zeros, zeros)
-        return probabilities(s, *fetched), dp
+        return probabilities(s), dp
 
     def body(refs):
         s_ref, dp_ref, p_ref = refs
         issue(s_ref, dp_ref)
-        fetched = fetch()
-        p_ref[...] = probabilities(plgpu.wgmma_accumulator_load(s_ref, wait_n=1), *fetched)
+        p_ref[...] = probabilities(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))
 
     _, dp, p = pl.run_state(body)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros), zeros))
     return p, dp
@@ -447,14 +440,6 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool, prefetch=None):
 # issued it. The forward keeps them: without them it measured 0.95-0.98x.
 _FWD_AUTO_BARRIERS = True
 _BWD_AUTO_BARRIERS = False
-
-# Measurement switches (off: the kernels as measured). _PREFETCH_LSE: the
-# dK/dV and fused backward load a step's log-sum-exp from shared memory
-# while S and dP are on the tensor cores, not after S is done (the loads'
-# latency then stalled the first exponentials). _EARLY_DELTA: they load the
-# step's delta before issuing S and dP, not after dP is done.
-_PREFETCH_LSE = False
-_EARLY_DELTA = False
 
 
 def _compiler_params(auto_barriers: bool = True):
@@ -1229,11 +1214,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                         jnp.float32)
                     return lax.switch(branch, [lambda x: x - jnp.inf, on_diagonal, lambda x: x], x)
 
-                def load_lse():
-                    return plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
-
-                def probabilities(s_t, lse=None):
-                    lse2 = (load_lse() if lse is None else lse) * LOG2_E
+                def probabilities(s_t):
+                    lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
                     if mask_tile and masked is not False:
                         return jnp.exp2(masked_scores(s_t * qk_scale - _cols(lse2, s_t.shape)))
                     p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
@@ -1243,12 +1225,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                         p_t = mask(p_t)
                     return p_t
 
-                if _EARLY_DELTA:
-                    delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
-                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap,
-                                           load_lse if _PREFETCH_LSE else None)
-                if not _EARLY_DELTA:
-                    delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap)
+                delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
 
                 def grad_scores():
                     return (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)

@@ -108,7 +108,9 @@ def test_default_head_dim_128_backward_depends_on_causal_and_length() -> None:
     two = MosaicBlockSizes.get_default(128, limit, causal=True)
     assert not two.fused_bwd
     for seq, causal in ((1024, False), (limit, False), (limit + 1, True), (16384, None), (None, None), (None, True)):
-        assert MosaicBlockSizes.get_default(128, seq, causal=causal) == dataclasses.replace(two, **fused), (seq, causal)
+        got = MosaicBlockSizes.get_default(128, seq, causal=causal)
+        # (group_heads, the forward's order, has its own test)
+        assert dataclasses.replace(got, group_heads=True) == dataclasses.replace(two, **fused), (seq, causal)
     for seq, causal in ((1024, True), (limit, None)):
         assert MosaicBlockSizes.get_default(128, seq, causal=causal) == two, (seq, causal)
     assert not any(MosaicBlockSizes.get_default(d, None, causal=False).fused_bwd for d in (80, 96, 112))
@@ -297,8 +299,18 @@ def test_forward_schedule_streams_few_heads_at_once(batch, heads, num_tiles, cau
 
     table = mgpu._forward_schedule(batch, heads, num_tiles, n_programs, causal=causal, key_blocks=key_blocks,
                                    bytes_per_head=bytes_per_head)
+    busiest = _busiest_heads_at_once(table, batch * heads, num_tiles, key_blocks)
+    assert busiest <= 2 * group
+    if batch * heads > 2 * group:
+        assert busiest < min(n_programs, batch * heads)
+
+
+def _busiest_heads_at_once(table, n_heads: int, num_tiles: int, key_blocks) -> int:
+    """Replays a forward schedule on its cost estimates (key blocks plus one
+    per tile) after checking that it runs every (head, tile) once; returns
+    the most heads whose tiles run at one moment."""
     runs = [[divmod(int(code), num_tiles) for code in run] for run in _runs(table)]
-    assert sorted(x for run in runs for x in run) == [(bh, t) for bh in range(batch * heads) for t in range(num_tiles)]
+    assert sorted(x for run in runs for x in run) == [(bh, t) for bh in range(n_heads) for t in range(num_tiles)]
     spans = []  # (start, end, head) of every item on its program's timeline
     for run in runs:
         clock = 0
@@ -306,10 +318,32 @@ def test_forward_schedule_streams_few_heads_at_once(batch, heads, num_tiles, cau
             spans.append((clock, clock + key_blocks(t) + 1, bh))
             clock += key_blocks(t) + 1
     end = max(e for _, e, _ in spans)
-    busiest = max(len({bh for s, e, bh in spans if s <= x < e}) for x in np.linspace(0, end, 64, endpoint=False))
-    assert busiest <= 2 * group
-    if batch * heads > 2 * group:
-        assert busiest < min(n_programs, batch * heads)
+    return max(len({bh for s, e, bh in spans if s <= x < e}) for x in np.linspace(0, end, 64, endpoint=False))
+
+
+def test_forward_schedule_one_head_at_a_time() -> None:
+    """group_heads=False, the head_dim 128 non-causal default up to
+    ONE_HEAD_AT_A_TIME_MAX_SEQ: at seq 1024 (16 x 16 heads, 8 tiles each) the
+    132 programs work on 17 heads at a time, all tiles of each in the same
+    wave, where the grouped order (groups of 32 heads, each group's tiles
+    over two waves) has up to 64."""
+    batch, heads, num_tiles, n_programs = 16, 16, 8, 132
+    bytes_per_head = 2 * 1024 * 256
+
+    def key_blocks(t):
+        return num_tiles
+
+    def table(group_heads):
+        return mgpu._forward_schedule(batch, heads, num_tiles, n_programs, causal=False, key_blocks=key_blocks,
+                                      bytes_per_head=bytes_per_head, group_heads=group_heads)
+
+    assert _busiest_heads_at_once(table(False), batch * heads, num_tiles, key_blocks) == 17
+    assert _busiest_heads_at_once(table(True), batch * heads, num_tiles, key_blocks) == 64
+    limit = mgpu.ONE_HEAD_AT_A_TIME_MAX_SEQ
+    assert [MosaicBlockSizes.get_default(128, seq, causal=c).group_heads
+            for seq, c in ((1024, False), (limit, False), (2 * limit, False), (1024, True), (1024, None))] == [
+        False, False, True, True, True]
+    assert all(MosaicBlockSizes.get_default(64, seq, causal=False).group_heads for seq in (1024, 4096))
 
 
 def _cuda_launch_grids(lowered) -> list[tuple[int, ...]]:

@@ -71,6 +71,8 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"persistent": True},
         {"persistent": True, "consumers": 3},
         {"persistent": True, "consumers": 3, "num_stages": 2},
+        {"persistent": True, "group_heads": False},
+        {"persistent": True, "group_heads": True},
     ],
     ("mosaic", "bwd"): [
         {},
@@ -90,6 +92,8 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"fused_bwd": True, "dq_split": True, "split_order": False, "masked_loop": True},
         {"fused_bwd": True, "dq_split": True, "split_order": True},
         {"fused_bwd": True, "dq_split": True, "split_order": True, "masked_loop": False},
+        {"mask_tile": False},
+        {"mask_tile": True},
     ],
     ("triton", "fwd"): [
         {},

@@ -448,7 +448,7 @@ _BWD_AUTO_BARRIERS = False
 # of both halves and releases the tiles when TMA has read them (FA3 leaves
 # this to a warp of its producer warpgroup). Without it each consumer issues
 # its own reduce-add behind a fence and a warpgroup barrier, which held
-# about 8% of the consumers' warp-state samples at head_dim 128, seq 16384
+# about 10% of the consumers' warp-state samples at head_dim 128, seq 16384
 # (results/attention-mgpu-h100/ncu/bwd16k-sass/).
 _DQ_BY_PRODUCER = False
 
@@ -590,15 +590,18 @@ def _producer_loop(n_steps, num_stages: int, issue, *, start=0):
     return start + n_steps
 
 
-def _drain(n_steps, num_stages: int, frees) -> None:
+def _drain(n_steps, num_stages: int, frees, after=None) -> None:
     """Producer, before exiting: wait for the release of each slot's last
     step (of `n_steps` issued in all), so every phase of the release barriers
-    `frees` is observed before the CTA exits."""
+    `frees` is observed before the CTA exits; `after(step)`, if given, runs
+    once that step's slot is released."""
 
     def drain(step, _):
         slot = lax.rem(step, num_stages)
         for free in frees:
             plgpu.barrier_wait(free.at[slot])
+        if after is not None:
+            after(step)
 
     lax.fori_loop(jnp.maximum(n_steps - num_stages, 0), n_steps, drain, None)
 
@@ -1170,6 +1173,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 _drain(_producer_loop(n_steps, stages, issue), stages, (q_free, do_free))
                 return
             _, dq_smem, _, _ = fused_scratch
+            # The consumers release a step's slot after adding its dQ tiles.
 
             def add_dq(step):
                 """The reduce-add of query block first + step's dQ, both
@@ -1184,20 +1188,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     plgpu.barrier_arrive(dq_free.at[c])
 
             def issue_and_add(step, slot, wait):
-                issue(step, slot, wait)
-                # A refill waits for the release of the slot's previous
-                # step, which the consumers give after adding that step's dQ.
+                issue(step, slot, wait)  # a refill: the slot's previous step was released
                 _when(wait, lambda: add_dq(step - stages))
 
-            _producer_loop(n_steps, stages, issue_and_add)
-
-            def last_steps(step, _):
-                slot = lax.rem(step, stages)
-                plgpu.barrier_wait(q_free.at[slot])
-                plgpu.barrier_wait(do_free.at[slot])
-                add_dq(step)
-
-            lax.fori_loop(jnp.maximum(n_steps - stages, 0), n_steps, last_steps, None)
+            _drain(_producer_loop(n_steps, stages, issue_and_add), stages, (q_free, do_free), after=add_dq)
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg < 2)

@@ -101,11 +101,14 @@ FUSED_BWD_MIN_SEQ = 1024
 # kernels up to this length.
 FUSED_BWD128_CAUSAL_MIN_SEQ = 2048
 # The head_dim <= 64 default forward runs three consumers (192-row tiles)
-# above this length and two (128-row tiles) up to it. At seq 1024 a 192-row
-# tiling clamps its last tile onto rows another consumer already computes:
-# two consumers measured 1.11x (causal) and 1.02x (non-causal) three on an
-# H100, and 0.98x at seq 2048 causal (results/attention-mgpu-h100/timing/).
+# above this length, and non-causal from THREE_CONSUMERS_NON_CAUSAL_MIN_SEQ;
+# two (128-row tiles) otherwise. 192 rows do not divide 1024: the last
+# tile's third consumers idle. At seq 1024 three consumers measured 1.05x
+# two non-causal and 0.98x causal on an H100; when the idle consumers
+# still recomputed the last rows, 0.93-0.99x
+# (results/attention-mgpu-h100/timing/ab-idle-past-end.log).
 THREE_CONSUMERS_MIN_SEQ = 1024
+THREE_CONSUMERS_NON_CAUSAL_MIN_SEQ = 1024
 # head_dim 128 non-causal forwards up to this length run one head at a time
 # (group_heads=False): 1.07-1.08x the grouped order at seq 1024 and 2048 on
 # an H100 (NOTES.md); the grouped order was tuned at seq 4096 and above.
@@ -252,9 +255,10 @@ class MosaicBlockSizes:
         128-row streamed tiles in the backward (dQ streams 128 keys, dK/dV
         128 queries per step) and, on an H100, a persistent forward with
         three consumers above THREE_CONSUMERS_MIN_SEQ (1.06-1.13x the
-        two-consumer grid at every FA3 shape tried, seq 1024-16384) and two
-        up to it (persistent too: 1.11x causal and 1.02x non-causal three
-        consumers at seq 1024). Its backward is the fused kernel with
+        two-consumer grid at every FA3 shape tried, seq 1024-16384) and,
+        non-causal, from THREE_CONSUMERS_NON_CAUSAL_MIN_SEQ (1.05x two at
+        seq 1024); two otherwise (persistent too: 1.02x three causal at seq
+        1024, where the last tile's third consumers idle). Its backward is the fused kernel with
         64-query steps above FUSED_BWD_MIN_SEQ (1.01-1.10x the two kernels
         at seq 4096 and 16384, 1.08-1.09x at 2048) and the two kernels up
         to it (as fast at seq 1024). At 128 three consumers were slower
@@ -283,7 +287,8 @@ class MosaicBlockSizes:
         `causal` None (not known) counts as causal."""
         if head_dim <= 64:
             fused = seq_len is None or seq_len > FUSED_BWD_MIN_SEQ
-            three = seq_len is None or seq_len > THREE_CONSUMERS_MIN_SEQ
+            three = (seq_len is None or seq_len > THREE_CONSUMERS_MIN_SEQ
+                     or (causal is False and seq_len >= THREE_CONSUMERS_NON_CAUSAL_MIN_SEQ))
             return cls(block_k=128, num_stages=3, block_k_dq=128, block_q_dkv=64 if fused else 128,
                        consumers=3 if three else 2, persistent=True, fused_bwd=fused)
         forward = dict(block_k=128, num_stages=2, pingpong=False, overlap=True, persistent=True)
@@ -298,8 +303,8 @@ class MosaicBlockSizes:
     @property
     def seq_multiple(self) -> int:
         """Sequences are zero-padded to a multiple of this before the kernels run."""
-        # The forward clamps its last tile's consumers to the sequence, so it
-        # needs whole consumer tiles only (see _forward_call).
+        # The forward idles (or clamps) its last tile's consumers past the
+        # sequence, so it needs whole consumer tiles only (see _forward_call).
         return math.lcm(self.block_q, self.block_k, 2 * self.block_q_dq, self.block_k_dq,
                         2 * self.block_k_dkv, self.block_q_dkv)
 
@@ -680,6 +685,17 @@ def _forward_schedule(batch: int, heads: int, num_tiles: int, n_programs: int, *
     return table
 
 
+def _forward_tile_cost(t: int, *, tile: int, block_k: int, num_k_blocks: int, padded_len: int,
+                       causal: bool, idle_past_end: bool) -> float:
+    """The schedule's estimate of query tile t's work, in key blocks: those
+    it visits (_query_tile_key_blocks' count, on Python ints), scaled by the
+    share of its consumers that compute when those past the end idle."""
+    n = min(-(-(t + 1) * tile // block_k), num_k_blocks) if causal else num_k_blocks
+    if idle_past_end:
+        n *= min(tile, padded_len - t * tile) / tile  # whole consumers: padded_len is a multiple of block_q
+    return n
+
+
 def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, blocks: MosaicBlockSizes):
     batch, padded_len, heads, head_dim = q.shape
     dtype = q.dtype
@@ -688,8 +704,8 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     tile = n_wg * bq
     # The last tile may reach past the sequence (192-row tiles over 1024 rows):
     # its consumers that would start past the end take the last block_q rows
-    # instead, so they compute and store the same values as the consumer that
-    # owns those rows, and every consumer still runs the shared K/V loop.
+    # instead (their q loads stay in bounds) and every consumer still runs the
+    # shared K/V loop; they idle or recompute those rows (idle_past_end).
     num_tiles = pl.cdiv(padded_len, tile)
     # Key blocks holding at least one real key; fully padded blocks are skipped.
     num_k_blocks = pl.cdiv(seq_len, bk)
@@ -699,11 +715,20 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     # (_forward_schedule: a few heads at a time, balanced by list
     # scheduling), with two query/output buffers so the next tile's q loads
     # while this one computes, and one K/V ring across tiles.
+    #
+    # Where the consumers do not divide the sequence (192-row tiles over 1024
+    # rows), a consumer whose rows of the last tile start past the end walks
+    # the ring without computing or storing (the turn-taking schedule;
+    # overlap and paired, whose pipelines start with a block, clamp it onto
+    # the last rows instead, recomputing them): 1.04-1.06x the clamped tiles
+    # at head_dim 64, seq 1024-2048, 1.00x at 4096, on an H100 (NOTES.md).
+    idle_past_end = not (blocks.overlap or blocks.paired) and padded_len % tile != 0
     if persistent:
         n_programs = min(num_tiles * batch * heads, _num_sms())
 
-        def key_blocks(t):  # _query_tile_key_blocks' count, on Python ints
-            return min(-(-(t + 1) * tile // bk), num_k_blocks) if causal else num_k_blocks
+        def key_blocks(t):
+            return _forward_tile_cost(t, tile=tile, block_k=bk, num_k_blocks=num_k_blocks,
+                                      padded_len=padded_len, causal=causal, idle_past_end=idle_past_end)
 
         schedule = jnp.asarray(_forward_schedule(batch, heads, num_tiles, n_programs, causal=causal,
                                                  key_blocks=key_blocks, bytes_per_head=2 * padded_len * row,
@@ -777,6 +802,10 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 b, h, t = coords(i)
                 tile_start, n_blocks, n_free = tile_blocks(t)
                 return b, h, jnp.minimum(tile_start + wg * bq, padded_len - bq), n_blocks, n_free
+
+            def past_end(i):
+                """Whether this consumer's rows of tile i start past the sequence."""
+                return tile_blocks(coords(i)[2])[0] + wg * bq >= padded_len
 
             def load_q(i, buf):
                 b, h, row0, _, _ = my_rows(i)
@@ -916,6 +945,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 # so the others' hand-offs stay paired. Every schedule takes
                 # n_blocks + 1 turns per tile.
                 my_free, my_end = _consumer_key_blocks(row0, bq, bk, n_free, n_blocks, causal)
+                if idle_past_end:
+                    my_end = jnp.where(past_end(i), 0, my_end)
+                    my_free = jnp.minimum(my_free, my_end)
                 if overlap or paired:
                     # Block 0's scores and softmax start the pipeline; the
                     # last block's P V ends it.
@@ -951,7 +983,10 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     carry = lax.fori_loop(0, my_free, functools.partial(step, masked=False), (acc0, m0, l0))
                     acc, m, l = lax.fori_loop(my_free, my_end, functools.partial(step, masked=True), carry)
                     give_turn()
-                store(acc, m, l)
+                if idle_past_end:
+                    _when(jnp.logical_not(past_end(i)), lambda: store(acc, m, l))
+                else:
+                    store(acc, m, l)
 
                 def idle_step(j, _):
                     slot = ring(j)

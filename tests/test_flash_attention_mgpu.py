@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from harness.tune_attention import UNSPLIT_BWD
-from pallas_kernels import MosaicBlockSizes, flash_attention, flash_attention_with_lse, mha_reference
+from pallas_kernels import MosaicBlockSizes, flash_attention, flash_attention_with_lse, mha_reference, reference_lse
 from pallas_kernels import flash_attention_mgpu as mgpu
 from tests.test_flash_attention import TOLERANCES, Case, errors, make_inputs, rel_err
 
@@ -75,7 +75,8 @@ def test_block_sizes_validate(kwargs, match) -> None:
 def test_seq_multiple() -> None:
     assert MosaicBlockSizes().seq_multiple == 128
     assert MosaicBlockSizes(block_k=192).seq_multiple == 384
-    # Three 64-row forward consumers clamp their last tile: no 192-row padding.
+    # Three 64-row forward consumers idle (or clamp) past the end of their
+    # last tile: no 192-row padding.
     assert MosaicBlockSizes(consumers=3).seq_multiple == 128
     for head_dim in (64, 80, 128):
         assert isinstance(MosaicBlockSizes.get_default(head_dim), MosaicBlockSizes)
@@ -122,10 +123,14 @@ def test_default_head_dim_128_backward_depends_on_causal_and_length() -> None:
 def test_default_forward_consumers_depend_on_length() -> None:
     """head_dim <= 64: two forward consumers (128-row tiles) up to
     THREE_CONSUMERS_MIN_SEQ, three (192-row tiles) above it and when the
-    length is not known; head_dim 128: two at every length."""
-    limit = mgpu.THREE_CONSUMERS_MIN_SEQ
-    assert [MosaicBlockSizes.get_default(64, seq).consumers for seq in (1, 1000, limit, limit + 1, 16384, None)] == [
-        2, 2, 2, 3, 3, 3]
+    length is not known, and non-causal from
+    THREE_CONSUMERS_NON_CAUSAL_MIN_SEQ; head_dim 128: two at every length."""
+    limit, non_causal = mgpu.THREE_CONSUMERS_MIN_SEQ, mgpu.THREE_CONSUMERS_NON_CAUSAL_MIN_SEQ
+    lengths = (1, 1000, non_causal - 1, non_causal, limit, limit + 1, 16384, None)
+    for causal in (True, None):
+        assert [MosaicBlockSizes.get_default(64, seq, causal).consumers for seq in lengths] == [
+            2, 2, 2, 2, 2, 3, 3, 3]
+    assert [MosaicBlockSizes.get_default(64, seq, False).consumers for seq in lengths] == [2, 2, 2, 3, 3, 3, 3, 3]
     assert {MosaicBlockSizes.get_default(128, seq).consumers for seq in (1024, 4096, None)} == {2}
 
 
@@ -346,6 +351,35 @@ def test_forward_schedule_one_head_at_a_time() -> None:
     assert all(MosaicBlockSizes.get_default(64, seq, causal=False).group_heads for seq in (1024, 4096))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seq", [1024, 2048])
+def test_forward_schedule_counts_idle_consumers(seq, causal) -> None:
+    """Three consumers (192-row tiles) over a length they do not divide: the
+    last tile's consumers past the end idle, and its estimated cost is the
+    share of consumers that compute. Scheduled by those costs, the busiest
+    of 132 programs (in those costs, plus one per tile) is within 2% of the
+    mean at the FA3 shapes; scheduled as if every tile were whole, it is
+    4-12% above it, and the saved work shortens nothing."""
+    tile, bk, n_programs = 192, 128, 132
+    num_tiles, num_k_blocks = -(-seq // tile), seq // bk
+
+    def cost(t, idle):
+        return mgpu._forward_tile_cost(t, tile=tile, block_k=bk, num_k_blocks=num_k_blocks, padded_len=seq,
+                                       causal=causal, idle_past_end=idle)
+
+    assert cost(num_tiles - 1, True) == cost(num_tiles - 1, False) * (seq % tile) / tile
+    assert [cost(t, True) for t in range(num_tiles - 1)] == [cost(t, False) for t in range(num_tiles - 1)]
+
+    def imbalance(idle):
+        table = mgpu._forward_schedule(16384 // seq, 32, num_tiles, n_programs, causal=causal,
+                                       key_blocks=lambda t: cost(t, idle), bytes_per_head=2 * seq * 128)
+        loads = [sum(cost(int(c) % num_tiles, True) + 1 for c in row[1:1 + row[0]]) for row in table]
+        return max(loads) / np.mean(loads)
+
+    assert imbalance(True) < 1.02
+    assert imbalance(False) > 1.04
+
+
 def _cuda_launch_grids(lowered) -> list[tuple[int, ...]]:
     """The CUDA grid (x, y, z) of every Mosaic GPU kernel in a lowered
     program, read from the kernels' serialized MLIR."""
@@ -448,7 +482,7 @@ def test_consumer_key_blocks_skip_only_masked_work(seq, bq, consumers, bk) -> No
         tile_start, n_blocks, n_free = (int(x) for x in mgpu._query_tile_key_blocks(
             jnp.int32(t), tile, bk, num_k_blocks, True, unmasked=num_k_blocks))
         for wg in range(consumers):
-            row0 = min(tile_start + wg * bq, padded - bq)  # the last tile's consumers are clamped
+            row0 = min(tile_start + wg * bq, padded - bq)  # as the kernel clamps them (overlap, paired)
             free, end = (int(x) for x in mgpu._consumer_key_blocks(jnp.int32(row0), bq, bk, jnp.int32(n_free),
                                                                    jnp.int32(n_blocks), True))
             assert n_free <= free < end <= n_blocks
@@ -491,8 +525,9 @@ LOWERING_CASES = [
     ((1, 520, 1, 64), True, "float16", MosaicBlockSizes(overlap=True, consumers=3, persistent=True)),
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, paired=True, persistent=True)),
     ((1, 520, 1, 128), False, "bfloat16", MosaicBlockSizes(paired=True, persistent=True)),
-    # Three forward consumers (192-row tiles, the last one clamped), with
-    # their round-robin turns and with the overlapped schedule.
+    # Three forward consumers (192-row tiles, the last one's consumers past
+    # the end idle), with their round-robin turns, and clamped onto the last
+    # rows in the overlapped schedule.
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, num_stages=3)),
     ((1, 300, 1, 80), False, "float16", MosaicBlockSizes(consumers=3)),
     ((1, 256, 1, 64), False, "bfloat16", MosaicBlockSizes(consumers=3, pingpong=False, overlap=True)),
@@ -705,8 +740,8 @@ def test_gpu_alt_blocks_match_reference(case: Case) -> None:
 # matmuls and softmax (the head_dim 128 default), with and without turns;
 # round-robin turns (the head_dim 64 default); turns that issue P V and the
 # next block's S together (also on the plain grid); three consumers (192 query rows per
-# CTA; at most lengths the last tile's extra consumers are clamped onto the
-# last rows); the persistent grid (one program per SM walking tiles, the K/V
+# CTA; at most lengths the last tile's extra consumers idle, or with the
+# overlapped schedule are clamped onto the last rows); the persistent grid (one program per SM walking tiles, the K/V
 # ring and the turn token running on across tiles), with two and three
 # consumers.
 FORWARD_VARIANTS = {
@@ -831,6 +866,29 @@ def test_gpu_dq_by_producer_gives_the_same_gradients(monkeypatch, case: Case) ->
 
 
 @needs_hopper
+@pytest.mark.parametrize("case", [Case(2, 1024, 2, 64, True, "bfloat16", None), Case(2, 1024, 2, 64, False, "bfloat16", None),
+                                  Case(1, 900, 3, 64, True, "float16", None), Case(1, 2048, 2, 64, False, "bfloat16", None)],
+                         ids=str)
+def test_gpu_consumers_past_the_end_idle(case: Case) -> None:
+    """Three consumers over a length they do not divide (the last tile's
+    consumers past the end idle while the rows' owner computes them): o and
+    lse match the float32 reference, and two runs are bit-identical (a
+    missing store or a race would show in either)."""
+    q, k, v, _ = make_inputs(case)
+    blocks = MosaicBlockSizes(consumers=3, persistent=True, num_stages=3)
+    padded = -(-case.seq // blocks.seq_multiple) * blocks.seq_multiple
+    assert padded % (3 * blocks.block_q) != 0  # the last tile has consumers past the end
+    kw = dict(causal=case.causal, sm_scale=1 / math.sqrt(case.head_dim), block_sizes=blocks)
+    forward = jax.jit(lambda *x: mgpu.mosaic_forward(*x, **kw))
+    o, lse = forward(q, k, v)
+    tol = TOLERANCES[(case.dtype, "gpu")]
+    assert rel_err(o, mha_reference(q, k, v, causal=case.causal)) <= tol
+    assert rel_err(lse, reference_lse(q, k, causal=case.causal)) <= tol
+    for a, b in zip((o, lse), forward(q, k, v)):
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+
+
+@needs_hopper
 @pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(UNSPLIT_BWD, fused_bwd=True, dq_split=True)),
                                                    (128, dict(masked_loop=True)), (128, dict(UNSPLIT_BWD, fused_bwd=False))],
                          ids=str)
@@ -902,8 +960,6 @@ def test_gpu_matches_torch_sdpa(seq, head_dim, causal, dtype) -> None:
 
 @needs_hopper
 def test_with_lse_matches_reference() -> None:
-    from pallas_kernels import reference_lse
-
     q, k, _, _ = make_inputs(Case(1, 300, 2, 128, True, "bfloat16"))
     o, lse = flash_attention_with_lse(q, k, k, backend="mosaic")
     assert o.shape == q.shape and lse.shape == (1, 2, 300)

@@ -446,33 +446,6 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool):
 _FWD_AUTO_BARRIERS = True
 _BWD_AUTO_BARRIERS = False
 
-# Measurement switch (off: the kernels as measured). The fused backward with
-# dq_split: each consumer puts its dQ columns of a step in shared memory,
-# fences them for the async proxy and arrives on a barrier; the producer
-# warpgroup, once the step's ring slot comes back, issues the TMA reduce-add
-# of both halves and releases the tiles when TMA has read them (FA3 leaves
-# this to a warp of its producer warpgroup). Without it each consumer issues
-# its own reduce-add behind a fence and a warpgroup barrier, which held
-# about 10% of the consumers' warp-state samples at head_dim 128, seq 16384
-# (results/attention-mgpu-h100/ncu/bwd16k-sass/).
-_DQ_BY_PRODUCER = False
-
-
-def _fence_smem_for_async_proxy() -> None:
-    """This thread's shared-memory writes become visible to TMA and wgmma
-    (fence.proxy.async), without the warpgroup barrier that
-    plgpu.commit_smem adds: for writes that a barrier arrival then
-    publishes to another warpgroup."""
-    from jaxlib.mlir.dialects import nvvm
-
-    @plgpu.inline_mgpu()
-    def fence(launch_ctx):
-        del launch_ctx
-        nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
-
-    fence()
-
-
 def _compiler_params(auto_barriers: bool = True):
     # approx_math: exp2/log use the MUFU approximations (ex2.approx), which is
     # what makes the softmax cheap enough to hide behind the matmuls.
@@ -595,18 +568,15 @@ def _producer_loop(n_steps, num_stages: int, issue, *, start=0):
     return start + n_steps
 
 
-def _drain(n_steps, num_stages: int, frees, after=None) -> None:
+def _drain(n_steps, num_stages: int, frees) -> None:
     """Producer, before exiting: wait for the release of each slot's last
     step (of `n_steps` issued in all), so every phase of the release barriers
-    `frees` is observed before the CTA exits; `after(step)`, if given, runs
-    once that step's slot is released."""
+    `frees` is observed before the CTA exits."""
 
     def drain(step, _):
         slot = lax.rem(step, num_stages)
         for free in frees:
             plgpu.barrier_wait(free.at[slot])
-        if after is not None:
-            after(step)
 
     lax.fori_loop(jnp.maximum(n_steps - num_stages, 0), n_steps, drain, None)
 
@@ -1165,7 +1135,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     # The diagonal block's mask as a shared-memory tile per consumer.
     mask_tile = blocks.mask_tile and causal and bk == bq
     fixed += 2 * bk * bq * dtype.itemsize if mask_tile else 0
-    dq_by_producer = _DQ_BY_PRODUCER and split
     stages = _fit_stages("fused backward" if fused else "dK/dV", blocks.num_stages_bwd, num_q_blocks, fixed,
                          bq * (2 * row + 8))
 
@@ -1177,7 +1146,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         fused_scratch = extra_scratch[:4] if fused else ()
         extra_scratch = extra_scratch[4:] if fused else extra_scratch
         tri_smem = extra_scratch[0] if mask_tile else None
-        dq_ready, dq_free = extra_scratch[-2:] if dq_by_producer else (None, None)
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         t = lax.axis_index("tiles")
         tile_start = t * tile
@@ -1204,30 +1172,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem.at[slot], do_ready.at[slot])
                 plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot])
 
-            if not dq_by_producer:
-                _drain(_producer_loop(n_steps, stages, issue), stages, (q_free, do_free))
-                return
-            _, dq_smem, _, _ = fused_scratch
-            # The consumers release a step's slot after adding its dQ tiles.
-
-            def add_dq(step):
-                """The reduce-add of query block first + step's dQ, both
-                consumers' columns, once they have written them."""
-                rows = pl.ds((first + step) * bq, bq)
-                for c in range(2):
-                    plgpu.barrier_wait(dq_ready.at[c])
-                    plgpu.copy_smem_to_gmem(dq_smem.at[c], dq_ref.at[b, rows, h].at[:, pl.ds(c * dq_cols, dq_cols)],
-                                            reduction_op="add")
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                for c in range(2):
-                    plgpu.barrier_arrive(dq_free.at[c])
-
-            def issue_and_add(step, slot, wait):
-                issue(step, slot, wait)  # a refill: the slot's previous step was released
-                _when(wait, lambda: add_dq(step - stages))
-
-            _drain(_producer_loop(n_steps, stages, issue_and_add), stages, (q_free, do_free), after=add_dq)
-            plgpu.wait_smem_to_gmem(0)
+            _drain(_producer_loop(n_steps, stages, issue), stages, (q_free, do_free))
 
         @pl.when(wg < 2)
         def _consumer():
@@ -1253,12 +1198,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 """Adds dQ of query block `blk` over this CTA's keys (this
                 consumer's columns of it with dq_split) to dq_acc:
                 registers -> shared memory -> TMA reduce-add."""
-                if dq_by_producer:  # the producer issues the reduce-add
-                    _when(blk > first, lambda: plgpu.barrier_wait(dq_free.at[wg]))
-                    dq_smem.at[wg][...] = dq
-                    _fence_smem_for_async_proxy()
-                    plgpu.barrier_arrive(dq_ready.at[wg])
-                    return
                 # The previous reduce-add must have read its source.
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 dq_smem.at[wg][...] = dq
@@ -1454,9 +1393,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         )
     if mask_tile:
         scratch += (plgpu.SMEM((2, bk, bq), dtype, transforms=transforms),)
-    if dq_by_producer:
-        # dq_ready[c]: consumer c's dQ tile is written; dq_free[c]: TMA has read it.
-        scratch += (plgpu.Barrier(num_arrivals=1, num_barriers=2), plgpu.Barrier(num_arrivals=1, num_barriers=2))
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
     launch = _launch(body, (grad, grad), scratch, _tile_grid(heads, num_tiles, batch), name, mutable=fused,

@@ -609,39 +609,6 @@ def test_mask_tile_lowers_and_changes_only_square_causal_steps(shape, causal, bl
     assert "mosaic_gpu" in text
 
 
-# Backward schedules with and without the _DQ_BY_PRODUCER measurement switch:
-# (shape, causal, blocks, whether the switch changes the kernel).
-DQ_BY_PRODUCER_CASES = [
-    ((2, 200, 1, 128), True, MosaicBlockSizes.get_default(128, 16384, True), True),
-    ((1, 300, 2, 128), False, MosaicBlockSizes.get_default(128, 16384, False), True),
-    ((1, 300, 2, 128), True, MosaicBlockSizes(fused_bwd=True, dq_split=True), True),
-    ((2, 1000, 1, 64), True, MosaicBlockSizes(fused_bwd=True), False),  # dQ not split: the owner adds it
-    ((1, 300, 2, 128), True, MosaicBlockSizes.get_default(128, 1024, True), False),  # two kernels
-]
-
-
-@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
-@pytest.mark.parametrize(("shape", "causal", "blocks", "changes"), DQ_BY_PRODUCER_CASES, ids=str)
-def test_dq_by_producer_switch_lowers_and_changes_only_split_dq(monkeypatch, shape, causal, blocks,
-                                                                changes) -> None:
-    """With the producer issuing the dQ reduce-adds, the fused backward
-    still lowers for CUDA; the switch changes exactly the kernels with dQ
-    split by columns."""
-    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-    lse = jax.ShapeDtypeStruct((shape[0], shape[2], shape[1]), jnp.float32)
-
-    def bwd():  # a new function per trace: traced with the switch as it is then
-        return lambda *a: mgpu.mosaic_backward(*a, causal=causal, sm_scale=1 / math.sqrt(shape[-1]),
-                                               block_sizes=blocks)
-
-    off = str(jax.make_jaxpr(bwd())(x, x, x, x, lse, x))
-    monkeypatch.setattr(mgpu, "_DQ_BY_PRODUCER", True)
-    on = str(jax.make_jaxpr(bwd())(x, x, x, x, lse, x))
-    assert (on != off) == changes
-    text = jax.jit(bwd()).trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)).as_text()
-    assert "mosaic_gpu" in text
-
-
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
 def test_tiles_beyond_shared_memory_name_the_fix() -> None:
     """The fused backward at head_dim 128 with 128-query steps needs more
@@ -833,36 +800,6 @@ def test_gpu_mask_tile_gives_the_same_gradients(case: Case, changes: dict) -> No
             np.testing.assert_allclose(b, a, rtol=2.0 ** -7, atol=1e-6, err_msg=name)
         else:
             np.testing.assert_array_equal(a, b, err_msg=name)
-
-
-@needs_hopper
-@pytest.mark.parametrize("case", [Case(2, 200, 1, 128, True, "bfloat16", None), Case(1, 4100, 2, 128, True, "bfloat16", None),
-                                  Case(1, 4100, 2, 128, False, "bfloat16", None), Case(2, 700, 2, 128, False, "float16", None)],
-                         ids=str)
-def test_gpu_dq_by_producer_gives_the_same_gradients(monkeypatch, case: Case) -> None:
-    """The producer issuing the dQ reduce-adds changes who issues them, not
-    what is added: dK and dV bit-identical to the default's and across two
-    runs (a race would move them), dQ within its add-order rounding."""
-    q, k, v, do = make_inputs(case)
-    blocks = MosaicBlockSizes.get_default(case.head_dim, 16384, case.causal)  # the fused kernel, dQ split
-    assert blocks.fused_bwd and blocks.dq_split
-    kw = dict(causal=case.causal, sm_scale=1 / math.sqrt(case.head_dim), block_sizes=blocks)
-    o, lse = jax.jit(lambda q, k, v: mgpu.mosaic_forward(q, k, v, **kw))(q, k, v)
-
-    def grads():  # a new function each time: traced with the switch as it is now
-        got = jax.jit(lambda *x: mgpu.mosaic_backward(*x, **kw))(q, k, v, o, lse, do)
-        return [np.asarray(g.astype(jnp.float32)) for g in got]
-
-    want = grads()
-    monkeypatch.setattr(mgpu, "_DQ_BY_PRODUCER", True)
-    got, again = grads(), grads()
-    for name, a, b, c in zip(("dq", "dk", "dv"), want, got, again):
-        if name == "dq":
-            np.testing.assert_allclose(b, a, rtol=2.0 ** -7, atol=1e-6, err_msg=name)
-            np.testing.assert_allclose(c, b, rtol=2.0 ** -7, atol=1e-6, err_msg=name)
-        else:
-            np.testing.assert_array_equal(a, b, err_msg=name)
-            np.testing.assert_array_equal(b, c, err_msg=name)
 
 
 @needs_hopper

@@ -295,7 +295,7 @@ def test_forward_schedule_streams_few_heads_at_once(batch, heads, num_tiles, cau
     and, replayed on its own cost estimates, the programs running at any
     moment work on at most two head groups (whose K/V fits L2), where one
     longest-first order over all heads had every head's K/V streaming."""
-    n_programs, tile, bk = 132, 128, 128
+    n_programs, tile = 132, 128
     bytes_per_head = 2 * num_tiles * tile * 256
     group = mgpu._head_group(batch * heads, bytes_per_head)
 

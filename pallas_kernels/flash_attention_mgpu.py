@@ -646,8 +646,9 @@ def _forward_schedule(batch: int, heads: int, num_tiles: int, n_programs: int, *
                       bytes_per_head: int, group_heads: bool = True) -> np.ndarray:
     """The persistent forward's schedule: _list_schedule's table with each
     item replaced by its work code (bh * num_tiles + tile, _work_order).
-    `key_blocks(t)`: the number of key blocks query tile t visits; a tile is
-    estimated to cost those plus one (its q load, pipeline fill and store)."""
+    `key_blocks(t)`: query tile t's work in key blocks (_forward_tile_cost);
+    a tile is estimated to cost that plus one (its q load, pipeline fill and
+    store)."""
     group = _head_group(batch * heads, bytes_per_head) if group_heads else 1
     order = _work_order(batch * heads, num_tiles, group=group, causal=causal)
     table = _list_schedule([key_blocks(int(code) % num_tiles) + 1 for code in order], n_programs)

@@ -196,6 +196,11 @@ class MosaicBlockSizes:
         by rank with the heads innermost. False: one head after another,
         each head's tiles consecutively, so all of them stream its K/V at
         about the same time (short sequences: a head has few tiles).
+      half_diagonal: causal forward with turns (not overlap or paired), 64-row
+        consumers on 128-key steps: a consumer whose rows lie in the first
+        half of their diagonal key block multiplies only that half (S on 64
+        keys, P V on 64 rows of V), since every one of its rows masks the
+        second half. False: the whole block, half of it masked to zero.
     """
 
     block_q: int = 64
@@ -218,6 +223,7 @@ class MosaicBlockSizes:
     masked_loop: bool = True
     mask_tile: bool = False
     group_heads: bool = True
+    half_diagonal: bool = True
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -711,6 +717,12 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     pingpong, overlap, paired = blocks.pingpong, blocks.overlap, blocks.paired
     # Block 0 of a pipelined schedule runs alone, masked wherever any block may need it.
     first_masked = causal or seq_len % bk != 0
+    # Causal, turn-taking schedule: a consumer whose rows all lie in the
+    # first half of their diagonal key block (row0 % bk + bq <= bk / 2) runs
+    # that block on its first half only; the second half is masked for every
+    # one of its rows.
+    half_diagonal = (blocks.half_diagonal and causal and not (overlap or paired)
+                     and bk % 128 == 0 and bq <= bk // 2)
 
     def body(q_ref, k_ref, v_ref, *refs):
         if persistent:
@@ -800,13 +812,13 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 def ring(j):
                     return lax.rem(steps + j, stages)
 
-                def keep(j):
-                    cols = j * bk + _iota((bq, bk), 1)
-                    return cols <= row0 + _iota((bq, bk), 0) if causal else cols < seq_len
+                def keep(j, keys: int):
+                    cols = j * bk + _iota((bq, keys), 1)
+                    return cols <= row0 + _iota((bq, keys), 0) if causal else cols < seq_len
 
                 def softmax_update(s, m, l, j, masked: bool):
                     if masked:
-                        s = jnp.where(keep(j), s, -jnp.inf)
+                        s = jnp.where(keep(j, s.shape[1]), s, -jnp.inf)
                     # m is kept in scaled base-2 units: p = exp2(s * c - m) is one
                     # FMA and one MUFU op per score (FA3 §3.3 / FA2 §3.1.1).
                     m_new = jnp.maximum(m, s.max(axis=1) * qk_scale)
@@ -814,24 +826,29 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     p = jnp.exp2(s * qk_scale - _rows(m_new, s.shape))
                     return m_new, alpha, l * alpha + p.sum(axis=1), p
 
-                def step(j, carry, *, masked: bool):
+                def step(j, carry, *, masked: bool, keys: int = bk):
+                    """One key block; with keys < bk only its first `keys`
+                    keys (the rest are masked for every row: half_diagonal)."""
                     acc, m, l = carry
                     slot = ring(j)
+                    k_block, v_block = k_smem.at[slot], v_smem.at[slot]
+                    if keys < bk:
+                        k_block, v_block = k_block.at[pl.ds(0, keys)], v_block.at[pl.ds(0, keys)]
                     plgpu.barrier_wait(k_ready.at[slot])
 
                     def scores(ref):
-                        plgpu.wgmma(ref, q_tile, k_smem.at[slot].transpose((1, 0)))
+                        plgpu.wgmma(ref, q_tile, k_block.transpose((1, 0)))
                         give_turn()
                         return ref[...]
 
-                    s = pl.run_scoped(scores, plgpu.ACC((bq, bk), jnp.float32))
+                    s = pl.run_scoped(scores, plgpu.ACC((bq, keys), jnp.float32))
                     plgpu.barrier_arrive(k_free.at[slot])
                     m_new, alpha, l, p = softmax_update(s, m, l, j, masked)
                     acc = acc * _rows(alpha, acc.shape)
                     p = p.astype(dtype)
                     plgpu.barrier_wait(v_ready.at[slot])
                     take_turn()
-                    acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[slot]), acc)
+                    acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_block), acc)
                     plgpu.barrier_arrive(v_free.at[slot])
                     return acc, m_new, l
 
@@ -952,7 +969,17 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 else:
                     take_turn()
                     carry = lax.fori_loop(0, my_free, functools.partial(step, masked=False), (acc0, m0, l0))
-                    acc, m, l = lax.fori_loop(my_free, my_end, functools.partial(step, masked=True), carry)
+                    if half_diagonal:
+                        # Rows in the first half of their diagonal block see
+                        # none of its second half: that one block (the
+                        # consumer's only masked one) runs on half the keys.
+                        first_half = lax.rem(row0, bk) + bq <= bk // 2
+                        half_end = jnp.where(first_half, my_end, my_free)
+                        carry = lax.fori_loop(my_free, half_end,
+                                              functools.partial(step, masked=True, keys=bk // 2), carry)
+                    else:
+                        half_end = my_free
+                    acc, m, l = lax.fori_loop(half_end, my_end, functools.partial(step, masked=True), carry)
                     give_turn()
                 if idle_past_end:
                     _when(jnp.logical_not(past_end(i)), lambda: store(acc, m, l))

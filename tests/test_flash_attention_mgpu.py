@@ -447,6 +447,37 @@ def _kernel_compiler_params(jaxpr) -> list[tuple[str, object]]:
     return found
 
 
+# (shape, causal, blocks, whether half_diagonal changes the forward kernel).
+HALF_DIAGONAL_CASES = [
+    ((2, 1024, 2, 64), True, MosaicBlockSizes.get_default(64, 1024, True), True),  # two consumers
+    ((2, 2048, 2, 64), True, MosaicBlockSizes.get_default(64, 2048, True), True),  # three
+    ((1, 300, 1, 64), True, MosaicBlockSizes(persistent=False), True),  # one program per tile
+    ((2, 1024, 2, 64), False, MosaicBlockSizes.get_default(64, 1024, False), False),  # no diagonal
+    ((2, 1024, 2, 128), True, MosaicBlockSizes.get_default(128, 1024, True), False),  # overlap: no turns
+    ((1, 300, 1, 64), True, MosaicBlockSizes(paired=True), False),
+    ((1, 300, 1, 64), True, MosaicBlockSizes(block_k=64), False),  # no half block of whole swizzle rows
+]
+
+
+@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+@pytest.mark.parametrize(("shape", "causal", "blocks", "changes"), HALF_DIAGONAL_CASES, ids=str)
+def test_half_diagonal_changes_only_the_causal_turn_taking_forward(shape, causal, blocks, changes) -> None:
+    """half_diagonal applies to the causal forward with turns and 128-key
+    steps, where a 64-row consumer's diagonal block is half masked, and
+    there the kernel still lowers for CUDA (the half block is a slice of the
+    swizzled K and V tiles)."""
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+
+    def fwd(half: bool):
+        kw = dict(causal=causal, sm_scale=1 / math.sqrt(shape[-1]),
+                  block_sizes=dataclasses.replace(blocks, half_diagonal=half))
+        return jax.jit(lambda q, k, v: mgpu.mosaic_forward(q, k, v, **kw))
+
+    off, on = (str(jax.make_jaxpr(fwd(half))(x, x, x)) for half in (False, True))
+    assert (on != off) == changes
+    assert "mosaic_gpu" in fwd(True).trace(x, x, x).lower(lowering_platforms=("cuda",)).as_text()
+
+
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
 def test_only_the_backward_kernels_drop_automatic_barriers() -> None:
     """The backward kernels are built without Pallas's automatic warpgroup
@@ -710,7 +741,8 @@ def test_gpu_alt_blocks_match_reference(case: Case) -> None:
 # CTA; at most lengths the last tile's extra consumers idle, or with the
 # overlapped schedule are clamped onto the last rows); the persistent grid (one program per SM walking tiles, the K/V
 # ring and the turn token running on across tiles), with two and three
-# consumers.
+# consumers; causal consumers multiplying their whole diagonal key block
+# (half_diagonal=False).
 FORWARD_VARIANTS = {
     "overlap": dict(pingpong=False, overlap=True),
     "overlap-pingpong": dict(pingpong=True, overlap=True),
@@ -720,6 +752,7 @@ FORWARD_VARIANTS = {
     "consumers3": dict(consumers=3),
     "persistent": dict(persistent=True),
     "persistent-consumers3": dict(persistent=True, consumers=3),
+    "full-diagonal": dict(half_diagonal=False),
 }
 
 
@@ -822,6 +855,30 @@ def test_gpu_consumers_past_the_end_idle(case: Case) -> None:
     assert rel_err(o, mha_reference(q, k, v, causal=case.causal)) <= tol
     assert rel_err(lse, reference_lse(q, k, causal=case.causal)) <= tol
     for a, b in zip((o, lse), forward(q, k, v)):
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", [Case(2, 1024, 2, 64, True, "bfloat16", None), Case(1, 2048, 2, 64, True, "float16", None),
+                                  Case(1, 900, 3, 64, True, "bfloat16", None), Case(1, 300, 1, 64, True, "float16", None)],
+                         ids=str)
+def test_gpu_half_diagonal_gives_the_same_outputs(case: Case) -> None:
+    """A consumer that multiplies only the unmasked half of its diagonal key
+    block drops products whose probabilities are exactly zero: o and lse are
+    those of the whole block bit for bit, and match the float32 reference."""
+    q, k, v, _ = make_inputs(case)
+    blocks = MosaicBlockSizes.get_default(case.head_dim, case.seq, True)
+
+    def forward(half: bool):
+        kw = dict(causal=True, sm_scale=1 / math.sqrt(case.head_dim),
+                  block_sizes=dataclasses.replace(blocks, half_diagonal=half))
+        return jax.jit(lambda *x: mgpu.mosaic_forward(*x, **kw))(q, k, v)
+
+    (o_full, lse_full), (o, lse) = forward(False), forward(True)
+    tol = TOLERANCES[(case.dtype, "gpu")]
+    assert rel_err(o, mha_reference(q, k, v, causal=True)) <= tol
+    assert rel_err(lse, reference_lse(q, k, causal=True)) <= tol
+    for a, b in zip((o_full, lse_full), (o, lse)):
         np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
 
 

@@ -662,11 +662,26 @@ def _forward_schedule(batch: int, heads: int, num_tiles: int, n_programs: int, *
     return table
 
 
+_CONSUMER_MEAN_COST = False
+
+
 def _forward_tile_cost(t: int, *, tile: int, block_k: int, num_k_blocks: int, padded_len: int,
-                       causal: bool, idle_past_end: bool) -> float:
+                       causal: bool, idle_past_end: bool, block_q: int = 64, half_diagonal: bool = False) -> float:
     """The schedule's estimate of query tile t's work, in key blocks: those
     it visits (_query_tile_key_blocks' count, on Python ints), scaled by the
     share of its consumers that compute when those past the end idle."""
+    if _CONSUMER_MEAN_COST:
+        total = 0.0
+        for row0 in range(t * tile, (t + 1) * tile, block_q):
+            if idle_past_end and row0 >= padded_len:
+                continue
+            if not causal:
+                total += num_k_blocks
+                continue
+            total += min((row0 + block_q - 1) // block_k + 1, num_k_blocks)
+            if half_diagonal and row0 % block_k + block_q <= block_k // 2:
+                total -= 0.5
+        return total / (tile // block_q)
     n = min(-(-(t + 1) * tile // block_k), num_k_blocks) if causal else num_k_blocks
     if idle_past_end:
         n *= min(tile, padded_len - t * tile) / tile  # whole consumers: padded_len is a multiple of block_q
@@ -700,12 +715,19 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     # the last rows instead, recomputing them): 1.04-1.06x the clamped tiles
     # at head_dim 64, seq 1024-2048, 1.00x at 4096, on an H100 (NOTES.md).
     idle_past_end = not (blocks.overlap or blocks.paired) and padded_len % tile != 0
+    # Causal, turn-taking schedule: a consumer whose rows all lie in the
+    # first half of their diagonal key block (row0 % bk + bq <= bk / 2) runs
+    # that block on its first half only; the second half is masked for every
+    # one of its rows.
+    half_diagonal = (blocks.half_diagonal and causal and not (blocks.overlap or blocks.paired)
+                     and bk % 128 == 0 and bq <= bk // 2)
     if persistent:
         n_programs = min(num_tiles * batch * heads, _num_sms())
 
         def key_blocks(t):
             return _forward_tile_cost(t, tile=tile, block_k=bk, num_k_blocks=num_k_blocks,
-                                      padded_len=padded_len, causal=causal, idle_past_end=idle_past_end)
+                                      padded_len=padded_len, causal=causal, idle_past_end=idle_past_end,
+                                      block_q=bq, half_diagonal=half_diagonal)
 
         schedule = jnp.asarray(_forward_schedule(batch, heads, num_tiles, n_programs, causal=causal,
                                                  key_blocks=key_blocks, bytes_per_head=2 * padded_len * row,
@@ -717,12 +739,6 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     pingpong, overlap, paired = blocks.pingpong, blocks.overlap, blocks.paired
     # Block 0 of a pipelined schedule runs alone, masked wherever any block may need it.
     first_masked = causal or seq_len % bk != 0
-    # Causal, turn-taking schedule: a consumer whose rows all lie in the
-    # first half of their diagonal key block (row0 % bk + bq <= bk / 2) runs
-    # that block on its first half only; the second half is masked for every
-    # one of its rows.
-    half_diagonal = (blocks.half_diagonal and causal and not (overlap or paired)
-                     and bk % 128 == 0 and bq <= bk // 2)
 
     def body(q_ref, k_ref, v_ref, *refs):
         if persistent:

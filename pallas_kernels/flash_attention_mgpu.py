@@ -451,6 +451,7 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool):
 # issued it. The forward keeps them: without them it measured 0.95-0.98x.
 _FWD_AUTO_BARRIERS = True
 _BWD_AUTO_BARRIERS = False
+_BWD_RELEASE_FENCE = True
 
 def _compiler_params(auto_barriers: bool = True):
     # approx_math: exp2/log use the MUFU approximations (ex2.approx), which is
@@ -1382,7 +1383,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 # lse/delta were read with ordinary loads (generic proxy); the
                 # next TMA into this slot writes through the async proxy, so
                 # fence the two before releasing the slot.
-                plgpu.commit_smem()
+                if _BWD_RELEASE_FENCE:
+                    plgpu.commit_smem()
                 plgpu.barrier_arrive(q_free.at[slot])
                 plgpu.barrier_arrive(do_free.at[slot])
                 return dk, dv, *dq

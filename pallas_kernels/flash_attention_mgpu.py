@@ -415,17 +415,15 @@ def _accumulate(fn, *initial):
     return out if len(initial) > 1 else out[0]
 
 
-def _scores_and_dp(issue, probabilities, shape, overlap: bool, s_init=None):
+def _scores_and_dp(issue, probabilities, shape, overlap: bool):
     """Runs `issue(s_ref, dp_ref)`, which issues the backward's two score
     products S and dP (wgmma, in this order), and returns
     (probabilities(S), dP). With `overlap` the probabilities (the
     exponentials) are computed once S is done, while dP is still on the
-    tensor cores; otherwise after both. S's accumulator starts at `s_init`
-    (zeros if None)."""
+    tensor cores; otherwise after both."""
     zeros = _zeros(shape, plgpu.Layout.WGMMA)
-    s_init = zeros if s_init is None else s_init
     if not overlap:
-        s, dp = _accumulate(lambda refs: issue(*refs), s_init, zeros)
+        s, dp = _accumulate(lambda refs: issue(*refs), zeros, zeros)
         return probabilities(s), dp
 
     def body(refs):
@@ -433,11 +431,8 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool, s_init=None):
         issue(s_ref, dp_ref)
         p_ref[...] = probabilities(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))
 
-    _, dp, p = pl.run_state(body)((plgpu.ACC.init(s_init), plgpu.ACC.init(zeros), zeros))
+    _, dp, p = pl.run_state(body)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros), zeros))
     return p, dp
-
-
-_LSE_IN_ACC = False
 
 
 # Pallas puts a warpgroup barrier (bar.sync of the consumer's 128 threads)
@@ -1285,33 +1280,18 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                         jnp.float32)
                     return lax.switch(branch, [lambda x: x - jnp.inf, on_diagonal, lambda x: x], x)
 
-                if _LSE_IN_ACC:
-                    # S^T starts at -lse / sm_scale, so the product comes out
-                    # as S^T - lse / sm_scale and P^T = exp2(that * qk_scale):
-                    # lse is read before the products, not after S.
-                    lse = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
-                    s_init = _cols(lse * (-1.0 / sm_scale), (bk, bq))
-                else:
-                    s_init = None
-
-                def scaled_scores(s_t):
-                    """S^T * qk_scale - lse in base 2."""
-                    if _LSE_IN_ACC:
-                        return s_t * qk_scale
-                    lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
-                    return s_t * qk_scale - _cols(lse2, s_t.shape)
-
                 def probabilities(s_t):
+                    lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
                     if mask_tile and masked is not False:
-                        return jnp.exp2(masked_scores(scaled_scores(s_t)))
-                    p_t = jnp.exp2(scaled_scores(s_t))
+                        return jnp.exp2(masked_scores(s_t * qk_scale - _cols(lse2, s_t.shape)))
+                    p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
                     if masked is None:  # one loop: only the blocks that cross the diagonal take the branch
                         p_t = lax.cond(i < n_masked_end, mask, lambda x: x, p_t)
                     elif masked:
                         p_t = mask(p_t)
                     return p_t
 
-                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap, s_init)
+                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap)
                 delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
 
                 def grad_scores():

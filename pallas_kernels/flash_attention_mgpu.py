@@ -18,7 +18,9 @@ follow the FlashAttention-3 design (Shah et al. 2024, arXiv:2407.08608):
   causal tiles longest first within them, balanced by list scheduling), with
   its K/V pipeline running on across tiles;
 - scores live in base 2 with the softmax scale and log2(e) folded into one
-  multiply-add; causal loops are split into an unmasked and a masked part;
+  multiply-add; causal loops are split into an unmasked and a masked part,
+  and a forward consumer whose rows see only the first half of their
+  diagonal key block multiplies that half alone;
 - the backward is two kernels, dQ (one query tile per CTA, streaming K/V) and
   dK/dV (one key tile per CTA, streaming Q/dO/lse/delta), so no atomics;
   or one fused kernel that adds dQ up with TMA reduce-adds: the head_dim

@@ -73,6 +73,7 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"persistent": True, "consumers": 3, "num_stages": 2},
         {"persistent": True, "group_heads": False},
         {"persistent": True, "group_heads": True},
+        {"half_diagonal": False},
     ],
     ("mosaic", "bwd"): [
         {},

@@ -454,6 +454,7 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool):
 _FWD_AUTO_BARRIERS = True
 _BWD_AUTO_BARRIERS = False
 
+
 def _compiler_params(auto_barriers: bool = True):
     # approx_math: exp2/log use the MUFU approximations (ex2.approx), which is
     # what makes the softmax cheap enough to hide behind the matmuls.
@@ -671,7 +672,7 @@ def _forward_tile_cost(t: int, *, tile: int, block_k: int, num_k_blocks: int, pa
     share of its consumers that compute when those past the end idle. It
     counts a half diagonal block (half_diagonal) as a whole one: estimating
     the tile as its consumers' mean, halves as halves, measured within 1% of
-    this on an H100 (timing/ab-cost.log)."""
+    this on an H100 (results/attention-mgpu-h100/timing/ab-cost.log)."""
     n = min(-(-(t + 1) * tile // block_k), num_k_blocks) if causal else num_k_blocks
     if idle_past_end:
         n *= min(tile, padded_len - t * tile) / tile  # whole consumers: padded_len is a multiple of block_q
@@ -1372,7 +1373,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 # next TMA into this slot writes through the async proxy, so
                 # fence the two before releasing the slot. (Their values are
                 # used by now, so the loads are done; without the fence the
-                # backward measured 0.99-1.01x, timing/ab-fence-41.log.)
+                # backward measured 0.99-1.01x on an H100,
+                # results/attention-mgpu-h100/timing/ab-fence-41.log.)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(q_free.at[slot])
                 plgpu.barrier_arrive(do_free.at[slot])

@@ -455,7 +455,7 @@ HALF_DIAGONAL_CASES = [
     ((2, 1024, 2, 64), False, MosaicBlockSizes.get_default(64, 1024, False), False),  # no diagonal
     ((2, 1024, 2, 128), True, MosaicBlockSizes.get_default(128, 1024, True), False),  # overlap: no turns
     ((1, 300, 1, 64), True, MosaicBlockSizes(paired=True), False),
-    ((1, 300, 1, 64), True, MosaicBlockSizes(block_k=64), False),  # no half block of whole swizzle rows
+    ((1, 300, 1, 64), True, MosaicBlockSizes(block_k=64), False),  # 64-key steps: rows fill the diagonal block
 ]
 
 

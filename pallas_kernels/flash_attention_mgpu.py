@@ -203,11 +203,6 @@ class MosaicBlockSizes:
         half of their diagonal key block multiplies only that half (S on 64
         keys, P V on 64 rows of V), since every one of its rows masks the
         second half. False: the whole block, half of it masked to zero.
-      rotate_q: fused non-causal backward: tile t walks the query blocks
-        starting at block t * num_q_blocks // num_tiles and wrapping around,
-        so the tiles running at once reduce-add into different dQ rows.
-        False: every tile walks them from block 0, in step with the others.
-        dK and dV then sum their query blocks in another order.
     """
 
     block_q: int = 64
@@ -231,7 +226,6 @@ class MosaicBlockSizes:
     mask_tile: bool = False
     group_heads: bool = True
     half_diagonal: bool = True
-    rotate_q: bool = True
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -1165,12 +1159,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     # or dV: no tail mask, and fully padded blocks are skipped. Padded keys
     # are zero, so their share of dQ (dS K) is zero too.
     num_q_blocks = pl.cdiv(seq_len, bq)
-    # Fused and not causal, every tile walks all query blocks: in one order,
-    # the tiles running at once (a head's, side by side: _tile_grid) would
-    # reduce-add into the same dQ rows at the same time. Rotated, tile t
-    # starts at block t * num_q_blocks // num_tiles. (Causal tiles start at
-    # the diagonal, staggered already.)
-    rotate = fused and not causal and blocks.rotate_q
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
     row = head_dim * dtype.itemsize
@@ -1203,19 +1191,13 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         else:
             first, n_masked_end = 0, 0
         n_steps = num_q_blocks - first
-        if rotate:
-            # Tile t's walk starts at its share of the query blocks and wraps.
-            q_offset = lax.div(t * num_q_blocks, num_tiles)
-            q_block = lambda i: lax.rem(i + q_offset, num_q_blocks)
-        else:
-            q_block = lambda i: i
 
         @pl.when(wg == 2)
         def _producer():
             plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
 
             def issue(step, slot, wait):
-                blk = q_block(first + step)
+                blk = first + step
                 rows = pl.ds(blk * bq, bq)
                 _when(wait, lambda: plgpu.barrier_wait(q_free.at[slot]))
                 plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[slot], q_ready.at[slot])
@@ -1246,11 +1228,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             if fused:
                 ds_smem, dq_smem, ds_ready, ds_free = fused_scratch
 
-            def add_dq(dq, i):
-                """Adds dQ of step i's query block over this CTA's keys (this
+            def add_dq(dq, blk):
+                """Adds dQ of query block `blk` over this CTA's keys (this
                 consumer's columns of it with dq_split) to dq_acc:
                 registers -> shared memory -> TMA reduce-add."""
-                blk = q_block(i)
                 # The previous reduce-add must have read its source.
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 dq_smem.at[wg][...] = dq

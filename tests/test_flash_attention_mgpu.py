@@ -777,9 +777,7 @@ def _assert_variant_matches(case: Case, changes: dict) -> None:
 # reduce-add, one owner per query block) and the two kernels; plus the fused
 # kernel with 128-query steps (a 128-row dQ tile, a one-stage ring) and with
 # dQ split by columns between the consumers; and both schedules with
-# consumers that wait for S and dP together (bwd_overlap=False); and the
-# fused kernel non-causal with every tile walking the query blocks from the
-# first (rotate_q=False).
+# consumers that wait for S and dP together (bwd_overlap=False).
 # UNSPLIT_BWD: the schedules without dQ split by columns (the head_dim 128
 # default has it).
 BACKWARD_VARIANTS = {
@@ -790,8 +788,6 @@ BACKWARD_VARIANTS = {
     "fused-split-order": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=True),
     "fused-split-order-one-loop": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False),
     "fused-one-loop": dict(UNSPLIT_BWD, fused_bwd=True, masked_loop=False),
-    "fused-unrotated": dict(UNSPLIT_BWD, fused_bwd=True, rotate_q=False),
-    "fused-split-order-unrotated": dict(fused_bwd=True, dq_split=True, split_order=True, rotate_q=False),
     "two-kernels-one-loop": dict(UNSPLIT_BWD, fused_bwd=False, masked_loop=False),
     "fused-serial": dict(UNSPLIT_BWD, fused_bwd=True, bwd_overlap=False),
     "two-kernels-serial": dict(UNSPLIT_BWD, fused_bwd=False, bwd_overlap=False),
@@ -808,8 +804,6 @@ def test_gpu_backward_variants_match_reference(variant: str, case: Case) -> None
         pytest.skip("dq_split needs head_dim 128")
     if variant.endswith("one-loop") and not case.causal:
         pytest.skip("masked_loop changes causal kernels only")
-    if variant.endswith("unrotated") and case.causal:
-        pytest.skip("rotate_q changes non-causal kernels only")
     _assert_variant_matches(case, BACKWARD_VARIANTS[variant])
 
 

@@ -95,6 +95,9 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"fused_bwd": True, "dq_split": True, "split_order": True, "masked_loop": False},
         {"mask_tile": False},
         {"mask_tile": True},
+        {"lse_early": False, "bwd_registers": 232},
+        {"lse_early": True, "bwd_registers": 240},
+        {"bwd_registers": 240},
     ],
     ("triton", "fwd"): [
         {},

@@ -85,6 +85,10 @@ SUPPORTED_HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128)
 # way, 2 * 232 + 40 = 3 * 168 and 3 * 160 + 32 = 4 * 128.
 _REGISTERS = {2: (232, 40), 3: (160, 32)}
 _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
+# A CTA of three warpgroups starts with 168 registers per thread (65536 / 384,
+# down to a multiple of 8); `setmaxnreg` moves them between warpgroups, so
+# two backward consumers with N each leave the producer 3 * 168 - 2 N.
+_TWO_CONSUMER_REGISTERS = 3 * 168
 # The head_dim <= 64 default backward is fused above this sequence length.
 # Up to it the two kernels were as fast on an H100 (the fused kernel 1.02x
 # non-causal at seq 1024, 0.91x causal in an earlier run): there the fused
@@ -203,6 +207,15 @@ class MosaicBlockSizes:
         half of their diagonal key block multiplies only that half (S on 64
         keys, P V on 64 rows of V), since every one of its rows masks the
         second half. False: the whole block, half of it masked to zero.
+      lse_early: dK/dV and fused backward with bwd_overlap: a consumer loads
+        the step's log-sum-exp from shared memory right after issuing S and
+        dP, so the loads are in flight with the products, instead of once S
+        is done (where the first exponentials waited for them). Holds 16
+        more registers per thread across the wait for S.
+      bwd_registers: registers per thread of each dK/dV or fused backward
+        consumer warpgroup (`setmaxnreg`); the producer gets
+        3 * 168 - 2 * bwd_registers (24 at 240, which its loop of barrier
+        waits and TMA issues fits in).
     """
 
     block_q: int = 64
@@ -226,6 +239,8 @@ class MosaicBlockSizes:
     mask_tile: bool = False
     group_heads: bool = True
     half_diagonal: bool = True
+    lse_early: bool = False
+    bwd_registers: int = _CONSUMER_REGISTERS
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -250,6 +265,12 @@ class MosaicBlockSizes:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 64 or value > 256 or value % 64:
                 raise ValueError(f"{field}={value!r} must be 64, 128, 192 or 256")
+        if self.lse_early and not self.bwd_overlap:
+            raise ValueError("lse_early=True loads lse while S and dP run, which needs bwd_overlap=True")
+        producer = _TWO_CONSUMER_REGISTERS - 2 * self.bwd_registers if isinstance(self.bwd_registers, int) else 0
+        if not isinstance(self.bwd_registers, int) or self.bwd_registers % 8 or not 24 <= producer <= 256:
+            raise ValueError(f"bwd_registers={self.bwd_registers!r} must be a multiple of 8 that leaves the "
+                             f"producer 24-256 registers (3 * 168 - 2 * bwd_registers): 128 to 240")
         for field in ("num_stages", "num_stages_bwd"):
             value = getattr(self, field)
             if not isinstance(value, int) or not 1 <= value <= 8:
@@ -306,7 +327,10 @@ class MosaicBlockSizes:
             forward["group_heads"] = False
         if causal is not False and seq_len is not None and seq_len <= FUSED_BWD128_CAUSAL_MIN_SEQ:
             return cls(**forward, mask_tile=True)
-        return cls(**forward, fused_bwd=True, dq_split=True, split_order=True, masked_loop=False, mask_tile=True)
+        backward = dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False, mask_tile=True)
+        if causal is not False:
+            backward.update(lse_early=True, bwd_registers=240)
+        return cls(**forward, **backward)
 
     @property
     def seq_multiple(self) -> int:
@@ -417,12 +441,15 @@ def _accumulate(fn, *initial):
     return out if len(initial) > 1 else out[0]
 
 
-def _scores_and_dp(issue, probabilities, shape, overlap: bool):
+def _scores_and_dp(issue, probabilities, shape, overlap: bool, prefetch=None):
     """Runs `issue(s_ref, dp_ref)`, which issues the backward's two score
     products S and dP (wgmma, in this order), and returns
     (probabilities(S), dP). With `overlap` the probabilities (the
     exponentials) are computed once S is done, while dP is still on the
-    tensor cores; otherwise after both."""
+    tensor cores; otherwise after both. `prefetch()` (overlap only), if
+    given, runs right after the products are issued, so its shared-memory
+    loads are in flight with them, and its result is passed to
+    `probabilities` as a second argument."""
     zeros = _zeros(shape, plgpu.Layout.WGMMA)
     if not overlap:
         s, dp = _accumulate(lambda refs: issue(*refs), zeros, zeros)
@@ -431,7 +458,8 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool):
     def body(refs):
         s_ref, dp_ref, p_ref = refs
         issue(s_ref, dp_ref)
-        p_ref[...] = probabilities(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))
+        fetched = () if prefetch is None else (prefetch(),)
+        p_ref[...] = probabilities(plgpu.wgmma_accumulator_load(s_ref, wait_n=1), *fetched)
 
     _, dp, p = pl.run_state(body)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros), zeros))
     return p, dp
@@ -1194,7 +1222,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
         @pl.when(wg == 2)
         def _producer():
-            plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+            plgpu.set_max_registers(_TWO_CONSUMER_REGISTERS - 2 * blocks.bwd_registers, action="decrease")
 
             def issue(step, slot, wait):
                 blk = first + step
@@ -1210,7 +1238,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
         @pl.when(wg < 2)
         def _consumer():
-            plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+            plgpu.set_max_registers(blocks.bwd_registers, action="increase")
             key0 = tile_start + wg * bk
             keys = pl.ds(key0, bk)
             ready = kv_ready.at[wg]
@@ -1283,8 +1311,11 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                         jnp.float32)
                     return lax.switch(branch, [lambda x: x - jnp.inf, on_diagonal, lambda x: x], x)
 
-                def probabilities(s_t):
-                    lse2 = plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0)) * LOG2_E
+                def load_lse():
+                    return plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+
+                def probabilities(s_t, lse=None):
+                    lse2 = (load_lse() if lse is None else lse) * LOG2_E
                     if mask_tile and masked is not False:
                         return jnp.exp2(masked_scores(s_t * qk_scale - _cols(lse2, s_t.shape)))
                     p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
@@ -1294,7 +1325,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                         p_t = mask(p_t)
                     return p_t
 
-                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap)
+                p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap,
+                                           prefetch=load_lse if blocks.lse_early else None)
                 delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
 
                 def grad_scores():

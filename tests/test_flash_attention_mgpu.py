@@ -106,12 +106,15 @@ def test_default_head_dim_128_backward_depends_on_causal_and_length() -> None:
     head dims above 64 cannot split dQ and keep the two kernels."""
     limit = mgpu.FUSED_BWD128_CAUSAL_MIN_SEQ
     fused = dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False)
+    # The causal fused kernel loads lse early, with 240 registers per consumer.
+    early = dict(lse_early=True, bwd_registers=240)
     two = MosaicBlockSizes.get_default(128, limit, causal=True)
-    assert not two.fused_bwd
+    assert not two.fused_bwd and not two.lse_early and two.bwd_registers == 232
     for seq, causal in ((1024, False), (limit, False), (limit + 1, True), (16384, None), (None, None), (None, True)):
         got = MosaicBlockSizes.get_default(128, seq, causal=causal)
+        want = dataclasses.replace(two, **fused, **(early if causal is not False else {}))
         # (group_heads, the forward's order, has its own test)
-        assert dataclasses.replace(got, group_heads=True) == dataclasses.replace(two, **fused), (seq, causal)
+        assert dataclasses.replace(got, group_heads=True) == want, (seq, causal)
     for seq, causal in ((1024, True), (limit, None)):
         assert MosaicBlockSizes.get_default(128, seq, causal=causal) == two, (seq, causal)
     assert not any(MosaicBlockSizes.get_default(d, None, causal=False).fused_bwd for d in (80, 96, 112))
@@ -788,6 +791,10 @@ BACKWARD_VARIANTS = {
     "fused-split-order": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=True),
     "fused-split-order-one-loop": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False),
     "fused-one-loop": dict(UNSPLIT_BWD, fused_bwd=True, masked_loop=False),
+    "fused-lse-early": dict(UNSPLIT_BWD, fused_bwd=True, lse_early=True, bwd_registers=240),
+    "fused-split-order-lse-early": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False,
+                                        mask_tile=True, lse_early=True, bwd_registers=240),
+    "two-kernels-lse-early": dict(UNSPLIT_BWD, fused_bwd=False, lse_early=True, bwd_registers=240),
     "two-kernels-one-loop": dict(UNSPLIT_BWD, fused_bwd=False, masked_loop=False),
     "fused-serial": dict(UNSPLIT_BWD, fused_bwd=True, bwd_overlap=False),
     "two-kernels-serial": dict(UNSPLIT_BWD, fused_bwd=False, bwd_overlap=False),

@@ -65,6 +65,10 @@ def _zeros(dtype="bfloat16", head_dim=64, seq=16):
         ({"consumers": 3, "block_q": 128}, "use block_q=64"),
         ({"dq_split": True}, "also set fused_bwd=True"),
         ({"fused_bwd": True, "split_order": True}, "also set fused_bwd=True and dq_split=True"),
+        ({"lse_early": True, "bwd_overlap": False}, "needs bwd_overlap=True"),
+        ({"bwd_registers": 248}, "bwd_registers=248 must be a multiple of 8 that leaves the producer 24-256"),
+        ({"bwd_registers": 236}, "128 to 240"),
+        ({"bwd_registers": 120}, "128 to 240"),
     ],
 )
 def test_block_sizes_validate(kwargs, match) -> None:
@@ -437,17 +441,22 @@ def test_tile_grids_launch_batch_then_tiles_then_heads() -> None:
         (min(batch * heads * tiles, 132), 1, 1)]
 
 
-def _kernel_compiler_params(jaxpr) -> list[tuple[str, object]]:
-    """(kernel name, compiler parameters) of each Mosaic GPU kernel in a traced jaxpr."""
+def _kernel_eqns(jaxpr) -> list[tuple[str, object]]:
+    """(kernel name, equation) of each Mosaic GPU kernel in a traced jaxpr."""
     found = []
     for eqn in jaxpr.eqns:
         if "compiler_params" in eqn.params and "name" in eqn.params:
-            found.append((eqn.params["name"], eqn.params["compiler_params"]))
+            found.append((eqn.params["name"], eqn))
         for value in eqn.params.values():
             inner = getattr(value, "jaxpr", value)
             if hasattr(inner, "eqns"):
-                found += _kernel_compiler_params(inner)
+                found += _kernel_eqns(inner)
     return found
+
+
+def _kernel_compiler_params(jaxpr) -> list[tuple[str, object]]:
+    """(kernel name, compiler parameters) of each Mosaic GPU kernel in a traced jaxpr."""
+    return [(name, eqn.params["compiler_params"]) for name, eqn in _kernel_eqns(jaxpr)]
 
 
 # (shape, causal, blocks, whether half_diagonal changes the forward kernel).
@@ -479,6 +488,36 @@ def test_half_diagonal_changes_only_the_causal_turn_taking_forward(shape, causal
     off, on = (str(jax.make_jaxpr(fwd(half))(x, x, x)) for half in (False, True))
     assert (on != off) == changes
     assert "mosaic_gpu" in fwd(True).trace(x, x, x).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
+def test_lse_early_and_bwd_registers_change_only_the_dkdv_kernels(fused: bool) -> None:
+    """lse_early and bwd_registers are the dK/dV and fused backward's: the
+    forward and the dQ kernel trace as before, those kernels do not, and
+    they still lower for CUDA (the producer then runs on 24 registers)."""
+    x = jax.ShapeDtypeStruct((1, 512, 2, 128), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((1, 2, 512), jnp.float32)
+    base = dataclasses.replace(MosaicBlockSizes.get_default(128, 512, causal=True), fused_bwd=fused,
+                               dq_split=fused, split_order=fused, masked_loop=not fused)
+    early = dataclasses.replace(base, lse_early=True, bwd_registers=240)
+    kwargs = dict(causal=True, sm_scale=0.1)
+
+    def kernels(blocks, which):
+        fn = mgpu.mosaic_forward if which == "fwd" else mgpu.mosaic_backward
+        args = (x, x, x) if which == "fwd" else (x, x, x, x, lse, x)
+        jaxpr = jax.make_jaxpr(functools.partial(fn, block_sizes=blocks, **kwargs))(*args).jaxpr
+        return {name: str(eqn) for name, eqn in _kernel_eqns(jaxpr)}
+
+    assert kernels(base, "fwd") == kernels(early, "fwd")
+    before, after = kernels(base, "bwd"), kernels(early, "bwd")
+    dkdv = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
+    assert set(before) == set(after) == ({dkdv} if fused else {dkdv, "flash_attention_mgpu_bwd_dq"})
+    assert before[dkdv] != after[dkdv]
+    if not fused:
+        assert before["flash_attention_mgpu_bwd_dq"] == after["flash_attention_mgpu_bwd_dq"]
+    bwd = jax.jit(functools.partial(mgpu.mosaic_backward, block_sizes=early, **kwargs))
+    assert "mosaic_gpu" in bwd.trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")

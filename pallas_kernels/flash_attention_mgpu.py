@@ -85,10 +85,9 @@ SUPPORTED_HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128)
 # way, 2 * 232 + 40 = 3 * 168 and 3 * 160 + 32 = 4 * 128.
 _REGISTERS = {2: (232, 40), 3: (160, 32)}
 _CONSUMER_REGISTERS, _PRODUCER_REGISTERS = _REGISTERS[2]
-# A CTA of three warpgroups starts with 168 registers per thread (65536 / 384,
-# down to a multiple of 8); `setmaxnreg` moves them between warpgroups, so
-# two backward consumers with N each leave the producer 3 * 168 - 2 N.
-_TWO_CONSUMER_REGISTERS = 3 * 168
+# What two consumers and a producer share: N registers per consumer leave
+# the producer this minus 2 N (MosaicBlockSizes.bwd_registers).
+_TWO_CONSUMER_REGISTERS = 2 * _CONSUMER_REGISTERS + _PRODUCER_REGISTERS
 # The head_dim <= 64 default backward is fused above this sequence length.
 # Up to it the two kernels were as fast on an H100 (the fused kernel 1.02x
 # non-causal at seq 1024, 0.91x causal in an earlier run): there the fused
@@ -267,8 +266,8 @@ class MosaicBlockSizes:
                 raise ValueError(f"{field}={value!r} must be 64, 128, 192 or 256")
         if self.lse_early and not self.bwd_overlap:
             raise ValueError("lse_early=True loads lse while S and dP run, which needs bwd_overlap=True")
-        producer = _TWO_CONSUMER_REGISTERS - 2 * self.bwd_registers if isinstance(self.bwd_registers, int) else 0
-        if not isinstance(self.bwd_registers, int) or self.bwd_registers % 8 or not 24 <= producer <= 256:
+        regs = self.bwd_registers
+        if not isinstance(regs, int) or regs % 8 or not 24 <= _TWO_CONSUMER_REGISTERS - 2 * regs <= 256:
             raise ValueError(f"bwd_registers={self.bwd_registers!r} must be a multiple of 8 that leaves the "
                              f"producer 24-256 registers (3 * 168 - 2 * bwd_registers): 128 to 240")
         for field in ("num_stages", "num_stages_bwd"):
@@ -1317,8 +1316,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 def load_lse():
                     return plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
 
-                def probabilities(s_t, lse=None):
-                    lse2 = (load_lse() if lse is None else lse) * LOG2_E
+                def probabilities(s_t, early_lse=None):
+                    lse2 = (load_lse() if early_lse is None else early_lse) * LOG2_E
                     if mask_tile and masked is not False:
                         return jnp.exp2(masked_scores(s_t * qk_scale - _cols(lse2, s_t.shape)))
                     p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))

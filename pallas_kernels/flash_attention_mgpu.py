@@ -173,18 +173,14 @@ class MosaicBlockSizes:
         exponentials of P once S is done, while dP is still on the tensor
         cores, instead of waiting for both. Bit-identical results; the
         default (0.98-1.07x the serial schedule on an H100, NOTES.md).
-      split_order: fused backward only: each step issues its gradient
-        products in FA3's order: dV += P^T dO before the dS^T exchange (it
-        runs while the consumer computes dS and waits for the other one),
-        then dQ, then dK += dS^T Q, which stays on the tensor cores while
-        the consumer stores its dQ tile and issues the reduce-add. Without
-        it all three are issued after the exchange and the dQ store waits
-        for all of them. Each accumulator sees the same products in the
-        same order either way. Without dq_split the block's owner computes
-        the whole dQ tile and adds it in the same step, from one float32
-        tile in shared memory that the consumers take in turns (the other
-        consumer goes on to its next step meanwhile); in the old order the
-        owner carries it into the next step instead.
+      split_order: fused backward with dq_split only: each step issues its
+        gradient products in FA3's order: dV += P^T dO before the dS^T
+        exchange (it runs while the consumer computes dS and waits for the
+        other one), then dQ, then dK += dS^T Q, which stays on the tensor
+        cores while the consumer stores its dQ tile and issues the
+        reduce-add. Without it all three are issued after the exchange and
+        the dQ store waits for all of them. Each accumulator sees the same
+        products in the same order either way.
       masked_loop: causal dK/dV and fused backward: the query blocks that
         cross the diagonal run in a loop of their own, masked, before the
         loop over the rest. False: one loop over all of them, the mask
@@ -252,8 +248,9 @@ class MosaicBlockSizes:
             raise ValueError("paired=True pairs the matmuls of a ping-pong turn: also set pingpong=True")
         if self.dq_split and not self.fused_bwd:
             raise ValueError("dq_split=True splits the fused backward's dQ: also set fused_bwd=True")
-        if self.split_order and not self.fused_bwd:
-            raise ValueError("split_order=True orders the steps of the fused backward: also set fused_bwd=True")
+        if self.split_order and not self.dq_split:
+            raise ValueError("split_order=True orders the steps of the dq_split backward: also set "
+                             "fused_bwd=True and dq_split=True")
         if self.consumers not in _REGISTERS:
             raise ValueError(f"consumers={self.consumers!r} must be one of {tuple(_REGISTERS)}")
         if self.consumers == 3 and self.block_q != 64:
@@ -1180,12 +1177,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     dtype = q.dtype
     fused = dq_acc is not None
     split = fused and blocks.dq_split
-    # Without dq_split the block's owner computes the whole dQ tile and
-    # either carries it into the next step (adding it during that step's S
-    # and dP) or, in the split order, adds it at once from a tile that the
-    # consumers share in turns.
-    carried = fused and not split and not blocks.split_order
-    shared_dq_tile = fused and not split and blocks.split_order
     bk, bq = blocks.block_k_dkv, blocks.block_q_dkv
     # dq_split: consumer c computes dQ columns [c * dq_cols, (c + 1) * dq_cols).
     dq_cols = head_dim // 2 if split else head_dim
@@ -1204,8 +1195,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     # Fused: both consumers' dS^T, double-buffered (operands of the dQ
     # product), and a float32 dQ tile per consumer (source of the reduce-add)
     # also live in shared memory.
-    dq_tiles = 1 if shared_dq_tile else 2
-    fixed = 4 * bk * row + (4 * bk * bq * dtype.itemsize + dq_tiles * bq * dq_cols * 4 if fused else 0)
+    fixed = 4 * bk * row + (4 * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
     # The diagonal block's mask as a shared-memory tile per consumer.
     mask_tile = blocks.mask_tile and causal and bk == bq
     fixed += 2 * bk * bq * dtype.itemsize if mask_tile else 0
@@ -1217,8 +1207,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             dq_ref, *refs = refs
         (dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
          kv_ready, q_ready, do_ready, q_free, do_free, *extra_scratch) = refs
-        n_fused = (5 if shared_dq_tile else 4) if fused else 0
-        fused_scratch, extra_scratch = extra_scratch[:n_fused], extra_scratch[n_fused:]
+        fused_scratch = extra_scratch[:4] if fused else ()
+        extra_scratch = extra_scratch[4:] if fused else extra_scratch
         tri_smem = extra_scratch[0] if mask_tile else None
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         t = lax.axis_index("tiles")
@@ -1266,34 +1256,20 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 plgpu.commit_smem()
 
             if fused:
-                ds_smem, dq_smem, ds_ready, ds_free, *dq_tile_free = fused_scratch
+                ds_smem, dq_smem, ds_ready, ds_free = fused_scratch
 
             def add_dq(dq, blk):
                 """Adds dQ of query block `blk` over this CTA's keys (this
                 consumer's columns of it with dq_split) to dq_acc:
                 registers -> shared memory -> TMA reduce-add."""
-                if shared_dq_tile:
-                    # The previous block's owner (the other consumer) has
-                    # seen its reduce-add read the tile (release_dq_tile).
-                    _when(blk > first, lambda: plgpu.barrier_wait(dq_tile_free[0].at[wg]))
-                    tile_smem = dq_smem.at[0]
-                else:
-                    # The previous reduce-add must have read its source.
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    tile_smem = dq_smem.at[wg]
-                tile_smem[...] = dq
+                # The previous reduce-add must have read its source.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                dq_smem.at[wg][...] = dq
                 plgpu.commit_smem()
                 dst = dq_ref.at[b, pl.ds(blk * bq, bq), h]
                 if split:
                     dst = dst.at[:, pl.ds(wg * dq_cols, dq_cols)]
-                plgpu.copy_smem_to_gmem(tile_smem, dst, reduction_op="add")
-
-            def release_dq_tile():
-                """Shared dQ tile: once this consumer's reduce-add of the
-                previous block has read the tile, the other consumer (this
-                block's owner) may overwrite it."""
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                plgpu.barrier_arrive(dq_tile_free[0].at[1 - wg])
+                plgpu.copy_smem_to_gmem(dq_smem.at[wg], dst, reduction_op="add")
 
             # Everything is computed transposed ([keys, queries]) so that dK
             # and dV come out of wgmma with the keys as rows.
@@ -1319,11 +1295,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 def products(s_ref, dp_ref):
                     plgpu.wgmma(s_ref, k_smem.at[wg], q_smem.at[slot].transpose((1, 0)))
                     plgpu.wgmma(dp_ref, v_smem.at[wg], do_smem.at[slot].transpose((1, 0)))
-                    previous_owner = (i > first) & (lax.rem(i - 1, 2) == wg)
-                    if carried:
-                        _when(previous_owner, lambda: add_dq(dq_prev[0], i - 1))
-                    elif shared_dq_tile:
-                        _when(previous_owner, release_dq_tile)
+                    if fused and not split:
+                        _when((i > first) & (lax.rem(i - 1, 2) == wg), lambda: add_dq(dq_prev[0], i - 1))
 
                 def mask(p_t):
                     keep = key0 + _iota((bk, bq), 0) <= i * bq + _iota((bk, bq), 1)
@@ -1403,12 +1376,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                         my_dq_product(dq_ref, buf, reader)
                         plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
                         dq = plgpu.wgmma_accumulator_load(dq_ref, wait_n=1)  # dV and dQ done, dK in flight
-
-                        def store_dq():
-                            plgpu.barrier_arrive(ds_free.at[buf])
-                            add_dq(dq, i)
-
-                        _when(reader, store_dq)
+                        plgpu.barrier_arrive(ds_free.at[buf])
+                        add_dq(dq, i)
 
                     dv, dk, _ = pl.run_state(fa3_step)(
                         tuple(plgpu.ACC.init(x) for x in (dv, dk, _zeros((bq, dq_cols), plgpu.Layout.WGMMA))))
@@ -1445,7 +1414,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 plgpu.barrier_arrive(do_free.at[slot])
                 return dk, dv, *dq
 
-            carried_dq = [(bq, head_dim)] if carried else []
+            carried_dq = [(bq, head_dim)] if fused and not split else []
             carry = tuple(_zeros(shape, plgpu.Layout.WGMMA) for shape in ((bk, head_dim), (bk, head_dim), *carried_dq))
             if causal and blocks.masked_loop:
                 carry = lax.fori_loop(first, n_masked_end, functools.partial(step, masked=True), carry)
@@ -1456,7 +1425,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             if fused:
                 # The last block's dQ, if carried (zeros if the tile saw no block).
                 last_owner = lax.rem(num_q_blocks - 1, 2) == wg
-                if carried:
+                if not split:
                     _when(last_owner, lambda: add_dq(dq[0], num_q_blocks - 1))
                 # dK overwrites this consumer's keys, which the other
                 # consumer (the last block's owner, or either with dq_split)
@@ -1489,13 +1458,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             # [buffer, consumer]; wgmma needs dS^T and K swizzled alike, and
             # bq rows are >= 128 B, so K's swizzle fits.
             plgpu.SMEM((2, 2, bk, bq), dtype, transforms=transforms),
-            plgpu.SMEM((dq_tiles, bq, dq_cols), jnp.float32, transforms=_smem_transforms(dq_cols, 4)),
+            plgpu.SMEM((2, bq, dq_cols), jnp.float32, transforms=_smem_transforms(dq_cols, 4)),
             plgpu.Barrier(num_arrivals=2, num_barriers=2),
             plgpu.Barrier(num_arrivals=2 if split else 1, num_barriers=2),
         )
-        if shared_dq_tile:
-            # [consumer]: the shared dQ tile is free for that consumer's block.
-            scratch += (plgpu.Barrier(num_arrivals=1, num_barriers=2),)
     if mask_tile:
         scratch += (plgpu.SMEM((2, bk, bq), dtype, transforms=transforms),)
     grad = jax.ShapeDtypeStruct(k.shape, dtype)

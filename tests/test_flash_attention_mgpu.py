@@ -64,7 +64,7 @@ def _zeros(dtype="bfloat16", head_dim=64, seq=16):
         ({"consumers": 4}, r"consumers=4 must be one of \(2, 3\)"),
         ({"consumers": 3, "block_q": 128}, "use block_q=64"),
         ({"dq_split": True}, "also set fused_bwd=True"),
-        ({"split_order": True}, "orders the steps of the fused backward: also set fused_bwd=True"),
+        ({"fused_bwd": True, "split_order": True}, "also set fused_bwd=True and dq_split=True"),
         ({"lse_early": True, "bwd_overlap": False}, "needs bwd_overlap=True"),
         ({"bwd_registers": 248}, "bwd_registers=248 must be a multiple of 8 that leaves the producer 24-256"),
         ({"bwd_registers": 236}, "128 to 240"),
@@ -617,11 +617,6 @@ LOWERING_CASES = [
     # ... in FA3's step order (dV before the exchange, dK over the dQ store).
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True)),
-    # ... in that order without the split: the owner adds its whole dQ tile
-    # from one tile the consumers share in turns.
-    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, split_order=True, masked_loop=False)),
-    ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, split_order=True)),
-    ((2, 1000, 1, 64), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, split_order=True)),
     # Causal backward in one loop (the diagonal's mask under a branch).
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True,
                                                           masked_loop=False)),
@@ -837,10 +832,6 @@ BACKWARD_VARIANTS = {
     "fused-split-order": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=True),
     "fused-split-order-one-loop": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False),
     "fused-one-loop": dict(UNSPLIT_BWD, fused_bwd=True, masked_loop=False),
-    # FA3's step order without the split: the owner adds its whole dQ tile
-    # from one tile the consumers share in turns.
-    "fused-order": dict(UNSPLIT_BWD, fused_bwd=True, split_order=True),
-    "fused-order-one-loop": dict(UNSPLIT_BWD, fused_bwd=True, split_order=True, masked_loop=False),
     "fused-lse-early": dict(UNSPLIT_BWD, fused_bwd=True, lse_early=True, bwd_registers=240),
     "fused-split-order-lse-early": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False,
                                         mask_tile=True, lse_early=True, bwd_registers=240),
@@ -941,7 +932,6 @@ def test_gpu_half_diagonal_gives_the_same_outputs(case: Case) -> None:
 
 @needs_hopper
 @pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(UNSPLIT_BWD, fused_bwd=True, dq_split=True)),
-                                                   (128, dict(UNSPLIT_BWD, fused_bwd=True, split_order=True)),
                                                    (128, dict(masked_loop=True)), (128, dict(UNSPLIT_BWD, fused_bwd=False))],
                          ids=str)
 def test_gpu_repeatable(head_dim: int, changes: dict) -> None:

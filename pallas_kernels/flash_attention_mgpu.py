@@ -483,8 +483,6 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool, prefetch=None):
 # issued it. The forward keeps them: without them it measured 0.95-0.98x.
 _FWD_AUTO_BARRIERS = True
 _BWD_AUTO_BARRIERS = False
-_EXP_LSE2 = 0  # experiment: the backward gets lse * log2(e) from its preprocessing
-_EXP_DK_FIRST = 0  # experiment: split order issues dK before waiting for the other consumer's dS^T
 
 
 def _compiler_params(auto_barriers: bool = True):
@@ -1109,7 +1107,7 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
             plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[wg], ready)
             plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_smem.at[wg], ready)
             plgpu.barrier_wait(ready)
-            lse2 = plgpu.load(lse_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1)) * (1.0 if _EXP_LSE2 else LOG2_E)
+            lse2 = plgpu.load(lse_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1)) * LOG2_E
             delta = plgpu.load(delta_smem.at[wg], (), layout=plgpu.Layout.WGMMA.reduce(1))
 
             def step(j, dq, *, masked: bool):
@@ -1319,7 +1317,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     return plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
 
                 def probabilities(s_t, early_lse=None):
-                    lse2 = (load_lse() if early_lse is None else early_lse) * (1.0 if _EXP_LSE2 else LOG2_E)
+                    lse2 = (load_lse() if early_lse is None else early_lse) * LOG2_E
                     if mask_tile and masked is not False:
                         return jnp.exp2(masked_scores(s_t * qk_scale - _cols(lse2, s_t.shape)))
                     p_t = jnp.exp2(s_t * qk_scale - _cols(lse2, s_t.shape))
@@ -1336,7 +1334,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 def grad_scores():
                     return (p_t * (dp_t - _cols(delta, dp_t.shape))).astype(dtype)
 
-                def exchange(ds_t, buf, reader, between=None):
+                def exchange(ds_t, buf, reader):
                     """Puts this consumer's dS^T of the block in shared memory
                     and, if it reads them, waits for the other one's."""
                     # The other consumer read this buffer two blocks ago:
@@ -1346,8 +1344,6 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     ds_smem.at[buf, wg][...] = ds_t
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(ds_ready.at[buf])
-                    if between is not None:
-                        between()
                     _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
 
                 def dq_product(acc, buf, cols=slice(None)):
@@ -1376,15 +1372,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                         dv_ref, dk_ref, dq_ref = refs
                         plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
                         ds_t = grad_scores()
-                        if _EXP_DK_FIRST:
-                            exchange(ds_t, buf, reader, between=lambda: plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot]))
-                            my_dq_product(dq_ref, buf, reader)
-                            dq = plgpu.wgmma_accumulator_load(dq_ref, wait_n=0)
-                        else:
-                            exchange(ds_t, buf, reader)
-                            my_dq_product(dq_ref, buf, reader)
-                            plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
-                            dq = plgpu.wgmma_accumulator_load(dq_ref, wait_n=1)  # dV and dQ done, dK in flight
+                        exchange(ds_t, buf, reader)
+                        my_dq_product(dq_ref, buf, reader)
+                        plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
+                        dq = plgpu.wgmma_accumulator_load(dq_ref, wait_n=1)  # dV and dQ done, dK in flight
                         plgpu.barrier_arrive(ds_free.at[buf])
                         add_dq(dq, i)
 
@@ -1533,8 +1524,6 @@ def mosaic_backward(q, k, v, o, lse, do, *, causal: bool, sm_scale: float, block
     # Padded rows: q = k = v = dO = 0, lse = delta = 0 -> every term they
     # contribute to a real row's gradient is exactly zero (see the kernels).
     q, k, v, do = (_pad_seq(x, padded_len, 1) for x in (q, k, v, do))
-    if _EXP_LSE2:
-        lse = lse * LOG2_E
     lse, delta = (_pad_seq(x, padded_len, 2) for x in (lse, delta))
     kwargs = dict(causal=causal, sm_scale=sm_scale, seq_len=seq_len, blocks=blocks)
     if blocks.fused_bwd:

@@ -268,8 +268,11 @@ class MosaicBlockSizes:
             raise ValueError("lse_early=True loads lse while S and dP run, which needs bwd_overlap=True")
         regs = self.bwd_registers
         if not isinstance(regs, int) or regs % 8 or not 24 <= _TWO_CONSUMER_REGISTERS - 2 * regs <= 256:
+            # setmaxnreg takes multiples of 8 from 24 to 256.
+            low, high = -(-(_TWO_CONSUMER_REGISTERS - 256) // 16) * 8, (_TWO_CONSUMER_REGISTERS - 24) // 16 * 8
             raise ValueError(f"bwd_registers={self.bwd_registers!r} must be a multiple of 8 that leaves the "
-                             f"producer 24-256 registers (3 * 168 - 2 * bwd_registers): 128 to 240")
+                             f"producer 24-256 registers ({_TWO_CONSUMER_REGISTERS} - 2 * bwd_registers): "
+                             f"{low} to {high}")
         for field in ("num_stages", "num_stages_bwd"):
             value = getattr(self, field)
             if not isinstance(value, int) or not 1 <= value <= 8:

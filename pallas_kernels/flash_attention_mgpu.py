@@ -215,6 +215,14 @@ class MosaicBlockSizes:
         consumer warpgroup (`setmaxnreg`); the producer gets
         3 * 168 - 2 * bwd_registers (24 at 240, which its loop of barrier
         waits and TMA issues fits in).
+      dq_lag: split_order backward: a step multiplies the previous query
+        block's dS^T tiles for dQ (and adds that block's dQ columns), not
+        its own, so a consumer never waits for the other one's dS^T of the
+        current block; the last block's dQ follows the loop. A third dS^T
+        buffer holds the block in between.
+      stagger: fused backward: consumer 1 starts once consumer 0's first S
+        and dP are done, so that their exponentials fall while the other
+        one's products are on the tensor cores rather than at once.
     """
 
     block_q: int = 64
@@ -240,6 +248,8 @@ class MosaicBlockSizes:
     half_diagonal: bool = True
     lse_early: bool = False
     bwd_registers: int = _CONSUMER_REGISTERS
+    dq_lag: bool = False
+    stagger: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -251,6 +261,11 @@ class MosaicBlockSizes:
         if self.split_order and not self.dq_split:
             raise ValueError("split_order=True orders the steps of the dq_split backward: also set "
                              "fused_bwd=True and dq_split=True")
+        if self.dq_lag and not self.split_order:
+            raise ValueError("dq_lag=True delays the dQ product of the split_order backward: also set "
+                             "fused_bwd=True, dq_split=True and split_order=True")
+        if self.stagger and not self.fused_bwd:
+            raise ValueError("stagger=True offsets the fused backward's consumers: also set fused_bwd=True")
         if self.consumers not in _REGISTERS:
             raise ValueError(f"consumers={self.consumers!r} must be one of {tuple(_REGISTERS)}")
         if self.consumers == 3 and self.block_q != 64:
@@ -486,6 +501,11 @@ def _scores_and_dp(issue, probabilities, shape, overlap: bool, prefetch=None):
 # issued it. The forward keeps them: without them it measured 0.95-0.98x.
 _FWD_AUTO_BARRIERS = True
 _BWD_AUTO_BARRIERS = False
+
+# dS^T buffers of the fused backward with dq_lag (each 2 consumers x
+# block_k_dkv x block_q_dkv): a consumer can be up to a step ahead of the
+# other one's dQ product of the block before.
+_LAG_DS_BUFFERS = 3
 
 
 def _compiler_params(auto_barriers: bool = True):
@@ -1198,7 +1218,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     # Fused: both consumers' dS^T, double-buffered (operands of the dQ
     # product), and a float32 dQ tile per consumer (source of the reduce-add)
     # also live in shared memory.
-    fixed = 4 * bk * row + (4 * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
+    lag = fused and blocks.dq_lag
+    stagger = fused and blocks.stagger
+    ds_bufs = _LAG_DS_BUFFERS if lag else 2
+    fixed = 4 * bk * row + (2 * ds_bufs * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
     # The diagonal block's mask as a shared-memory tile per consumer.
     mask_tile = blocks.mask_tile and causal and bk == bq
     fixed += 2 * bk * bq * dtype.itemsize if mask_tile else 0
@@ -1210,8 +1233,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             dq_ref, *refs = refs
         (dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
          kv_ready, q_ready, do_ready, q_free, do_free, *extra_scratch) = refs
-        fused_scratch = extra_scratch[:4] if fused else ()
-        extra_scratch = extra_scratch[4:] if fused else extra_scratch
+        n_fused = (5 if stagger else 4) if fused else 0
+        fused_scratch, extra_scratch = extra_scratch[:n_fused], extra_scratch[n_fused:]
         tri_smem = extra_scratch[0] if mask_tile else None
         b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         t = lax.axis_index("tiles")
@@ -1259,7 +1282,12 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 plgpu.commit_smem()
 
             if fused:
-                ds_smem, dq_smem, ds_ready, ds_free = fused_scratch
+                ds_smem, dq_smem, ds_ready, ds_free, *stagger_bar = fused_scratch
+                if stagger:
+                    # Consumer 1 starts once consumer 0's first S and dP
+                    # are done, so one computes its exponentials while the
+                    # other has the tensor cores.
+                    _when((wg == 1) & (n_steps > 0), lambda: plgpu.barrier_wait(stagger_bar[0].at[0]))
 
             def add_dq(dq, blk):
                 """Adds dQ of query block `blk` over this CTA's keys (this
@@ -1273,6 +1301,18 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 if split:
                     dst = dst.at[:, pl.ds(wg * dq_cols, dq_cols)]
                 plgpu.copy_smem_to_gmem(dq_smem.at[wg], dst, reduction_op="add")
+
+            def dq_product(acc, buf, cols=slice(None)):
+                """dQ of the block in `buf` (or its columns): dS K over both consumers' keys."""
+                for c in range(2):
+                    plgpu.wgmma(acc, ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
+
+            def my_dq_product(acc, buf, reader):
+                if split:
+                    for half in range(2):
+                        _when(wg == half, functools.partial(dq_product, acc, buf, pl.ds(half * dq_cols, dq_cols)))
+                else:
+                    _when(reader, functools.partial(dq_product, acc, buf))
 
             # Everything is computed transposed ([keys, queries]) so that dK
             # and dV come out of wgmma with the keys as rows.
@@ -1332,6 +1372,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
                 p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap,
                                            prefetch=load_lse if blocks.lse_early else None)
+                if stagger:
+                    _when((wg == 0) & (i == first), lambda: plgpu.barrier_arrive(stagger_bar[0].at[0]))
                 delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
 
                 def grad_scores():
@@ -1339,48 +1381,57 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
                 def exchange(ds_t, buf, reader):
                     """Puts this consumer's dS^T of the block in shared memory
-                    and, if it reads them, waits for the other one's."""
-                    # The other consumer read this buffer two blocks ago:
+                    and, if it reads them (now: not with dq_lag), waits for
+                    the other one's."""
+                    # The other consumer read this buffer ds_bufs blocks ago:
                     # wait until its dQ product is done with it.
-                    reused = i - first >= 2
+                    reused = i - first >= ds_bufs
                     _when(reused if split else (~reader) & reused, lambda: plgpu.barrier_wait(ds_free.at[buf]))
                     ds_smem.at[buf, wg][...] = ds_t
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(ds_ready.at[buf])
-                    _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
-
-                def dq_product(acc, buf, cols=slice(None)):
-                    """dQ of this block (or its columns): dS K over both consumers' keys."""
-                    for c in range(2):
-                        plgpu.wgmma(acc, ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
-
-                def my_dq_product(acc, buf, reader):
-                    if split:
-                        for half in range(2):
-                            _when(wg == half, functools.partial(dq_product, acc, buf, pl.ds(half * dq_cols, dq_cols)))
-                    else:
-                        _when(reader, functools.partial(dq_product, acc, buf))
+                    if not lag:
+                        _when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
 
                 def buffer():
                     """The block's dS^T buffer, and whether this consumer
                     multiplies its tiles: the owner, or both with dq_split."""
-                    buf = lax.rem(i, 2)
+                    buf = lax.rem(i, ds_bufs)
                     return buf, True if split else buf == wg
 
                 if blocks.split_order:
                     buf, reader = buffer()
                     # FA3's step: dV is on the tensor cores during dS and the
                     # exchange, dK during the dQ store.
+                    # dq_lag: the dQ product is the previous block's, whose
+                    # dS^T the other consumer stored a step ago, so neither
+                    # waits here for the other's current block.
+                    prev, has_prev = lax.rem(i + ds_bufs - 1, ds_bufs), i > first
+
+                    def lagged_dq_product(acc):
+                        plgpu.barrier_wait(ds_ready.at[prev])
+                        my_dq_product(acc, prev, True)
+
+                    def add_lagged_dq(dq):
+                        plgpu.barrier_arrive(ds_free.at[prev])
+                        add_dq(dq, i - 1)
+
                     def fa3_step(refs):
                         dv_ref, dk_ref, dq_ref = refs
                         plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
                         ds_t = grad_scores()
                         exchange(ds_t, buf, reader)
-                        my_dq_product(dq_ref, buf, reader)
+                        if lag:
+                            _when(has_prev, functools.partial(lagged_dq_product, dq_ref))
+                        else:
+                            my_dq_product(dq_ref, buf, reader)
                         plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
                         dq = plgpu.wgmma_accumulator_load(dq_ref, wait_n=1)  # dV and dQ done, dK in flight
-                        plgpu.barrier_arrive(ds_free.at[buf])
-                        add_dq(dq, i)
+                        if lag:
+                            _when(has_prev, functools.partial(add_lagged_dq, dq))
+                        else:
+                            plgpu.barrier_arrive(ds_free.at[buf])
+                            add_dq(dq, i)
 
                     dv, dk, _ = pl.run_state(fa3_step)(
                         tuple(plgpu.ACC.init(x) for x in (dv, dk, _zeros((bq, dq_cols), plgpu.Layout.WGMMA))))
@@ -1425,6 +1476,18 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             else:
                 start, masked = first, (None if causal else False)
             dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=masked), carry)
+            last_buf = lax.rem(num_q_blocks - 1, ds_bufs)
+            if lag:
+                def last_dq():
+                    """The last block's dQ columns, which no next step multiplies."""
+                    plgpu.barrier_wait(ds_ready.at[last_buf])
+
+                    dq_last = _accumulate(lambda refs: my_dq_product(refs[0], last_buf, True),
+                                          _zeros((bq, dq_cols), plgpu.Layout.WGMMA))
+                    plgpu.barrier_arrive(ds_free.at[last_buf])
+                    add_dq(dq_last, num_q_blocks - 1)
+
+                _when(n_steps > 0, last_dq)
             if fused:
                 # The last block's dQ, if carried (zeros if the tile saw no block).
                 last_owner = lax.rem(num_q_blocks - 1, 2) == wg
@@ -1434,7 +1497,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 # consumer (the last block's owner, or either with dq_split)
                 # multiplies in its dQ product: wait for that to finish.
                 readers_left = n_steps > 0 if split else (~last_owner) & (n_steps > 0)
-                _when(readers_left, lambda: plgpu.barrier_wait(ds_free.at[lax.rem(num_q_blocks - 1, 2)]))
+                _when(readers_left, lambda: plgpu.barrier_wait(ds_free.at[last_buf]))
             k_smem.at[wg][...] = (dk * sm_scale).astype(dtype)
             v_smem.at[wg][...] = dv.astype(dtype)
             plgpu.commit_smem()
@@ -1460,11 +1523,11 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         scratch += (
             # [buffer, consumer]; wgmma needs dS^T and K swizzled alike, and
             # bq rows are >= 128 B, so K's swizzle fits.
-            plgpu.SMEM((2, 2, bk, bq), dtype, transforms=transforms),
+            plgpu.SMEM((ds_bufs, 2, bk, bq), dtype, transforms=transforms),
             plgpu.SMEM((2, bq, dq_cols), jnp.float32, transforms=_smem_transforms(dq_cols, 4)),
-            plgpu.Barrier(num_arrivals=2, num_barriers=2),
-            plgpu.Barrier(num_arrivals=2 if split else 1, num_barriers=2),
-        )
+            plgpu.Barrier(num_arrivals=2, num_barriers=ds_bufs),
+            plgpu.Barrier(num_arrivals=2 if split else 1, num_barriers=ds_bufs),
+        ) + ((plgpu.Barrier(num_arrivals=1, num_barriers=1),) if stagger else ())
     if mask_tile:
         scratch += (plgpu.SMEM((2, bk, bq), dtype, transforms=transforms),)
     grad = jax.ShapeDtypeStruct(k.shape, dtype)

@@ -1329,7 +1329,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             # for its half of dQ's columns, and add it as soon as it is
             # computed: carrying it over the next S and dP would not fit in
             # registers next to head_dim 128's dK and dV.
-            def step(i, carry, *, masked: bool | None):
+            def step(i, carry, *, masked: bool | None, peeled: bool = False):
+                """Query block i; `peeled`: the tile's first, run on its own
+                with dq_lag or stagger so that the loop needs no branch
+                for what only the first step does."""
                 dk, dv, *dq_prev = carry  # fused: dQ of the previous block, if this consumer owned it
                 slot = lax.rem(i - first, stages)
                 plgpu.barrier_wait(q_ready.at[slot])
@@ -1372,8 +1375,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
                 p_t, dp_t = _scores_and_dp(products, probabilities, (bk, bq), blocks.bwd_overlap,
                                            prefetch=load_lse if blocks.lse_early else None)
-                if stagger:
-                    _when((wg == 0) & (i == first), lambda: plgpu.barrier_arrive(stagger_bar[0].at[0]))
+                if stagger and peeled:
+                    _when(wg == 0, lambda: plgpu.barrier_arrive(stagger_bar[0].at[0]))
                 delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
 
                 def grad_scores():
@@ -1406,30 +1409,25 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                     # dq_lag: the dQ product is the previous block's, whose
                     # dS^T the other consumer stored a step ago, so neither
                     # waits here for the other's current block.
-                    prev, has_prev = lax.rem(i + ds_bufs - 1, ds_bufs), i > first
-
-                    def lagged_dq_product(acc):
-                        plgpu.barrier_wait(ds_ready.at[prev])
-                        my_dq_product(acc, prev, True)
-
-                    def add_lagged_dq(dq):
-                        plgpu.barrier_arrive(ds_free.at[prev])
-                        add_dq(dq, i - 1)
+                    # The peeled first step has no previous block.
+                    prev = lax.rem(i + ds_bufs - 1, ds_bufs)
 
                     def fa3_step(refs):
                         dv_ref, dk_ref, dq_ref = refs
                         plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
                         ds_t = grad_scores()
                         exchange(ds_t, buf, reader)
-                        if lag:
-                            _when(has_prev, functools.partial(lagged_dq_product, dq_ref))
-                        else:
+                        if lag and not peeled:
+                            plgpu.barrier_wait(ds_ready.at[prev])
+                            my_dq_product(dq_ref, prev, True)
+                        elif not lag:
                             my_dq_product(dq_ref, buf, reader)
                         plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
                         dq = plgpu.wgmma_accumulator_load(dq_ref, wait_n=1)  # dV and dQ done, dK in flight
-                        if lag:
-                            _when(has_prev, functools.partial(add_lagged_dq, dq))
-                        else:
+                        if lag and not peeled:
+                            plgpu.barrier_arrive(ds_free.at[prev])
+                            add_dq(dq, i - 1)
+                        elif not lag:
                             plgpu.barrier_arrive(ds_free.at[buf])
                             add_dq(dq, i)
 
@@ -1470,11 +1468,19 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
             carried_dq = [(bq, head_dim)] if fused and not split else []
             carry = tuple(_zeros(shape, plgpu.Layout.WGMMA) for shape in ((bk, head_dim), (bk, head_dim), *carried_dq))
-            if causal and blocks.masked_loop:
-                carry = lax.fori_loop(first, n_masked_end, functools.partial(step, masked=True), carry)
-                start, masked = n_masked_end, False
+            first_masked = True if causal and blocks.masked_loop else (None if causal else False)
+            if lag or stagger:
+                # A padded tile past the sequence has no step.
+                carry = lax.cond(n_steps > 0, functools.partial(step, first, masked=first_masked, peeled=True),
+                                 lambda c: c, carry)
+                first_step = first + 1
             else:
-                start, masked = first, (None if causal else False)
+                first_step = first
+            if causal and blocks.masked_loop:
+                carry = lax.fori_loop(first_step, n_masked_end, functools.partial(step, masked=True), carry)
+                start, masked = jnp.maximum(n_masked_end, first_step), False
+            else:
+                start, masked = first_step, first_masked
             dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=masked), carry)
             last_buf = lax.rem(num_q_blocks - 1, ds_bufs)
             if lag:

@@ -215,12 +215,11 @@ class MosaicBlockSizes:
         consumer warpgroup (`setmaxnreg`); the producer gets
         3 * 168 - 2 * bwd_registers (24 at 240, which its loop of barrier
         waits and TMA issues fits in).
-      dq_lag: split_order backward: a step multiplies the previous query
+      dq_lag: fused backward with split_order (ignored otherwise): a step multiplies the previous query
         block's dS^T tiles for dQ (and adds that block's dQ columns), not
         its own, so a consumer never waits for the other one's dS^T of the
-        current block; the last block's dQ follows the loop. A third dS^T
-        buffer holds the block in between.
-      stagger: fused backward: consumer 1 starts once consumer 0's first S
+        current block; the last block's dQ follows the loop.
+      stagger: fused backward (ignored by the two kernels): consumer 1 starts once consumer 0's first S
         and dP are done, so that their exponentials fall while the other
         one's products are on the tensor cores rather than at once.
     """
@@ -261,11 +260,6 @@ class MosaicBlockSizes:
         if self.split_order and not self.dq_split:
             raise ValueError("split_order=True orders the steps of the dq_split backward: also set "
                              "fused_bwd=True and dq_split=True")
-        if self.dq_lag and not self.split_order:
-            raise ValueError("dq_lag=True delays the dQ product of the split_order backward: also set "
-                             "fused_bwd=True, dq_split=True and split_order=True")
-        if self.stagger and not self.fused_bwd:
-            raise ValueError("stagger=True offsets the fused backward's consumers: also set fused_bwd=True")
         if self.consumers not in _REGISTERS:
             raise ValueError(f"consumers={self.consumers!r} must be one of {tuple(_REGISTERS)}")
         if self.consumers == 3 and self.block_q != 64:
@@ -333,6 +327,10 @@ class MosaicBlockSizes:
         Causal, its consumers also load each step's lse while S and dP run,
         on 240 registers each (lse_early, bwd_registers): 1.015-1.047x at
         seq 4096-16384 on an H100; non-causal that measured 0.97-0.98x.
+        Its consumers run half a step apart (stagger) and each multiplies
+        the previous block's dS^T for dQ (dq_lag), so neither waits for the
+        other's dS^T of the current block and their exponentials do not
+        coincide: 0.99-1.08x the kernel without both in one A/B on an H100.
         `causal` None (not known) counts as causal."""
         if head_dim <= 64:
             fused = seq_len is None or seq_len > FUSED_BWD_MIN_SEQ
@@ -347,7 +345,8 @@ class MosaicBlockSizes:
             forward["group_heads"] = False
         if causal is not False and seq_len is not None and seq_len <= FUSED_BWD128_CAUSAL_MIN_SEQ:
             return cls(**forward, mask_tile=True)
-        backward = dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False, mask_tile=True)
+        backward = dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False, mask_tile=True,
+                        dq_lag=True, stagger=True)
         if causal is not False:
             backward.update(lse_early=True, bwd_registers=240)
         return cls(**forward, **backward)
@@ -503,9 +502,13 @@ _FWD_AUTO_BARRIERS = True
 _BWD_AUTO_BARRIERS = False
 
 # dS^T buffers of the fused backward with dq_lag (each 2 consumers x
-# block_k_dkv x block_q_dkv): a consumer can be up to a step ahead of the
-# other one's dQ product of the block before.
-_LAG_DS_BUFFERS = 3
+# block_k_dkv x block_q_dkv). Two suffice: a consumer stores block i's tile
+# once both consumers' dQ products of block i - 2 are done, which with the
+# stagger they finished a step earlier. Three let the consumers drift a step
+# further apart, but on an H100 the head_dim 128 kernel then spilled 244-500
+# bytes at seq 16384 and measured 0.56-0.76x the kernel without the lag there
+# (results/attention-mgpu-h100/timing/ab-lag-stagger-peeled.log).
+_LAG_DS_BUFFERS = 2
 
 
 def _compiler_params(auto_barriers: bool = True):
@@ -1218,7 +1221,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     # Fused: both consumers' dS^T, double-buffered (operands of the dQ
     # product), and a float32 dQ tile per consumer (source of the reduce-add)
     # also live in shared memory.
-    lag = fused and blocks.dq_lag
+    lag = split and blocks.split_order and blocks.dq_lag
     stagger = fused and blocks.stagger
     ds_bufs = _LAG_DS_BUFFERS if lag else 2
     fixed = 4 * bk * row + (2 * ds_bufs * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)

@@ -109,7 +109,7 @@ def test_default_head_dim_128_backward_depends_on_causal_and_length() -> None:
     read the diagonal's mask from a tile (mask_tile). Other
     head dims above 64 cannot split dQ and keep the two kernels."""
     limit = mgpu.FUSED_BWD128_CAUSAL_MIN_SEQ
-    fused = dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False)
+    fused = dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False, dq_lag=True, stagger=True)
     # The causal fused kernel loads lse early, with 240 registers per consumer.
     early = dict(lse_early=True, bwd_registers=240)
     two = MosaicBlockSizes.get_default(128, limit, causal=True)
@@ -617,6 +617,13 @@ LOWERING_CASES = [
     # ... in FA3's step order (dV before the exchange, dK over the dQ store).
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True)),
+    # ... with the consumers half a step apart, each multiplying the previous
+    # block's dS^T for dQ (the first step peeled out of the loop).
+    ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True,
+                                                          dq_lag=True, stagger=True)),
+    ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True,
+                                                          dq_lag=True)),
+    ((2, 1000, 1, 64), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, stagger=True)),
     # Causal backward in one loop (the diagonal's mask under a branch).
     ((2, 200, 1, 128), True, "bfloat16", MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True,
                                                           masked_loop=False)),
@@ -682,6 +689,31 @@ def test_mask_tile_lowers_and_changes_only_square_causal_steps(shape, causal, bl
     assert (on != off) == changes
     text = jax.jit(bwd(True)).trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text
+
+
+# (blocks, the switches turned on, whether they change the backward): dq_lag
+# applies to the split_order fused kernel only, stagger to every fused one.
+LAG_STAGGER_CASES = [
+    (MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True), dict(dq_lag=True), True),
+    (MosaicBlockSizes(fused_bwd=True, dq_split=True, split_order=True), dict(stagger=True), True),
+    (MosaicBlockSizes(fused_bwd=True), dict(stagger=True), True),
+    (MosaicBlockSizes(fused_bwd=True, dq_split=True), dict(dq_lag=True), False),
+    (MosaicBlockSizes(fused_bwd=True), dict(dq_lag=True), False),
+    (MosaicBlockSizes(), dict(dq_lag=True, stagger=True), False),
+]
+
+
+@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+@pytest.mark.parametrize(("blocks", "switches", "changes"), LAG_STAGGER_CASES, ids=str)
+def test_lag_and_stagger_change_only_the_fused_kernels(blocks, switches, changes) -> None:
+    x = jax.ShapeDtypeStruct((1, 300, 2, 128), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((1, 2, 300), jnp.float32)
+
+    def bwd(b):
+        return lambda *a: mgpu.mosaic_backward(*a, causal=False, sm_scale=0.1, block_sizes=b)
+
+    off, on = (str(jax.make_jaxpr(bwd(b))(x, x, x, x, lse, x)) for b in (blocks, dataclasses.replace(blocks, **switches)))
+    assert (on != off) == changes
 
 
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
@@ -831,6 +863,10 @@ BACKWARD_VARIANTS = {
     "fused-split": dict(UNSPLIT_BWD, fused_bwd=True, dq_split=True),
     "fused-split-order": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=True),
     "fused-split-order-one-loop": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False),
+    "fused-split-order-lag": dict(fused_bwd=True, dq_split=True, split_order=True, dq_lag=True),
+    "fused-split-order-lag-stagger": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=True,
+                                          dq_lag=True, stagger=True),
+    "fused-stagger": dict(UNSPLIT_BWD, fused_bwd=True, stagger=True),
     "fused-one-loop": dict(UNSPLIT_BWD, fused_bwd=True, masked_loop=False),
     "fused-lse-early": dict(UNSPLIT_BWD, fused_bwd=True, lse_early=True, bwd_registers=240),
     "fused-split-order-lse-early": dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False,
@@ -932,6 +968,7 @@ def test_gpu_half_diagonal_gives_the_same_outputs(case: Case) -> None:
 
 @needs_hopper
 @pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(UNSPLIT_BWD, fused_bwd=True, dq_split=True)),
+                                                   (128, dict(dq_lag=False, stagger=False)),
                                                    (128, dict(masked_loop=True)), (128, dict(UNSPLIT_BWD, fused_bwd=False))],
                          ids=str)
 def test_gpu_repeatable(head_dim: int, changes: dict) -> None:

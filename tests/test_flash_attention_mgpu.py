@@ -109,14 +109,16 @@ def test_default_head_dim_128_backward_depends_on_causal_and_length() -> None:
     read the diagonal's mask from a tile (mask_tile). Other
     head dims above 64 cannot split dQ and keep the two kernels."""
     limit = mgpu.FUSED_BWD128_CAUSAL_MIN_SEQ
-    fused = dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False, dq_lag=True, stagger=True)
-    # The causal fused kernel loads lse early, with 240 registers per consumer.
+    fused = dict(fused_bwd=True, dq_split=True, split_order=True, masked_loop=False)
+    # The causal fused kernel loads lse early, with 240 registers per
+    # consumer; the non-causal one lags its dQ product and staggers its consumers.
     early = dict(lse_early=True, bwd_registers=240)
+    lagged = dict(dq_lag=True, stagger=True)
     two = MosaicBlockSizes.get_default(128, limit, causal=True)
     assert not two.fused_bwd and not two.lse_early and two.bwd_registers == 232
     for seq, causal in ((1024, False), (limit, False), (limit + 1, True), (16384, None), (None, None), (None, True)):
         got = MosaicBlockSizes.get_default(128, seq, causal=causal)
-        want = dataclasses.replace(two, **fused, **(early if causal is not False else {}))
+        want = dataclasses.replace(two, **fused, **(early if causal is not False else lagged))
         # (group_heads, the forward's order, has its own test)
         assert dataclasses.replace(got, group_heads=True) == want, (seq, causal)
     for seq, causal in ((1024, True), (limit, None)):
@@ -968,7 +970,7 @@ def test_gpu_half_diagonal_gives_the_same_outputs(case: Case) -> None:
 
 @needs_hopper
 @pytest.mark.parametrize(("head_dim", "changes"), [(64, {}), (128, {}), (128, dict(UNSPLIT_BWD, fused_bwd=True, dq_split=True)),
-                                                   (128, dict(dq_lag=False, stagger=False)),
+                                                   (128, dict(dq_lag=True, stagger=True)),
                                                    (128, dict(masked_loop=True)), (128, dict(UNSPLIT_BWD, fused_bwd=False))],
                          ids=str)
 def test_gpu_repeatable(head_dim: int, changes: dict) -> None:

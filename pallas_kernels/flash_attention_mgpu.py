@@ -215,13 +215,15 @@ class MosaicBlockSizes:
         consumer warpgroup (`setmaxnreg`); the producer gets
         3 * 168 - 2 * bwd_registers (24 at 240, which its loop of barrier
         waits and TMA issues fits in).
-      dq_lag: fused backward with split_order (ignored otherwise): a step multiplies the previous query
-        block's dS^T tiles for dQ (and adds that block's dQ columns), not
-        its own, so a consumer never waits for the other one's dS^T of the
-        current block; the last block's dQ follows the loop.
-      stagger: fused backward (ignored by the two kernels): consumer 1 starts once consumer 0's first S
-        and dP are done, so that their exponentials fall while the other
-        one's products are on the tensor cores rather than at once.
+      dq_lag: fused backward with split_order (ignored otherwise): a step
+        multiplies the previous query block's dS^T tiles for dQ (and adds
+        that block's dQ columns), not its own, so a consumer never waits
+        for the other one's dS^T of the current block; the last block's dQ
+        follows the loop.
+      stagger: fused backward (ignored by the two kernels): consumer 1
+        starts once consumer 0's first S and dP are done, so that their
+        exponentials fall while the other one's products are on the tensor
+        cores rather than at once.
     """
 
     block_q: int = 64
@@ -1390,8 +1392,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
                 def exchange(ds_t, buf, reader):
                     """Puts this consumer's dS^T of the block in shared memory
-                    and, if it reads them (now: not with dq_lag), waits for
-                    the other one's."""
+                    and, if it reads them in this step (not with dq_lag,
+                    which reads them in the next), waits for the other one's."""
                     # The other consumer read this buffer ds_bufs blocks ago:
                     # wait until its dQ product is done with it.
                     reused = i - first >= ds_bufs

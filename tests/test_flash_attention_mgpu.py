@@ -708,13 +708,16 @@ LAG_STAGGER_CASES = [
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
 @pytest.mark.parametrize(("blocks", "switches", "changes"), LAG_STAGGER_CASES, ids=str)
 def test_lag_and_stagger_change_only_the_fused_kernels(blocks, switches, changes) -> None:
+    """dq_lag and stagger change exactly the backward kernels they apply to;
+    the others ignore them (the same jaxpr, so the same kernels)."""
     x = jax.ShapeDtypeStruct((1, 300, 2, 128), jnp.bfloat16)
     lse = jax.ShapeDtypeStruct((1, 2, 300), jnp.float32)
 
     def bwd(b):
         return lambda *a: mgpu.mosaic_backward(*a, causal=False, sm_scale=0.1, block_sizes=b)
 
-    off, on = (str(jax.make_jaxpr(bwd(b))(x, x, x, x, lse, x)) for b in (blocks, dataclasses.replace(blocks, **switches)))
+    variants = (blocks, dataclasses.replace(blocks, **switches))
+    off, on = (str(jax.make_jaxpr(bwd(b))(x, x, x, x, lse, x)) for b in variants)
     assert (on != off) == changes
 
 

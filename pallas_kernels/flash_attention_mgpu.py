@@ -517,6 +517,7 @@ _LAG_DS_BUFFERS = 2
 
 _FWD_CHAIN = False
 _FWD_STAGGER = False
+_LATE_PREFETCH = False
 
 
 def _compiler_params(auto_barriers: bool = True):
@@ -903,7 +904,8 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 steps, pending = state if chain else (state, None)
                 b, h, row0, n_blocks, n_free = my_rows(i)
                 buf = buffer(i)
-                if persistent and pending is None:
+                late_prefetch = _LATE_PREFETCH and (overlap or paired)
+                if persistent and pending is None and not late_prefetch:
                     prefetch(i)
 
                 q_tile = q_smem.at[buf * n_wg + wg]
@@ -1065,6 +1067,8 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                         def first_scores(ref):
                             plgpu.wgmma(ref, q_tile, k_smem.at[first].transpose((1, 0)))
                             give_turn()
+                            if persistent and late_prefetch:
+                                prefetch(i)
                             return ref[...]
 
                         s = pl.run_scoped(first_scores, plgpu.ACC((bq, bk), jnp.float32))

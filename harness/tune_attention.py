@@ -63,6 +63,8 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"pingpong": False, "overlap": True, "num_stages": 2},
         {"pingpong": False, "overlap": True, "num_stages": 4},
         {"pingpong": False, "overlap": True, "block_k": 64, "num_stages": 4},
+        {"pingpong": False, "overlap": True, "fwd_stagger": True},
+        {"fwd_stagger": False},
         {"consumers": 3},
         {"consumers": 3, "num_stages": 2},
         {"consumers": 3, "num_stages": 4},

@@ -224,6 +224,12 @@ class MosaicBlockSizes:
         starts once consumer 0's first S and dP are done, so that their
         exponentials fall while the other one's products are on the tensor
         cores rather than at once.
+      fwd_stagger: forward with overlap and no turns (ignored otherwise):
+        a consumer starts its first tile once the one before it has its
+        first block's scores, so the consumers run about half a step
+        apart from then on (the K/V ring they share is their only other
+        synchronization) and their softmaxes fall while the other one's
+        products are on the tensor cores rather than at once.
     """
 
     block_q: int = 64
@@ -251,6 +257,7 @@ class MosaicBlockSizes:
     bwd_registers: int = _CONSUMER_REGISTERS
     dq_lag: bool = False
     stagger: bool = False
+    fwd_stagger: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap and self.paired:
@@ -313,9 +320,11 @@ class MosaicBlockSizes:
         scheduled over head groups), and at head_dim 128 each of its
         consumers overlaps its own matmuls and softmax (overlap=True, no
         turns): 1.05-1.09x the round-robin turns non-causal and
-        1.00-1.03x causal on an H100, with bit-identical outputs. At
-        head_dim 64 the overlapped schedule spills at three consumers' 160
-        registers (1.01-1.05x non-causal, 0.67-0.95x causal) and two
+        1.00-1.03x causal on an H100, with bit-identical outputs, and its
+        consumers start half a step apart (fwd_stagger: 1.03-1.11x causal
+        at seq 1024 and 4096, 1.00-1.02x non-causal at seq 1024-8192, in
+        two A/Bs on an H100). At head_dim 64 the overlapped schedule spills
+        at three consumers' 160 registers (1.01-1.05x non-causal, 0.67-0.95x causal) and two
         consumers are slower still, so it keeps the turns. block_k_dq=128
         keeps the dQ kernel of the two-kernel backward (fused_bwd=False)
         as tuned; its dK/dV kernel was tuned with block_q_dkv=128.
@@ -345,6 +354,7 @@ class MosaicBlockSizes:
         forward = dict(block_k=128, num_stages=2, pingpong=False, overlap=True, persistent=True)
         if head_dim < 128:
             return cls(**forward)
+        forward["fwd_stagger"] = True
         if causal is False and seq_len is not None and seq_len <= ONE_HEAD_AT_A_TIME_MAX_SEQ:
             forward["group_heads"] = False
         if causal is not False and seq_len is not None and seq_len <= FUSED_BWD128_CAUSAL_MIN_SEQ:
@@ -514,10 +524,6 @@ _BWD_AUTO_BARRIERS = False
 # bytes at seq 16384 and measured 0.56-0.76x the kernel without the lag there
 # (results/attention-mgpu-h100/timing/ab-lag-stagger-peeled.log).
 _LAG_DS_BUFFERS = 2
-
-_FWD_CHAIN = False
-_FWD_STAGGER = False
-_LATE_PREFETCH = False
 
 
 def _compiler_params(auto_barriers: bool = True):
@@ -792,11 +798,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
     pingpong, overlap, paired = blocks.pingpong, blocks.overlap, blocks.paired
-    # Chained (persistent, overlapped, non-causal: every consumer runs every
-    # key block of its tiles): a tile's first scores are issued with the
-    # previous tile's last P V.
-    chain = _FWD_CHAIN and persistent and overlap and not causal
-    stagger = _FWD_STAGGER and overlap and not pingpong
+    # The consumers' only other synchronization is the K/V ring they share
+    # (and, with turns, the turns themselves).
+    stagger = blocks.fwd_stagger and overlap and not pingpong
     # Block 0 of a pipelined schedule runs alone, masked wherever any block may need it.
     first_masked = causal or seq_len % bk != 0
 
@@ -871,44 +875,18 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                 plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), h], q_smem.at[buf * n_wg + wg],
                                         q_ready.at[buf * n_wg + wg])
 
-            def buffer(i):
-                return lax.rem(i, 2) if persistent else 0
-
-            def store(acc, m, l, i):
-                """Tile i's output and log-sum-exp. Every row (padded ones
-                too: their q is zero) saw at least key 0, so l > 0 and both
-                outputs are finite. The output goes out through q's buffer
-                (q is no longer needed)."""
-                b, h, row0, _, _ = my_rows(i)
-                q_tile, lse_tile = q_smem.at[buffer(i) * n_wg + wg], lse_smem.at[buffer(i) * n_wg + wg]
-                o = acc * _rows(1.0 / l, acc.shape)
-                q_tile[...] = o.astype(dtype)
-                lse_tile[...] = m * LN_2 + jnp.log(l)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, pl.ds(row0, bq), h], commit_group=False)
-                plgpu.copy_smem_to_gmem(lse_tile, lse_ref.at[b, h, pl.ds(row0, bq)], commit_group=False)
-                plgpu.commit_smem_to_gmem_group()
-
-            def prefetch(i):
-                """Tile i + 1's q, into the other buffer, which holds tile
-                i - 1's output: its store must have read it first."""
-                @pl.when(i + 1 < n_items)
-                def _prefetch():
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    load_q(i + 1, 1 - buffer(i))
-
-            def run_tile(i, state):
-                """Tile i. `state`: ring steps so far; chained, also the
-                previous tile's pending (acc, m, l, P) (None for the first
-                tile), and chained it returns this tile's."""
-                steps, pending = state if chain else (state, None)
+            def run_tile(i, steps):
                 b, h, row0, n_blocks, n_free = my_rows(i)
-                buf = buffer(i)
-                late_prefetch = _LATE_PREFETCH and (overlap or paired)
-                if persistent and pending is None and not late_prefetch:
-                    prefetch(i)
+                buf = lax.rem(i, 2) if persistent else 0
+                if persistent:
+                    @pl.when(i + 1 < n_items)
+                    def _prefetch():
+                        # The other buffer holds the previous tile's output:
+                        # its store must have read it before q overwrites it.
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                        load_q(i + 1, 1 - buf)
 
-                q_tile = q_smem.at[buf * n_wg + wg]
+                q_tile, lse_tile = q_smem.at[buf * n_wg + wg], lse_smem.at[buf * n_wg + wg]
                 plgpu.barrier_wait(q_ready.at[buf * n_wg + wg])
 
                 def ring(j):
@@ -1012,30 +990,17 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     plgpu.barrier_arrive(v_free.at[prev])
                     return acc * _rows(alpha, acc.shape), m, l, p.astype(dtype)
 
-                def boundary_step(pending):
-                    """Chained: this tile's first scores and the previous
-                    tile's last P V in flight together (its last step), the
-                    softmax of the first while the second runs, then the
-                    previous tile's output."""
-                    acc, m_prev, l_prev, p_prev = pending
-                    first, prev = ring(0), lax.rem(steps + stages - 1, stages)
-                    plgpu.barrier_wait(k_ready.at[first])
-                    plgpu.barrier_wait(v_ready.at[prev])
-
-                    def products(refs):
-                        acc_ref, s_ref, m_ref, l_ref, p_ref = refs
-                        plgpu.wgmma(s_ref, q_tile, k_smem.at[first].transpose((1, 0)))
-                        plgpu.wgmma(acc_ref, p_prev, v_smem.at[prev])
-                        s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
-                        plgpu.barrier_arrive(k_free.at[first])
-                        m_ref[...], _, l_ref[...], p_ref[...] = softmax_update(s, m0, l0, 0, first_masked)
-
-                    s0 = _zeros((bq, bk), plgpu.Layout.WGMMA)
-                    acc, _, m, l, p = pl.run_state(products)((plgpu.ACC.init(acc), plgpu.ACC.init(s0), m0, l0, s0))
-                    acc, p = lax.optimization_barrier((acc, p))  # as in overlapped_step
-                    plgpu.barrier_arrive(v_free.at[prev])
-                    store(acc, m_prev, l_prev, i - 1)
-                    return acc0, m, l, p.astype(dtype)
+                def store(acc, m, l):
+                    # Every row (padded ones too: their q is zero) saw at least
+                    # key 0, so l > 0 and both outputs are finite. The output
+                    # goes out through q's buffer (q is no longer needed).
+                    o = acc * _rows(1.0 / l, acc.shape)
+                    q_tile[...] = o.astype(dtype)
+                    lse_tile[...] = m * LN_2 + jnp.log(l)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(q_tile, o_ref.at[b, pl.ds(row0, bq), h], commit_group=False)
+                    plgpu.copy_smem_to_gmem(lse_tile, lse_ref.at[b, h, pl.ds(row0, bq)], commit_group=False)
+                    plgpu.commit_smem_to_gmem_group()
 
                 acc0 = _zeros((bq, head_dim), plgpu.Layout.WGMMA)
                 m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
@@ -1053,46 +1018,29 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     my_free = jnp.minimum(my_free, my_end)
                 if overlap or paired:
                     # Block 0's scores and softmax start the pipeline; the
-                    # last block's P V ends it (chained: the next tile's
-                    # first step does).
+                    # last block's P V ends it.
+                    first = ring(0)
+                    if stagger:
+                        # Consumer c > 0 starts once consumer c - 1's first scores are done.
+                        _when(jnp.logical_and(wg > 0, i == 0), lambda: plgpu.barrier_wait(turn.at[wg]))
+                    plgpu.barrier_wait(k_ready.at[first])
+                    take_turn()
+
+                    def first_scores(ref):
+                        plgpu.wgmma(ref, q_tile, k_smem.at[first].transpose((1, 0)))
+                        give_turn()
+                        return ref[...]
+
+                    s = pl.run_scoped(first_scores, plgpu.ACC((bq, bk), jnp.float32))
+                    plgpu.barrier_arrive(k_free.at[first])
+                    if stagger:
+                        _when(jnp.logical_and(wg + 1 < n_wg, i == 0), lambda: plgpu.barrier_arrive(turn.at[wg + 1]))
+                    m, _, l, p = softmax_update(s, m0, l0, 0, first_masked)
+                    carry = (acc0, m, l, p.astype(dtype))
                     pipelined = overlapped_step if overlap else paired_step
-                    if pending is None:
-                        first = ring(0)
-                        if stagger:
-                            # Consumer c > 0 starts once consumer c - 1's first scores are done.
-                            _when(jnp.logical_and(wg > 0, i == 0), lambda: plgpu.barrier_wait(turn.at[wg]))
-                        plgpu.barrier_wait(k_ready.at[first])
-                        take_turn()
-
-                        def first_scores(ref):
-                            plgpu.wgmma(ref, q_tile, k_smem.at[first].transpose((1, 0)))
-                            give_turn()
-                            if persistent and late_prefetch:
-                                prefetch(i)
-                            return ref[...]
-
-                        s = pl.run_scoped(first_scores, plgpu.ACC((bq, bk), jnp.float32))
-                        plgpu.barrier_arrive(k_free.at[first])
-                        if stagger:
-                            _when(jnp.logical_and(wg + 1 < n_wg, i == 0),
-                                  lambda: plgpu.barrier_arrive(turn.at[wg + 1]))
-                        m, _, l, p = softmax_update(s, m0, l0, 0, first_masked)
-                        carry = (acc0, m, l, p.astype(dtype))
-                        unmasked_from = 1
-                    else:
-                        carry = boundary_step(pending)
-                        # Block 1 runs before the next tile's q is fetched:
-                        # that waits for the store just issued to have read
-                        # the buffer.
-                        carry = lax.cond(my_free > 1, functools.partial(pipelined, 1, masked=False),
-                                         lambda c: c, carry)
-                        prefetch(i)
-                        unmasked_from = 2
-                    carry = lax.fori_loop(unmasked_from, my_free, functools.partial(pipelined, masked=False), carry)
+                    carry = lax.fori_loop(1, my_free, functools.partial(pipelined, masked=False), carry)
                     acc, m, l, p = lax.fori_loop(jnp.maximum(my_free, 1), my_end,
                                                  functools.partial(pipelined, masked=True), carry)
-                    if chain:
-                        return steps + n_blocks, (acc, m, l, p)
                     last = ring(my_end - 1)
                     plgpu.barrier_wait(v_ready.at[last])
                     take_turn()
@@ -1119,9 +1067,9 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
                     acc, m, l = lax.fori_loop(half_end, my_end, functools.partial(step, masked=True), carry)
                     give_turn()
                 if idle_past_end:
-                    _when(jnp.logical_not(past_end(i)), lambda: store(acc, m, l, i))
+                    _when(jnp.logical_not(past_end(i)), lambda: store(acc, m, l))
                 else:
-                    store(acc, m, l, i)
+                    store(acc, m, l)
 
                 def idle_step(j, _):
                     slot = ring(j)
@@ -1138,17 +1086,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
             if pingpong:
                 _when(wg == n_wg - 1, lambda: plgpu.barrier_arrive(turn.at[0]))
             load_q(0, 0)
-            if chain:
-                # The first tile starts the chain; the last one's P V and
-                # output follow it.
-                steps, (acc, m, l, p) = lax.fori_loop(1, n_items, run_tile, run_tile(0, (0, None)))
-                last = lax.rem(steps + stages - 1, stages)
-                plgpu.barrier_wait(v_ready.at[last])
-                acc = _accumulate(lambda refs: plgpu.wgmma(refs[0], p, v_smem.at[last]), acc)
-                plgpu.barrier_arrive(v_free.at[last])
-                store(acc, m, l, n_items - 1)
-            else:
-                for_each_tile(run_tile, 0)
+            for_each_tile(run_tile, 0)
             # The stores must have read shared memory before the CTA exits
             # (their writes to global memory complete on their own).
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -127,6 +127,10 @@ def test_default_head_dim_128_backward_depends_on_causal_and_length() -> None:
     # The causal steps read the diagonal's mask from a tile at head_dim 128 only.
     assert two.mask_tile and MosaicBlockSizes.get_default(128, 16384, causal=True).mask_tile
     assert not any(MosaicBlockSizes.get_default(d, seq, causal=True).mask_tile for d in (64, 80) for seq in (1024, 16384))
+    # The forward's consumers start half a step apart at head_dim 128 only.
+    assert all(MosaicBlockSizes.get_default(128, seq, causal=c).fwd_stagger
+               for seq in (1024, 4096, None) for c in (True, False, None))
+    assert not any(MosaicBlockSizes.get_default(d, 4096, causal=c).fwd_stagger for d in (64, 80, 96) for c in (True, False))
 
 
 def test_default_forward_consumers_depend_on_length() -> None:
@@ -640,6 +644,11 @@ LOWERING_CASES = [
     ((2, 1024, 2, 64), True, "bfloat16", MosaicBlockSizes(consumers=3, persistent=True)),
     ((1, 300, 2, 128), False, "float16", MosaicBlockSizes(persistent=True)),
     ((1, 520, 1, 80), True, "bfloat16", MosaicBlockSizes(persistent=True, pingpong=False, overlap=True)),
+    # ... with the forward's consumers started half a step apart.
+    ((1, 300, 2, 128), False, "bfloat16", MosaicBlockSizes(persistent=True, pingpong=False, overlap=True,
+                                                           fwd_stagger=True)),
+    ((1, 520, 1, 64), True, "float16", MosaicBlockSizes(consumers=3, pingpong=False, overlap=True,
+                                                        fwd_stagger=True)),
 ]
 
 
@@ -719,6 +728,34 @@ def test_lag_and_stagger_change_only_the_fused_kernels(blocks, switches, changes
     variants = (blocks, dataclasses.replace(blocks, **switches))
     off, on = (str(jax.make_jaxpr(bwd(b))(x, x, x, x, lse, x)) for b in variants)
     assert (on != off) == changes
+
+
+# (blocks, whether fwd_stagger changes the forward): it applies to the
+# overlapped forward without turns, persistent or not, and to nothing else.
+FWD_STAGGER_CASES = [
+    (MosaicBlockSizes(pingpong=False, overlap=True, persistent=True), True),
+    (MosaicBlockSizes(pingpong=False, overlap=True), True),
+    (MosaicBlockSizes(pingpong=True, overlap=True, persistent=True), False),
+    (MosaicBlockSizes(pingpong=True, paired=True), False),
+    (MosaicBlockSizes(), False),
+]
+
+
+@pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+@pytest.mark.parametrize(("blocks", "changes"), FWD_STAGGER_CASES, ids=str)
+def test_fwd_stagger_changes_only_the_overlapped_forward(blocks, changes) -> None:
+    """fwd_stagger changes the forward kernels it applies to and no backward
+    kernel (the same jaxpr where it is ignored)."""
+    x = jax.ShapeDtypeStruct((1, 300, 2, 128), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((1, 2, 300), jnp.float32)
+    kw = dict(causal=True, sm_scale=0.1)
+    variants = (blocks, dataclasses.replace(blocks, fwd_stagger=True))
+    off, on = (str(jax.make_jaxpr(lambda *a, b=b: mgpu.mosaic_forward(*a, block_sizes=b, **kw))(x, x, x))
+               for b in variants)
+    assert (on != off) == changes
+    off, on = (str(jax.make_jaxpr(lambda *a, b=b: mgpu.mosaic_backward(*a, block_sizes=b, **kw))(x, x, x, x, lse, x))
+               for b in variants)
+    assert on == off
 
 
 @pytest.mark.skipif(not mgpu.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
@@ -827,6 +864,8 @@ def test_gpu_alt_blocks_match_reference(case: Case) -> None:
 FORWARD_VARIANTS = {
     "overlap": dict(pingpong=False, overlap=True),
     "overlap-pingpong": dict(pingpong=True, overlap=True),
+    "overlap-stagger": dict(pingpong=False, overlap=True, fwd_stagger=True),
+    "overlap-stagger-grid": dict(pingpong=False, overlap=True, fwd_stagger=True, persistent=False),
     "roundrobin": dict(pingpong=True, overlap=False),
     "paired": dict(pingpong=True, overlap=False, paired=True),
     "paired-grid": dict(pingpong=True, overlap=False, paired=True, persistent=False),

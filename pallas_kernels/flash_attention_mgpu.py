@@ -26,7 +26,7 @@ follow the FlashAttention-3 design (Shah et al. 2024, arXiv:2407.08608):
   or one fused kernel that adds dQ up with TMA reduce-adds: the head_dim
   <= 64 default above seq 1024, and at head_dim 128 (dQ split by columns
   between the consumers, each step's products in FA3's order) the default
-  except causal up to seq 2048.
+  except causal up to seq 1024.
 
 Layout and contracts are those of the portable kernels: q, k, v, o are
 [batch, seq, heads, head_dim]; lse is [batch, heads, seq] float32, natural log.
@@ -102,9 +102,12 @@ FUSED_BWD_MIN_SEQ = 1024
 # (masked_loop=False). Non-causal it measured 1.04-1.10x the two kernels at
 # seq 1024-16384 on an H100; causal 0.96x and 0.97x at seq 1024 and 2048,
 # 1.01-1.06x at 4096-16384 (results/attention-mgpu-h100/split-order/
-# split-order-ab*.log, one-loop-ab*.log). So causal inputs keep the two
-# kernels up to this length.
-FUSED_BWD128_CAUSAL_MIN_SEQ = 2048
+# split-order-ab*.log, one-loop-ab*.log). With the diagonal's mask from a
+# tile and lse loaded early (mask_tile, lse_early) the causal fused kernel
+# measured 1.033x the two kernels at seq 2048 and 0.997x at 1024
+# (results/attention-mgpu-h100/timing/ab-bwd128-causal-short-fused.log).
+# So causal inputs keep the two kernels up to this length.
+FUSED_BWD128_CAUSAL_MIN_SEQ = 1024
 # The head_dim <= 64 default forward runs three consumers (192-row tiles)
 # above this length, and non-causal from THREE_CONSUMERS_NON_CAUSAL_MIN_SEQ;
 # two (128-row tiles) otherwise. 192 rows do not divide 1024: the last

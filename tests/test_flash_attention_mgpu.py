@@ -1054,7 +1054,8 @@ def test_float32_falls_back() -> None:
 
 @needs_hopper
 @pytest.mark.parametrize(("seq", "head_dim", "causal", "dtype"),
-                         [(1024, 64, True, "bfloat16"), (777, 128, False, "float16"), (2048, 80, True, "bfloat16")])
+                         [(1024, 64, True, "bfloat16"), (777, 128, False, "float16"), (2048, 80, True, "bfloat16"),
+                          (2048, 128, True, "bfloat16")])
 def test_gpu_matches_torch_sdpa(seq, head_dim, causal, dtype) -> None:
     """Same inputs through torch SDPA and the Mosaic kernel: outputs and
     gradients agree to the dtype's tolerance."""

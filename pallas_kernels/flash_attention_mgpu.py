@@ -324,9 +324,10 @@ class MosaicBlockSizes:
         consumers overlaps its own matmuls and softmax (overlap=True, no
         turns): 1.05-1.09x the round-robin turns non-causal and
         1.00-1.03x causal on an H100, with bit-identical outputs, and its
-        consumers start half a step apart (fwd_stagger: 1.03-1.11x causal
-        at seq 1024 and 4096, 1.00-1.02x non-causal at seq 1024-8192, in
-        two A/Bs on an H100). At head_dim 64 the overlapped schedule spills
+        consumers start half a step apart (fwd_stagger: 0.999-1.016x
+        non-causal at seq 1024-16384 in three A/Bs on an H100, and 1.03-1.11x
+        causal in two, whose spread between identical kernels was a few
+        percent). At head_dim 64 the overlapped schedule spills
         at three consumers' 160 registers (1.01-1.05x non-causal, 0.67-0.95x causal) and two
         consumers are slower still, so it keeps the turns. block_k_dq=128
         keeps the dQ kernel of the two-kernel backward (fused_bwd=False)

@@ -802,8 +802,8 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     qk_scale = sm_scale * LOG2_E
     transforms = _smem_transforms(head_dim, dtype.itemsize)
     pingpong, overlap, paired = blocks.pingpong, blocks.overlap, blocks.paired
-    # The consumers' only other synchronization is the K/V ring they share
-    # (and, with turns, the turns themselves).
+    # fwd_stagger: consumer c > 0 waits once, for c - 1's first scores (on
+    # the turn barriers, which the schedule without turns leaves unused).
     stagger = blocks.fwd_stagger and overlap and not pingpong
     # Block 0 of a pipelined schedule runs alone, masked wherever any block may need it.
     first_masked = causal or seq_len % bk != 0

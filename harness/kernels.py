@@ -9,10 +9,23 @@ holds the template arguments: a PyTorch ``vectorized_elementwise_kernel`` only s
 before ``fusion`` makes it elementwise, ``gemm_fusion_*`` GEMM before elementwise,
 ``input_reduce_fusion`` reduction before elementwise.
 
+Inductor (``torch.compile``) names its Triton kernels
+``triton_<kind>_fused_<ops>_<n>``: ``<kind>`` is ``poi`` (pointwise), ``red`` or ``per``
+(reduction, persistent reduction), ``tem`` (a template: GEMM) or ``for`` (foreach), and
+``<ops>`` are the ATen ops fused into it, sorted and joined by ``_``
+(``triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_3``).  `INDUCTOR_PATTERNS` reads the
+kind, refined by the ops where eager PyTorch runs a kernel of its own: ``softmax`` in the
+ops (also ``_log_softmax`` fused with ``nll_loss``: the loss's eager kernel is a softmax
+too) or ``amax`` + ``exp`` + ``sum``; a reduction with ``rsqrt``, or ``pow`` with ``mean``
+or ``sum`` (RMSNorm forward and backward); a pointwise kernel of copies, views and casts
+only (memory, as eager's copy kernels); ``_foreach_`` ops (the optimizer).  The GEMMs
+Inductor leaves to cuBLAS keep their cuBLAS names.
+
 One rule is phase-aware (`PHASE_RULES`): XLA fuses the optimizer update into fusions
 named after HLO ops (``loop_multiply_fusion``, ``input_reduce_fusion``...), and our
-PyTorch AdamW runs plain elementwise kernels per parameter; by name both would be
-elementwise or reduction.  Inside the ``optimizer`` range they are the optimizer, so the
+PyTorch AdamW's per-parameter loop (``foreach=False``) runs plain elementwise kernels; by
+name both would be elementwise or reduction (its foreach update runs
+``multi_tensor_apply_kernel``, the optimizer by name).  Inside the ``optimizer`` range they are the optimizer, so the
 two frameworks' category shares compare like for like.
 
 GEMM names and the products of a linear layer
@@ -66,17 +79,33 @@ class Category(str, Enum):
 # against a reference.
 _AUTOTUNING = r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|RepeatBufferKernel|xla_\w*comparison|BufferComparator"
 
+# ATen ops that only move, view or cast data (Inductor's names for them).
+_COPY_OPS = r"_to_copy|_unsafe_view|view|clone|t|transpose|permute|expand|slice|select|unsqueeze|squeeze|cat|stack|copy_?"
+
+# Inductor's Triton kernels, after the name-says-it-all patterns above them in
+# `PATTERNS` (attention, softmax, layer norm); `(?=\w*?_op_)` asks for op `op` in the name.
+INDUCTOR_PATTERNS: tuple[tuple[Category, str], ...] = (
+    (Category.OPTIMIZER, r"\btriton_for_|\btriton_[a-z]+_fused\w*?__foreach_"),
+    (Category.SOFTMAX, r"\btriton_(?:red|per)_(?=\w*?_amax_)(?=\w*?_exp_)(?=\w*?_sum_)"),
+    (Category.NORM, r"\btriton_(?:red|per)_(?:(?=\w*?_rsqrt_)|(?=\w*?_pow_)(?=\w*?_(?:mean|sum)_))"),
+    (Category.MEMORY, rf"\btriton_poi_fused(?:_(?:{_COPY_OPS}))+_\d+$"),
+    (Category.GEMM, r"\btriton_tem_"),
+    (Category.REDUCTION, r"\btriton_(?:red|per)_"),
+    (Category.ELEMENTWISE, r"\btriton_poi_"),
+)
+
 PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.AUTOTUNING, _AUTOTUNING),
     (Category.COMMUNICATION, r"nccl"),
     (Category.ATTENTION, r"flash|fmha|sdpa|attention|mha_"),
     (Category.SOFTMAX, r"softmax"),
     (Category.NORM, r"rms_?norm|layer_?norm|RowwiseMoments|group_norm|batch_norm"),
+    *INDUCTOR_PATTERNS,
     (Category.GEMM, r"gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv"),
     (Category.OPTIMIZER, r"multi_tensor_apply|fused_adam|adam|_foreach_"),
     (Category.MEMORY, r"memcpy|memset|transpose|copy|\bcat\w*Batched|fill_kernel|triu_tril"),
     (Category.REDUCTION, r"reduce|reduction|\bargmax|\bargmin|scan_kernel|cumsum"),
-    (Category.ELEMENTWISE, r"elementwise|fusion|\bwrapped_|triton_poi|silu|gelu|rotary"),
+    (Category.ELEMENTWISE, r"elementwise|fusion|\bwrapped_|silu|gelu|rotary"),
     # CPU fallback (no GPU traced): torch.profiler's aten ops stand in for kernels
     (Category.GEMM, r"^aten::(?:mm|bmm|addmm|baddbmm|matmul|linear)$"),
     (Category.MEMORY, r"^aten::(?:fill_|zero_|clone|cat|stack|tril|triu|_to_copy|index\w*|embedding\w*)$"),

@@ -18,3 +18,14 @@ def _has_gpu() -> bool:
 HAS_GPU = _has_gpu()
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=[requires_gpu, pytest.mark.gpu])]
+
+
+@pytest.fixture(scope="session")
+def inductor():
+    """Skips when Inductor cannot build kernels here (on CPU it needs a C++ compiler)."""
+    import torch
+
+    try:
+        torch.compile(lambda x: x * 2 + 1)(torch.ones(4))
+    except (RuntimeError, OSError) as e:  # Inductor's build errors (BackendCompilerFailed, InvalidCxxCompiler)
+        pytest.skip(f"torch.compile (Inductor) cannot compile here: {type(e).__name__}: {e}")

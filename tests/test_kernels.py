@@ -115,3 +115,94 @@ def test_fixture_gemm_transposes_follow_the_linear_layer() -> None:
     top = next(k for k in phases["forward"].kernels if k.gemm)
     assert top.gemm.transpose == "tn" and "nt" not in fwd
     assert {"nn", "nt"} <= bwd
+
+
+# -- Inductor (torch.compile) --------------------------------------------------------
+# Triton kernel names as Inductor builds them: triton_<kind>_fused_<sorted ATen ops>_<n>.
+# The op lists are those Inductor gave the tiny model's training step (fp32 and bf16
+# autocast) on the CPU, where the same names start with cpp_fused_; the kind is the one
+# the GPU gives that kernel (a norm or softmax row is one persistent reduction).
+INDUCTOR = {
+    # RMSNorm forward (the first fused with the embedding gather) and backward
+    "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": Category.NORM,
+    "triton_per_fused__to_copy_add_index_mean_mul_pow_rsqrt_slice_t_0": Category.NORM,
+    "triton_per_fused_add_div_expand_mul_pow_sum_view_1": Category.NORM,
+    "triton_red_fused__to_copy_mul_sum_7": Category.REDUCTION,  # the norm weight's gradient
+    # attention softmax, the loss (log_softmax + nll_loss) and their backward
+    "triton_per_fused__softmax_1": Category.SOFTMAX,
+    "triton_per_fused__softmax__to_copy__unsafe_view_arange_bitwise_not_clone_masked_fill_mul_ones_transpose_tril_view_3": Category.SOFTMAX,
+    "triton_per_fused__softmax_backward_data_masked_fill_mul_nll_loss_forward_view_5": Category.SOFTMAX,
+    "triton_red_fused__log_softmax_nll_loss_3": Category.SOFTMAX,
+    "triton_red_fused__log_softmax__unsafe_view_clone_nll_loss_forward_slice_6": Category.SOFTMAX,
+    "triton_poi_fused__log_softmax__log_softmax_backward_data__unsafe_view_arange_clone_eq_expand_nll_loss_backward_nll_loss_forward_scalar_tensor_slice_view_0": Category.SOFTMAX,
+    "triton_per_fused_amax_div_exp_sub_sum_2": Category.SOFTMAX,  # softmax written out
+    # pointwise: SwiGLU, residual adds, RoPE (its pow is theta**(-2i/d), not a norm)
+    "triton_poi_fused_add_mul_silu_2": Category.ELEMENTWISE,
+    "triton_poi_fused__unsafe_view_mul_silu_silu_backward_view_2": Category.ELEMENTWISE,
+    "triton_poi_fused__unsafe_view_add_2": Category.ELEMENTWISE,
+    "triton_poi_fused__unsafe_view_add_arange_cos_div_mul_neg_pow_sin_slice_stack_sub_transpose_unsqueeze_view_1": Category.ELEMENTWISE,
+    # copies, views and casts only (head split/merge, bf16 weight casts)
+    "triton_poi_fused_clone_transpose_view_3": Category.MEMORY,
+    "triton_poi_fused__unsafe_view_clone_transpose_view_7": Category.MEMORY,
+    "triton_poi_fused__to_copy_t_1": Category.MEMORY,
+    "triton_poi_fused__to_copy_3": Category.MEMORY,
+    # GEMM templates (max-autotune), cuBLAS's Hopper GEMMs behind extern mm
+    "triton_tem_fused_mm_4": Category.GEMM,
+    "triton_tem_fused__unsafe_view_addmm_t_0": Category.GEMM,
+    "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": Category.GEMM,
+    # the compiled AdamW (foreach kernels) and the eager foreach AdamW's multi-tensor kernels
+    "triton_for_fused_0": Category.OPTIMIZER,
+    "triton_for_fused__foreach_add__foreach_addcdiv__foreach_addcmul__foreach_mul__foreach_sqrt_copy__unbind_0": Category.OPTIMIZER,
+    "triton_poi_fused__foreach_add__foreach_addcdiv__foreach_addcmul__foreach_mul__foreach_sqrt_copy__unbind_1": Category.OPTIMIZER,
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListScalarListMetadata<float, 3>, at::native::(anonymous namespace)::PointwiseOpScalarListFunctor<float, 3, 3, 0>, std::divides<float> >(at::native::(anonymous namespace)::TensorListScalarListMetadata<float, 3>, at::native::(anonymous namespace)::PointwiseOpScalarListFunctor<float, 3, 3, 0>, std::divides<float>)": Category.OPTIMIZER,
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<1>, at::native::(anonymous namespace)::BinaryOpScalarFunctor<float, 1, 1, 0>, std::multiplies<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<1>, at::native::(anonymous namespace)::BinaryOpScalarFunctor<float, 1, 1, 0>, std::multiplies<float>, float)": Category.OPTIMIZER,
+}
+
+
+@pytest.mark.parametrize("name,category", INDUCTOR.items())
+def test_inductor_names(name: str, category: Category) -> None:
+    assert classify(name) is category
+
+
+def test_inductor_kind_decides_where_the_ops_do_not() -> None:
+    # the same ops: a reduction with rsqrt is a norm, the pointwise kernel is not
+    assert classify("triton_per_fused_add_mean_mul_pow_rsqrt_0") is Category.NORM
+    assert classify("triton_poi_fused_add_mean_mul_pow_rsqrt_0") is Category.ELEMENTWISE
+    # pow without a mean or sum (RoPE's frequencies) stays a reduction
+    assert classify("triton_red_fused_mul_pow_0") is Category.REDUCTION
+    # a copy with arithmetic is no longer memory
+    assert classify("triton_poi_fused__to_copy_add_0") is Category.ELEMENTWISE
+    # ops are whole words: _expand_ is not exp, _sum_ needs amax and exp beside it
+    assert classify("triton_per_fused_amax_expand_sum_0") is Category.REDUCTION
+    # in the optimizer range a fused pointwise update is the optimizer
+    assert classify("triton_poi_fused_add_div_mul_sqrt_0", ("optimizer",)) is Category.OPTIMIZER
+
+
+def test_nvjet_sm90_name_decodes() -> None:
+    info = decode_gemm("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT")
+    assert (info.arch, info.types, info.math, info.transpose, info.tile) == ("sm90", "tst", "bf16", "tn", "256x128")
+
+
+@pytest.mark.slow
+def test_inductor_names_its_kernels_after_the_fused_ops(inductor) -> None:
+    """Inductor here (CPU) names kernels cpp_fused_<ops>_<n>, the GPU triton_<kind>_fused_
+    <ops>_<n> with the same ops: with the GPU's prefix, today's names classify as above."""
+    import re
+
+    import torch
+    import torch.nn.functional as F
+    from torch._inductor.utils import run_and_get_code
+
+    def parts(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w  # RMSNorm
+        torch._dynamo.graph_break()
+        e = torch.exp(h - h.amax(-1, keepdim=True))
+        p = e / e.sum(-1, keepdim=True)  # softmax written out
+        torch._dynamo.graph_break()
+        return F.cross_entropy(p, y)  # log_softmax + nll_loss
+
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(torch.compile(parts), torch.randn(8, 16), torch.ones(16), torch.randint(0, 16, (8,)))
+    names = [n for code in codes for n in sorted(set(re.findall(r"\bcpp_fused_\w+", code)))]
+    as_gpu = [n.replace("cpp_", "triton_per_", 1) for n in names]
+    assert [classify(n) for n in as_gpu] == [Category.NORM, Category.SOFTMAX, Category.SOFTMAX], names

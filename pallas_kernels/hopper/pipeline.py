@@ -144,12 +144,8 @@ def tile_grid(heads: int, num_tiles: int, batch: int) -> tuple[int, int, int]:
     Mosaic GPU launches a Pallas grid reversed: its last axis becomes CUDA's
     x, the fastest in launch order. So this runs batch fastest, then tiles,
     then heads, and the programs running at once cover every tile of a few
-    (batch, head) pairs, whose streamed blocks they share through L2. The
-    reverse ((tiles, heads, batch) here: heads and batch fastest, programs
-    running at once spread over every head) read 48-58% of DRAM bandwidth at
-    32-36% L2 hits in the head_dim 128 backward at seq 4096, against 7-10%
-    and 85-88% (Nsight Compute on an H100); it ran the head_dim 64 fused
-    backward at 0.58x and the forward grid at seq 1024 at 0.64x."""
+    (batch, head) pairs, whose streamed blocks they share through L2 (the
+    reverse spread them over every head and read several times more DRAM)."""
     return heads, num_tiles, batch
 
 
@@ -168,7 +164,7 @@ def launch(body, out_type, scratch, grid: tuple, name: str, *, auto_barriers: bo
     kernels launch without them: every hazard they guard against is ordered
     there by the kernels' own barriers (mbarrier arrivals per thread, the
     warpgroup barrier in commit_smem and wait_smem_to_gmem, wgmma waits).
-    The forward keeps them (faster with them on an H100).
+    The forward keeps them (it measured slower without).
 
     mutable: some operands are `jax.Ref`s the kernel writes in place. That
     takes `pl.kernel` itself: `plgpu.kernel` wraps the call in a custom_vmap,

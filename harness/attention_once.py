@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                    help="cpu: interpret mode, for checking the program itself")
     p.add_argument("--blocks", default=None, metavar="FIELD=VALUE,...",
-                   help="change fields of the backend's default block sizes, e.g. pingpong=False,overlap=True "
+                   help="change fields of the backend's default block sizes, e.g. overlap=True,consumers=2 "
                         "(needs --backend triton or mosaic)")
     args = p.parse_args(argv)
     args.overrides = {}

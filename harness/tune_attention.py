@@ -40,7 +40,7 @@ TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 5e-3}
 
 # The backward fields that the head_dim 128 default sets for its fused
 # kernel with dQ split by columns, at the values every other schedule needs.
-UNSPLIT_BWD = {"dq_split": False, "split_order": False, "masked_loop": True}
+UNSPLIT_BWD = {"dq_split": False, "dq_lag": False}
 
 # Overrides of the backend's default block sizes, per (backend, pass). The
 # default ({}) is always measured first. Fields a pass does not use are left
@@ -50,59 +50,35 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {},
         {"num_stages": 2},
         {"num_stages": 4},
-        {"block_k": 64, "num_stages": 4},
-        {"block_k": 192},
-        {"block_k": 256},
-        {"block_q": 128, "block_k": 64},
-        {"block_q": 128, "block_k": 128},
-        {"pingpong": False, "overlap": False},
-        {"pingpong": True, "overlap": False},
-        {"pingpong": True, "overlap": False, "paired": True},
-        {"pingpong": True, "overlap": True},
-        {"pingpong": False, "overlap": True},
-        {"pingpong": False, "overlap": True, "num_stages": 2},
-        {"pingpong": False, "overlap": True, "num_stages": 4},
-        {"pingpong": False, "overlap": True, "block_k": 64, "num_stages": 4},
-        {"pingpong": False, "overlap": True, "fwd_stagger": True},
+        {"overlap": False, "fwd_stagger": False},
+        {"overlap": True},
+        {"overlap": True, "num_stages": 2},
+        {"overlap": True, "num_stages": 4},
+        {"overlap": True, "fwd_stagger": True},
         {"fwd_stagger": False},
         {"consumers": 3},
         {"consumers": 3, "num_stages": 2},
         {"consumers": 3, "num_stages": 4},
-        {"consumers": 3, "block_k": 64, "num_stages": 4},
-        {"persistent": False},
-        {"persistent": True},
-        {"persistent": True, "consumers": 3},
-        {"persistent": True, "consumers": 3, "num_stages": 2},
-        {"persistent": True, "group_heads": False},
-        {"persistent": True, "group_heads": True},
-        {"half_diagonal": False},
+        {"group_heads": False},
+        {"group_heads": True},
     ],
     ("mosaic", "bwd"): [
         {},
-        {"num_stages_bwd": 3},
         {"block_k_dq": 128},
         {"block_q_dkv": 128},
         {"block_k_dq": 128, "block_q_dkv": 128},
-        {"block_q_dq": 128, "block_k_dkv": 128},
-        {"block_q_dq": 128},
-        {"block_k_dkv": 128},
         {"fused_bwd": False, **UNSPLIT_BWD},
         {"fused_bwd": False, **UNSPLIT_BWD, "block_q_dkv": 128},
         {"fused_bwd": True, **UNSPLIT_BWD},
         {"fused_bwd": True, **UNSPLIT_BWD, "block_q_dkv": 64},
         {"fused_bwd": True, **UNSPLIT_BWD, "block_q_dkv": 128},
-        {"fused_bwd": True, "num_stages_bwd": 3},
-        {"fused_bwd": True, "dq_split": True, "split_order": False, "masked_loop": True},
-        {"fused_bwd": True, "dq_split": True, "split_order": True},
-        {"fused_bwd": True, "dq_split": True, "split_order": True, "masked_loop": False},
+        {"fused_bwd": True, "dq_split": True},
         {"mask_tile": False},
         {"mask_tile": True},
-        {"dq_lag": False, "stagger": False},
-        {"dq_lag": True, "stagger": False},
-        {"dq_lag": True, "stagger": True},
-        {"lse_early": False, "bwd_registers": 232},
-        {"lse_early": True, "bwd_registers": 240},
-        {"bwd_registers": 240},
+        {"dq_lag": False},
+        {"dq_lag": True},
+        {"lse_early": False},
+        {"lse_early": True},
     ],
     ("triton", "fwd"): [
         {},
@@ -177,9 +153,9 @@ def block_sizes_for(backend: str, head_dim: int, overrides: dict, seq_len: int |
     """The backend's default block sizes for head_dim, seq_len and causal
     with `overrides` applied (a ValueError from the block-size checks passes
     through)."""
-    from pallas_kernels.flash_attention import _BACKENDS
+    from pallas_kernels import default_block_sizes
 
-    return dataclasses.replace(_BACKENDS[backend].default_block_sizes(head_dim, seq_len, causal), **overrides)
+    return dataclasses.replace(default_block_sizes(backend, head_dim, seq_len, causal), **overrides)
 
 
 def _label(overrides: dict) -> str:

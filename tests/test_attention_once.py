@@ -30,7 +30,7 @@ def test_bad_input_is_reported(capsys) -> None:
 
 
 @pytest.mark.parametrize("argv", [["--seq", "0"], ["--blocks", "block_q=16"], ["--backend", "mosaic", "--blocks", "x"],
-                                  ["--backend", "mosaic", "--blocks", "overlap=true,paired=true"],
+                                  ["--backend", "mosaic", "--blocks", "consumers=3,overlap=true"],
                                   ["--backend", "triton", "--blocks", "block_q=big"]])
 def test_rejects_bad_arguments(argv, capsys) -> None:
     with pytest.raises(SystemExit):

@@ -155,7 +155,7 @@ def test_each_kernel_is_lowered_once_however_many_calls() -> None:
         return q.sum()
 
     text = jax.jit(jax.grad(loss)).lower(x, x, x).as_text()
-    for fn in ("_triton_forward", "_triton_backward"):
+    for fn in ("triton_forward", "triton_backward"):
         assert text.count(f"func.func private @{fn}(") == 1, fn
         assert text.count(f"call @{fn}(") == 3, fn
 

@@ -101,7 +101,7 @@ def test_candidates_equal_to_the_default_are_skipped() -> None:
     assert not tune._repeats("mosaic", cell, {}, seen)
     assert tune._repeats("mosaic", cell, {"num_stages": default.num_stages}, seen)
     assert not tune._repeats("mosaic", cell, {"num_stages": default.num_stages + 1}, seen)
-    assert not tune._repeats("mosaic", cell, {"block_q": 48}, seen)  # invalid: measured, recorded as failed
+    assert not tune._repeats("mosaic", cell, {"block_k_dq": 48}, seen)  # invalid: measured, recorded as failed
     # The default depends on the length: at head_dim 64 and seq 1024 it is
     # the two-kernel backward, at 4096 the fused one.
     short, long_ = {"head_dim": 64, "seq": 1024, "causal": True}, {"head_dim": 64, "seq": 4096, "causal": True}

@@ -8,11 +8,9 @@ https://arxiv.org/abs/2307.08691); section numbers in comments refer to it.
 They are written against Pallas's portable GPU lowering (the Triton lowering),
 so they run on Ampere, Ada and Hopper, and in interpret mode on CPU.
 
-Everything that depends on which kernel family runs (block-size defaults,
-launch parameters, the forward and backward implementations) is reached
-through `_BACKENDS`. Two families are registered: "triton" (this file) and
-"mosaic" (`flash_attention_mgpu.py`: Hopper-only wgmma/TMA kernels in Pallas
-Mosaic GPU). `_resolve_backend` is the one place that chooses between them.
+`pallas_kernels.attention` registers them as the "triton" backend and owns
+validation and the custom_vjp; the Hopper kernels (`pallas_kernels.hopper`)
+are the other backend.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,26 +25,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels import flash_attention_mgpu as _mgpu
-from pallas_kernels.flash_attention_mgpu import MosaicBlockSizes
-
-__all__ = [
-    "BACKENDS",
-    "BlockSizes",
-    "MAX_HEAD_DIM",
-    "MosaicBlockSizes",
-    "flash_attention",
-    "flash_attention_with_lse",
-    "mha_reference",
-    "reference_lse",
-]
+__all__ = ["MAX_HEAD_DIM", "SUPPORTED_DTYPES", "BlockSizes", "triton_backward", "triton_forward"]
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 MAX_HEAD_DIM = 256
 # Triton's tensor-core dot needs every dimension of a tile to be >= 16.
 _MIN_BLOCK = 16
-_SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,10 +75,9 @@ class BlockSizes:
 
     @classmethod
     def get_default(cls, head_dim: int, seq_len: int | None = None, causal: bool | None = None) -> BlockSizes:
-        """Defaults for the Triton kernels, tuned on an H200 in bfloat16 (see
-        NOTES.md); `fitted` shrinks them where shared memory is short (and
-        adapts them to seq_len, so it is not needed here). They do not
-        depend on `causal`."""
+        """Defaults for the Triton kernels, tuned on an H200 in bfloat16;
+        `fitted` shrinks them where shared memory is short (and adapts them
+        to seq_len, so it is not needed here). They do not depend on `causal`."""
         del seq_len, causal
         if _padded_head_dim(head_dim) <= 64:
             return cls()
@@ -405,8 +389,9 @@ def _row_stat_spec(seq_len: int) -> pl.BlockSpec:
     return pl.BlockSpec((None, None, seq_len), lambda i, b, h: (b, h, 0))
 
 
-def _triton_forward(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, sm_scale: float,
-                    block_sizes: BlockSizes, interpret: bool) -> tuple[jax.Array, jax.Array]:
+def triton_forward(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, sm_scale: float,
+                   block_sizes: BlockSizes, interpret: bool) -> tuple[jax.Array, jax.Array]:
+    """(o, lse): FlashAttention-2 Algorithm 1, one program per (query block, batch, head)."""
     batch, seq_len, heads, head_dim = q.shape
     padded_dim = _padded_head_dim(head_dim)
     blocks = block_sizes.fitted(seq_len, head_dim, q.dtype.itemsize, _shared_memory_budget(interpret))
@@ -428,9 +413,10 @@ def _triton_forward(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, s
     )(q, k, v)
 
 
-def _triton_backward(q: jax.Array, k: jax.Array, v: jax.Array, o: jax.Array, lse: jax.Array,
-                     do: jax.Array, *, causal: bool, sm_scale: float, block_sizes: BlockSizes,
-                     interpret: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+def triton_backward(q: jax.Array, k: jax.Array, v: jax.Array, o: jax.Array, lse: jax.Array,
+                    do: jax.Array, *, causal: bool, sm_scale: float, block_sizes: BlockSizes,
+                    interpret: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(dq, dk, dv): FlashAttention-2 Algorithm 2 as three kernels (D, dK/dV, dQ)."""
     batch, seq_len, heads, head_dim = q.shape
     padded_dim = _padded_head_dim(head_dim)
     blocks = block_sizes.fitted(seq_len, head_dim, q.dtype.itemsize, _shared_memory_budget(interpret))
@@ -473,200 +459,3 @@ def _triton_backward(q: jax.Array, k: jax.Array, v: jax.Array, o: jax.Array, lse
         name="flash_attention_bwd_dq",
     )(q, k, v, do, lse, delta)
     return dq, dk, dv
-
-
-# ----------------------------------------------------------------------------
-# Backend dispatch: the one place where a second kernel family plugs in.
-
-
-@dataclasses.dataclass(frozen=True)
-class _Backend:
-    forward: Callable[..., tuple[jax.Array, jax.Array]]
-    backward: Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
-    default_block_sizes: Callable[[int, int | None], object]  # (head_dim, seq_len)
-    block_sizes_type: type
-    # Why this family cannot run the inputs here (None if it can).
-    unsupported_reason: Callable[..., str | None]
-
-
-def _shared(fn: Callable) -> Callable:
-    """`fn` under its own jit: a model that calls attention in every layer then
-    lowers each kernel once, as one function that every layer calls, instead of
-    once per call site (the Mosaic GPU lowering takes ~0.3-1 s per kernel)."""
-    return jax.jit(fn, static_argnames=("causal", "sm_scale", "block_sizes", "interpret"))
-
-
-_BACKENDS: dict[str, _Backend] = {
-    "triton": _Backend(_shared(_triton_forward), _shared(_triton_backward), BlockSizes.get_default, BlockSizes,
-                       lambda q, *, interpret: None),
-    "mosaic": _Backend(_shared(_mgpu.mosaic_forward), _shared(_mgpu.mosaic_backward), MosaicBlockSizes.get_default,
-                       MosaicBlockSizes, _mgpu.unsupported_reason),
-}
-BACKENDS: tuple[str, ...] = ("auto", *_BACKENDS)
-
-
-def _resolve_backend(backend: str | None, q: jax.Array | None = None, block_sizes: object = None,
-                     interpret: bool = False) -> str:
-    """Chooses the kernel family.
-
-    "auto" (or None) takes the Hopper kernels ("mosaic") when they can run the
-    inputs: a compute capability 9.x GPU, bfloat16/float16, a supported
-    head_dim, not interpret mode. Everything else (float32, other GPUs, CPU
-    interpret mode, other head dims) falls back to the portable "triton"
-    kernels. Block sizes of one family select that family. A forced backend
-    that cannot run the inputs raises a ValueError with the reason.
-    """
-    if backend is not None and backend != "auto" and backend not in _BACKENDS:
-        raise ValueError(f"unknown {backend=}; valid choices: None, {', '.join(map(repr, BACKENDS))}")
-    if backend is None or backend == "auto":
-        chosen = [name for name, b in _BACKENDS.items() if isinstance(block_sizes, b.block_sizes_type)]
-        if chosen:
-            backend = chosen[0]
-        elif q is not None and _BACKENDS["mosaic"].unsupported_reason(q, interpret=interpret) is None:
-            return "mosaic"
-        else:
-            return "triton"
-    if q is not None:
-        reason = _BACKENDS[backend].unsupported_reason(q, interpret=interpret)
-        if reason is not None:
-            raise ValueError(f"backend={backend!r} cannot run these inputs: {reason}")
-    return backend
-
-
-def _check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, sm_scale: float | None) -> float:
-    """Validates shapes and dtypes; returns the softmax scale to use."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.ndim != 4:
-            raise ValueError(f"{name}.ndim={x.ndim} must be 4 ([batch, seq, heads, head_dim])")
-    if not q.shape == k.shape == v.shape:
-        raise ValueError(f"q, k and v must have the same shape, got {q.shape=}, {k.shape=}, {v.shape=}")
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(f"q, k and v must have the same dtype, got {q.dtype=}, {k.dtype=}, {v.dtype=}")
-    if q.dtype not in _SUPPORTED_DTYPES:
-        raise ValueError(f"dtype={q.dtype} must be one of {', '.join(map(str, _SUPPORTED_DTYPES))}")
-    batch, seq_len, heads, head_dim = q.shape
-    if min(batch, seq_len, heads) < 1:
-        raise ValueError(f"batch, seq and heads must be >= 1, got {q.shape=}")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"{head_dim=} must be between 1 and {MAX_HEAD_DIM}")
-    if sm_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) or sm_scale <= 0:
-        raise ValueError(f"{sm_scale=} must be a finite positive Python float")
-    return float(sm_scale)
-
-
-def _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret):
-    scale = _check_inputs(q, k, v, sm_scale)
-    name = _resolve_backend(backend, q, block_sizes, interpret)
-    expected = _BACKENDS[name].block_sizes_type
-    if block_sizes is None:
-        block_sizes = _BACKENDS[name].default_block_sizes(q.shape[-1], q.shape[1], bool(causal))
-    elif not isinstance(block_sizes, expected):
-        raise ValueError(f"block_sizes={block_sizes!r} must be a {expected.__name__} or None for backend {name!r}")
-    return name, scale, block_sizes
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def _attention(q, k, v, causal, sm_scale, block_sizes, interpret, backend):
-    return _BACKENDS[backend].forward(q, k, v, causal=causal, sm_scale=sm_scale,
-                                      block_sizes=block_sizes, interpret=interpret)[0]
-
-
-def _attention_fwd(q, k, v, causal, sm_scale, block_sizes, interpret, backend):
-    o, lse = _BACKENDS[backend].forward(q, k, v, causal=causal, sm_scale=sm_scale,
-                                        block_sizes=block_sizes, interpret=interpret)
-    return o, (q, k, v, o, lse)
-
-
-def _attention_bwd(causal, sm_scale, block_sizes, interpret, backend, residuals, do):
-    q, k, v, o, lse = residuals
-    return _BACKENDS[backend].backward(q, k, v, o, lse, do, causal=causal, sm_scale=sm_scale,
-                                       block_sizes=block_sizes, interpret=interpret)
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def flash_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool = True,
-    sm_scale: float | None = None,
-    block_sizes: BlockSizes | None = None,
-    interpret: bool = False,
-    backend: str | None = None,
-) -> jax.Array:
-    """Fused multi-head attention, differentiable w.r.t. q, k and v.
-
-    Args:
-      q, k, v: [batch, seq, heads, head_dim] arrays of one dtype (float32,
-        bfloat16 or float16) and one shape; head_dim <= 256, any seq >= 1.
-      causal: mask keys after each query position.
-      sm_scale: softmax scale (a positive Python float); 1/sqrt(head_dim) if None.
-      block_sizes: tiles and launch parameters (a BlockSizes for "triton", a
-        MosaicBlockSizes for "mosaic"); the chosen backend's defaults if None.
-        Under "auto", passing one selects its family.
-      interpret: run the kernels in the Pallas interpreter (works on CPU;
-        always the "triton" kernels).
-      backend: None or "auto" (Hopper kernels on compute capability 9.x for
-        bfloat16/float16 and head_dim in flash_attention_mgpu's
-        SUPPORTED_HEAD_DIMS, the portable kernels otherwise), "triton" (the
-        portable Pallas GPU lowering) or "mosaic" (the Hopper kernels; a
-        ValueError says why if they cannot run the inputs).
-
-    Returns:
-      o, shaped and typed like q. Float32 inputs run on the "triton" kernels
-      with TF32 tensor-core products on GPU (as XLA does at default
-      precision); accumulation is float32.
-    """
-    name, scale, block_sizes = _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret)
-    return _attention(q, k, v, bool(causal), scale, block_sizes, bool(interpret), name)
-
-
-def flash_attention_with_lse(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    causal: bool = True,
-    sm_scale: float | None = None,
-    block_sizes: BlockSizes | None = None,
-    interpret: bool = False,
-    backend: str | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """Forward pass only: (o, lse), lse = log(sum(exp(scaled scores))) per row,
-    shaped [batch, heads, seq], float32. Use `flash_attention` for gradients."""
-    name, scale, block_sizes = _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret)
-    return _BACKENDS[name].forward(q, k, v, causal=bool(causal), sm_scale=scale,
-                                   block_sizes=block_sizes, interpret=bool(interpret))
-
-
-# ----------------------------------------------------------------------------
-# Plain-jnp reference (float32 throughout), for tests and benchmarks.
-
-
-def _reference_scores(q: jax.Array, k: jax.Array, causal: bool, sm_scale: float | None) -> jax.Array:
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
-    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32),
-                   precision=lax.Precision.HIGHEST) * sm_scale
-    if causal:
-        seq_len = q.shape[1]
-        s = jnp.where(jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool)), s, -jnp.inf)
-    return s
-
-
-def mha_reference(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True,
-                  sm_scale: float | None = None) -> jax.Array:
-    """softmax(q k^T * sm_scale) v in float32; [batch, seq, heads, head_dim]."""
-    p = jax.nn.softmax(_reference_scores(q, k, causal, sm_scale), axis=-1)
-    return jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32), precision=lax.Precision.HIGHEST)
-
-
-def reference_lse(q: jax.Array, k: jax.Array, *, causal: bool = True,
-                  sm_scale: float | None = None) -> jax.Array:
-    """Row log-sum-exp of the scaled scores in float32; [batch, heads, seq]."""
-    return jax.nn.logsumexp(_reference_scores(q, k, causal, sm_scale), axis=-1)

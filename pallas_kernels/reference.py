@@ -1,0 +1,35 @@
+"""Plain-jnp attention (float32 throughout): the reference for tests and benchmarks."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = ["mha_reference", "reference_lse"]
+
+
+def _reference_scores(q: jax.Array, k: jax.Array, causal: bool, sm_scale: float | None) -> jax.Array:
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32),
+                   precision=lax.Precision.HIGHEST) * sm_scale
+    if causal:
+        seq_len = q.shape[1]
+        s = jnp.where(jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool)), s, -jnp.inf)
+    return s
+
+
+def mha_reference(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True,
+                  sm_scale: float | None = None) -> jax.Array:
+    """softmax(q k^T * sm_scale) v in float32; [batch, seq, heads, head_dim]."""
+    p = jax.nn.softmax(_reference_scores(q, k, causal, sm_scale), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32), precision=lax.Precision.HIGHEST)
+
+
+def reference_lse(q: jax.Array, k: jax.Array, *, causal: bool = True,
+                  sm_scale: float | None = None) -> jax.Array:
+    """Row log-sum-exp of the scaled scores in float32; [batch, heads, seq]."""
+    return jax.nn.logsumexp(_reference_scores(q, k, causal, sm_scale), axis=-1)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.tune_attention import UNSPLIT_BWD
+from harness.attention.tune import UNSPLIT_BWD
 from pallas_kernels import MosaicBlockSizes, flash_attention, flash_attention_with_lse, mha_reference, reference_lse
 from pallas_kernels import flash_attention_mgpu as mgpu
 from tests.test_flash_attention import TOLERANCES, Case, errors, make_inputs, rel_err

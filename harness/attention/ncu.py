@@ -11,13 +11,11 @@ collect are left out rather than guessed.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
-import sys
 from pathlib import Path
 
-from harness.cli import emit
+from harness.common.tables import markdown_table
 
 # (label, section, metric name) in the order the summary shows them.
 SUMMARY_METRICS = (
@@ -88,7 +86,8 @@ def read_details(path: str | Path) -> list[Launch]:
     launches: dict[str, Launch] = {}
     for r in rows[1:]:
         launch = launches.setdefault(r[header["ID"]], Launch(r[header["ID"]], r[header["Kernel Name"]],
-                                                             r[header.get("Block Size", 0)], r[header.get("Grid Size", 0)], {}))
+                                                             r[header.get("Block Size", 0)], r[header.get("Grid Size",
+                                                                                                          0)], {}))
         launch.metrics[(r[header["Section Name"]], r[header["Metric Name"]])] = (r[header["Metric Value"]],
                                                                                  r[header["Metric Unit"]])
     return list(launches.values())
@@ -143,25 +142,5 @@ def render_markdown(summaries: list[dict[str, str]], source: str) -> str:
     head = ["metric", *(f"#{i} {s['kernel']}" for i, s in enumerate(summaries))]
     lines = [f"# Nsight Compute summary of `{source}`", "",
              *(f"- #{i}: `{s['kernel']}`, grid {s['grid']}, block {s['block']}" for i, s in enumerate(summaries)), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join([label, *(s.get(label, "-") for s in summaries)]) + " |" for label in labels]
+             *markdown_table(head, [[label, *(s.get(label, "-") for s in summaries)] for label in labels])]
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.ncu", description=__doc__.split("\n\n")[0])
-    p.add_argument("csv", type=Path)
-    p.add_argument("--out", type=Path, default=None, help="write the markdown here (default: stdout)")
-    args = p.parse_args(argv)
-    try:
-        launches = read_details(args.csv)
-    except (OSError, NcuError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    text = render_markdown([summary(x) for x in launches], args.csv.name)
-    emit(text, args.out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,16 +16,12 @@ separate. (`python -m harness.ncu` summarizes a details export instead.)
 
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import dataclasses
 import gzip
 import io
-import sys
 from pathlib import Path
-
-from harness.cli import emit
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
@@ -100,7 +96,8 @@ def read_source(path: str | Path) -> list[Kernel]:
             missing = {"Source", SAMPLES, EXECUTED} - set(header)
             if missing:
                 raise NcuSourceError(f"{path}: columns {sorted(missing)} missing; collect the SourceCounters "
-                                     "section and export with: ncu -i X.ncu-rep --page source --print-source sass --csv")
+                                     "section and export with: "
+                                     "ncu -i X.ncu-rep --page source --print-source sass --csv")
             reasons = [n for n in header if n.startswith(STALL_PREFIX) and "(Not Issued)" not in n]
         elif header is not None and len(row) == len(header):
             code = kernels[-1].instructions
@@ -171,27 +168,3 @@ def render_markdown(kernel: Kernel, source: str, *, top: int = 25, min_share: fl
         lines.append(f"| {ins.index} | `{ins.sass}` | {ins.executed} | {ins.samples} | {_share(ins.samples, total)} | "
                      f"{_reasons(ins.stalls, ins.samples, 2)} |")
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.ncu_source", description=__doc__.split("\n\n")[0])
-    p.add_argument("csv", type=Path, help="ncu source-page export (.csv or .csv.gz)")
-    p.add_argument("--top", type=int, default=25, help="instructions to list (default 25)")
-    p.add_argument("--min-share", type=float, default=0.01, help="smallest loop to list, as a share of samples")
-    p.add_argument("--out", type=Path, default=None, help="write the markdown here (default: stdout)")
-    args = p.parse_args(argv)
-    if args.top < 1 or not 0 <= args.min_share < 1:
-        p.error("--top must be >= 1 and --min-share in [0, 1)")
-    try:
-        kernels = read_source(args.csv)
-    except (OSError, UnicodeDecodeError, NcuSourceError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    text = "\n".join(render_markdown(k, args.csv.name, top=args.top, min_share=args.min_share)
-                     for k in kernels if k.instructions)
-    emit(text, args.out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,16 +1,10 @@
-"""Check attention benchmark results against our kernels' targets.
+"""Check attention benchmark results against our kernels' targets (the library behind
+`python -m harness.attention_targets`).
 
-    python -m harness.attention_targets results/attention-h200/*.json [--impl pallas] [--out targets.md]
-    python -m harness.attention_targets --targets hopper old.json new.json [--out targets.md]
-
-Files are read oldest first: a cell (shape, dtype, causal) measured in
-several is taken whole from the last one (latest_cells).
-
-Portable kernel (`--targets portable`, impl `pallas`), per cell and per pass
-(forward and backward separately):
+Portable kernel (impl `pallas`), per cell and per pass (forward and backward separately):
   1. at least as fast as JAX's own Pallas `mha` (`jax_pallas_mha`) at every shape;
   2. within 1.5x the time of the fastest PyTorch SDPA backend at seq >= 1024 in bfloat16.
-Hopper kernel (`--targets hopper`, impl `pallas_mosaic`):
+Hopper kernel (impl `pallas_mosaic`):
   3. per cell and pass, at least the throughput of the fastest of every torch
      SDPA backend and cuDNN through JAX;
   4. the leaderboard shape (16 x 16384 x 64, causal) forward+backward under 5.36 ms.
@@ -19,17 +13,10 @@ Hopper kernel (`--targets hopper`, impl `pallas_mosaic`):
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
+from harness.attention.catalog import BEST_REF_IMPLS, SDPA_IMPLS
+from harness.attention.catalog import KERNEL_PASSES as PASSES
 
-from harness.cli import emit
-
-PASSES = ("fwd", "bwd")
-SDPA = ("torch_sdpa_flash", "torch_sdpa_efficient", "torch_sdpa_cudnn")
 SDPA_BOUND, SDPA_MIN_SEQ = 1.5, 1024
-HOPPER_REFS = (*SDPA, "jax_cudnn")
 LEADERBOARD = {"batch": 16, "heads": 1, "seq": 16384, "head_dim": 64, "causal": True}
 LEADERBOARD_MS = 5.36
 
@@ -72,7 +59,7 @@ def check(rows: list[dict], impl: str = "pallas") -> list[dict]:
         for name in PASSES:
             t = _ms(ours, name)
             mha_t = _ms(impls.get("jax_pallas_mha"), name)
-            sdpa = [x for x in (_ms(impls.get(s), name) for s in SDPA) if x is not None]
+            sdpa = [x for x in (_ms(impls.get(s), name) for s in SDPA_IMPLS) if x is not None]
             rec = {"dtype": dtype, "head_dim": head_dim, "seq": seq, "causal": causal, "pass": name,
                    "status": ours["status"] if ours else "not run",
                    "vs_mha": t / mha_t if t and mha_t else None,
@@ -93,7 +80,7 @@ def check_hopper(rows: list[dict], impl: str = "pallas_mosaic") -> list[dict]:
         ours = impls.get(impl)
         for name in (*PASSES, "fwd_bwd"):
             t = _ms(ours, name)
-            refs = [(_ms(impls.get(r), name), r) for r in HOPPER_REFS]
+            refs = [(_ms(impls.get(r), name), r) for r in BEST_REF_IMPLS]
             refs = [x for x in refs if x[0] is not None]
             best_t, best = min(refs) if refs else (None, None)
             rec = {"dtype": dtype, "head_dim": head_dim, "seq": seq, "causal": causal, "batch": batch,
@@ -130,7 +117,7 @@ def render_hopper_markdown(records: list[dict], sources: list[str], impl: str) -
     lines = [f"# `{impl}` against the Hopper targets", "",
              f"From {', '.join(f'`{s}`' for s in sources)}"
              f"{' (a cell in several: the last)' if len(sources) > 1 else ''}. Speed-up = time of the fastest of "
-             f"{', '.join(HOPPER_REFS)} / time of `{impl}` (>= 1: at least as fast), per cell and pass.", "",
+             f"{', '.join(BEST_REF_IMPLS)} / time of `{impl}` (>= 1: at least as fast), per cell and pass.", "",
              f"- forward and backward each >= 1.0x the fastest reference: {sum(r['meets'] for r in judged)} of "
              f"{len(judged)} cell-passes"]
     board = leaderboard(records)
@@ -161,7 +148,8 @@ def render_markdown(records: list[dict], sources: list[str], impl: str) -> str:
              f"- within {SDPA_BOUND}x of the fastest torch SDPA at seq >= {SDPA_MIN_SEQ}, bf16: "
              f"{count('meets_sdpa')} cell-passes", ""]
     for label, key, bad in (("Slower than JAX Pallas mha", "vs_mha", "meets_mha"),
-                            (f"Past {SDPA_BOUND}x of torch SDPA (bf16, seq >= {SDPA_MIN_SEQ})", "vs_sdpa", "meets_sdpa")):
+                            (f"Past {SDPA_BOUND}x of torch SDPA (bf16, seq >= {SDPA_MIN_SEQ})", "vs_sdpa",
+                             "meets_sdpa")):
         misses = [r for r in records if r[bad] is False]
         lines += [f"## {label}: {len(misses)}", ""]
         if misses:
@@ -174,37 +162,3 @@ def render_markdown(records: list[dict], sources: list[str], impl: str) -> str:
     lines += [f"| {r['dtype']} | {r['head_dim']} | {r['seq']} | {'yes' if r['causal'] else 'no'} | {r['pass']} | "
               f"{_fmt(r['vs_mha'])} | {_fmt(r['vs_sdpa'])} |" for r in records]
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.attention_targets", description=__doc__.split("\n\n")[0])
-    p.add_argument("results", nargs="+", type=Path,
-                   help="JSON files written by harness.bench_attention, oldest first: a cell measured in several "
-                        "is taken from the last")
-    p.add_argument("--targets", choices=("portable", "hopper"), default="portable")
-    p.add_argument("--impl", default=None, help="default: pallas (portable), pallas_mosaic (hopper)")
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args(argv)
-    args.impl = args.impl or ("pallas" if args.targets == "portable" else "pallas_mosaic")
-    runs = []
-    for path in args.results:
-        try:
-            runs.append(json.loads(path.read_text())["results"])
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"error: {path}: not a harness.bench_attention result ({exc})", file=sys.stderr)
-            return 2
-    rows = latest_cells(runs)
-    if not any(r["impl"] == args.impl for r in rows):
-        print(f"error: no {args.impl!r} rows in the given results", file=sys.stderr)
-        return 2
-    sources = [p.name for p in args.results]
-    if args.targets == "hopper":
-        text = render_hopper_markdown(check_hopper(rows, args.impl), sources, args.impl)
-    else:
-        text = render_markdown(check(rows, args.impl), sources, args.impl)
-    emit(text, args.out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,12 +1,10 @@
-"""Tile-size search for our attention kernels: which block sizes are fastest, per shape and pass.
-
-    python -m harness.tune_attention --backend mosaic --shapes fa3 --head-dim 64 --out results/attention-tune-h200
-    python -m harness.tune_attention --render results/attention-tune-h200/mosaic-d64.jsonl
+"""Tile-size search for our attention kernels: which block sizes are fastest, per shape and pass
+(the library behind `python -m harness.tune_attention`).
 
 Each candidate is the backend's default block sizes with a few fields
 changed (CANDIDATES). Forward candidates are timed on the forward pass, and
 backward candidates on the backward alone (from saved residuals), with the
-timing of `harness.bench_attention` (median of repeats of back-to-back
+timing of the benchmark (`harness.attention.timing`) (median of repeats of back-to-back
 launches, after warm-up). Every candidate's output is compared with the
 default's on the same inputs; a difference beyond the dtype's tolerance marks
 it `mismatch`, and a candidate that does not compile or does not fit is
@@ -30,11 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-from harness import bench_attention as bench
-from harness import hardware
-from harness.cli import emit
+from harness.attention.catalog import PASS_FLOP_FACTOR, cell_key, fwd_flops
+from harness.attention.impls import block_sizes_for, build_jax
+from harness.attention.timing import failure_status, release_memory, time_ms
+from harness.common.tables import markdown_table
 
-PASSES = ("fwd", "bwd")
 # Relative difference (max |candidate - default| / max |default|) allowed per dtype.
 TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 5e-3}
 
@@ -124,64 +122,6 @@ IMPL = {"mosaic": "pallas_mosaic", "triton": "pallas"}
 AGAIN = "default (again)"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m harness.tune_attention", description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", choices=tuple(IMPL), default="mosaic")
-    p.add_argument("--passes", default="fwd,bwd", help="comma-separated: fwd, bwd")
-    p.add_argument("--shapes", choices=bench.SHAPE_SETS, default="fa3")
-    p.add_argument("--seq", default=None, help="comma-separated sequence lengths (fa3 default 1024,4096,16384)")
-    p.add_argument("--head-dim", default=None, help="comma-separated (fa3 default 64,128)")
-    p.add_argument("--dtype", choices=tuple(bench.DTYPES), default="bf16")
-    p.add_argument("--causal", choices=("true", "false", "both"), default="both")
-    p.add_argument("--batch", type=int, default=1, help="grid shapes only")
-    p.add_argument("--heads", type=int, default=16, help="grid shapes only")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=7)
-    p.add_argument("--min-batch-ms", type=float, default=25.0)
-    p.add_argument("--lead-in-ms", type=bench.lead_in_ms, default=bench.LEAD_IN_MS,
-                   help="untimed calls of the same configuration before each timed repeat, so the clock under "
-                        "a power limit has settled to it (harness.bench_attention; 0: none)")
-    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
-                   help="cpu: interpret mode on tiny shapes (checks the search, not the speed)")
-    p.add_argument("--only", default=None, metavar="FIELD",
-                   help="measure only the candidates that set FIELD (the default is always measured)")
-    p.add_argument("--out", type=Path, default=None, help="default: results/attention-tune-<gpu>/")
-    p.add_argument("--name", default=None, help="file stem (default <backend>-d<head_dims>)")
-    p.add_argument("--render", type=Path, default=None, help="render an existing .jsonl and exit")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        return args
-    passes = [x for x in args.passes.split(",") if x]
-    bad = [x for x in passes if x not in PASSES]
-    if bad or not passes:
-        p.error(f"--passes {args.passes!r}: choose from {', '.join(PASSES)}")
-    args.passes = passes
-    if args.only is not None and not any(args.only in c for (b, ps), cs in CANDIDATES.items()
-                                         if b == args.backend and ps in passes for c in cs):
-        p.error(f"--only {args.only!r}: no {args.backend} candidate of these passes sets it")
-    if args.shapes == "fa3" and args.seq is None:
-        args.seq = "1024,4096,16384"
-    shape_args = [*(["--seq", args.seq] if args.seq else []), *(["--head-dim", args.head_dim] if args.head_dim else [])]
-    try:
-        shape_ns = bench.parse_args(["--shapes", args.shapes, "--dtype", args.dtype, "--causal", args.causal,
-                                     "--batch", str(args.batch), "--heads", str(args.heads), *shape_args])
-    except SystemExit:
-        p.error("bad --seq/--head-dim for these --shapes (see the message above)")
-    args.cells = bench.cells(shape_ns)
-    args.name = args.name or f"{args.backend}-d{'-'.join(map(str, shape_ns.head_dim))}"
-    return args
-
-
-def block_sizes_for(backend: str, head_dim: int, overrides: dict, seq_len: int | None = None,
-                    causal: bool | None = None) -> object:
-    """The backend's default block sizes for head_dim, seq_len and causal
-    with `overrides` applied (a ValueError from the block-size checks passes
-    through)."""
-    from pallas_kernels.flash_attention import _BACKENDS
-
-    return dataclasses.replace(_BACKENDS[backend].default_block_sizes(head_dim, seq_len, causal), **overrides)
-
-
 def _label(overrides: dict) -> str:
     return "default" if not overrides else " ".join(f"{k}={v}" for k, v in overrides.items())
 
@@ -205,21 +145,21 @@ def measure(backend: str, pass_: str, overrides: dict, cell: dict, reference, ar
     try:
         blocks = block_sizes_for(backend, cell["head_dim"], overrides, cell["seq"], cell["causal"])
         row["block_sizes"] = dataclasses.asdict(blocks)
-        thunks, sync, timer = bench._build_jax(IMPL[backend], cell, args.device, block_sizes=blocks)
+        thunks, sync, timer = build_jax(IMPL[backend], cell, args.device, block_sizes=blocks)
         outputs = _as_tuple(sync(thunks[pass_]()))
-        median, lo, hi = bench._time_ms(thunks[pass_], sync, timer, args)
+        median, lo, hi = time_ms(thunks[pass_], sync, timer, args)
         row.update(ms=median, ms_spread=[lo, hi],
-                   tflops=bench.fwd_flops(cell) * bench.PASS_FLOP_FACTOR[pass_] / (median * 1e-3) / 1e12)
+                   tflops=fwd_flops(cell) * PASS_FLOP_FACTOR[pass_] / (median * 1e-3) / 1e12)
         if reference is not None:
             row["rel_diff_vs_default"] = _rel_diff(outputs, reference)
             if row["rel_diff_vs_default"] > TOLERANCE[cell["dtype"]]:
                 row["status"] = f"mismatch: differs from the default by {row['rel_diff_vs_default']:.2e}"
     except Exception as exc:  # noqa: BLE001 -- every failure becomes a marked row
-        row["status"] = bench._failure(exc, [])
+        row["status"] = failure_status(exc, [])
         outputs = None
     finally:
         thunks = None
-        bench._release_memory()
+        release_memory()
     return row, outputs
 
 
@@ -279,16 +219,12 @@ def _progress(row: dict) -> str:
     return f"{row['pass']} {shape} {row['candidate']:40s} {got} ({row['wall_s']} s)"
 
 
-def _cell(row: dict) -> tuple:
-    return tuple(row[k] for k in ("batch", "heads", "seq", "head_dim", "dtype", "causal"))
-
-
 def _baseline(rows: list[dict]) -> dict[tuple, float]:
     """Per (pass, cell): the fastest median of the default's measurements."""
     out: dict[tuple, float] = {}
     for r in rows:
         if r["candidate"] in ("default", AGAIN) and r["status"] == "ok":
-            key = (r["pass"], _cell(r))
+            key = (r["pass"], cell_key(r))
             out[key] = min(out.get(key, math.inf), r["ms"])
     return out
 
@@ -304,7 +240,7 @@ def rank(rows: list[dict]) -> list[dict]:
         g = groups.setdefault((r["pass"], r["head_dim"], r["candidate"]),
                               {"pass": r["pass"], "head_dim": r["head_dim"], "candidate": r["candidate"],
                                "speedups": [], "failed": 0})
-        base = default.get((r["pass"], _cell(r)))
+        base = default.get((r["pass"], cell_key(r)))
         if r["status"] != "ok":
             g["failed"] += 1
         elif base is not None:
@@ -324,7 +260,7 @@ def best_per_cell(rows: list[dict]) -> list[dict]:
     default = _baseline(rows)
     best: dict[tuple, dict] = {}
     for r in rows:
-        key = (r["pass"], _cell(r))
+        key = (r["pass"], cell_key(r))
         if r["status"] == "ok" and (key not in best or r["ms"] < best[key]["ms"]):
             best[key] = r
     out = []
@@ -344,22 +280,23 @@ def render_markdown(rows: list[dict], env: dict | None = None) -> str:
     lines = ["# Block-size search", ""]
     if env:
         lines += [f"- {k}: `{env[k]}`" for k in ("device", "jax", "git_commit", "command") if k in env] + [""]
-    lines += ["Speed-up = default time / candidate time (> 1 is faster), the default's time being the faster of its measurements (it runs first and last); geomean over the shapes where both ran.",
+    lines += ["Speed-up = default time / candidate time (> 1 is faster), the default's time being the faster of "
+              "its measurements (it runs first and last); geomean over the shapes where both ran.",
               "", "## Candidates ranked", "",
-              "| pass | head_dim | candidate | geomean | worst | best | shapes | failed |", "|---|---|---|---|---|---|---|---|"]
+              *markdown_table(["pass", "head_dim", "candidate", "geomean", "worst", "best", "shapes", "failed"], [])]
     for g in rank(rows):
         lines.append(f"| {g['pass']} | {g['head_dim']} | {g['candidate']} | {_f(g['geomean'], '.3f')} | "
                      f"{_f(g['worst'], '.3f')} | {_f(g['best'], '.3f')} | {g['cells']} | {g['failed']} |")
     lines += ["", "## Fastest candidate per shape", "",
-              "| pass | B | H | seq | D | causal | fastest | ms | TFLOP/s | default ms | speed-up |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              *markdown_table(["pass", "B", "H", "seq", "D", "causal", "fastest", "ms", "TFLOP/s", "default ms",
+                               "speed-up"], [])]
     for b in best_per_cell(rows):
         lines.append(f"| {b['pass']} | {b['batch']} | {b['heads']} | {b['seq']} | {b['head_dim']} | "
                      f"{'yes' if b['causal'] else 'no'} | {b['candidate']} | {b['ms']:.3f} | {b['tflops']:.0f} | "
                      f"{_f(b['default_ms'], '.3f')} | {_f(b['speedup'], '.3f')} |")
     failed = [r for r in rows if r["status"] != "ok"]
     if failed:
-        lines += ["", "## Not measured", "", "| pass | seq | D | causal | candidate | status |", "|---|---|---|---|---|---|"]
+        lines += ["", "## Not measured", "", *markdown_table(["pass", "seq", "D", "causal", "candidate", "status"], [])]
         lines += [f"| {r['pass']} | {r['seq']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | "
                   f"{r['candidate']} | {r['status'][:120]} |" for r in failed]
     return "\n".join(lines) + "\n"
@@ -375,33 +312,3 @@ def read_rows(path: Path) -> tuple[list[dict], dict | None]:
             else:
                 rows.append(record)
     return rows, env
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.render is not None:
-        if not args.render.is_file():
-            print(f"tune_attention: {args.render} does not exist (give the .jsonl a run wrote)", file=sys.stderr)
-            return 2
-        rows, env = read_rows(args.render)
-        emit(render_markdown(rows, env), args.render.with_suffix(".md"))
-        return 0
-    import jax
-
-    if args.device == "gpu" and jax.devices()[0].platform != "gpu":
-        print("tune_attention: no GPU visible to JAX; use --device cpu for a tiny interpret-mode run",
-              file=sys.stderr)
-        return 2
-    out = args.out or bench.REPO_ROOT / "results" / f"attention-tune-{hardware.gpu_slug(jax.devices()[0].device_kind)}"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{args.name}.jsonl"
-    env = bench.environment(args, interleaved=False)
-    with path.open("w") as f:
-        f.write(json.dumps({"environment": env}) + "\n")
-    rows = run(args, path)
-    emit(render_markdown(rows, env), path.with_suffix(".md"))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,12 @@
-"""Run the same training step in PyTorch and JAX, check they agree, report side by side.
-
-    python -m harness.compare --model large --ctx 256 [--dtype bf16] [--attention fused]
+"""Run the same training step in PyTorch and JAX, check they agree, report side by side
+(the library behind `python -m harness.compare`).
 
 Each backend runs `harness.run` in its own subprocess (JAX preallocates most of the GPU,
 and an out-of-memory in one backend must not poison the other), then `harness.parity`
 compares the two on the same weights and batch. The JAX processes share one persistent
 compilation cache (a temporary one unless --compile-cache names a folder), so the parity
 process reuses the run's executables and GEMM autotuning instead of compiling again. Results go to
-results/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
+<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
 """
 
 from __future__ import annotations
@@ -21,16 +20,11 @@ import sys
 import tempfile
 import time
 
-from harness.cli import BACKENDS, MODES, UsageError, add_model_args, choice, fail, non_negative_int, parse_args, \
-    positive_int, select_platform
-from harness.hardware import environment, gpu_slug
+from harness.common.results import ensure_dir, environment, gpu_slug
+from harness.config import backend_attention
+from harness.timing.runner import PHASE_ORDER
 
 SCHEMA = "harness.compare/1"
-
-
-def backend_attention(backend: str, attention: str) -> str:
-    """The Pallas kernel is JAX's; torch runs its fused SDPA opposite it."""
-    return "fused" if backend == "torch" and attention == "pallas" else attention
 
 
 def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
@@ -45,7 +39,8 @@ def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
 
 def _common_args(args: argparse.Namespace, backend: str, batch: int) -> list[str]:
     return ["--model", args.model, "--ctx", str(args.ctx), "--batch", str(batch), "--dtype", args.dtype,
-            "--attention", backend_attention(backend, args.attention), "--device", args.device, "--seed", str(args.seed)]
+            "--attention", backend_attention(backend,
+                                             args.attention), "--device", args.device, "--seed", str(args.seed)]
 
 
 def subprocess_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
@@ -69,7 +64,7 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
         program += ["--fail-in", args.fail_in.split(":")[1]]
     profile = None
     if args.profiler == "nsys":
-        from harness.nsys import profile_command
+        from harness.trace.profile import profile_command
 
         stem = os.path.join(workdir, f"{backend}")
         program, profile = profile_command(backend, stem, program, args.nsys_bin), stem + ".nsys-rep"
@@ -98,16 +93,10 @@ def keep_profiles(profiles: dict[str, str], dest: str) -> None:
 
 def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Namespace) -> tuple[list, list]:
     """Kernel breakdowns and the answers (a)-(e), one per profiled backend."""
-    from harness.breakdown import answers, breakdown, load_profile
-    from harness.report import harness_metadata
+    from harness.trace.breakdown import breakdown_files
 
-    bds, answer_sets = [], []
-    for backend, path in profiles.items():
-        bd = breakdown(load_profile(path, backend, args.nsys_bin))
-        meta = harness_metadata(os.path.join(workdir, f"{backend}.json"))
-        bds.append(bd)
-        answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
-    return bds, answer_sets
+    return breakdown_files(list(profiles.values()), list(profiles),
+                           [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=args.nsys_bin)
 
 
 def run_parity(args: argparse.Namespace, workdir: str) -> dict:
@@ -116,7 +105,7 @@ def run_parity(args: argparse.Namespace, workdir: str) -> dict:
     env = subprocess_env(args, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     while True:
         out = os.path.join(workdir, f"parity-b{batch}.json")
-        cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--json", out]
+        cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--out", out]
         start = time.perf_counter()
         code, tail = _stream(cmd, env)
         print(f"[parity] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -129,13 +118,14 @@ def run_parity(args: argparse.Namespace, workdir: str) -> dict:
             print(f"[parity] out of memory at batch {batch}; retrying at batch {batch // 2}", file=sys.stderr)
             batch //= 2
             continue
-        return {"ok": None, "error": tail.strip().splitlines()[-1] if tail.strip() else f"exit code {code}", "batch": batch}
+        return {"ok": None, "error": tail.strip().splitlines()[-1] if tail.strip() else f"exit code {code}",
+                "batch": batch}
 
 
 def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: dict | None) -> dict:
     """The compare document: both runs, the phase table, ratios and the parity verdict."""
     table = []
-    phases = [p for p in ("forward", "backward", "optimizer", "step", "fused_step")
+    phases = [p for p in PHASE_ORDER
               if any(p in r.get("phases", {}) for r in runs.values())]
     for name in phases:
         row = {"phase": name}
@@ -172,24 +162,26 @@ def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
     profiled = "-profiled" if args.profiler else ""
     if device is None:
         device = args.device
-    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{gpu_slug(device if device != 'cpu' else None)}{profiled}"
+    slug = gpu_slug(device if device != "cpu" else None)
+    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{slug}{profiled}"
 
 
 def write_results(summary: dict, results_root: str, name: str, kernels: tuple[list, list] | None = None) -> str:
     """Write summary.json, report.md, phases.png (and the kernels.* breakdown) into a temp
     dir, then move it into place: an interrupted run leaves no half-written folder."""
-    from harness.compare_report import plot_phases, render_markdown
+    from harness.timing.compare_render import plot_phases, render_markdown
 
-    os.makedirs(results_root, exist_ok=True)
+    ensure_dir(results_root)
     final = os.path.join(results_root, name)
     tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=results_root)
     try:
         if kernels:
-            from harness.report import render_markdown as render_kernels
-            from harness.report import write_report
+            from harness.trace.render import render_markdown as render_kernels
+            from harness.trace.render import write_report
 
             write_report(tmp, *kernels, stem="kernels")
-            summary["kernel_breakdown"] = render_kernels(*kernels).replace("# Kernel breakdown", "## Kernel breakdown", 1)
+            summary["kernel_breakdown"] = render_kernels(*kernels).replace("# Kernel breakdown",
+                                                                           "## Kernel breakdown", 1)
         if plot_phases(summary, os.path.join(tmp, "phases.png")):
             summary["plot"] = "phases.png"
         with open(os.path.join(tmp, "summary.json"), "w") as f:
@@ -204,51 +196,10 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
     return final
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness.compare", description=__doc__.split("\n\n")[0])
-    add_model_args(parser)
-    parser.add_argument("--backends", default="torch,jax", help="comma-separated: torch,jax")
-    parser.add_argument("--warmup", type=non_negative_int, default=5)
-    parser.add_argument("--steps", type=positive_int, default=10)
-    parser.add_argument("--mode", type=choice("mode", MODES), default="train")
-    parser.add_argument("--results-dir", default="results", help="parent folder of the result folder")
-    parser.add_argument("--no-parity", action="store_true", help="skip the parity check")
-    parser.add_argument("--nsys", action="store_true",
-                        help="run each backend under nsys profile and add a kernel breakdown to the report")
-    parser.add_argument("--nsys-bin", help="the nsys binary (default: $NSYS, then nsys on PATH)")
-    parser.add_argument("--profile", action="store_true",
-                        help="kernel breakdown from nsys if found, else from each framework's own profiler")
-    parser.add_argument("--keep-profiles", metavar="DIR",
-                        help="copy the raw profiles (and nsys's SQLite exports) into DIR")
-    parser.add_argument("--annotate-attention", action="store_true",
-                        help="NVTX ranges inside naive attention (attribution runs: adds syncs)")
-    parser.add_argument("--compile-cache", metavar="DIR",
-                        help="persistent JAX compilation cache shared by the JAX processes, kept for later runs "
-                             "(default: a temporary one for this comparison)")
-    parser.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # "backend:phase", for tests
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    from harness.compare_report import format_table
-
-    args = parse_args(build_parser(), argv)
-    try:
-        select_platform(args)
-        backends = [choice("backend", BACKENDS)(b) for b in args.backends.split(",")]
-    except UsageError as exc:
-        return fail(str(exc))
-    args.profiler = None
-    if args.nsys or args.profile:
-        from harness.nsys import ProfileError, find_nsys
-
-        try:
-            find_nsys(args.nsys_bin)
-            args.profiler = "nsys"
-        except ProfileError as exc:
-            if args.nsys:
-                return fail(str(exc))
-            args.profiler = "framework"
+def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
+    """Run each backend, the parity check and the kernel breakdown (when `args.profiler` is
+    "nsys" or "framework"); write the result folder under `args.out`. Returns the compare
+    document and the folder's path."""
     with tempfile.TemporaryDirectory(prefix="compare-") as work:
         args.compile_cache = os.path.abspath(args.compile_cache or os.path.join(work, "jax-cache"))
         results = {b: run_backend(b, args, work) for b in backends}
@@ -258,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarize_compare(args, runs, parity)
         kernels = None
         if profiles:
-            from harness.nsys import ProfileError
+            from harness.trace.profile import ProfileError
 
             try:
                 kernels = kernel_breakdown(profiles, work, args)
@@ -266,18 +217,5 @@ def main(argv: list[str] | None = None) -> int:
                 summary["kernel_breakdown_error"] = str(exc)
             if args.keep_profiles:
                 keep_profiles(profiles, args.keep_profiles)
-        path = write_results(summary, args.results_dir, result_dir_name(args, summary["device"]), kernels)
-    print(format_table(summary))
-    print(f"wrote {path}")
-    if any(r.get("status") != "ok" for r in runs.values()):
-        return 3
-    if parity is not None and not parity.get("ok"):
-        return 1
-    if summary.get("kernel_breakdown_error"):
-        print(f"error: kernel breakdown failed: {summary['kernel_breakdown_error']}", file=sys.stderr)
-        return 4
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        path = write_results(summary, args.out, result_dir_name(args, summary["device"]), kernels)
+    return summary, path

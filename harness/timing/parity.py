@@ -6,22 +6,18 @@ into the Flax model), see the same token batch, and are compared by the relative
 `steps` AdamW steps every parameter and every parameter's total update (theta_N - theta_0).
 The update check is the sharp one for the optimizer: parameters barely move in a few
 steps, so a wrong optimizer hides in the parameters' relative error but not in the
-update's.
-
-    python -m harness.parity --model tiny --device cpu
+update's. The library behind `python -m harness.parity`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import os
-import sys
 
 import numpy as np
 
-from harness.cli import UsageError, add_model_args, config_from_args, fail, parse_args, select_platform
+from harness.common.results import environment
+from harness.config import ModelConfig, backend_attention
+from harness.timing.tokens import make_tokens
 
 # Relative-error bounds per dtype. float32 reorderings give ~1e-6 on logits and grads;
 # the bounds leave room for GPU reduction orders and still sit orders of magnitude
@@ -94,22 +90,18 @@ class ParityResult:
         }
 
 
-def make_tokens(vocab_size: int, batch: int, ctx: int, seed: int) -> np.ndarray:
-    """(batch, ctx + 1) token ids; inputs are [:, :-1] and next-token targets [:, 1:]."""
-    return np.random.default_rng(seed).integers(0, vocab_size, size=(batch, ctx + 1), dtype=np.int64)
+def check_parity(config: ModelConfig, *, batch: int = 2, ctx: int = 64, device: str = "cpu", dtype: str = "fp32",
+                 seed: int = 0, steps: int = 5) -> ParityResult:
+    """Run both models on the same weights and batch and compare them tensor by tensor
+    (`config.attention` is JAX's; torch runs `backend_attention("torch", ...)` of it)."""
+    from harness.timing.jax_backend import JaxSession
+    from harness.timing.torch_backend import TorchSession, init_model
 
-
-def check_parity(config, *, batch: int = 2, ctx: int = 64, device: str = "cpu", dtype: str = "fp32",
-                 seed: int = 0, steps: int = 5, torch_attention: str | None = None) -> ParityResult:
-    """Run both models on the same weights and batch and compare them tensor by tensor."""
-    from harness.jax_backend import JaxSession
-    from harness.torch_backend import TorchSession, init_model
-
-    torch_config = dataclasses.replace(config, attention=torch_attention or config.attention)
+    torch_config = dataclasses.replace(config, attention=backend_attention("torch", config.attention))
     tokens = make_tokens(config.vocab_size, batch, ctx, seed)
-    torch_model = init_model(torch_config, seed)
-    jx = JaxSession(config, tokens, device=device, dtype=dtype, seed=seed, torch_model=torch_model)
-    tc = TorchSession(torch_config, tokens, device=device, dtype=dtype, seed=seed, model=torch_model)
+    weights = init_model(torch_config, seed)
+    jx = JaxSession(config, tokens, device=device, dtype=dtype, seed=seed, weights=weights)
+    tc = TorchSession(torch_config, tokens, device=device, dtype=dtype, seed=seed, weights=weights)
     tol = TOLERANCES[dtype]
     rows = [ParityRow("logits", "logits", rel_err(jx.logits(), tc.logits()), tol["logits"])]
     loss_j, grads_j = jx.loss_and_grads()
@@ -121,18 +113,17 @@ def check_parity(config, *, batch: int = 2, ctx: int = 64, device: str = "cpu", 
     for _ in range(steps):
         jx.forward(), jx.backward(), jx.optimizer_step()
         tc.forward(), tc.backward(), tc.optimizer_step()
-    params_j, params_t = jx.params_dict(), tc.params()
+    params_j, params_t = jx.params(), tc.params()
     for name, p in params_t.items():
         rows.append(ParityRow("param", name, rel_err(params_j[name], p), tol["param"]))
         rows.append(ParityRow("update", name, rel_err(params_j[name] - start[name], p - start[name]), tol["update"]))
-    from harness.hardware import environment
-
     env = environment({"device": tc.device_name() or "cpu", **tc.versions(), **jx.versions()})
     return ParityResult(config.name, dtype, device, batch, ctx, steps,
                         {"torch": torch_config.attention, "jax": config.attention}, rows, env)
 
 
 def format_table(result: ParityResult) -> str:
+    """The terminal table: one line per tensor, then the verdict."""
     lines = [
         f"parity {result.model} {result.dtype} on {result.device}: batch {result.batch}, ctx {result.ctx}, "
         f"{result.steps} AdamW steps, attention torch={result.attention['torch']} jax={result.attention['jax']}",
@@ -144,35 +135,3 @@ def format_table(result: ParityResult) -> str:
     failed = [r for r in result.rows if not r.ok]
     lines.append("PASS" if not failed else f"FAIL: {len(failed)} of {len(result.rows)} tensors over their bound")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.parity", description=__doc__.split("\n\n")[0])
-    add_model_args(parser, ctx_default=64, batch_default=2)
-    parser.add_argument("--steps", type=int, default=5, help="AdamW steps before comparing parameters")
-    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
-    args = parse_args(parser, argv)
-    try:
-        select_platform(args)
-    except UsageError as exc:
-        return fail(str(exc))
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU here
-    config = config_from_args(args)
-    torch_attention = "fused" if config.attention == "pallas" else None
-    try:
-        result = check_parity(config, batch=args.batch, ctx=args.ctx, device=args.device, dtype=args.dtype,
-                              seed=args.seed, steps=args.steps, torch_attention=torch_attention)
-    except Exception as exc:  # an OOM or a backend failure is reported, not a traceback
-        from harness.errors import describe_failure
-
-        return fail(describe_failure(exc, "parity", args))
-    print(format_table(result))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result.to_json(), f, indent=1)
-    return 0 if result.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

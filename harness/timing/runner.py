@@ -1,32 +1,27 @@
-"""Time one backend's training step, phase by phase, under NVTX ranges.
-
-    python -m harness.run --backend torch --model tiny --ctx 64 --device cpu
+"""Time one backend's training step, phase by phase, under NVTX ranges (the library
+behind `python -m harness.run`).
 
 Each measured step is an NVTX range `step` holding `forward`, `backward` and
 `optimizer` (warm-up steps: `warmup`); every phase ends with a device synchronization,
 so its range and its host-timed duration cover all of its GPU work. This is the program
-that `nsys profile` wraps. The result is a JSON document (schema below, `--out`).
+that `nsys profile` wraps. The result is a JSON document (`SCHEMA`, `run`).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import json
-import os
-import sys
 import time
 from collections.abc import Callable
 
-from harness.cli import BACKENDS, MODES, UsageError, add_model_args, choice, config_from_args, fail, \
-    non_negative_int, parse_args, positive_int, select_platform
-from harness.config import ModelConfig
-from harness.errors import describe_failure, is_oom
-from harness.flops import FORMULA, optimizer_bytes, phase_flops
-from harness.hardware import environment, peak_tflops
-from harness.ranges import phase_range
-from harness.stats import summarize
+from harness.common.cli import UsageError
+from harness.common.errors import describe_failure, is_oom
+from harness.common.hardware import peak_tflops
+from harness.common.results import environment
+from harness.common.stats import summarize
+from harness.config import ModelConfig, backend_attention, get_config
+from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
+from harness.timing.ranges import phase_range
 
 SCHEMA = "harness.run/1"
 PHASES = {
@@ -54,6 +49,11 @@ class RunOptions:
     fail_in: str | None = None  # fault injection for tests: raise an OOM in this phase
 
 
+# Every phase a result document may hold, in report order.
+PHASE_ORDER = ("forward", "backward", "optimizer", "step", "fused_step")
+FAULT_PHASES = ("forward", "backward", "optimizer", "fused_step")
+
+
 class PhaseFailure(Exception):
     def __init__(self, phase: str, cause: BaseException):
         super().__init__(phase)
@@ -71,22 +71,19 @@ def _simulated_oom(backend: str) -> BaseException:
 
 
 def make_session(opts: RunOptions, config: ModelConfig):
-    from harness.parity import make_tokens
-    from harness.torch_backend import init_model
+    """The backend's session on the shared token batch and the shared torch_impl weights."""
+    from harness.timing.tokens import make_tokens
+    from harness.timing.torch_backend import init_model
 
     tokens = make_tokens(config.vocab_size, opts.batch, opts.ctx, opts.seed)
-    # Both backends start from these weights. They do not depend on the
-    # attention kernel, and torch has no Pallas kernel, so JAX-only kernels
-    # take their weights from a naive-attention torch model.
-    weights_config = dataclasses.replace(config, attention="naive") if config.attention == "pallas" else config
-    torch_model = init_model(weights_config, opts.seed)
+    # Both backends start from these weights. They do not depend on the attention
+    # kernel; torch has no Pallas kernel, so they come from torch's counterpart.
+    weights = init_model(dataclasses.replace(config, attention=backend_attention("torch", config.attention)), opts.seed)
     if opts.backend == "torch":
-        from harness.torch_backend import TorchSession
-
-        return TorchSession(config, tokens, device=opts.device, dtype=opts.dtype, seed=opts.seed, model=torch_model)
-    from harness.jax_backend import JaxSession
-
-    return JaxSession(config, tokens, device=opts.device, dtype=opts.dtype, seed=opts.seed, torch_model=torch_model)
+        from harness.timing.torch_backend import TorchSession as Session
+    else:
+        from harness.timing.jax_backend import JaxSession as Session
+    return Session(config, tokens, device=opts.device, dtype=opts.dtype, seed=opts.seed, weights=weights)
 
 
 class Timer:
@@ -115,7 +112,7 @@ class Timer:
                     out = s.optimizer_step()
                 else:
                     out = s.fused_step()
-                s.sync(out) if opts.backend == "jax" else s.sync()
+                s.sync(out)
             except Exception as exc:
                 raise PhaseFailure(name, exc) from exc
             dt = (time.perf_counter() - t0) * 1e3
@@ -160,7 +157,7 @@ def plain_loop_ms(session, opts: RunOptions) -> float:
     t0 = time.perf_counter()
     for _ in range(opts.steps):
         out = session.plain_step()
-    session.sync(out) if opts.backend == "jax" else session.sync()
+    session.sync(out)
     return (time.perf_counter() - t0) * 1e3 / opts.steps
 
 
@@ -180,7 +177,7 @@ def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | N
 
 def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) -> dict:
     """Build, warm up and time one backend; returns the result document (status ok or failed)."""
-    config = config_from_args(opts)
+    config = get_config(opts.model, attention=opts.attention)
     result = {"schema": SCHEMA, "status": "ok", "error": None, "options": dataclasses.asdict(opts),
               "config": dataclasses.asdict(config), "num_params": config.num_params,
               "flops_formula": FORMULA}
@@ -247,8 +244,8 @@ def _instrumented(opts: RunOptions):
 
                 stack.enter_context(jax.disable_jit())
         if opts.profile:
-            from harness import framework_profile
-            from harness.ranges import use_framework_annotations
+            from harness.timing.ranges import use_framework_annotations
+            from harness.trace import framework_profile
 
             use_framework_annotations(opts.backend)
             recorder = framework_profile.torch_profiler if opts.backend == "torch" else framework_profile.jax_profiler
@@ -257,7 +254,7 @@ def _instrumented(opts: RunOptions):
 
 
 def _annotate_attention(opts: RunOptions) -> None:
-    from harness.ranges import annotate_attention
+    from harness.timing.ranges import annotate_attention
 
     if opts.backend == "torch":
         import torch
@@ -276,54 +273,23 @@ def _annotate_attention(opts: RunOptions) -> None:
 
 def _precision(opts: RunOptions) -> str:
     if opts.backend == "torch":
-        from harness.torch_backend import PRECISION
+        from harness.timing.torch_backend import PRECISION
     else:
-        from harness.jax_backend import PRECISION
+        from harness.timing.jax_backend import PRECISION
     return PRECISION[opts.dtype]
 
 
 def _failed(result: dict, phase: str, exc: BaseException, opts: RunOptions) -> dict:
-    result.update(status="oom" if is_oom(exc) else "error", error={"phase": phase, "message": describe_failure(exc, phase, opts)})
+    result.update(status="oom" if is_oom(exc) else "error",
+                  error={"phase": phase, "message": describe_failure(exc, phase, opts)})
     result["env"] = environment()
     return result
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", type=choice("backend", BACKENDS), required=True)
-    add_model_args(parser)
-    parser.add_argument("--warmup", type=non_negative_int, default=5)
-    parser.add_argument("--steps", type=positive_int, default=10)
-    parser.add_argument("--mode", type=choice("mode", MODES), default="train")
-    parser.add_argument("--out", metavar="PATH.json", help="write the result document here")
-    parser.add_argument("--annotate-attention", action="store_true",
-                        help="NVTX ranges attn_scores/attn_softmax/attn_values inside naive attention "
-                             "(synchronizes inside the forward; JAX then runs op by op)")
-    parser.add_argument("--profile", metavar="PATH",
-                        help="record the run with the framework's own profiler (torch: a .json trace; "
-                             "jax: a trace directory) for harness.report, where nsys is not available")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    parser.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)
-    return parser
-
-
-def options_from_args(args: argparse.Namespace) -> RunOptions:
-    fields = {f.name for f in dataclasses.fields(RunOptions)}
-    return RunOptions(**{k: v for k, v in vars(args).items() if k in fields})
-
-
-def write_json(path: str, doc: dict) -> None:
-    """Write atomically: a reader never sees half a file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
-
-
 def format_result(doc: dict) -> str:
     o = doc["options"]
-    head = f"{o['backend']} {o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} {o['attention']} {o['mode']} on {o['device']}"
+    head = (f"{o['backend']} {o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} {o['attention']} "
+            f"{o['mode']} on {o['device']}")
     if doc["status"] != "ok":
         return f"{head}: FAILED: {doc['error']['message']}"
     lines = [head, f"{'phase':<11} {'median ms':>10} {'std':>8} {'TFLOP/s':>8} {'MFU':>6} {'peak MiB':>9}"]
@@ -335,27 +301,3 @@ def format_result(doc: dict) -> str:
     if doc.get("overhead"):
         lines.append(f"instrumentation overhead: {doc['overhead']['ratio']:.3f}x a plain loop")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
-    try:
-        select_platform(args)
-        if args.attention == "pallas" and args.backend == "torch":
-            raise UsageError("--attention pallas is a JAX kernel; for torch use naive or fused")
-        if args.fail_in is not None and args.fail_in not in ("forward", "backward", "optimizer", "fused_step"):
-            raise UsageError(f"--fail-in {args.fail_in!r}: choose forward, backward, optimizer or fused_step")
-    except UsageError as exc:
-        return fail(str(exc))
-    progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    doc = run(options_from_args(args), progress)
-    if args.out:
-        write_json(args.out, doc)
-    print(format_result(doc))
-    if doc["status"] != "ok":
-        return 3
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

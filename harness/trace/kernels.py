@@ -64,7 +64,8 @@ class Category(str, Enum):
 # XLA's compile-time autotuner: redzone checks around candidate buffers, the timer's
 # delay kernel, buffer fills (RepeatBuffer) and the comparators that check candidates
 # against a reference.
-_AUTOTUNING = r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|RepeatBufferKernel|xla_\w*comparison|BufferComparator"
+_AUTOTUNING = (r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|RepeatBufferKernel|xla_\w*comparison"
+               r"|BufferComparator")
 
 PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.AUTOTUNING, _AUTOTUNING),

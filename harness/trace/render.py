@@ -1,6 +1,5 @@
-"""Kernel-breakdown report: markdown, CSV, JSON and PNG, one column per profile.
-
-    python -m harness.report run.torch.sqlite.gz run.jax.sqlite.gz --out report/
+"""Kernel-breakdown report: markdown, CSV, JSON and PNG, one column per profile (the
+library behind `python -m harness.report`).
 
 Inputs: ``.nsys-rep`` (exported with nsys first), ``.sqlite``/``.sqlite.gz`` exports, or
 the framework-profiler fallback's traces (torch ``.json``, JAX ``.xplane.pb``).  Columns
@@ -8,28 +7,23 @@ are labelled by the backend named in each file name, or by ``--label``.
 
 From Python (e.g. the compare harness adding a section to its own report)::
 
-    from harness import breakdown, report
+    from harness.trace import breakdown, render
     bds = [breakdown.breakdown(breakdown.load_profile(p)) for p in paths]
-    files = report.write_report(out_dir, bds)          # writes kernels.md/.csv/.json/.png
-    section = report.render_markdown(bds)              # or just the markdown text
-
-A `ProfileError` (bad file, no kernels, no ranges, ...) is printed as one line and the
-CLI exits with status 2.
+    files = render.write_report(out_dir, bds)          # writes kernels.md/.csv/.json/.png
+    section = render.render_markdown(bds)              # or just the markdown text
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.breakdown import Breakdown, PhaseStats, answers, breakdown, load_profile
-from harness.kernels import Category
-from harness.nsys import ProfileError
+from harness.common.tables import markdown_table
+from harness.trace.breakdown import Breakdown, PhaseStats, answers
+from harness.trace.kernels import Category
 
 TOP_N = 10
 NAME_WIDTH = 90
@@ -60,11 +54,6 @@ def _phases(bds: Sequence[Breakdown]) -> list[str]:
     return seen
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return out + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-
-
 def _summary(bds: Sequence[Breakdown]) -> list[str]:
     rows = []
     for phase in _phases(bds):
@@ -72,7 +61,7 @@ def _summary(bds: Sequence[Breakdown]) -> list[str]:
                             ("range ms/step", lambda p: _ms(p.range_ns_per_step)),
                             ("kernels/step", lambda p: f"{p.kernels_per_step:.1f}")):
             rows.append([phase, metric, *(get(bd.phases[phase]) if phase in bd.phases else "-" for bd in bds)])
-    return _table(["phase", "metric", *(bd.label for bd in bds)], rows)
+    return markdown_table(["phase", "metric", *(bd.label for bd in bds)], rows)
 
 
 def _categories(bds: Sequence[Breakdown]) -> list[str]:
@@ -86,13 +75,13 @@ def _categories(bds: Sequence[Breakdown]) -> list[str]:
                 cells.append(f"{p.share(cat):.1%} ({_ms(ns)} ms)" if p and ns else "-")
             if any(c != "-" for c in cells):
                 rows.append([phase, cat.value, *cells])
-    return _table(["phase", "category", *(bd.label for bd in bds)], rows)
+    return markdown_table(["phase", "category", *(bd.label for bd in bds)], rows)
 
 
 def _top(p: PhaseStats, n: int) -> list[str]:
     rows = [[short_name(k.name), k.category, f"{k.calls_per_step:.1f}", _ms(k.ns_per_step),
              f"{k.mean_ns / 1e3:.1f}", f"{k.share:.1%}"] for k in p.kernels[:n]]
-    return _table(["kernel", "category", "calls/step", "ms/step", "mean µs", "share"], rows)
+    return markdown_table(["kernel", "category", "calls/step", "ms/step", "mean µs", "share"], rows)
 
 
 def _gemms(bd: Breakdown) -> list[str]:
@@ -103,7 +92,8 @@ def _gemms(bd: Breakdown) -> list[str]:
         rows += [[phase, short_name(k.name, 70), k.gemm.arch or "?", k.gemm.math or "?",
                   k.gemm.transpose or "?", k.gemm.tile or "?", _ms(k.ns_per_step)]
                  for k in p.kernels if k.gemm]
-    return _table(["phase", "GEMM kernel", "arch", "math", "transpose", "tile", "ms/step"], rows) if rows else []
+    return markdown_table(["phase", "GEMM kernel", "arch", "math", "transpose", "tile", "ms/step"],
+                          rows) if rows else []
 
 
 def _answer_lines(bd: Breakdown, ans: dict) -> list[str]:
@@ -243,50 +233,3 @@ def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Seq
     paths["json"].write_text(json.dumps(doc, indent=1, default=str))
     plot(paths["png"], bds, top_n)
     return paths
-
-
-def harness_metadata(path: str | Path) -> dict:
-    """From a `harness.run` result JSON: its forward time (mean ms over measured steps,
-    the per-step mean the breakdown also uses) and the attention shape for answer (e)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-        opts, cfg = doc["options"], doc["config"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ProfileError(f"{path}: not a harness.run result JSON ({exc!r}); pass the file "
-                           "written by `python -m harness.run --out`") from None
-    forward = (doc.get("phases") or {}).get("forward") or {}
-    return {"forward_ms": forward.get("mean_ms"), "batch": opts["batch"], "seq": opts["ctx"],
-            "heads": cfg["num_heads"], "d_head": cfg["d_model"] // cfg["num_heads"]}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="+", help=".nsys-rep, .sqlite[.gz], torch .json or JAX .xplane.pb")
-    ap.add_argument("--label", action="append", default=[], help="column label per file, in order")
-    ap.add_argument("--out", default="kernel_report", help="output directory")
-    ap.add_argument("--harness-json", action="append", default=[],
-                    help="the harness's result JSON per file, in order (its forward time goes into (a))")
-    ap.add_argument("--require", action="append", default=[], help="range name that must be present")
-    ap.add_argument("--top", type=int, default=TOP_N)
-    ap.add_argument("--nsys", help="nsys binary for exporting .nsys-rep (default: $NSYS, then PATH)")
-    args = ap.parse_args(argv)
-    if len(args.label) > len(args.files) or len(args.harness_json) > len(args.files):
-        ap.error("more --label/--harness-json than files")
-    try:
-        bds, answer_sets = [], []
-        for i, f in enumerate(args.files):
-            label = args.label[i] if i < len(args.label) else None
-            bd = breakdown(load_profile(f, label, args.nsys), args.require)
-            meta = harness_metadata(args.harness_json[i]) if i < len(args.harness_json) else {}
-            bds.append(bd)
-            answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
-        paths = write_report(args.out, bds, answer_sets, args.top)
-    except ProfileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("\n".join(str(p) for p in paths.values()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Check attention benchmark results against our kernels' targets.
+
+    python -m harness.attention_targets results/attention-h200/*.json [--impl pallas] [--out targets.md]
+    python -m harness.attention_targets --targets hopper old.json new.json [--out targets.md]
+
+Files are read oldest first: a cell (shape, dtype, causal) measured in
+several is taken whole from the last one (latest_cells).
+
+Portable kernel (`--targets portable`, impl `pallas`), per cell and per pass
+(forward and backward separately):
+  1. at least as fast as JAX's own Pallas `mha` (`jax_pallas_mha`) at every shape;
+  2. within 1.5x the time of the fastest PyTorch SDPA backend at seq >= 1024 in bfloat16.
+Hopper kernel (`--targets hopper`, impl `pallas_mosaic`):
+  3. per cell and pass, at least the throughput of the fastest of every torch
+     SDPA backend and cuDNN through JAX;
+  4. the leaderboard shape (16 x 16384 x 64, causal) forward+backward under 5.36 ms.
+`check` / `check_hopper` return the ratios as data; the render functions write them up.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.attention.targets import check, check_hopper, latest_cells, render_hopper_markdown, render_markdown
+from harness.common.cli import emit, make_parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = make_parser("harness.attention_targets", __doc__)
+    p.add_argument("results", nargs="+", type=Path,
+                   help="JSON files written by harness.bench_attention, oldest first: a cell measured in several "
+                        "is taken from the last")
+    p.add_argument("--targets", choices=("portable", "hopper"), default="portable",
+                   help="portable: the Triton-lowered kernel's targets; hopper: the Mosaic GPU kernel's")
+    p.add_argument("--impl", default=None, help="the implementation checked (None: pallas for portable, "
+                                                "pallas_mosaic for hopper)")
+    p.add_argument("--out", type=Path, default=None, metavar="PATH.md", help="write the markdown here (None: stdout)")
+    args = p.parse_args(argv)
+    args.impl = args.impl or ("pallas" if args.targets == "portable" else "pallas_mosaic")
+    runs = []
+    for path in args.results:
+        try:
+            runs.append(json.loads(path.read_text())["results"])
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: {path}: not a harness.bench_attention result ({exc})", file=sys.stderr)
+            return 2
+    rows = latest_cells(runs)
+    if not any(r["impl"] == args.impl for r in rows):
+        print(f"error: no {args.impl!r} rows in the given results", file=sys.stderr)
+        return 2
+    sources = [p.name for p in args.results]
+    if args.targets == "hopper":
+        text = render_hopper_markdown(check_hopper(rows, args.impl), sources, args.impl)
+    else:
+        text = render_markdown(check(rows, args.impl), sources, args.impl)
+    emit(text, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

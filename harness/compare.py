@@ -1,0 +1,98 @@
+"""Run the same training step in PyTorch and JAX, check they agree, report side by side.
+
+    python -m harness.compare --model large --ctx 256 [--dtype bf16] [--attention fused] [--out results]
+
+Each backend runs `harness.run` in its own subprocess, then `harness.parity` compares the
+two on the same weights and batch (library: `harness.timing.compare`). The result folder
+<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>[-profiled]/ gets summary.json, report.md
+and phases.png. Exit status: 0 all good, 1 parity failed, 3 a run failed, 4 the kernel
+breakdown failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from harness.common.cli import (
+    UsageError,
+    add_backend,
+    add_mode,
+    add_model_args,
+    add_nsys_bin,
+    add_out,
+    add_steps,
+    fail,
+    make_parser,
+    parse_args,
+    select_platform,
+)
+from harness.timing.compare import compare
+from harness.timing.compare_render import format_table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser("harness.compare", __doc__)
+    add_model_args(p)
+    add_backend(p, many=True)
+    add_steps(p)
+    add_mode(p)
+    add_out(p, "parent folder of the result folder", default="results", metavar="DIR")
+    p.add_argument("--no-parity", action="store_true", help="skip the parity check")
+    p.add_argument("--nsys", action="store_true",
+                   help="run each backend under nsys profile and add a kernel breakdown to the report")
+    add_nsys_bin(p)
+    p.add_argument("--profile", action="store_true",
+                   help="kernel breakdown from nsys if found, else from each framework's own profiler")
+    p.add_argument("--keep-profiles", metavar="DIR",
+                   help="copy the raw profiles (and nsys's SQLite exports) into DIR")
+    p.add_argument("--annotate-attention", action="store_true",
+                   help="NVTX ranges inside naive attention (attribution runs: adds syncs)")
+    p.add_argument("--compile-cache", metavar="DIR",
+                   help="persistent JAX compilation cache shared by the JAX processes, kept for later runs "
+                        "(None: a temporary one for this comparison)")
+    p.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # "backend:phase", for tests
+    return p
+
+
+def profiler(args: argparse.Namespace) -> str | None:
+    """"nsys", "framework" (--profile without nsys) or None; --nsys without nsys is a UsageError."""
+    if not (args.nsys or args.profile):
+        return None
+    from harness.trace.nsys import find_nsys
+    from harness.trace.profile import ProfileError
+
+    try:
+        find_nsys(args.nsys_bin)
+    except ProfileError as exc:
+        if args.nsys:
+            raise UsageError(str(exc)) from exc
+        return "framework"
+    return "nsys"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    try:
+        select_platform(args)
+        if os.path.isfile(args.out):
+            raise UsageError(f"--out {args.out}: is a file; name the parent folder of the result folder")
+        args.profiler = profiler(args)
+    except UsageError as exc:
+        return fail(str(exc))
+    summary, path = compare(args, args.backend)
+    print(format_table(summary))
+    print(f"wrote {path}")
+    if any(r.get("status") != "ok" for r in summary["runs"].values()):
+        return 3
+    if summary["parity"] is not None and not summary["parity"].get("ok"):
+        return 1
+    if summary.get("kernel_breakdown_error"):
+        return fail(f"kernel breakdown failed: {summary['kernel_breakdown_error']}", 4)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Where a kernel's warps wait, instruction by instruction, from an Nsight Compute source export.
+
+    ncu --section WarpStateStats --section SourceCounters --import-source no -k regex:NAME \\
+        --launch-count 1 -o prof python ...
+    ncu -i prof.ncu-rep --page source --print-source sass --csv > sass.csv
+    python -m harness.ncu_source sass.csv [--top 25] [--out summary.md]
+
+`read_source` returns each profiled kernel's SASS instructions with how many
+times warps executed them and the warp-state samples that landed on them, by
+reason. `loops` groups consecutive instructions that ran equally often, as a
+loop body's instructions do: in a warp-specialized kernel that separates the
+producer's loop, whose waits overlap the consumers' work, from the consumers'
+loop, whose waits are the kernel's time. Analysis returns data; rendering is
+separate. (`python -m harness.ncu` summarizes a details export instead.)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.attention.ncu_source import NcuSourceError, read_source, render_markdown
+from harness.common.cli import emit, make_parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = make_parser("harness.ncu_source", __doc__)
+    p.add_argument("csv", type=Path, help="ncu source-page export (.csv or .csv.gz)")
+    p.add_argument("--top", type=int, default=25, help="instructions to list")
+    p.add_argument("--min-share", type=float, default=0.01, help="smallest loop to list, as a share of samples")
+    p.add_argument("--out", type=Path, default=None, metavar="PATH.md", help="write the markdown here (None: stdout)")
+    args = p.parse_args(argv)
+    if args.top < 1 or not 0 <= args.min_share < 1:
+        p.error("--top must be >= 1 and --min-share in [0, 1)")
+    try:
+        kernels = read_source(args.csv)
+    except (OSError, UnicodeDecodeError, NcuSourceError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = "\n".join(render_markdown(k, args.csv.name, top=args.top, min_share=args.min_share)
+                     for k in kernels if k.instructions)
+    emit(text, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

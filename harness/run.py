@@ -1,0 +1,76 @@
+"""Time one backend's training step, phase by phase, under NVTX ranges.
+
+    python -m harness.run --backend torch --model tiny --ctx 64 --device cpu [--out torch.json]
+
+Each measured step is an NVTX range `step` holding `forward`, `backward` and
+`optimizer` (warm-up steps: `warmup`); every phase ends with a device synchronization.
+This is the program that `nsys profile` wraps; the library is `harness.timing.runner`.
+Exit status 3 when the run failed (out of memory or an error; the result says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+from harness.common.cli import (
+    UsageError,
+    add_backend,
+    add_mode,
+    add_model_args,
+    add_out,
+    add_steps,
+    fail,
+    make_parser,
+    parse_args,
+    select_platform,
+)
+from harness.common.results import write_json
+from harness.timing.runner import FAULT_PHASES, RunOptions, format_result, run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser("harness.run", __doc__)
+    add_backend(p)
+    add_model_args(p)
+    add_steps(p)
+    add_mode(p)
+    add_out(p, "write the result document here", metavar="PATH.json")
+    p.add_argument("--annotate-attention", action="store_true",
+                   help="NVTX ranges attn_scores/attn_softmax/attn_values inside naive attention "
+                        "(synchronizes inside the forward; JAX then runs op by op)")
+    p.add_argument("--profile", metavar="PATH",
+                   help="record the run with the framework's own profiler (torch: a .json trace; "
+                        "jax: a trace directory) for harness.report, where nsys is not available")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # fault injection for tests
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> RunOptions:
+    fields = {f.name for f in dataclasses.fields(RunOptions)}
+    return RunOptions(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    try:
+        select_platform(args)
+        if args.attention == "pallas" and args.backend == "torch":
+            raise UsageError("--attention pallas is a JAX kernel; for torch use naive or fused")
+        if args.fail_in is not None and args.fail_in not in FAULT_PHASES:
+            raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")
+    except UsageError as exc:
+        return fail(str(exc))
+    progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    doc = run(options_from_args(args), progress)
+    if args.out:
+        write_json(args.out, doc)
+    print(format_result(doc))
+    return 0 if doc["status"] == "ok" else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Sweep models x context lengths x backends x dtypes, one `harness.run` subprocess per cell.
+
+    python -m harness.sweep --model small,medium --ctx 128,256,512 [--backend torch,jax]
+        [--dtype fp32,bf16] [--nsys] [--warmup-study] [--resume] [--gpus 0,1] [--out results/<sweep>/]
+    python -m harness.sweep --render results/<sweep>/
+
+Each finished cell appends one line to <out>/cells.jsonl (`harness.sweeps.records`), so an
+interrupted sweep continues with --resume without redoing any recorded cell. A cell that
+runs out of memory, crashes, dies by a signal or passes --cell-timeout is recorded with
+its reason and the sweep goes on; the exit code is 3 when any cell of the sweep failed
+(0 otherwise, 2 for bad input). The report (report.md, cells.csv, plots) is rendered from
+cells.jsonl after every sweep, or alone with --render.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from harness.common.cli import (
+    UsageError,
+    add_attention,
+    add_backend,
+    add_batch,
+    add_ctx,
+    add_device,
+    add_dtype,
+    add_mode,
+    add_model,
+    add_nsys_bin,
+    add_out,
+    add_steps,
+    comma_list,
+    fail,
+    make_parser,
+    non_negative_float,
+    parse_args,
+    positive_int,
+    select_platform,
+)
+from harness.sweeps.analysis import analyze
+from harness.sweeps.records import FIXED, WARMUP_STUDY, grid, prepare
+from harness.sweeps.render import write_report
+from harness.sweeps.runner import run_sweep
+from harness.timing.runner import FAULT_PHASES
+
+
+def gpu_index(value: str) -> str:
+    if not value.isdigit():
+        raise UsageError(f"--gpus: expected GPU indices like 0,1,2,3, got {value!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser("harness.sweep", __doc__)
+    add_model(p, many=True, default=None)
+    add_ctx(p, many=True)
+    add_backend(p, many=True)
+    add_dtype(p, many=True)
+    add_batch(p)
+    add_steps(p)
+    add_attention(p)
+    add_device(p)
+    add_mode(p)
+    add_out(p, "the sweep folder", default="results/sweep", metavar="DIR")
+    p.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping recorded cells")
+    p.add_argument("--cell-timeout", type=positive_int, default=None, metavar="S",
+                   help="seconds per cell before it is killed (None: no limit)")
+    p.add_argument("--gpus", type=comma_list(gpu_index), default=None, metavar="0,1,...",
+                   help="run one cell per listed GPU side by side, each on its own slice of the CPUs")
+    p.add_argument("--max-cells", type=positive_int, default=None, metavar="N", help="stop after N cells")
+    p.add_argument("--nsys", action="store_true", help="run each cell under nsys profile; report kernel shares")
+    add_nsys_bin(p)
+    p.add_argument("--warmup-study", action="store_true",
+                   help=f"also run the first model x ctx x dtype with {', '.join(map(str, WARMUP_STUDY))} "
+                        "warm-up steps")
+    p.add_argument("--device-memory-gb", type=non_negative_float, default=None, metavar="GIB",
+                   help="device memory for the fit prediction (None: from the device name, else 80)")
+    p.add_argument("--render", metavar="DIR", help="only render the report of the sweep in DIR")
+    p.add_argument("--fail-cell", default=None, help=argparse.SUPPRESS)  # "model:ctx:backend:dtype:phase"
+    return p
+
+
+def check(args: argparse.Namespace) -> None:
+    """Options that argparse cannot check alone; a UsageError names the fix."""
+    if args.model is None or args.ctx is None:
+        raise UsageError("--model and --ctx are required (or --render DIR)")
+    if args.attention == "pallas" and "jax" not in args.backend:
+        raise UsageError("--attention pallas is a JAX kernel; include jax in --backend")
+    if args.fail_cell is not None and args.fail_cell.rpartition(":")[2] not in FAULT_PHASES:
+        raise UsageError(f"--fail-cell {args.fail_cell!r}: end with :{', :'.join(FAULT_PHASES)}")
+    if args.nsys:
+        from harness.trace.nsys import find_nsys
+        from harness.trace.profile import ProfileError
+
+        try:
+            find_nsys(args.nsys_bin)
+        except ProfileError as exc:
+            raise UsageError(str(exc)) from exc
+    if os.path.isfile(args.out):
+        raise UsageError(f"--out {args.out}: is a file; name the sweep folder")
+
+
+def render(out_dir: str, device_memory_gb: float | None) -> dict:
+    """Analyze the sweep in `out_dir` and write its report there; returns the analysis."""
+    data = analyze(out_dir, device_memory_gb)
+    print(f"wrote {', '.join(os.path.join(out_dir, f) for f in write_report(data, out_dir))}")
+    return data
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    try:
+        if args.render:
+            render(args.render, args.device_memory_gb)
+            return 0
+        check(args)
+        select_platform(args)
+        if args.gpus and args.device == "cpu":
+            raise UsageError("--gpus runs cells on GPUs; drop it for --device cpu")
+        opts = {k: getattr(args, k) for k in FIXED}
+        axes = {"models": args.model, "ctx": args.ctx, "backends": args.backend, "dtypes": args.dtype}
+        sweep = prepare(args.out, opts, axes, args.resume, args.warmup_study)
+    except UsageError as exc:
+        return fail(str(exc))
+    cells = grid(args.model, args.ctx, args.backend, args.dtype)
+    if args.warmup_study:
+        cells += grid(args.model[:1], args.ctx[:1], args.backend, args.dtype[:1], warmup_study=True)
+    try:
+        run_sweep(cells, sweep["options"], args.out, timeout=args.cell_timeout, max_cells=args.max_cells,
+                  fail_cell=args.fail_cell, gpus=args.gpus, nsys_bin=args.nsys_bin)
+    except KeyboardInterrupt:
+        print(f"[sweep] interrupted; cells still running were not recorded; continue with --resume --out {args.out}",
+              file=sys.stderr)
+        return 130
+    return 3 if render(args.out, args.device_memory_gb)["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

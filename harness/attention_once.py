@@ -5,15 +5,8 @@
         python -m harness.attention_once --backend mosaic --head-dim 64 > kernels.csv
     python -m harness.ncu kernels.csv
 
-Runs `flash_attention` once under `jax.grad` (forward, then the backward
-kernels), so each kernel launches exactly once per --repeat.
-
-JAX normally reserves most of the GPU as one pool. Nsight Compute's kernel
-replay saves and restores every allocation a kernel could write, so with the
-pool in place each replay pass copies tens of GiB to the host and a profile
-of a backward kernel times out or fails. This program therefore switches JAX
-to plain per-buffer allocations (`XLA_PYTHON_CLIENT_ALLOCATOR=platform`)
-before JAX starts.
+Each kernel launches exactly once per --repeat; JAX allocates per buffer instead of from
+its pool, so Nsight Compute's kernel replay stays small (`harness.attention.once`).
 """
 
 from __future__ import annotations
@@ -21,33 +14,36 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+from harness.attention.catalog import DTYPES
+from harness.attention.impls import block_sizes_for
+from harness.attention.once import run
+from harness.attention.options import add_device_arg
+from harness.common.cli import make_parser
+from harness.common.cli import parse_args as parse_cli
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+__all__ = ["main", "parse_args", "run"]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed options; `args.block_sizes` holds the --blocks overrides applied (or None)."""
     from pallas_kernels import BACKENDS
 
-    p = argparse.ArgumentParser(prog="python -m harness.attention_once", description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", choices=BACKENDS, default="auto")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    p.add_argument("--causal", choices=("true", "false"), default="true")
+    p = make_parser("harness.attention_once", __doc__)
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help=f"kernel family: {', '.join(BACKENDS)}")
+    p.add_argument("--batch", type=int, default=1, help="batch size")
+    p.add_argument("--seq", type=int, default=4096, help="sequence length")
+    p.add_argument("--heads", type=int, default=16, help="attention heads")
+    p.add_argument("--head-dim", type=int, default=64, help="head dimension")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help=f"{', '.join(DTYPES)}")
+    p.add_argument("--causal", choices=("true", "false"), default="true", help="true or false")
     p.add_argument("--repeat", type=int, default=1, help="forward+backward calls after the first (compiling) one")
-    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
-                   help="cpu: interpret mode, for checking the program itself")
+    add_device_arg(p, "interpret mode, for checking the program itself")
     p.add_argument("--blocks", default=None, metavar="FIELD=VALUE,...",
                    help="change fields of the backend's default block sizes, e.g. overlap=True,consumers=2 "
                         "(needs --backend triton or mosaic)")
-    args = p.parse_args(argv)
+    args = parse_cli(p, argv)
     args.overrides = {}
     if args.blocks:
         if args.backend not in ("triton", "mosaic"):
@@ -68,8 +64,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--repeat must be >= 0, got {args.repeat}")
     args.block_sizes = None
     if args.overrides:
-        from harness.tune_attention import block_sizes_for
-
         try:
             args.block_sizes = block_sizes_for(args.backend, args.head_dim, args.overrides, args.seq,
                                                 args.causal == "true")
@@ -78,32 +72,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> tuple[jax.Array, ...]:
-    """Compiles and runs forward+backward 1 + args.repeat times; returns the
-    last gradients (dq, dk, dv)."""
-    from pallas_kernels import flash_attention
+def main(argv: Sequence[str] | None = None) -> int:
+    import jax
+    import jax.numpy as jnp
 
-    interpret = args.device == "cpu"
-    causal = args.causal == "true"
-    shape = (args.batch, args.seq, args.heads, args.head_dim)
-    q, k, v = (jax.random.normal(jax.random.key(i), shape, jnp.float32).astype(DTYPES[args.dtype])
-               for i in range(3))
-
-    def loss(q, k, v):
-        o = flash_attention(q, k, v, causal=causal, backend=args.backend, block_sizes=args.block_sizes,
-                            interpret=interpret)
-        return o.astype(jnp.float32).sum()
-
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    for _ in range(1 + args.repeat):
-        grads = jax.block_until_ready(grad(q, k, v))
-    return grads
-
-
-def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = jax.devices("cpu")[0] if args.device == "cpu" else jax.devices()[0]
-    if args.device == "gpu" and device.platform != "gpu":
+    if args.device == "cuda" and device.platform != "gpu":
         print(f"attention_once: no GPU visible to JAX (platform {device.platform!r}); "
               "use --device cpu to check the program in interpret mode", file=sys.stderr)
         return 2

@@ -19,171 +19,25 @@ Hopper kernel (`--targets hopper`, impl `pallas_mosaic`):
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from harness.cli import emit
-
-PASSES = ("fwd", "bwd")
-SDPA = ("torch_sdpa_flash", "torch_sdpa_efficient", "torch_sdpa_cudnn")
-SDPA_BOUND, SDPA_MIN_SEQ = 1.5, 1024
-HOPPER_REFS = (*SDPA, "jax_cudnn")
-LEADERBOARD = {"batch": 16, "heads": 1, "seq": 16384, "head_dim": 64, "causal": True}
-LEADERBOARD_MS = 5.36
+from harness.attention.targets import check, check_hopper, latest_cells, render_hopper_markdown, render_markdown
+from harness.common.cli import emit, make_parser
 
 
-def _cell_key(r: dict) -> tuple:
-    return r["dtype"], r["head_dim"], r["seq"], r["causal"], r["batch"], r["heads"]
-
-
-def latest_cells(runs: list[list[dict]]) -> list[dict]:
-    """The rows of several runs (oldest first) with each cell taken whole
-    from the last run that measured it: a later run's cell replaces every
-    implementation's row of that cell, so no cell mixes runs."""
-    cells: dict[tuple, list[dict]] = {}
-    for rows in runs:
-        fresh: dict[tuple, list[dict]] = {}
-        for r in rows:
-            fresh.setdefault(_cell_key(r), []).append(r)
-        cells.update(fresh)
-    return [r for rows in cells.values() for r in rows]
-
-
-def _cells(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
-    """Rows by cell (dtype, head_dim, seq, causal, batch, heads), then by impl."""
-    out: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        out.setdefault(_cell_key(r), {})[r["impl"]] = r
-    return out
-
-
-def _ms(row: dict | None, name: str) -> float | None:
-    return row.get(f"{name}_ms") if row and row["status"] == "ok" else None
-
-
-def check(rows: list[dict], impl: str = "pallas") -> list[dict]:
-    """One record per cell x pass with our time over mha's and over the fastest SDPA's
-    (None where either side has no number), and whether each target applies and holds."""
-    out = []
-    for (dtype, head_dim, seq, causal, _, _), impls in sorted(_cells(rows).items()):
-        ours = impls.get(impl)
-        for name in PASSES:
-            t = _ms(ours, name)
-            mha_t = _ms(impls.get("jax_pallas_mha"), name)
-            sdpa = [x for x in (_ms(impls.get(s), name) for s in SDPA) if x is not None]
-            rec = {"dtype": dtype, "head_dim": head_dim, "seq": seq, "causal": causal, "pass": name,
-                   "status": ours["status"] if ours else "not run",
-                   "vs_mha": t / mha_t if t and mha_t else None,
-                   "vs_sdpa": t / min(sdpa) if t and sdpa else None,
-                   "sdpa_target_applies": dtype == "bfloat16" and seq >= SDPA_MIN_SEQ}
-            rec["meets_mha"] = None if rec["vs_mha"] is None else rec["vs_mha"] <= 1.0
-            rec["meets_sdpa"] = (rec["vs_sdpa"] <= SDPA_BOUND if rec["vs_sdpa"] is not None else None) \
-                if rec["sdpa_target_applies"] else None
-            out.append(rec)
-    return out
-
-
-def check_hopper(rows: list[dict], impl: str = "pallas_mosaic") -> list[dict]:
-    """One record per cell x pass: `speedup` = fastest reference time / our time
-    (a throughput ratio; >= 1 meets target 3) and which reference was fastest."""
-    out = []
-    for (dtype, head_dim, seq, causal, batch, heads), impls in sorted(_cells(rows).items()):
-        ours = impls.get(impl)
-        for name in (*PASSES, "fwd_bwd"):
-            t = _ms(ours, name)
-            refs = [(_ms(impls.get(r), name), r) for r in HOPPER_REFS]
-            refs = [x for x in refs if x[0] is not None]
-            best_t, best = min(refs) if refs else (None, None)
-            rec = {"dtype": dtype, "head_dim": head_dim, "seq": seq, "causal": causal, "batch": batch,
-                   "heads": heads, "pass": name, "status": ours["status"] if ours else "not run",
-                   "ms": t, "best_ref": best, "best_ref_ms": best_t,
-                   "speedup": best_t / t if t and best_t else None}
-            rec["meets"] = None if rec["speedup"] is None or name == "fwd_bwd" else rec["speedup"] >= 1.0
-            out.append(rec)
-    return out
-
-
-def leaderboard(records: list[dict]) -> dict | None:
-    """The leaderboard cell's forward+backward record, with `meets` = under LEADERBOARD_MS."""
-    for r in records:
-        if r["pass"] == "fwd_bwd" and all(r[k] == v for k, v in LEADERBOARD.items()) and r["ms"] is not None:
-            return {**r, "meets": r["ms"] < LEADERBOARD_MS}
-    return None
-
-
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
-def _fmt_pass(rec: dict) -> str:
-    """A judged pass below its target reads "0.996x below": two decimals alone
-    would print a 0.996x miss as 1.00x."""
-    if rec["meets"] is False:
-        return f"{rec['speedup']:.3f}x below"
-    return _fmt(rec["speedup"])
-
-
-def render_hopper_markdown(records: list[dict], sources: list[str], impl: str) -> str:
-    judged = [r for r in records if r["meets"] is not None]
-    lines = [f"# `{impl}` against the Hopper targets", "",
-             f"From {', '.join(f'`{s}`' for s in sources)}"
-             f"{' (a cell in several: the last)' if len(sources) > 1 else ''}. Speed-up = time of the fastest of "
-             f"{', '.join(HOPPER_REFS)} / time of `{impl}` (>= 1: at least as fast), per cell and pass.", "",
-             f"- forward and backward each >= 1.0x the fastest reference: {sum(r['meets'] for r in judged)} of "
-             f"{len(judged)} cell-passes"]
-    board = leaderboard(records)
-    if board:
-        lines.append(f"- leaderboard shape (16 x 16384 x 64, causal) forward+backward: {board['ms']:.2f} ms "
-                     f"({'under' if board['meets'] else 'not under'} {LEADERBOARD_MS} ms); fastest reference "
-                     f"{board['best_ref']} {board['best_ref_ms']:.2f} ms")
-    lines += ["", "| B | H | seq | D | causal | fwd | bwd | fwd+bwd | fastest reference (fwd / bwd) |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    by_cell: dict[tuple, dict[str, dict]] = {}
-    for r in records:
-        by_cell.setdefault((r["head_dim"], r["seq"], not r["causal"], r["batch"], r["heads"]), {})[r["pass"]] = r
-    for (head_dim, seq, noncausal, batch, heads), p in sorted(by_cell.items()):
-        lines.append(f"| {batch} | {heads} | {seq} | {head_dim} | {'no' if noncausal else 'yes'} | "
-                     f"{_fmt_pass(p['fwd'])} | {_fmt_pass(p['bwd'])} | {_fmt(p['fwd_bwd']['speedup'])} | "
-                     f"{p['fwd']['best_ref']} / {p['bwd']['best_ref']} |")
-    return "\n".join(lines) + "\n"
-
-
-def render_markdown(records: list[dict], sources: list[str], impl: str) -> str:
-    def count(key: str) -> str:
-        judged = [r for r in records if r[key] is not None]
-        return f"{sum(r[key] for r in judged)} of {len(judged)}"
-
-    lines = [f"# `{impl}` against its targets", "", f"From {', '.join(f'`{s}`' for s in sources)}. Ratios are "
-             f"time over time (< 1: `{impl}` faster), per cell and pass.", "",
-             f"- as fast as JAX Pallas `mha` (ratio <= 1): {count('meets_mha')} cell-passes",
-             f"- within {SDPA_BOUND}x of the fastest torch SDPA at seq >= {SDPA_MIN_SEQ}, bf16: "
-             f"{count('meets_sdpa')} cell-passes", ""]
-    for label, key, bad in (("Slower than JAX Pallas mha", "vs_mha", "meets_mha"),
-                            (f"Past {SDPA_BOUND}x of torch SDPA (bf16, seq >= {SDPA_MIN_SEQ})", "vs_sdpa", "meets_sdpa")):
-        misses = [r for r in records if r[bad] is False]
-        lines += [f"## {label}: {len(misses)}", ""]
-        if misses:
-            lines += ["| dtype | head_dim | seq | causal | pass | ratio |", "|---|---|---|---|---|---|"]
-            lines += [f"| {r['dtype']} | {r['head_dim']} | {r['seq']} | {'yes' if r['causal'] else 'no'} | {r['pass']} "
-                      f"| {_fmt(r[key])} |" for r in misses]
-            lines.append("")
-    lines += ["## Every cell", "", "| dtype | head_dim | seq | causal | pass | vs mha | vs fastest SDPA |",
-              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['dtype']} | {r['head_dim']} | {r['seq']} | {'yes' if r['causal'] else 'no'} | {r['pass']} | "
-              f"{_fmt(r['vs_mha'])} | {_fmt(r['vs_sdpa'])} |" for r in records]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.attention_targets", description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    p = make_parser("harness.attention_targets", __doc__)
     p.add_argument("results", nargs="+", type=Path,
                    help="JSON files written by harness.bench_attention, oldest first: a cell measured in several "
                         "is taken from the last")
-    p.add_argument("--targets", choices=("portable", "hopper"), default="portable")
-    p.add_argument("--impl", default=None, help="default: pallas (portable), pallas_mosaic (hopper)")
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--targets", choices=("portable", "hopper"), default="portable",
+                   help="portable: the Triton-lowered kernel's targets; hopper: the Mosaic GPU kernel's")
+    p.add_argument("--impl", default=None, help="the implementation checked (None: pallas for portable, "
+                                                "pallas_mosaic for hopper)")
+    p.add_argument("--out", type=Path, default=None, metavar="PATH.md", help="write the markdown here (None: stdout)")
     args = p.parse_args(argv)
     args.impl = args.impl or ("pallas" if args.targets == "portable" else "pallas_mosaic")
     runs = []

@@ -1,281 +1,96 @@
 """Run the same training step in PyTorch and JAX, check they agree, report side by side.
 
-    python -m harness.compare --model large --ctx 256 [--dtype bf16] [--attention fused]
+    python -m harness.compare --model large --ctx 256 [--dtype bf16] [--attention fused] [--out results]
 
-Each backend runs `harness.run` in its own subprocess (JAX preallocates most of the GPU,
-and an out-of-memory in one backend must not poison the other), then `harness.parity`
-compares the two on the same weights and batch. The JAX processes share one persistent
-compilation cache (a temporary one unless --compile-cache names a folder), so the parity
-process reuses the run's executables and GEMM autotuning instead of compiling again. Results go to
-results/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
+Each backend runs `harness.run` in its own subprocess, then `harness.parity` compares the
+two on the same weights and batch (library: `harness.timing.compare`). The result folder
+<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>[-profiled]/ gets summary.json, report.md
+and phases.png. Exit status: 0 all good, 1 parity failed, 3 a run failed, 4 the kernel
+breakdown failed, 2 bad input.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
+from collections.abc import Sequence
 
-from harness.cli import BACKENDS, MODES, UsageError, add_model_args, choice, fail, non_negative_int, parse_args, \
-    positive_int, select_platform
-from harness.hardware import environment, gpu_slug
-
-SCHEMA = "harness.compare/1"
-
-
-def backend_attention(backend: str, attention: str) -> str:
-    """The Pallas kernel is JAX's; torch runs its fused SDPA opposite it."""
-    return "fused" if backend == "torch" and attention == "pallas" else attention
-
-
-def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
-    """Run `cmd`, passing its stderr (progress) through; return exit code and stderr's tail."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    tail: list[str] = []
-    for line in proc.stderr:
-        sys.stderr.write(line)
-        tail = (tail + [line.rstrip()])[-20:]
-    return proc.wait(), "\n".join(tail)
-
-
-def _common_args(args: argparse.Namespace, backend: str, batch: int) -> list[str]:
-    return ["--model", args.model, "--ctx", str(args.ctx), "--batch", str(batch), "--dtype", args.dtype,
-            "--attention", backend_attention(backend, args.attention), "--device", args.device, "--seed", str(args.seed)]
-
-
-def subprocess_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
-    """The environment of the run and parity subprocesses.
-
-    JAX_COMPILATION_CACHE_DIR turns on JAX's persistent cache, which also keeps XLA's
-    per-fusion GEMM autotuning results; at large model sizes autotuning is most of the
-    compile time, and without the cache the parity process repeats it from scratch."""
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=args.compile_cache, **extra)
-
-
-def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[dict, str | None]:
-    """harness.run for one backend in a subprocess, under nsys or a framework profiler if
-    asked; returns its result document and the profile it left (or None)."""
-    out = os.path.join(workdir, f"{backend}.json")
-    program = [sys.executable, "-m", "harness.run", "--backend", backend, *_common_args(args, backend, args.batch),
-               "--warmup", str(args.warmup), "--steps", str(args.steps), "--mode", args.mode, "--out", out]
-    if args.annotate_attention:
-        program.append("--annotate-attention")
-    if args.fail_in and args.fail_in.split(":")[0] == backend:
-        program += ["--fail-in", args.fail_in.split(":")[1]]
-    profile = None
-    if args.profiler == "nsys":
-        from harness.nsys import profile_command
-
-        stem = os.path.join(workdir, f"{backend}")
-        program, profile = profile_command(backend, stem, program, args.nsys_bin), stem + ".nsys-rep"
-    elif args.profiler == "framework":
-        profile = os.path.join(workdir, "torch-trace.json" if backend == "torch" else "jax-trace")
-        program += ["--profile", profile]
-    start = time.perf_counter()
-    code, tail = _stream(program, subprocess_env(args))
-    print(f"[{backend}] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    if os.path.exists(out):
-        with open(out) as f:
-            return json.load(f), profile if profile and os.path.exists(profile) else None
-    message = f"harness.run exited with code {code} and no result; last output:\n{tail}"
-    return {"status": "error", "error": {"phase": "process", "message": message}}, None
-
-
-def keep_profiles(profiles: dict[str, str], dest: str) -> None:
-    """Copy each profile, and the SQLite export beside an .nsys-rep, into `dest`."""
-    os.makedirs(dest, exist_ok=True)
-    for path in profiles.values():
-        sqlite = os.path.splitext(path)[0] + ".sqlite"
-        for src in (path, sqlite) if path.endswith(".nsys-rep") and os.path.exists(sqlite) else (path,):
-            copy = shutil.copytree if os.path.isdir(src) else shutil.copy2
-            copy(src, os.path.join(dest, os.path.basename(src)))
-
-
-def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Namespace) -> tuple[list, list]:
-    """Kernel breakdowns and the answers (a)-(e), one per profiled backend."""
-    from harness.breakdown import answers, breakdown, load_profile
-    from harness.report import harness_metadata
-
-    bds, answer_sets = [], []
-    for backend, path in profiles.items():
-        bd = breakdown(load_profile(path, backend, args.nsys_bin))
-        meta = harness_metadata(os.path.join(workdir, f"{backend}.json"))
-        bds.append(bd)
-        answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
-    return bds, answer_sets
-
-
-def run_parity(args: argparse.Namespace, workdir: str) -> dict:
-    """harness.parity in a subprocess, halving the batch until both models fit at once."""
-    batch = args.batch
-    env = subprocess_env(args, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    while True:
-        out = os.path.join(workdir, f"parity-b{batch}.json")
-        cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--json", out]
-        start = time.perf_counter()
-        code, tail = _stream(cmd, env)
-        print(f"[parity] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-        if os.path.exists(out):
-            with open(out) as f:
-                doc = json.load(f)
-            doc["reduced_batch"] = batch != args.batch
-            return doc
-        if "out of memory" in tail and batch > 1:
-            print(f"[parity] out of memory at batch {batch}; retrying at batch {batch // 2}", file=sys.stderr)
-            batch //= 2
-            continue
-        return {"ok": None, "error": tail.strip().splitlines()[-1] if tail.strip() else f"exit code {code}", "batch": batch}
-
-
-def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: dict | None) -> dict:
-    """The compare document: both runs, the phase table, ratios and the parity verdict."""
-    table = []
-    phases = [p for p in ("forward", "backward", "optimizer", "step", "fused_step")
-              if any(p in r.get("phases", {}) for r in runs.values())]
-    for name in phases:
-        row = {"phase": name}
-        for backend, r in runs.items():
-            row[backend] = r["phases"].get(name) if r["status"] == "ok" else None
-        t, j = row.get("torch"), row.get("jax")
-        row["jax_over_torch"] = j["median_ms"] / t["median_ms"] if t and j else None
-        table.append(row)
-    if "fused_step" in phases and runs.get("torch", {}).get("status") == "ok" and runs["jax"].get("status") == "ok":
-        # JAX's fused step is compared with torch's (only) step.
-        fused = next(r for r in table if r["phase"] == "fused_step")
-        fused["torch"] = runs["torch"]["phases"]["step"]
-        fused["jax_over_torch"] = fused["jax"]["median_ms"] / fused["torch"]["median_ms"]
-    ok_runs = [r for r in runs.values() if r.get("status") == "ok"]
-    device = ok_runs[0]["env"].get("device") if ok_runs else None
-    return {
-        "schema": SCHEMA,
-        "ok": all(r.get("status") == "ok" for r in runs.values()) and bool(parity and parity.get("ok")),
-        "options": {k: getattr(args, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
-                                                  "warmup", "steps", "seed")},
-        "device": device,
-        "runs": runs,
-        "table": table,
-        "parity": parity,
-        "env": environment(),
-    }
-
-
-def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
-    """Folder name of a comparison. `device` is the device a successful run
-    reported; when every run failed there is none, and the requested device
-    names the folder (a failed GPU run is not filed as a CPU one)."""
-    attention = "" if args.attention == "naive" else f"-{args.attention}"
-    profiled = "-profiled" if args.profiler else ""
-    if device is None:
-        device = args.device
-    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{gpu_slug(device if device != 'cpu' else None)}{profiled}"
-
-
-def write_results(summary: dict, results_root: str, name: str, kernels: tuple[list, list] | None = None) -> str:
-    """Write summary.json, report.md, phases.png (and the kernels.* breakdown) into a temp
-    dir, then move it into place: an interrupted run leaves no half-written folder."""
-    from harness.compare_report import plot_phases, render_markdown
-
-    os.makedirs(results_root, exist_ok=True)
-    final = os.path.join(results_root, name)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=results_root)
-    try:
-        if kernels:
-            from harness.report import render_markdown as render_kernels
-            from harness.report import write_report
-
-            write_report(tmp, *kernels, stem="kernels")
-            summary["kernel_breakdown"] = render_kernels(*kernels).replace("# Kernel breakdown", "## Kernel breakdown", 1)
-        if plot_phases(summary, os.path.join(tmp, "phases.png")):
-            summary["plot"] = "phases.png"
-        with open(os.path.join(tmp, "summary.json"), "w") as f:
-            json.dump({k: v for k, v in summary.items() if k != "kernel_breakdown"}, f, indent=1)
-        with open(os.path.join(tmp, "report.md"), "w") as f:
-            f.write(render_markdown(summary))
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+from harness.common.cli import (
+    UsageError,
+    add_backend,
+    add_mode,
+    add_model_args,
+    add_nsys_bin,
+    add_out,
+    add_steps,
+    fail,
+    make_parser,
+    parse_args,
+    select_platform,
+)
+from harness.timing.compare import compare
+from harness.timing.compare_render import format_table
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness.compare", description=__doc__.split("\n\n")[0])
-    add_model_args(parser)
-    parser.add_argument("--backends", default="torch,jax", help="comma-separated: torch,jax")
-    parser.add_argument("--warmup", type=non_negative_int, default=5)
-    parser.add_argument("--steps", type=positive_int, default=10)
-    parser.add_argument("--mode", type=choice("mode", MODES), default="train")
-    parser.add_argument("--results-dir", default="results", help="parent folder of the result folder")
-    parser.add_argument("--no-parity", action="store_true", help="skip the parity check")
-    parser.add_argument("--nsys", action="store_true",
-                        help="run each backend under nsys profile and add a kernel breakdown to the report")
-    parser.add_argument("--nsys-bin", help="the nsys binary (default: $NSYS, then nsys on PATH)")
-    parser.add_argument("--profile", action="store_true",
-                        help="kernel breakdown from nsys if found, else from each framework's own profiler")
-    parser.add_argument("--keep-profiles", metavar="DIR",
-                        help="copy the raw profiles (and nsys's SQLite exports) into DIR")
-    parser.add_argument("--annotate-attention", action="store_true",
-                        help="NVTX ranges inside naive attention (attribution runs: adds syncs)")
-    parser.add_argument("--compile-cache", metavar="DIR",
-                        help="persistent JAX compilation cache shared by the JAX processes, kept for later runs "
-                             "(default: a temporary one for this comparison)")
-    parser.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # "backend:phase", for tests
-    return parser
+    p = make_parser("harness.compare", __doc__)
+    add_model_args(p)
+    add_backend(p, many=True)
+    add_steps(p)
+    add_mode(p)
+    add_out(p, "parent folder of the result folder", default="results", metavar="DIR")
+    p.add_argument("--no-parity", action="store_true", help="skip the parity check")
+    p.add_argument("--nsys", action="store_true",
+                   help="run each backend under nsys profile and add a kernel breakdown to the report")
+    add_nsys_bin(p)
+    p.add_argument("--profile", action="store_true",
+                   help="kernel breakdown from nsys if found, else from each framework's own profiler")
+    p.add_argument("--keep-profiles", metavar="DIR",
+                   help="copy the raw profiles (and nsys's SQLite exports) into DIR")
+    p.add_argument("--annotate-attention", action="store_true",
+                   help="NVTX ranges inside naive attention (attribution runs: adds syncs)")
+    p.add_argument("--compile-cache", metavar="DIR",
+                   help="persistent JAX compilation cache shared by the JAX processes, kept for later runs "
+                        "(None: a temporary one for this comparison)")
+    p.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # "backend:phase", for tests
+    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    from harness.compare_report import format_table
+def profiler(args: argparse.Namespace) -> str | None:
+    """"nsys", "framework" (--profile without nsys) or None; --nsys without nsys is a UsageError."""
+    if not (args.nsys or args.profile):
+        return None
+    from harness.trace.nsys import find_nsys
+    from harness.trace.profile import ProfileError
 
+    try:
+        find_nsys(args.nsys_bin)
+    except ProfileError as exc:
+        if args.nsys:
+            raise UsageError(str(exc)) from exc
+        return "framework"
+    return "nsys"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         select_platform(args)
-        backends = [choice("backend", BACKENDS)(b) for b in args.backends.split(",")]
+        if os.path.isfile(args.out):
+            raise UsageError(f"--out {args.out}: is a file; name the parent folder of the result folder")
+        args.profiler = profiler(args)
     except UsageError as exc:
         return fail(str(exc))
-    args.profiler = None
-    if args.nsys or args.profile:
-        from harness.nsys import ProfileError, find_nsys
-
-        try:
-            find_nsys(args.nsys_bin)
-            args.profiler = "nsys"
-        except ProfileError as exc:
-            if args.nsys:
-                return fail(str(exc))
-            args.profiler = "framework"
-    with tempfile.TemporaryDirectory(prefix="compare-") as work:
-        args.compile_cache = os.path.abspath(args.compile_cache or os.path.join(work, "jax-cache"))
-        results = {b: run_backend(b, args, work) for b in backends}
-        runs = {b: doc for b, (doc, _) in results.items()}
-        profiles = {b: prof for b, (doc, prof) in results.items() if prof and doc.get("status") == "ok"}
-        parity = None if args.no_parity or len(backends) < 2 else run_parity(args, work)
-        summary = summarize_compare(args, runs, parity)
-        kernels = None
-        if profiles:
-            from harness.nsys import ProfileError
-
-            try:
-                kernels = kernel_breakdown(profiles, work, args)
-            except ProfileError as exc:
-                summary["kernel_breakdown_error"] = str(exc)
-            if args.keep_profiles:
-                keep_profiles(profiles, args.keep_profiles)
-        path = write_results(summary, args.results_dir, result_dir_name(args, summary["device"]), kernels)
+    summary, path = compare(args, args.backend)
     print(format_table(summary))
     print(f"wrote {path}")
-    if any(r.get("status") != "ok" for r in runs.values()):
+    if any(r.get("status") != "ok" for r in summary["runs"].values()):
         return 3
-    if parity is not None and not parity.get("ok"):
+    if summary["parity"] is not None and not summary["parity"].get("ok"):
         return 1
     if summary.get("kernel_breakdown_error"):
-        print(f"error: kernel breakdown failed: {summary['kernel_breakdown_error']}", file=sys.stderr)
-        return 4
+        return fail(f"kernel breakdown failed: {summary['kernel_breakdown_error']}", 4)
     return 0
 
 

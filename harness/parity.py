@@ -1,176 +1,59 @@
 """Parity of the PyTorch and JAX models: same weights, same batch, same numbers?
 
-Both models start from the same weights (torch_impl's seeded initialisation, copied
-into the Flax model), see the same token batch, and are compared by the relative error
-||jax - torch|| / ||torch|| of: logits, loss, every parameter's gradient, and after
-`steps` AdamW steps every parameter and every parameter's total update (theta_N - theta_0).
-The update check is the sharp one for the optimizer: parameters barely move in a few
-steps, so a wrong optimizer hides in the parameters' relative error but not in the
-update's.
+    python -m harness.parity --model tiny --device cpu [--out parity.json]
 
-    python -m harness.parity --model tiny --device cpu
+Compares logits, loss, every gradient, and every parameter and parameter update after
+--steps AdamW steps by relative error against the tolerance table of
+`harness.timing.parity`; exit status 1 when any tensor is over its bound.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import sys
+from collections.abc import Sequence
 
-import numpy as np
-
-from harness.cli import UsageError, add_model_args, config_from_args, fail, parse_args, select_platform
-
-# Relative-error bounds per dtype. float32 reorderings give ~1e-6 on logits and grads;
-# the bounds leave room for GPU reduction orders and still sit orders of magnitude
-# below what a wrong RoPE pairing, a missing scale or a swapped weight produces
-# (0.1 to 1, see tests/test_parity.py). AdamW's first steps move each weight by about
-# lr * sign(g), so weights whose gradient is at rounding level can step either way:
-# the update bound is looser than the gradient bound for that reason.
-TOLERANCES: dict[str, dict[str, float]] = {
-    "fp32": {"logits": 1e-5, "loss": 1e-5, "grad": 5e-5, "param": 1e-5, "update": 5e-3},
-    "tf32": {"logits": 5e-3, "loss": 1e-3, "grad": 2e-2, "param": 1e-4, "update": 1e-1},
-    # bf16 param: 4.7e-3 measured on `large` (36 layers) on an H200; rounding grows with depth.
-    "bf16": {"logits": 3e-2, "loss": 1e-2, "grad": 5e-2, "param": 1e-2, "update": 1e-1},
-}
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """||a - b|| / ||b|| in float64 (0 when both are zero; inf for NaN)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
-        return float("inf")
-    denom = np.linalg.norm(b)
-    num = np.linalg.norm(a - b)
-    return float(num / denom) if denom else float(num)
+from harness.common.cli import (
+    UsageError,
+    add_model_args,
+    add_out,
+    fail,
+    make_parser,
+    parse_args,
+    positive_int,
+    select_platform,
+)
+from harness.common.errors import describe_failure
+from harness.common.results import write_json
+from harness.config import get_config
+from harness.timing.parity import check_parity, format_table
 
 
-@dataclasses.dataclass
-class ParityRow:
-    quantity: str  # logits, loss, grad, param, update
-    tensor: str
-    rel_err: float
-    tol: float
-
-    @property
-    def ok(self) -> bool:
-        return self.rel_err <= self.tol
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser("harness.parity", __doc__)
+    add_model_args(p, ctx_default=64, batch_default=2)
+    p.add_argument("--steps", type=positive_int, default=5, help="AdamW steps before comparing parameters")
+    add_out(p, "also write the result as JSON here", metavar="PATH.json")
+    return p
 
 
-@dataclasses.dataclass
-class ParityResult:
-    model: str
-    dtype: str
-    device: str
-    batch: int
-    ctx: int
-    steps: int
-    attention: dict[str, str]
-    rows: list[ParityRow]
-    env: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.rows)
-
-    def worst(self) -> dict[str, ParityRow]:
-        """The row with the largest error relative to its bound, per quantity."""
-        out: dict[str, ParityRow] = {}
-        for r in self.rows:
-            if r.quantity not in out or r.rel_err / r.tol > out[r.quantity].rel_err / out[r.quantity].tol:
-                out[r.quantity] = r
-        return out
-
-    def to_json(self) -> dict:
-        return {
-            "model": self.model, "dtype": self.dtype, "device": self.device, "batch": self.batch,
-            "ctx": self.ctx, "steps": self.steps, "attention": self.attention, "ok": self.ok,
-            "tolerances": TOLERANCES[self.dtype],
-            "worst": {q: dataclasses.asdict(r) for q, r in self.worst().items()},
-            "rows": [dataclasses.asdict(r) | {"ok": r.ok} for r in self.rows],
-            "env": self.env,
-        }
-
-
-def make_tokens(vocab_size: int, batch: int, ctx: int, seed: int) -> np.ndarray:
-    """(batch, ctx + 1) token ids; inputs are [:, :-1] and next-token targets [:, 1:]."""
-    return np.random.default_rng(seed).integers(0, vocab_size, size=(batch, ctx + 1), dtype=np.int64)
-
-
-def check_parity(config, *, batch: int = 2, ctx: int = 64, device: str = "cpu", dtype: str = "fp32",
-                 seed: int = 0, steps: int = 5, torch_attention: str | None = None) -> ParityResult:
-    """Run both models on the same weights and batch and compare them tensor by tensor."""
-    from harness.jax_backend import JaxSession
-    from harness.torch_backend import TorchSession, init_model
-
-    torch_config = dataclasses.replace(config, attention=torch_attention or config.attention)
-    tokens = make_tokens(config.vocab_size, batch, ctx, seed)
-    torch_model = init_model(torch_config, seed)
-    jx = JaxSession(config, tokens, device=device, dtype=dtype, seed=seed, torch_model=torch_model)
-    tc = TorchSession(torch_config, tokens, device=device, dtype=dtype, seed=seed, model=torch_model)
-    tol = TOLERANCES[dtype]
-    rows = [ParityRow("logits", "logits", rel_err(jx.logits(), tc.logits()), tol["logits"])]
-    loss_j, grads_j = jx.loss_and_grads()
-    loss_t, grads_t = tc.loss_and_grads()
-    rows.append(ParityRow("loss", "loss", rel_err(np.array(loss_j), np.array(loss_t)), tol["loss"]))
-    rows += [ParityRow("grad", name, rel_err(grads_j[name], g), tol["grad"]) for name, g in grads_t.items()]
-    tc.zero_grad()
-    start = tc.params()
-    for _ in range(steps):
-        jx.forward(), jx.backward(), jx.optimizer_step()
-        tc.forward(), tc.backward(), tc.optimizer_step()
-    params_j, params_t = jx.params_dict(), tc.params()
-    for name, p in params_t.items():
-        rows.append(ParityRow("param", name, rel_err(params_j[name], p), tol["param"]))
-        rows.append(ParityRow("update", name, rel_err(params_j[name] - start[name], p - start[name]), tol["update"]))
-    from harness.hardware import environment
-
-    env = environment({"device": tc.device_name() or "cpu", **tc.versions(), **jx.versions()})
-    return ParityResult(config.name, dtype, device, batch, ctx, steps,
-                        {"torch": torch_config.attention, "jax": config.attention}, rows, env)
-
-
-def format_table(result: ParityResult) -> str:
-    lines = [
-        f"parity {result.model} {result.dtype} on {result.device}: batch {result.batch}, ctx {result.ctx}, "
-        f"{result.steps} AdamW steps, attention torch={result.attention['torch']} jax={result.attention['jax']}",
-        f"{'quantity':<8} {'tensor':<36} {'rel err':>10} {'bound':>8}  ok",
-    ]
-    lines += [f"{r.quantity:<8} {r.tensor:<36} {r.rel_err:>10.2e} {r.tol:>8.0e}  {'yes' if r.ok else 'NO'}"
-              for r in result.rows]
-    lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in result.env.items()))
-    failed = [r for r in result.rows if not r.ok]
-    lines.append("PASS" if not failed else f"FAIL: {len(failed)} of {len(result.rows)} tensors over their bound")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.parity", description=__doc__.split("\n\n")[0])
-    add_model_args(parser, ctx_default=64, batch_default=2)
-    parser.add_argument("--steps", type=int, default=5, help="AdamW steps before comparing parameters")
-    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
-    args = parse_args(parser, argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
     try:
         select_platform(args)
     except UsageError as exc:
         return fail(str(exc))
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU here
-    config = config_from_args(args)
-    torch_attention = "fused" if config.attention == "pallas" else None
+    config = get_config(args.model, attention=args.attention)
     try:
         result = check_parity(config, batch=args.batch, ctx=args.ctx, device=args.device, dtype=args.dtype,
-                              seed=args.seed, steps=args.steps, torch_attention=torch_attention)
+                              seed=args.seed, steps=args.steps)
     except Exception as exc:  # an OOM or a backend failure is reported, not a traceback
-        from harness.errors import describe_failure
-
         return fail(describe_failure(exc, "parity", args))
     print(format_table(result))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result.to_json(), f, indent=1)
+    if args.out:
+        write_json(args.out, result.to_json())
     return 0 if result.ok else 1
 
 

@@ -1,289 +1,48 @@
-"""Kernel-breakdown report: markdown, CSV, JSON and PNG, one column per profile.
+"""Kernel-breakdown report of one or several profiles, one column per profile.
 
-    python -m harness.report run.torch.sqlite.gz run.jax.sqlite.gz --out report/
+    python -m harness.report torch.nsys-rep jax.nsys-rep --harness-json torch.json --harness-json jax.json \\
+        --out kernels/
 
 Inputs: ``.nsys-rep`` (exported with nsys first), ``.sqlite``/``.sqlite.gz`` exports, or
-the framework-profiler fallback's traces (torch ``.json``, JAX ``.xplane.pb``).  Columns
-are labelled by the backend named in each file name, or by ``--label``.
-
-From Python (e.g. the compare harness adding a section to its own report)::
-
-    from harness import breakdown, report
-    bds = [breakdown.breakdown(breakdown.load_profile(p)) for p in paths]
-    files = report.write_report(out_dir, bds)          # writes kernels.md/.csv/.json/.png
-    section = report.render_markdown(bds)              # or just the markdown text
-
-A `ProfileError` (bad file, no kernels, no ranges, ...) is printed as one line and the
-CLI exits with status 2.
+the framework-profiler fallback's traces (torch ``.json``, JAX ``.xplane.pb``). Columns
+are labelled by the backend named in each file name, or by ``--label``. Writes
+kernels.md, .csv, .json and .png into --out. A profile that cannot be analysed is
+reported in one line (exit status 2).
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
-from pathlib import Path
 
-from harness.breakdown import Breakdown, PhaseStats, answers, breakdown, load_profile
-from harness.kernels import Category
-from harness.nsys import ProfileError
-
-TOP_N = 10
-NAME_WIDTH = 90
+from harness.common.cli import add_nsys_bin, add_out, fail, make_parser, parse_args, positive_int
+from harness.trace.breakdown import TOP_N, breakdown_files
+from harness.trace.profile import ProfileError
+from harness.trace.render import write_report
 
 
-def short_name(name: str, width: int = NAME_WIDTH) -> str:
-    """A kernel name fit for a table: no ``void``, no argument list, at most `width` chars."""
-    name = name.removeprefix("void ")
-    depth = 0
-    for i, ch in enumerate(name):  # cut at the argument list: the first "(" outside <...>
-        depth += ch == "<"
-        depth -= ch == ">"
-        if ch == "(" and depth == 0 and i:
-            name = name[:i]
-            break
-    name = name.replace("|", "\\|")
-    return name if len(name) <= width else name[: width - 1] + "…"
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.3f}"
-
-
-def _phases(bds: Sequence[Breakdown]) -> list[str]:
-    seen: list[str] = []
-    for bd in bds:
-        seen += [p for p in bd.phases if p not in seen]
-    return seen
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return out + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-
-
-def _summary(bds: Sequence[Breakdown]) -> list[str]:
-    rows = []
-    for phase in _phases(bds):
-        for metric, get in (("GPU ms/step", lambda p: _ms(p.gpu_ns_per_step)),
-                            ("range ms/step", lambda p: _ms(p.range_ns_per_step)),
-                            ("kernels/step", lambda p: f"{p.kernels_per_step:.1f}")):
-            rows.append([phase, metric, *(get(bd.phases[phase]) if phase in bd.phases else "-" for bd in bds)])
-    return _table(["phase", "metric", *(bd.label for bd in bds)], rows)
-
-
-def _categories(bds: Sequence[Breakdown]) -> list[str]:
-    rows = []
-    for phase in _phases(bds):
-        for cat in Category:
-            cells = []
-            for bd in bds:
-                p = bd.phases.get(phase)
-                ns = p.categories.get(cat.value, 0.0) if p else 0.0
-                cells.append(f"{p.share(cat):.1%} ({_ms(ns)} ms)" if p and ns else "-")
-            if any(c != "-" for c in cells):
-                rows.append([phase, cat.value, *cells])
-    return _table(["phase", "category", *(bd.label for bd in bds)], rows)
-
-
-def _top(p: PhaseStats, n: int) -> list[str]:
-    rows = [[short_name(k.name), k.category, f"{k.calls_per_step:.1f}", _ms(k.ns_per_step),
-             f"{k.mean_ns / 1e3:.1f}", f"{k.share:.1%}"] for k in p.kernels[:n]]
-    return _table(["kernel", "category", "calls/step", "ms/step", "mean µs", "share"], rows)
-
-
-def _gemms(bd: Breakdown) -> list[str]:
-    rows = []
-    for phase, p in bd.phases.items():
-        if phase in ("step", "fused_step"):
-            continue
-        rows += [[phase, short_name(k.name, 70), k.gemm.arch or "?", k.gemm.math or "?",
-                  k.gemm.transpose or "?", k.gemm.tile or "?", _ms(k.ns_per_step)]
-                 for k in p.kernels if k.gemm]
-    return _table(["phase", "GEMM kernel", "arch", "math", "transpose", "tile", "ms/step"], rows) if rows else []
-
-
-def _answer_lines(bd: Breakdown, ans: dict) -> list[str]:
-    out = [f"### {bd.label}"]
-    if a := ans["a"]:
-        out.append(f"- (a) forward: kernels {a['kernel_ms']:.3f} ms/step, NVTX range {a['range_ms']:.3f} ms; "
-                   f"{a['reference']} {a['reference_ms']:.3f} ms; difference {a['difference_ms']:.3f} ms "
-                   f"({a['difference_pct']:.1f}% of the reference: launch gaps, host work, sync)")
-    else:
-        out.append("- (a)-(d): no `forward` range in this profile")
-    if b := ans["b"]:
-        if b["top_in_step"] is None:
-            still = "no step range to compare with"
-        elif b["top_in_step"]:
-            still = "it is also the top kernel of the full step"
-        else:
-            still = (f"over the full step the top kernel is `{short_name(b['step_top'], 60)}` "
-                     f"({b['step_top_share']:.1%})")
-        out.append(f"- (b) top forward kernel: `{short_name(b['name'], 70)}` ({b['category']}, {b['share']:.1%} "
-                   f"of forward, {b['calls_per_forward']:.1f} calls per forward); {still}")
-    if ans["c"] is not None:
-        listed = "; ".join(f"`{short_name(c['name'], 60)}` {c['category']} {c['share']:.1%}" for c in ans["c"])
-        out.append(f"- (c) non-GEMM kernels with >= 5% of forward: {listed or 'none'}")
-    if d := ans["d"]:
-        grew = [g for g in d["growth"] if g["step_share"] > g["forward_share"] + 0.005][:4]
-        listed = ", ".join(f"{g['category']} {g['forward_share']:.1%} -> {g['step_share']:.1%}" for g in grew)
-        out.append(f"- (d) GEMM share: forward {d['gemm_forward_share']:.1%}, full step ({d['step']}) "
-                   f"{d['gemm_step_share']:.1%}; shares that grew: {listed or 'none'}")
-    if e := ans["e"]:
-        ms = e["ms_per_step"]
-        line = (f"- (e) attention: QK^T {ms['attn_scores']:.3f} ms, softmax {ms['attn_softmax']:.3f} ms, "
-                f"PV {ms['attn_values']:.3f} ms per step; softmax/matmuls time ratio "
-                f"{e['softmax_to_matmuls_time']:.2f}")
-        if "softmax_to_matmuls_flops" in e:
-            t = e["tflops"]
-            line += (f" vs FLOP ratio {e['softmax_to_matmuls_flops']:.3f} (QK^T, PV: 2*B*H*T^2*Dh each; softmax "
-                     f"taken as 5*B*H*T^2); achieved TFLOP/s: QK^T {t['attn_scores']:.2f}, "
-                     f"softmax {t['attn_softmax']:.3f}, PV {t['attn_values']:.2f}")
-        out.append(line)
-    return out
-
-
-def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
-                    top_n: int = TOP_N, title: str = "Kernel breakdown") -> str:
-    """The report as markdown; `answer_sets` default to `answers(bd)` for each breakdown."""
-    answer_sets = answer_sets or [answers(bd) for bd in bds]
-    out = [f"# {title}", ""]
-    out += [f"- **{bd.label}**: `{Path(bd.path).name}` (source: {bd.source}; "
-            f"{next(iter(bd.phases.values())).steps} measured steps)" for bd in bds]
-    out += ["", "Times are per measured step (mean; warm-up excluded). GPU ms = sum of kernel durations "
-            "inside the range (by execution interval); range ms = the range's own wall time.", ""]
-    out += ["## Per phase", "", *_summary(bds), "", "## Category shares", "", *_categories(bds), ""]
-    out += ["## Answers", ""]
-    for bd, ans in zip(bds, answer_sets):
-        out += [*_answer_lines(bd, ans), ""]
-    for bd in bds:
-        out += [f"## {bd.label}: top kernels", ""]
-        for phase, p in bd.phases.items():
-            out += [f"### {phase}", "", *_top(p, top_n), ""]
-        if gemm := _gemms(bd):
-            out += [f"### {bd.label}: GEMM kernels decoded", "",
-                    "cuBLAS is column-major: `Y = X W^T` (weight [out, in]) runs as `tn`; backward "
-                    "`dX = dY W` as `nn`, `dW = dY^T X` as `nt`.", "", *gemm, ""]
-    out += ["## Left out of the phases", ""]
-    for bd in bds:
-        for what, b in (("warm-up", bd.warmup), ("autotuning (XLA compile-time)", bd.autotuning),
-                        ("outside every measured step", bd.unattributed)):
-            if b.count:
-                where = ", ".join(f"{k} {_ms(v)} ms" for k, v in b.ranges.items())
-                out.append(f"- {bd.label}: {what}: {b.count} kernels, {_ms(b.ns)} ms in all ({where})")
-    warnings = [f"- {bd.label}: {w}" for bd in bds for w in bd.warnings]
-    notes = [f"- {bd.label}: {n}" for bd in bds for n in bd.notes]
-    if warnings:
-        out += ["", "## Warnings", "", *warnings]
-    if notes:
-        out += ["", "## Notes", "", *notes]
-    return "\n".join(out) + "\n"
-
-
-def write_csv(path: Path, bds: Sequence[Breakdown]) -> None:
-    """One row per (profile, phase, kernel name)."""
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["label", "source", "phase", "steps", "phase_gpu_ms_per_step", "kernel", "category",
-                    "calls_per_step", "ms_per_step", "mean_us", "share"])
-        for bd in bds:
-            for phase, p in bd.phases.items():
-                for k in p.kernels:
-                    w.writerow([bd.label, bd.source, phase, p.steps, p.gpu_ns_per_step / 1e6, k.name, k.category,
-                                k.calls_per_step, k.ns_per_step / 1e6, k.mean_ns / 1e3, k.share])
-
-
-def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
-    """Stacked category bars per profile x phase (left) and each profile's top kernels of
-    its step (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 1 + len(bds), figsize=(7 + 6 * len(bds), 6), squeeze=False)
-    ax = axes[0][0]
-    bars = [(f"{bd.label}\n{ph}", p) for bd in bds for ph, p in bd.phases.items()]
-    bottom = [0.0] * len(bars)
-    for cat in Category:
-        vals = [p.categories.get(cat.value, 0.0) / 1e6 for _, p in bars]
-        if any(vals):
-            ax.bar(range(len(bars)), vals, bottom=bottom, label=cat.value)
-            bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(range(len(bars)), [b for b, _ in bars], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("GPU ms per step")
-    ax.set_title("kernel time by category")
-    ax.legend(fontsize=7)
-    for ax, bd in zip(axes[0][1:], bds):
-        p = next(iter(bd.phases.values()))
-        top = p.kernels[:top_n][::-1]
-        ax.barh(range(len(top)), [k.ns_per_step / 1e6 for k in top])
-        ax.set_yticks(range(len(top)), [short_name(k.name, 45) for k in top], fontsize=6)
-        ax.set_xlabel("ms per step")
-        ax.set_title(f"{bd.label}: top kernels ({p.phase})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
-                 top_n: int = TOP_N, stem: str = "kernels") -> dict[str, Path]:
-    """Write ``<stem>.md``, ``.csv``, ``.json`` and ``.png`` into `out_dir`; return their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    answer_sets = answer_sets or [answers(bd) for bd in bds]
-    paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", "png")}
-    paths["md"].write_text(render_markdown(bds, answer_sets, top_n))
-    write_csv(paths["csv"], bds)
-    # The profile's file name only: where it lay (often a temp folder) says nothing.
-    doc = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]
-    paths["json"].write_text(json.dumps(doc, indent=1, default=str))
-    plot(paths["png"], bds, top_n)
-    return paths
-
-
-def harness_metadata(path: str | Path) -> dict:
-    """From a `harness.run` result JSON: its forward time (mean ms over measured steps,
-    the per-step mean the breakdown also uses) and the attention shape for answer (e)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-        opts, cfg = doc["options"], doc["config"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ProfileError(f"{path}: not a harness.run result JSON ({exc!r}); pass the file "
-                           "written by `python -m harness.run --out`") from None
-    forward = (doc.get("phases") or {}).get("forward") or {}
-    return {"forward_ms": forward.get("mean_ms"), "batch": opts["batch"], "seq": opts["ctx"],
-            "heads": cfg["num_heads"], "d_head": cfg["d_model"] // cfg["num_heads"]}
+def build_parser():
+    p = make_parser("harness.report", __doc__)
+    p.add_argument("files", nargs="+", help=".nsys-rep, .sqlite[.gz], torch .json or JAX .xplane.pb")
+    p.add_argument("--label", action="append", default=[], help="column label per file, in order")
+    add_out(p, "output folder", default="kernel_report", metavar="DIR")
+    p.add_argument("--harness-json", action="append", default=[], metavar="PATH",
+                   help="the harness.run result JSON per file, in order (its forward time goes into answer (a))")
+    p.add_argument("--require", action="append", default=[], metavar="RANGE", help="range name that must be present")
+    p.add_argument("--top", type=positive_int, default=TOP_N, help="kernels listed per phase")
+    add_nsys_bin(p)
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="+", help=".nsys-rep, .sqlite[.gz], torch .json or JAX .xplane.pb")
-    ap.add_argument("--label", action="append", default=[], help="column label per file, in order")
-    ap.add_argument("--out", default="kernel_report", help="output directory")
-    ap.add_argument("--harness-json", action="append", default=[],
-                    help="the harness's result JSON per file, in order (its forward time goes into (a))")
-    ap.add_argument("--require", action="append", default=[], help="range name that must be present")
-    ap.add_argument("--top", type=int, default=TOP_N)
-    ap.add_argument("--nsys", help="nsys binary for exporting .nsys-rep (default: $NSYS, then PATH)")
-    args = ap.parse_args(argv)
+    args = parse_args(build_parser(), argv)
     if len(args.label) > len(args.files) or len(args.harness_json) > len(args.files):
-        ap.error("more --label/--harness-json than files")
+        return fail("--label/--harness-json: more of them than profile files; give at most one per file")
     try:
-        bds, answer_sets = [], []
-        for i, f in enumerate(args.files):
-            label = args.label[i] if i < len(args.label) else None
-            bd = breakdown(load_profile(f, label, args.nsys), args.require)
-            meta = harness_metadata(args.harness_json[i]) if i < len(args.harness_json) else {}
-            bds.append(bd)
-            answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
+        bds, answer_sets = breakdown_files(args.files, args.label, args.harness_json, args.require, args.nsys_bin)
         paths = write_report(args.out, bds, answer_sets, args.top)
     except ProfileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))
     print("\n".join(str(p) for p in paths.values()))
     return 0
 

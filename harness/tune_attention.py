@@ -3,357 +3,68 @@
     python -m harness.tune_attention --backend mosaic --shapes fa3 --head-dim 64 --out results/attention-tune-h200
     python -m harness.tune_attention --render results/attention-tune-h200/mosaic-d64.jsonl
 
-Each candidate is the backend's default block sizes with a few fields
-changed (CANDIDATES). Forward candidates are timed on the forward pass, and
-backward candidates on the backward alone (from saved residuals), with the
-timing of `harness.bench_attention` (median of repeats of back-to-back
-launches, after warm-up). Every candidate's output is compared with the
-default's on the same inputs; a difference beyond the dtype's tolerance marks
-it `mismatch`, and a candidate that does not compile or does not fit is
-recorded as failed, never dropped. Rows are appended to a JSON-lines file as
-they are measured, so a run cut short keeps what it measured; candidates run
-in the outer loop, so the ones measured cover every shape.
-
-`rank` condenses the rows: per pass and head_dim, each candidate's geometric
-mean speed-up over the default across the shapes where both ran, and its
-worst shape. Rendering is separate.
+Each candidate (`harness.attention.tune.CANDIDATES`) is the backend's default block sizes
+with a few fields changed, timed on its pass and checked against the default's output.
+Rows are appended to <out>/<name>.jsonl as they are measured; <name>.md ranks them.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
-import statistics
 import sys
-import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from harness import bench_attention as bench
-from harness import hardware
-from harness.cli import emit
-
-PASSES = ("fwd", "bwd")
-# Relative difference (max |candidate - default| / max |default|) allowed per dtype.
-TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 5e-3}
-
-# The backward fields that the head_dim 128 default sets for its fused
-# kernel with dQ split by columns, at the values every other schedule needs.
-UNSPLIT_BWD = {"dq_split": False, "dq_lag": False}
-
-# Overrides of the backend's default block sizes, per (backend, pass). The
-# default ({}) is always measured first. Fields a pass does not use are left
-# alone, so a forward candidate times the same backward and vice versa.
-CANDIDATES: dict[tuple[str, str], list[dict]] = {
-    ("mosaic", "fwd"): [
-        {},
-        {"num_stages": 2},
-        {"num_stages": 4},
-        {"overlap": False, "fwd_stagger": False},
-        {"overlap": True},
-        {"overlap": True, "num_stages": 2},
-        {"overlap": True, "num_stages": 4},
-        {"overlap": True, "fwd_stagger": True},
-        {"fwd_stagger": False},
-        {"consumers": 3},
-        {"consumers": 3, "num_stages": 2},
-        {"consumers": 3, "num_stages": 4},
-        {"group_heads": False},
-        {"group_heads": True},
-    ],
-    ("mosaic", "bwd"): [
-        {},
-        {"block_k_dq": 128},
-        {"block_q_dkv": 128},
-        {"block_k_dq": 128, "block_q_dkv": 128},
-        {"fused_bwd": False, **UNSPLIT_BWD},
-        {"fused_bwd": False, **UNSPLIT_BWD, "block_q_dkv": 128},
-        {"fused_bwd": True, **UNSPLIT_BWD},
-        {"fused_bwd": True, **UNSPLIT_BWD, "block_q_dkv": 64},
-        {"fused_bwd": True, **UNSPLIT_BWD, "block_q_dkv": 128},
-        {"fused_bwd": True, "dq_split": True},
-        {"mask_tile": False},
-        {"mask_tile": True},
-        {"dq_lag": False},
-        {"dq_lag": True},
-        {"lse_early": False},
-        {"lse_early": True},
-    ],
-    ("triton", "fwd"): [
-        {},
-        {"block_q": 64},
-        {"block_k": 128},
-        {"num_warps_fwd": 4},
-        {"num_stages_fwd": 2},
-    ],
-    ("triton", "bwd"): [
-        {},
-        {"block_q_dkv": 32},
-        {"block_k_dkv": 128},
-        {"block_q_dq": 128},
-        {"num_warps_bwd": 8},
-        {"num_stages_bwd": 2},
-    ],
-}
-IMPL = {"mosaic": "pallas_mosaic", "triton": "pallas"}
-AGAIN = "default (again)"
+from harness.attention.bench import REPO_ROOT, environment
+from harness.attention.catalog import KERNEL_PASSES, cells, resolve_shapes
+from harness.attention.options import add_device_arg, add_shape_args, add_timing_args
+from harness.attention.tune import CANDIDATES, IMPL, read_rows, render_markdown, run
+from harness.common.cli import choice, comma_list, emit, make_parser
+from harness.common.cli import parse_args as parse_cli
+from harness.common.results import gpu_slug
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m harness.tune_attention", description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", choices=tuple(IMPL), default="mosaic")
-    p.add_argument("--passes", default="fwd,bwd", help="comma-separated: fwd, bwd")
-    p.add_argument("--shapes", choices=bench.SHAPE_SETS, default="fa3")
-    p.add_argument("--seq", default=None, help="comma-separated sequence lengths (fa3 default 1024,4096,16384)")
-    p.add_argument("--head-dim", default=None, help="comma-separated (fa3 default 64,128)")
-    p.add_argument("--dtype", choices=tuple(bench.DTYPES), default="bf16")
-    p.add_argument("--causal", choices=("true", "false", "both"), default="both")
-    p.add_argument("--batch", type=int, default=1, help="grid shapes only")
-    p.add_argument("--heads", type=int, default=16, help="grid shapes only")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=7)
-    p.add_argument("--min-batch-ms", type=float, default=25.0)
-    p.add_argument("--lead-in-ms", type=bench.lead_in_ms, default=bench.LEAD_IN_MS,
-                   help="untimed calls of the same configuration before each timed repeat, so the clock under "
-                        "a power limit has settled to it (harness.bench_attention; 0: none)")
-    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
-                   help="cpu: interpret mode on tiny shapes (checks the search, not the speed)")
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser("harness.tune_attention", __doc__)
+    p.add_argument("--backend", choices=tuple(IMPL), default="mosaic", help=f"our kernel family: {', '.join(IMPL)}")
+    p.add_argument("--passes", type=comma_list(choice("pass", KERNEL_PASSES)), default=list(KERNEL_PASSES),
+                   help=f"comma-separated: {', '.join(KERNEL_PASSES)}")
+    add_shape_args(p, shapes="fa3", dtype=["bf16"])
+    add_timing_args(p, warmup=2, iters=7)
+    add_device_arg(p, "interpret mode on tiny shapes (checks the search, not the speed)")
     p.add_argument("--only", default=None, metavar="FIELD",
                    help="measure only the candidates that set FIELD (the default is always measured)")
-    p.add_argument("--out", type=Path, default=None, help="default: results/attention-tune-<gpu>/")
-    p.add_argument("--name", default=None, help="file stem (default <backend>-d<head_dims>)")
-    p.add_argument("--render", type=Path, default=None, help="render an existing .jsonl and exit")
-    args = p.parse_args(argv)
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="folder of the results (None: results/attention-tune-<gpu>/)")
+    p.add_argument("--name", default=None, help="stem of the .jsonl/.md files (None: <backend>-d<head_dims>)")
+    p.add_argument("--render", type=Path, default=None, metavar="JSONL", help="render an existing .jsonl and exit")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed options, with the shape cells (`args.cells`) and the file stem filled in."""
+    p = build_parser()
+    args = parse_cli(p, argv)
     if args.render is not None:
         return args
-    passes = [x for x in args.passes.split(",") if x]
-    bad = [x for x in passes if x not in PASSES]
-    if bad or not passes:
-        p.error(f"--passes {args.passes!r}: choose from {', '.join(PASSES)}")
-    args.passes = passes
+    if len(args.dtype) != 1:
+        p.error(f"--dtype {','.join(args.dtype)}: the search takes one dtype")
     if args.only is not None and not any(args.only in c for (b, ps), cs in CANDIDATES.items()
-                                         if b == args.backend and ps in passes for c in cs):
+                                         if b == args.backend and ps in args.passes for c in cs):
         p.error(f"--only {args.only!r}: no {args.backend} candidate of these passes sets it")
     if args.shapes == "fa3" and args.seq is None:
-        args.seq = "1024,4096,16384"
-    shape_args = [*(["--seq", args.seq] if args.seq else []), *(["--head-dim", args.head_dim] if args.head_dim else [])]
+        args.seq = [1024, 4096, 16384]
     try:
-        shape_ns = bench.parse_args(["--shapes", args.shapes, "--dtype", args.dtype, "--causal", args.causal,
-                                     "--batch", str(args.batch), "--heads", str(args.heads), *shape_args])
-    except SystemExit:
-        p.error("bad --seq/--head-dim for these --shapes (see the message above)")
-    args.cells = bench.cells(shape_ns)
-    args.name = args.name or f"{args.backend}-d{'-'.join(map(str, shape_ns.head_dim))}"
+        args.seq, args.head_dim = resolve_shapes(args.shapes, args.seq, args.head_dim)
+    except ValueError as exc:
+        p.error(str(exc))
+    args.cells = cells(args)
+    args.name = args.name or f"{args.backend}-d{'-'.join(map(str, args.head_dim))}"
     return args
 
 
-def block_sizes_for(backend: str, head_dim: int, overrides: dict, seq_len: int | None = None,
-                    causal: bool | None = None) -> object:
-    """The backend's default block sizes for head_dim, seq_len and causal
-    with `overrides` applied (a ValueError from the block-size checks passes
-    through)."""
-    from pallas_kernels import default_block_sizes
-
-    return dataclasses.replace(default_block_sizes(backend, head_dim, seq_len, causal), **overrides)
-
-
-def _label(overrides: dict) -> str:
-    return "default" if not overrides else " ".join(f"{k}={v}" for k, v in overrides.items())
-
-
-def _rel_diff(got, want) -> float:
-    import numpy as np
-
-    diffs, scales = [], []
-    for a, b in zip(got, want):
-        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        diffs.append(float(np.max(np.abs(a - b))))
-        scales.append(float(np.max(np.abs(b))))
-    return max(diffs) / max(max(scales), 1e-6)
-
-
-def measure(backend: str, pass_: str, overrides: dict, cell: dict, reference, args: argparse.Namespace) -> tuple:
-    """(row, outputs): times one pass of one candidate on one cell."""
-    row = {"backend": backend, "pass": pass_, "candidate": _label(overrides), "overrides": overrides, **cell,
-           "status": "ok"}
-    outputs = None
-    try:
-        blocks = block_sizes_for(backend, cell["head_dim"], overrides, cell["seq"], cell["causal"])
-        row["block_sizes"] = dataclasses.asdict(blocks)
-        thunks, sync, timer = bench._build_jax(IMPL[backend], cell, args.device, block_sizes=blocks)
-        outputs = _as_tuple(sync(thunks[pass_]()))
-        median, lo, hi = bench._time_ms(thunks[pass_], sync, timer, args)
-        row.update(ms=median, ms_spread=[lo, hi],
-                   tflops=bench.fwd_flops(cell) * bench.PASS_FLOP_FACTOR[pass_] / (median * 1e-3) / 1e12)
-        if reference is not None:
-            row["rel_diff_vs_default"] = _rel_diff(outputs, reference)
-            if row["rel_diff_vs_default"] > TOLERANCE[cell["dtype"]]:
-                row["status"] = f"mismatch: differs from the default by {row['rel_diff_vs_default']:.2e}"
-    except Exception as exc:  # noqa: BLE001 -- every failure becomes a marked row
-        row["status"] = bench._failure(exc, [])
-        outputs = None
-    finally:
-        thunks = None
-        bench._release_memory()
-    return row, outputs
-
-
-def _as_tuple(x) -> tuple:
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
-def run(args: argparse.Namespace, out_path: Path) -> list[dict]:
-    """Measures every candidate on every cell, appending each row to out_path."""
-    import jax
-
-    rows = []
-    device = jax.devices("cpu")[0] if args.device == "cpu" else jax.devices()[0]
-    with jax.default_device(device), out_path.open("a") as sink:
-        for pass_ in args.passes:
-            references: dict[int, tuple] = {}
-            seen: dict[int, list] = {}
-            # The default runs first and again last: the baseline is the faster
-            # of its two medians, so drift during the search (clocks, a busy
-            # host) cannot make candidates look faster than they are.
-            candidates = [c for c in CANDIDATES[(args.backend, pass_)] if not c or args.only is None or args.only in c]
-            for n, overrides in enumerate([*candidates, {}]):
-                again = n > 0 and not overrides
-                for i, cell in enumerate(args.cells):
-                    if not again and _repeats(args.backend, cell, overrides, seen.setdefault(i, [])):
-                        continue
-                    start = time.perf_counter()
-                    row, outputs = measure(args.backend, pass_, overrides, cell, references.get(i), args)
-                    if again:
-                        row["candidate"] = AGAIN
-                    if not overrides and outputs is not None:
-                        references[i] = outputs
-                    row["wall_s"] = round(time.perf_counter() - start, 2)
-                    rows.append(row)
-                    sink.write(json.dumps(row) + "\n")
-                    sink.flush()
-                    print(_progress(row), file=sys.stderr, flush=True)
-    return rows
-
-
-def _repeats(backend: str, cell: dict, overrides: dict, seen: list) -> bool:
-    """True if these overrides give block sizes already measured on this cell
-    (e.g. a candidate that sets the cell's default value)."""
-    try:
-        blocks = block_sizes_for(backend, cell["head_dim"], overrides, cell["seq"], cell["causal"])
-    except ValueError:
-        return False
-    if blocks in seen:
-        return True
-    seen.append(blocks)
-    return False
-
-
-def _progress(row: dict) -> str:
-    shape = f"{row['batch']}x{row['seq']}x{row['heads']}x{row['head_dim']} causal={row['causal']!s:5s}"
-    got = f"{row['ms']:.3f} ms" if row["status"] == "ok" else row["status"]
-    return f"{row['pass']} {shape} {row['candidate']:40s} {got} ({row['wall_s']} s)"
-
-
-def _cell(row: dict) -> tuple:
-    return tuple(row[k] for k in ("batch", "heads", "seq", "head_dim", "dtype", "causal"))
-
-
-def _baseline(rows: list[dict]) -> dict[tuple, float]:
-    """Per (pass, cell): the fastest median of the default's measurements."""
-    out: dict[tuple, float] = {}
-    for r in rows:
-        if r["candidate"] in ("default", AGAIN) and r["status"] == "ok":
-            key = (r["pass"], _cell(r))
-            out[key] = min(out.get(key, math.inf), r["ms"])
-    return out
-
-
-def rank(rows: list[dict]) -> list[dict]:
-    """Per (pass, head_dim, candidate): geometric-mean speed-up over the
-    default (its fastest median / candidate time) over the cells where both ran,
-    the worst cell's speed-up, and how many cells ran / failed. Sorted best
-    first within each (pass, head_dim)."""
-    default = _baseline(rows)
-    groups: dict[tuple, dict] = {}
-    for r in rows:
-        g = groups.setdefault((r["pass"], r["head_dim"], r["candidate"]),
-                              {"pass": r["pass"], "head_dim": r["head_dim"], "candidate": r["candidate"],
-                               "speedups": [], "failed": 0})
-        base = default.get((r["pass"], _cell(r)))
-        if r["status"] != "ok":
-            g["failed"] += 1
-        elif base is not None:
-            g["speedups"].append(base / r["ms"])
-    out = []
-    for g in groups.values():
-        s = g.pop("speedups")
-        g.update(cells=len(s), geomean=math.exp(statistics.fmean(map(math.log, s))) if s else None,
-                 worst=min(s) if s else None, best=max(s) if s else None)
-        out.append(g)
-    return sorted(out, key=lambda g: (g["pass"], g["head_dim"], -(g["geomean"] or 0)))
-
-
-def best_per_cell(rows: list[dict]) -> list[dict]:
-    """Per (pass, cell): the fastest candidate that ran and matched, with its
-    speed-up over the default."""
-    default = _baseline(rows)
-    best: dict[tuple, dict] = {}
-    for r in rows:
-        key = (r["pass"], _cell(r))
-        if r["status"] == "ok" and (key not in best or r["ms"] < best[key]["ms"]):
-            best[key] = r
-    out = []
-    for (pass_, cell), r in sorted(best.items(), key=lambda x: (x[0][0], x[0][1][3], x[0][1][2], not x[0][1][5])):
-        base = default.get((pass_, cell))
-        out.append({"pass": pass_, "seq": r["seq"], "head_dim": r["head_dim"], "causal": r["causal"],
-                    "batch": r["batch"], "heads": r["heads"], "candidate": r["candidate"], "ms": r["ms"],
-                    "tflops": r["tflops"], "default_ms": base, "speedup": base / r["ms"] if base else None})
-    return out
-
-
-def _f(x, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def render_markdown(rows: list[dict], env: dict | None = None) -> str:
-    lines = ["# Block-size search", ""]
-    if env:
-        lines += [f"- {k}: `{env[k]}`" for k in ("device", "jax", "git_commit", "command") if k in env] + [""]
-    lines += ["Speed-up = default time / candidate time (> 1 is faster), the default's time being the faster of its measurements (it runs first and last); geomean over the shapes where both ran.",
-              "", "## Candidates ranked", "",
-              "| pass | head_dim | candidate | geomean | worst | best | shapes | failed |", "|---|---|---|---|---|---|---|---|"]
-    for g in rank(rows):
-        lines.append(f"| {g['pass']} | {g['head_dim']} | {g['candidate']} | {_f(g['geomean'], '.3f')} | "
-                     f"{_f(g['worst'], '.3f')} | {_f(g['best'], '.3f')} | {g['cells']} | {g['failed']} |")
-    lines += ["", "## Fastest candidate per shape", "",
-              "| pass | B | H | seq | D | causal | fastest | ms | TFLOP/s | default ms | speed-up |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for b in best_per_cell(rows):
-        lines.append(f"| {b['pass']} | {b['batch']} | {b['heads']} | {b['seq']} | {b['head_dim']} | "
-                     f"{'yes' if b['causal'] else 'no'} | {b['candidate']} | {b['ms']:.3f} | {b['tflops']:.0f} | "
-                     f"{_f(b['default_ms'], '.3f')} | {_f(b['speedup'], '.3f')} |")
-    failed = [r for r in rows if r["status"] != "ok"]
-    if failed:
-        lines += ["", "## Not measured", "", "| pass | seq | D | causal | candidate | status |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['pass']} | {r['seq']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | "
-                  f"{r['candidate']} | {r['status'][:120]} |" for r in failed]
-    return "\n".join(lines) + "\n"
-
-
-def read_rows(path: Path) -> tuple[list[dict], dict | None]:
-    env, rows = None, []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            if "environment" in record:
-                env = record["environment"]
-            else:
-                rows.append(record)
-    return rows, env
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render is not None:
         if not args.render.is_file():
@@ -364,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import jax
 
-    if args.device == "gpu" and jax.devices()[0].platform != "gpu":
+    if args.device == "cuda" and jax.devices()[0].platform != "gpu":
         print("tune_attention: no GPU visible to JAX; use --device cpu for a tiny interpret-mode run",
               file=sys.stderr)
         return 2
-    out = args.out or bench.REPO_ROOT / "results" / f"attention-tune-{hardware.gpu_slug(jax.devices()[0].device_kind)}"
+    out = args.out or REPO_ROOT / "results" / f"attention-tune-{gpu_slug(jax.devices()[0].device_kind)}"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.name}.jsonl"
-    env = bench.environment(args, interleaved=False)
+    env = environment(args, interleaved=False)
     with path.open("w") as f:
         f.write(json.dumps({"environment": env}) + "\n")
     rows = run(args, path)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from harness import attention_targets as targets
+from harness import attention_targets
+from harness.attention import targets
 
 
 def _row(impl: str, seq: int, fwd: float, bwd: float, status: str = "ok", dtype: str = "bfloat16",
@@ -41,17 +42,17 @@ def test_ratios_and_verdicts() -> None:
 def test_markdown_counts_and_cli(tmp_path, capsys) -> None:
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"results": ROWS}))
-    assert targets.main([str(path)]) == 0
+    assert attention_targets.main([str(path)]) == 0
     md = capsys.readouterr().out
     assert "as fast as JAX Pallas `mha` (ratio <= 1): 1 of 2 cell-passes" in md
     assert "within 1.5x of the fastest torch SDPA at seq >= 1024, bf16: 0 of 2 cell-passes" in md
-    assert targets.main([str(path), "--impl", "nope"]) == 2 and "no 'nope' rows" in capsys.readouterr().err
+    assert attention_targets.main([str(path), "--impl", "nope"]) == 2 and "no 'nope' rows" in capsys.readouterr().err
 
 
 def test_bench_ratio_columns() -> None:
     """bench_attention's own columns: time over the fastest SDPA backend, and the
     fastest of SDPA and JAX cuDNN over this time (OOM rows ignored)."""
-    from harness import bench_attention
+    from harness.attention import bench as bench_attention
 
     def full(r: dict) -> dict:
         ok = r["status"] == "ok"
@@ -71,8 +72,10 @@ def test_hopper_targets_and_leaderboard(tmp_path, capsys) -> None:
     rows = [_row("pallas_mosaic", 4096, 2.0, 3.0), _row("torch_sdpa_cudnn", 4096, 1.6, 3.3),
             _row("jax_cudnn", 4096, 2.2, 3.0), _row("torch_sdpa_flash", 4096, 1.0, 1.0, status="oom"),
             # The leaderboard shape and a cell of the same seq but other batch/heads stay apart.
-            _row("pallas_mosaic", 16384, 1.5, 3.5, batch=16, heads=1), _row("torch_sdpa_cudnn", 16384, 1.2, 3.2, batch=16, heads=1),
-            _row("pallas_mosaic", 16384, 9.0, 9.0, batch=1, heads=32), _row("jax_cudnn", 16384, 9.9, 9.9, batch=1, heads=32)]
+            _row("pallas_mosaic", 16384, 1.5, 3.5, batch=16, heads=1), _row("torch_sdpa_cudnn", 16384, 1.2, 3.2,
+                                                                            batch=16, heads=1),
+            _row("pallas_mosaic", 16384, 9.0, 9.0, batch=1, heads=32), _row("jax_cudnn", 16384, 9.9, 9.9, batch=1,
+                                                                            heads=32)]
     got = {(r["seq"], r["batch"], r["pass"]): r for r in targets.check_hopper(rows)}
     assert got[(4096, 1, "fwd")]["speedup"] == 0.8 and got[(4096, 1, "fwd")]["best_ref"] == "torch_sdpa_cudnn"
     assert got[(4096, 1, "fwd")]["meets"] is False
@@ -84,7 +87,7 @@ def test_hopper_targets_and_leaderboard(tmp_path, capsys) -> None:
     assert board["ms"] == 5.0 and board["meets"] is True and board["best_ref_ms"] == pytest.approx(4.4)
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"results": rows}))
-    assert targets.main(["--targets", "hopper", str(path)]) == 0
+    assert attention_targets.main(["--targets", "hopper", str(path)]) == 0
     md = capsys.readouterr().out
     assert "forward and backward each >= 1.0x the fastest reference: 3 of 6 cell-passes" in md
     assert "forward+backward: 5.00 ms (under 5.36 ms); fastest reference torch_sdpa_cudnn 4.40 ms" in md
@@ -96,7 +99,7 @@ def test_a_near_miss_is_not_rounded_to_a_pass(tmp_path, capsys) -> None:
     rows = [_row("pallas_mosaic", 4096, 1.004, 0.996), _row("torch_sdpa_cudnn", 4096, 1.0, 1.0)]
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"results": rows}))
-    assert targets.main(["--targets", "hopper", str(path)]) == 0
+    assert attention_targets.main(["--targets", "hopper", str(path)]) == 0
     md = capsys.readouterr().out
     assert "| 0.996x below | 1.00x |" in md  # fwd 1.0/1.004 misses, bwd 1.0/0.996 passes
     assert "1 of 2 cell-passes" in md
@@ -118,7 +121,7 @@ def test_a_later_run_replaces_whole_cells(tmp_path, capsys) -> None:
     paths = [tmp_path / "old.json", tmp_path / "new.json"]
     for path, run in zip(paths, (old, new)):
         path.write_text(json.dumps({"results": run}))
-    assert targets.main(["--targets", "hopper", *map(str, paths)]) == 0
+    assert attention_targets.main(["--targets", "hopper", *map(str, paths)]) == 0
     md = capsys.readouterr().out
     assert "From `old.json`, `new.json` (a cell in several: the last)." in md
     assert "forward and backward each >= 1.0x the fastest reference: 3 of 4 cell-passes" in md

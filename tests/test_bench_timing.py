@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from harness import bench_attention as bench
+from harness import bench_attention
+from harness.attention import timing as bench
+from harness.attention.catalog import LEAD_IN_MS
 
 
 class Clocked:
@@ -83,14 +85,14 @@ def test_a_failing_entry_is_reported_and_the_rest_go_on() -> None:
     # One call calibrates (it outlasts the batch), then one per round, all
     # four rounds; the failed entry stopped at its failing call.
     assert (ok.calls, oom.calls) == (5, 4)
-    assert bench._failure(got["oom"], []) == "OOM"
+    assert bench.failure_status(got["oom"], []) == "OOM"
 
 
 def test_time_ms_raises_the_failure() -> None:
     thunk = Clocked("a", 0.1, [], fail_after=0)
-    args = bench.parse_args(["--iters", "2", "--warmup", "0"])
+    args = bench_attention.parse_args(["--iters", "2", "--warmup", "0"])
     with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
-        bench._time_ms(thunk, thunk.sync, "wall", args)
+        bench.time_ms(thunk, thunk.sync, "wall", args)
 
 
 class Settling:
@@ -144,11 +146,11 @@ def test_bad_lead_in_is_refused(capsys, value) -> None:
     """In both entry points that take it: one line naming the option and the fix."""
     from harness import tune_attention
 
-    for parse in (bench.parse_args, tune_attention.parse_args):
+    for parse in (bench_attention.parse_args, tune_attention.parse_args):
         with pytest.raises(SystemExit):
             parse(["--lead-in-ms", value])
         err = capsys.readouterr().err
         assert f"argument --lead-in-ms: must be milliseconds >= 0 (0 turns the lead-in off), got {value!r}" in err
         assert "Traceback" not in err
-    assert bench.parse_args([]).lead_in_ms == bench.LEAD_IN_MS
-    assert bench.parse_args(["--lead-in-ms", "0"]).lead_in_ms == 0.0
+    assert bench_attention.parse_args([]).lead_in_ms == LEAD_IN_MS
+    assert bench_attention.parse_args(["--lead-in-ms", "0"]).lead_in_ms == 0.0

@@ -14,10 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import framework_profile, ranges
-from harness.breakdown import answers, breakdown, load_profile
-from harness.kernels import Category
-from harness.nsys import ProfileError, find_nsys, profile_command
+from harness.timing import ranges
+from harness.trace import framework_profile
+from harness.trace.breakdown import answers, breakdown, load_profile
+from harness.trace.kernels import Category
+from harness.trace.nsys import find_nsys, profile_command
+from harness.trace.profile import ProfileError
 
 DATA = Path(__file__).parent / "data"
 
@@ -177,9 +179,9 @@ def _cpu_session_run(backend: str, tmp_path: Path):
     cfg = get_config("tiny")
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 17))
     if backend == "torch":
-        from harness.torch_backend import TorchSession as Session
+        from harness.timing.torch_backend import TorchSession as Session
     else:
-        from harness.jax_backend import JaxSession as Session
+        from harness.timing.jax_backend import JaxSession as Session
     s = Session(cfg, tokens, device="cpu", dtype="fp32", seed=0)
     ranges.use_framework_annotations(backend)
     try:

@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from harness import compare
-from harness.run import RunOptions, run
+from harness.common.cli import parse_args
+from harness.timing import compare as compare_lib
+from harness.timing.runner import RunOptions, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +23,7 @@ def cli(module: str, *args: str) -> subprocess.CompletedProcess:
 def compare_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     proc = cli("harness.compare", "--model", "tiny", "--ctx", "32", "--batch", "2", "--warmup", "1", "--steps", "3",
-               "--device", "cpu", "--results-dir", str(out))
+               "--device", "cpu", "--out", str(out))
     return proc, out
 
 
@@ -73,19 +75,21 @@ def test_jax_run_with_the_pallas_kernel_matches_naive_attention():
 @pytest.mark.parametrize("args, message", [
     (["--model", "gigantic", "--ctx", "8"], "error: unknown model 'gigantic'; choose one of tiny, mini, small"),
     (["--model", "tiny", "--ctx", "8", "--dtype", "fp8"], "error: unknown dtype 'fp8'; choose one of fp32, tf32, bf16"),
-    (["--model", "tiny", "--ctx", "8", "--attention", "flash"], "error: unknown attention 'flash'; choose one of naive"),
+    (["--model", "tiny", "--ctx", "8", "--attention", "flash"],
+     "error: unknown attention 'flash'; choose one of naive"),
     (["--model", "tiny", "--ctx", "0"], "error: expected a positive integer, got '0'"),
 ])
 def test_bad_input_is_one_line_naming_the_choices(args, message):
     proc = cli("harness.run", "--backend", "torch", *args)
-    assert proc.returncode == 2 and proc.stderr.strip().startswith(message) and len(proc.stderr.strip().splitlines()) == 1
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and err.startswith(message) and len(err.splitlines()) == 1
     proc = cli("harness.run", "--backend", "mxnet", "--model", "tiny", "--ctx", "8")
     assert proc.returncode == 2 and "unknown backend 'mxnet'; choose one of torch, jax" in proc.stderr
 
 
 def test_simulated_oom_is_reported_and_the_other_backend_still_runs(tmp_path):
     proc = cli("harness.compare", "--model", "tiny", "--ctx", "16", "--batch", "1", "--warmup", "1", "--steps", "2",
-               "--device", "cpu", "--results-dir", str(tmp_path), "--no-parity", "--fail-in", "jax:backward")
+               "--device", "cpu", "--out", str(tmp_path), "--no-parity", "--fail-in", "jax:backward")
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "jax: FAILED: out of memory in backward (model tiny, batch 1, ctx 16, fp32)" in proc.stdout
     summary = json.loads((tmp_path / "tiny-ctx16-fp32-cpu" / "summary.json").read_text())
@@ -102,16 +106,16 @@ def test_result_folder_is_named_after_the_device():
     (no device reported) the requested device does, so a failed GPU run is
     not filed under -cpu."""
     def parse(*argv):
-        args = compare.parse_args(compare.build_parser(), list(argv))
+        args = parse_args(compare.build_parser(), list(argv))
         args.profiler = None
         return args
 
     args = parse("--model", "large", "--ctx", "1024", "--dtype", "bf16", "--attention", "pallas", "--device", "cuda")
-    assert compare.result_dir_name(args, "NVIDIA H100 80GB HBM3") == "large-ctx1024-bf16-pallas-h100-80gb-hbm3"
-    assert compare.result_dir_name(args, None) == "large-ctx1024-bf16-pallas-cuda"
+    assert compare_lib.result_dir_name(args, "NVIDIA H100 80GB HBM3") == "large-ctx1024-bf16-pallas-h100-80gb-hbm3"
+    assert compare_lib.result_dir_name(args, None) == "large-ctx1024-bf16-pallas-cuda"
     args = parse("--model", "tiny", "--ctx", "16", "--device", "cpu")
-    assert compare.result_dir_name(args, None) == "tiny-ctx16-fp32-cpu"
-    assert compare.result_dir_name(args, "cpu") == "tiny-ctx16-fp32-cpu"
+    assert compare_lib.result_dir_name(args, None) == "tiny-ctx16-fp32-cpu"
+    assert compare_lib.result_dir_name(args, "cpu") == "tiny-ctx16-fp32-cpu"
 
 
 def test_jax_processes_share_the_named_compile_cache(tmp_path):
@@ -120,8 +124,8 @@ def test_jax_processes_share_the_named_compile_cache(tmp_path):
     cache = tmp_path / "cache"
     env = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     proc = subprocess.run([sys.executable, "-m", "harness.compare", "--model", "tiny", "--ctx", "16", "--batch", "1",
-                           "--warmup", "1", "--steps", "2", "--device", "cpu", "--results-dir", str(tmp_path),
-                           "--backends", "jax", "--no-parity", "--compile-cache", str(cache)],
+                           "--warmup", "1", "--steps", "2", "--device", "cpu", "--out", str(tmp_path),
+                           "--backend", "jax", "--no-parity", "--compile-cache", str(cache)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = os.listdir(cache)
@@ -129,14 +133,14 @@ def test_jax_processes_share_the_named_compile_cache(tmp_path):
 
 
 def test_interrupted_write_leaves_no_half_written_folder(tmp_path, monkeypatch):
-    import harness.compare_report
+    import harness.timing.compare_render
 
     def boom(summary, path):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(harness.compare_report, "plot_phases", boom)
+    monkeypatch.setattr(harness.timing.compare_render, "plot_phases", boom)
     with pytest.raises(KeyboardInterrupt):
-        compare.write_results({"options": {}}, str(tmp_path), "x-ctx1-fp32-cpu")
+        compare_lib.write_results({"options": {}}, str(tmp_path), "x-ctx1-fp32-cpu")
     assert os.listdir(tmp_path) == []
 
 
@@ -146,7 +150,7 @@ def test_profile_fallback_with_attention_ranges_feeds_the_kernel_report(tmp_path
     monkeypatch.setenv("NSYS", str(tmp_path / "no-nsys-here"))
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
     proc = cli("harness.compare", "--model", "tiny", "--ctx", "32", "--batch", "1", "--warmup", "1", "--steps", "2",
-               "--device", "cpu", "--results-dir", str(tmp_path), "--no-parity", "--profile", "--annotate-attention")
+               "--device", "cpu", "--out", str(tmp_path), "--no-parity", "--profile", "--annotate-attention")
     assert proc.returncode == 0, proc.stderr[-2000:]
     folder = tmp_path / "tiny-ctx32-fp32-cpu-profiled"
     assert {"kernels.md", "kernels.csv", "kernels.json", "kernels.png", "report.md"} <= set(os.listdir(folder))

@@ -34,7 +34,9 @@ def test_config_is_frozen_and_overridable():
     (lambda: ModelConfig(d_model=100, num_heads=3), "d_model=100 must be divisible by num_heads=3"),
 ])
 def test_bad_config_names_the_fix(call, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[",
+                                                                                                 r"\[").replace("]",
+                                                                                                                r"\]")):
         call()
 
 

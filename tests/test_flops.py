@@ -6,7 +6,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import torch_impl
 from harness.config import get_config
-from harness.flops import forward_flops, phase_flops
+from harness.timing.flops import forward_flops, phase_flops
 
 
 @pytest.mark.parametrize("name, batch, ctx", [("tiny", 2, 32), ("mini", 1, 48)])

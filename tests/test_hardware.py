@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import re
 
-from harness import hardware
+from harness.common import results
 
 
 def test_commit_comes_from_git_in_a_checkout(monkeypatch) -> None:
     monkeypatch.delenv("XFPROF_GIT_COMMIT", raising=False)
-    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", hardware.git_commit() or "")
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", results.git_commit() or "")
 
 
 def test_an_explicit_commit_wins_over_the_copy_s_git(monkeypatch) -> None:
     # A copied tree may carry a stale .git folder; the commit named by whoever copied it wins.
     monkeypatch.setenv("XFPROF_GIT_COMMIT", "0123abc")
-    assert hardware.git_commit() == "0123abc"
+    assert results.git_commit() == "0123abc"
 
 
 def test_nvidia_smi_line_is_parsed_by_field() -> None:
-    line = "NVIDIA H100 80GB HBM3, 580.159.04, 700.00 W, 1980 MHz\nNVIDIA H100 80GB HBM3, 580.159.04, 700.00 W, 1980 MHz\n"
-    assert hardware.parse_nvidia_smi(line) == {"gpu_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04",
+    line = "NVIDIA H100 80GB HBM3, 580.159.04, 700.00 W, 1980 MHz\n" * 2
+    assert results.parse_nvidia_smi(line) == {"gpu_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04",
                                                "gpu_power_limit": "700.00 W", "gpu_max_sm_clock": "1980 MHz"}
     # A field the driver cannot read is left out, not recorded as "[N/A]".
-    assert "gpu_power_limit" not in hardware.parse_nvidia_smi("NVIDIA A10, 535.1, [N/A], 1695 MHz")
-    assert hardware.parse_nvidia_smi("") == {}
+    assert "gpu_power_limit" not in results.parse_nvidia_smi("NVIDIA A10, 535.1, [N/A], 1695 MHz")
+    assert results.parse_nvidia_smi("") == {}

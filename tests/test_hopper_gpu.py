@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from harness.tune_attention import UNSPLIT_BWD
+from harness.attention.tune import UNSPLIT_BWD
 from pallas_kernels import (
     MosaicBlockSizes,
     attention,

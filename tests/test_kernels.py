@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness.kernels import Category, classify, decode_gemm, is_autotuning
+from harness.trace.kernels import Category, classify, decode_gemm, is_autotuning
 
 # Names seen in public nsys/torch.profiler output and in NOTES of the project's GPU machine.
 PUBLIC = {
-    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": Category.GEMM,
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": Category.GEMM,  # noqa: E501
     "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT": Category.GEMM,
-    "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_16x5_tt_align4>(cutlass_80_tensorop_s1688gemm_128x128_16x5_tt_align4::Params)": Category.GEMM,
+    "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_16x5_tt_align4>(cutlass_80_tensorop_s1688gemm_128x128_16x5_tt_align4::Params)": Category.GEMM,  # noqa: E501
     "gemm_fusion_dot_3": Category.GEMM,
     "triton_softmax_2": Category.SOFTMAX,
     "loop_multiply_fusion": Category.ELEMENTWISE,
@@ -21,7 +21,7 @@ PUBLIC = {
     "DelayKernel": Category.AUTOTUNING,
     "__xla_fp32_comparison": Category.AUTOTUNING,
     "ncclDevKernel_AllReduce_Sum_f32_RING_LL": Category.COMMUNICATION,
-    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<4> >": Category.OPTIMIZER,
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<4> >": Category.OPTIMIZER,  # noqa: E501
     "[CUDA memcpy]": Category.MEMORY,
     "[CUDA memset]": Category.MEMORY,
 }
@@ -49,7 +49,7 @@ def test_phase_rule_makes_update_kernels_optimizer() -> None:
 
 
 @pytest.mark.parametrize("name,arch,math,transpose,tile", [
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",  # noqa: E501
      "sm90", "bf16", "tn", "128x128x64"),
     ("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4_warpsize2x2x1_tensor16x8x8_kernel",
      "sm80", "tf32", "nn", "128x128x16"),
@@ -74,7 +74,7 @@ def test_decode_gemm_rejects_non_gemm_and_keeps_unknown_fields_empty() -> None:
 def _names(scenario: str) -> set[str]:
     from pathlib import Path
 
-    from harness.nsys import read_sqlite
+    from harness.trace.nsys import read_sqlite
 
     path = Path(__file__).parent / "data" / scenario / f"{scenario}.sqlite.gz"
     return {k.name for k in read_sqlite(path).kernels}
@@ -106,7 +106,7 @@ def test_fixture_gemm_transposes_follow_the_linear_layer() -> None:
     dW need `nn` and `nt`, and only backward has `nt`."""
     from pathlib import Path
 
-    from harness.breakdown import breakdown, load_profile
+    from harness.trace.breakdown import breakdown, load_profile
 
     path = Path(__file__).parent / "data" / "torch_small_train" / "torch_small_train.sqlite.gz"
     phases = breakdown(load_profile(path)).phases

@@ -13,10 +13,10 @@ import dataclasses
 import pytest
 import torch
 
-from harness import memory_model
 from harness.config import get_config
-from harness.parity import make_tokens
-from harness.torch_backend import TorchSession
+from harness.sweeps import memory_model
+from harness.timing.tokens import make_tokens
+from harness.timing.torch_backend import TorchSession
 
 TOTAL_TOLERANCE = 0.10
 LAYER_TOLERANCE = 0.02

@@ -13,7 +13,7 @@ from flax import nnx
 import jax_impl
 import torch_impl
 from harness.config import get_config
-from harness.convert import jax_param_dict, jax_to_torch, torch_to_jax
+from harness.timing.convert import jax_param_dict, jax_to_torch, torch_to_jax
 from jax_impl import model as jm
 from torch_impl import model as tm
 
@@ -158,15 +158,16 @@ def test_loss_is_mean_next_token_cross_entropy():
 def test_pallas_attention_model_matches_naive():
     """The JAX model with the Pallas kernel (interpreted on CPU) against the naive path:
     logits, loss and every gradient, within the fp32 parity bounds."""
-    from harness.jax_backend import JaxSession
-    from harness.parity import TOLERANCES, make_tokens, rel_err
-    from harness.torch_backend import init_model
+    from harness.timing.jax_backend import JaxSession
+    from harness.timing.parity import TOLERANCES, rel_err
+    from harness.timing.tokens import make_tokens
+    from harness.timing.torch_backend import init_model
 
     tokens = make_tokens(CFG.vocab_size, 1, 40, seed=5)  # 40: not a multiple of the kernel's block
     torch_model = init_model(CFG, 0)
-    naive = JaxSession(CFG, tokens, device="cpu", dtype="fp32", seed=0, torch_model=torch_model)
+    naive = JaxSession(CFG, tokens, device="cpu", dtype="fp32", seed=0, weights=torch_model)
     pallas = JaxSession(dataclasses.replace(CFG, attention="pallas"), tokens, device="cpu", dtype="fp32", seed=0,
-                        torch_model=torch_model)
+                        weights=torch_model)
     tol = TOLERANCES["fp32"]
     assert rel_err(pallas.logits(), naive.logits()) < tol["logits"]
     loss_p, grads_p = pallas.loss_and_grads()

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import ncu
+from harness import ncu as ncu_cli
+from harness.attention import ncu
 
 FIXTURE = Path(__file__).parent / "data" / "ncu" / "flash_attention_fwd_d64.csv"
 
@@ -40,7 +41,7 @@ def test_a_file_that_is_not_an_ncu_export_is_refused(tmp_path, capsys) -> None:
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ncu.NcuError, match="--page details"):
         ncu.read_details(bad)
-    assert ncu.main([str(bad)]) == 2 and "not an ncu details CSV" in capsys.readouterr().err
+    assert ncu_cli.main([str(bad)]) == 2 and "not an ncu details CSV" in capsys.readouterr().err
 
 
 MOSAIC = Path(__file__).parent / "data" / "ncu" / "mosaic_d128.csv"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import ncu_source
+from harness import ncu_source as ncu_source_cli
+from harness.attention import ncu_source
 
 DATA = Path(__file__).parent / "data" / "ncu"
 FIXTURE = DATA / "mosaic_bwd_fused_d128_causal_sass.csv.gz"
@@ -72,8 +73,8 @@ def test_a_details_export_is_refused_with_the_export_command(capsys) -> None:
     details = DATA / "flash_attention_fwd_d64.csv"
     with pytest.raises(ncu_source.NcuSourceError, match="--page source --print-source sass"):
         ncu_source.read_source(details)
-    assert ncu_source.main([str(details)]) == 2
+    assert ncu_source_cli.main([str(details)]) == 2
     assert "error:" in capsys.readouterr().err
-    assert ncu_source.main([str(DATA / "no-such-file.csv")]) == 2
+    assert ncu_source_cli.main([str(DATA / "no-such-file.csv")]) == 2
     with pytest.raises(SystemExit):
-        ncu_source.main([str(FIXTURE), "--top", "0"])
+        ncu_source_cli.main([str(FIXTURE), "--top", "0"])

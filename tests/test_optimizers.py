@@ -88,7 +88,8 @@ def test_library_adamw_differ_only_by_the_documented_details(problem):
     theta0, grads, ref = problem
     ours = run_torch(torch_impl.AdamW, theta0, grads, **HP)
     lib_torch = run_torch(torch.optim.AdamW, theta0, grads, **HP)
-    lib_optax = run_optax(optax.adamw(HP["lr"], *HP["betas"], HP["eps"], weight_decay=HP["weight_decay"]), theta0, grads)
+    lib_optax = run_optax(optax.adamw(HP["lr"], *HP["betas"], HP["eps"], weight_decay=HP["weight_decay"]), theta0,
+                          grads)
     assert rel(lib_torch, lib_optax) < 1e-5  # the two libraries agree with each other
     gap = rel(ours, lib_torch)
     print(f"published vs torch.optim.AdamW after {STEPS} steps: {gap:.2e}")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness import report
-from harness.breakdown import breakdown, load_profile
+from harness.trace import render
+from harness.trace.breakdown import breakdown, load_profile
 
 DATA = Path(__file__).parent / "data"
 TORCH = DATA / "torch_small_train" / "torch_small_train.sqlite.gz"
@@ -66,14 +67,14 @@ def test_csv_rows_match_json(written: Path) -> None:
 
 def test_render_markdown_for_the_compare_report() -> None:
     bds = [breakdown(load_profile(TORCH, label="pytorch"))]
-    md = report.render_markdown(bds, title="Kernels")
+    md = render.render_markdown(bds, title="Kernels")
     assert md.startswith("# Kernels") and "pytorch" in md
 
 
 def test_short_name() -> None:
     name = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
             "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)")
-    assert report.short_name(name, 200) == ("at::native::vectorized_elementwise_kernel<4, "
+    assert render.short_name(name, 200) == ("at::native::vectorized_elementwise_kernel<4, "
                                             "at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >")
 
 

@@ -3,9 +3,9 @@ records from real processes, bad input, and rendering of a stored CPU sweep.
 
 tests/data/sweep/ holds cells.jsonl and sweep.json of a real CPU sweep (tiny, mini x ctx
 16, 32 x torch, jax x fp32, bf16, warm-up 1, steps 3, with --warmup-study), made by:
-    python -m harness.sweep --models tiny --ctx 16 --backends torch --dtype fp32 --device cpu \
+    python -m harness.sweep --model tiny --ctx 16 --backend torch --dtype fp32 --device cpu \
         --warmup 1 --steps 3 --cell-timeout 1 --out results/cpu-fixture           # a timeout
-    python -m harness.sweep --models tiny,mini --ctx 16,32 --backends torch,jax --dtype fp32,bf16 \
+    python -m harness.sweep --model tiny,mini --ctx 16,32 --backend torch,jax --dtype fp32,bf16 \
         --device cpu --warmup 1 --steps 3 --warmup-study --resume --out results/cpu-fixture \
         --fail-cell mini:32:jax:fp32:backward                                       # an OOM
 """
@@ -21,16 +21,18 @@ import sys
 
 import pytest
 
-from harness import memory_model, sweep
+from harness import sweep
 from harness.config import get_config
+from harness.sweeps import analysis, memory_model, runner
+from harness.sweeps import records as sweep_records
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sweep")
 FAIL = "mini:32:jax:fp32"
-GRID = ["--models", "tiny,mini", "--ctx", "16,32", "--device", "cpu", "--warmup", "1", "--steps", "2"]
+GRID = ["--model", "tiny,mini", "--ctx", "16,32", "--device", "cpu", "--warmup", "1", "--steps", "2"]
 
 
 def _lines(out_dir: str) -> list[str]:
-    with open(os.path.join(out_dir, sweep.CELLS_FILE)) as f:
+    with open(os.path.join(out_dir, sweep_records.CELLS_FILE)) as f:
         return f.read().splitlines()
 
 
@@ -68,7 +70,7 @@ def test_interrupted_sweep_resumes_without_redoing_cells(e2e: dict) -> None:
     assert first["code"] == 0 and len(first["lines"]) == 3
     assert resumed["lines"][:3] == first["lines"]  # recorded cells untouched
     keys = [json.loads(line)["key"] for line in resumed["lines"]]
-    expected = {c.key for c in sweep.grid(["tiny", "mini"], [16, 32], ["torch", "jax"], ["fp32"])}
+    expected = {c.key for c in sweep_records.grid(["tiny", "mini"], [16, 32], ["torch", "jax"], ["fp32"])}
     assert sorted(keys) == sorted(expected)  # every cell exactly once
     assert "3 of 8 cells already recorded" in resumed["stderr"]
     assert resumed["stderr"].count("running") == 5
@@ -103,7 +105,7 @@ def test_progress_reports_done_running_left_and_time_left(e2e: dict) -> None:
 
 def test_progress_line_spreads_the_estimate_over_gpus() -> None:
     # 4 cells of 60 s each still to finish (2 running, 2 queued) on 2 GPUs: 2 minutes.
-    line = sweep.progress_line(3, ["a", "b"], 2, [60.0, 60.0, 60.0], slots=2)
+    line = runner.progress_line(3, ["a", "b"], 2, [60.0, 60.0, 60.0], slots=2)
     assert line == "3 done, running a, b, 2 left, ~2m00s left"
 
 
@@ -112,28 +114,28 @@ def test_cells_run_side_by_side_one_per_gpu(tmp_path) -> None:
     sees only its own GPU index, and the records say which one it had."""
     out = str(tmp_path / "s")
     opts = dict(batch=1, warmup=0, steps=1, attention="naive", mode="train", device="cpu", nsys=False)
-    cells = [sweep.Cell("tiny", 8, "torch", "fp32"), sweep.Cell("tiny", 16, "torch", "fp32")]
+    cells = [sweep_records.Cell("tiny", 8, "torch", "fp32"), sweep_records.Cell("tiny", 16, "torch", "fp32")]
     messages: list[str] = []
-    sweep.run_sweep(cells, opts, out, gpus=["3", "5"], log=messages.append)
+    runner.run_sweep(cells, opts, out, gpus=["3", "5"], log=messages.append)
     started = [i for i, m in enumerate(messages) if "started" in m]
     first_done = next(i for i, m in enumerate(messages) if " ok in " in m)
     assert len(started) == 2 and started[1] < first_done, messages
     assert "on GPU 3" in messages[started[0]] and "on GPU 5" in messages[started[1]]
-    records = {r["key"]: r for r in sweep.load_records(out)}
+    records = {r["key"]: r for r in sweep_records.load_records(out)}
     # Longest first: the ctx-16 cell starts on the first GPU.
     assert {k: r["gpu"] for k, r in records.items()} == {"tiny:16:torch:fp32": "3", "tiny:8:torch:fp32": "5"}
     assert all(r["status"] == "ok" for r in records.values())
 
 
 def test_side_by_side_cells_start_with_the_longest() -> None:
-    cells = sweep.grid(["small", "xl"], [128, 1024], ["torch", "jax"], ["fp32"])
-    order = [c.key for c in sweep.longest_first(cells)]
+    cells = sweep_records.grid(["small", "xl"], [128, 1024], ["torch", "jax"], ["fp32"])
+    order = [c.key for c in runner.longest_first(cells)]
     assert order[0] == "xl:1024:jax:fp32" and order[-1] == "small:128:torch:fp32"
     assert order.index("xl:128:jax:fp32") < order.index("xl:128:torch:fp32")
 
 
 def test_cpu_slices_are_disjoint_and_equal() -> None:
-    slices = sweep.cpu_slices(2)
+    slices = runner.cpu_slices(2)
     available = len(os.sched_getaffinity(0))
     if available < 2:
         assert slices == [None, None]
@@ -156,8 +158,8 @@ def test_sweep_writes_its_report(e2e: dict) -> None:
 # -- failures without a result, from real processes ------------------------------------------
 def _outcome(tmp_path, code: str, timeout: float | None = None) -> tuple[str, str]:
     log = str(tmp_path / "cell.log")
-    exit_code, timed_out = sweep.CellProcess([sys.executable, "-c", code], log, timeout).wait()
-    return sweep.outcome(None, exit_code, timed_out, timeout, log)
+    exit_code, timed_out = runner.CellProcess([sys.executable, "-c", code], log, timeout).wait()
+    return runner.outcome(None, exit_code, timed_out, timeout, log)
 
 
 def test_a_signal_is_recorded_as_a_crash(tmp_path) -> None:
@@ -171,7 +173,7 @@ def test_an_exit_without_result_is_recorded_as_a_crash(tmp_path) -> None:
 
 
 def test_a_cell_past_its_timeout_is_killed_and_recorded(tmp_path) -> None:
-    rec = sweep.run_cell(sweep.Cell("tiny", 16, "torch", "fp32"), dict(batch=1, warmup=50, steps=50,
+    rec = runner.run_cell(sweep_records.Cell("tiny", 16, "torch", "fp32"), dict(batch=1, warmup=50, steps=50,
                          attention="naive", mode="train", device="cpu", nsys=False), str(tmp_path), timeout=1)
     assert rec["status"] == "timeout" and rec["result"] is None and "--cell-timeout 1" in rec["reason"]
     assert rec["wall_s"] < 10
@@ -179,12 +181,12 @@ def test_a_cell_past_its_timeout_is_killed_and_recorded(tmp_path) -> None:
 
 # -- bad input --------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, message", [
-    (["--models", "tiny,huge", "--ctx", "16"], "unknown model 'huge'; choose one of tiny, mini, small"),
-    (["--models", "tiny", "--ctx", "16,0"], "expected a positive integer, got '0'"),
-    (["--models", "tiny", "--ctx", "sixteen"], "expected a positive integer, got 'sixteen'"),
-    (["--models", "tiny", "--ctx", "16", "--backends", "torch,tf"], "unknown backend 'tf'; choose one of torch, jax"),
-    (["--models", "tiny", "--ctx", "16", "--dtype", "fp16"], "unknown dtype 'fp16'; choose one of fp32, tf32, bf16"),
-    (["--models", "tiny"], "--models and --ctx are required"),
+    (["--model", "tiny,huge", "--ctx", "16"], "unknown model 'huge'; choose one of tiny, mini, small"),
+    (["--model", "tiny", "--ctx", "16,0"], "expected a positive integer, got '0'"),
+    (["--model", "tiny", "--ctx", "sixteen"], "expected a positive integer, got 'sixteen'"),
+    (["--model", "tiny", "--ctx", "16", "--backend", "torch,tf"], "unknown backend 'tf'; choose one of torch, jax"),
+    (["--model", "tiny", "--ctx", "16", "--dtype", "fp16"], "unknown dtype 'fp16'; choose one of fp32, tf32, bf16"),
+    (["--model", "tiny"], "--model and --ctx are required"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path, capsys) -> None:
     try:
@@ -198,9 +200,10 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_pat
 
 def test_resume_with_other_options_or_rerun_without_resume_is_refused(tmp_path, capsys) -> None:
     out = str(tmp_path / "s")
-    sweep.prepare(out, dict(batch=4, warmup=1, steps=2, attention="naive", mode="train", device="cpu", nsys=False),
+    sweep_records.prepare(out, dict(batch=4, warmup=1, steps=2, attention="naive", mode="train", device="cpu",
+                                    nsys=False),
                   {"models": ["tiny"], "ctx": [16], "backends": ["torch"], "dtypes": ["fp32"]}, False, False)
-    base = ["--models", "tiny", "--ctx", "16", "--backends", "torch", "--device", "cpu", "--warmup", "1",
+    base = ["--model", "tiny", "--ctx", "16", "--backend", "torch", "--device", "cpu", "--warmup", "1",
             "--steps", "2", "--out", out]
     assert sweep.main(base) == 2 and "--resume" in capsys.readouterr().err
     assert sweep.main([*base, "--resume", "--batch", "8"]) == 2
@@ -213,7 +216,7 @@ def test_fault_injection_is_hidden_from_help() -> None:
 
 def test_nsys_missing_is_a_usage_error(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("NSYS", str(tmp_path / "no-nsys"))
-    code = sweep.main(["--models", "tiny", "--ctx", "16", "--device", "cpu", "--nsys", "--out", str(tmp_path / "s")])
+    code = sweep.main(["--model", "tiny", "--ctx", "16", "--device", "cpu", "--nsys", "--out", str(tmp_path / "s")])
     assert code == 2 and "nsys not found" in capsys.readouterr().err
 
 
@@ -228,7 +231,7 @@ def rendered(tmp_path_factory) -> dict:
     with open(os.path.join(out, "cells.csv")) as f:
         rows = list(csv.DictReader(f))
     records = {r["key"]: r for r in map(json.loads, _lines(out))}
-    return {"out": out, "report": report, "csv": rows, "records": records, "data": sweep.analyze(out)}
+    return {"out": out, "report": report, "csv": rows, "records": records, "data": analysis.analyze(out)}
 
 
 def _median(records: dict, key: str, phase: str) -> float:
@@ -282,7 +285,8 @@ def test_backward_over_forward_and_speedups(rendered: dict) -> None:
     rec, data = rendered["records"], rendered["data"]
     for r in data["phases"]:
         if r["status"] == "ok":
-            assert r["bwd_over_fwd"] == pytest.approx(_median(rec, r["key"], "backward") / _median(rec, r["key"], "forward"))
+            assert r["bwd_over_fwd"] == pytest.approx(_median(rec, r["key"], "backward") / _median(rec, r["key"],
+                                                                                                   "forward"))
     assert len(data["bound_notes"]) == 8  # backend x dtype x model, each with a note
     speedups = data["speedups"]
     assert {(s["model"], s["ctx"], s["backend"]) for s in speedups} == \
@@ -304,7 +308,7 @@ def test_no_percentage_above_100(rendered: dict) -> None:
     peak equal to the best cell's TFLOP/s: the best then reads exactly 100.0%."""
     import copy
 
-    from harness.sweep_report import section_throughput
+    from harness.sweeps.render import section_throughput
 
     assert all(0 <= p <= 100 for p in _percentages(rendered["report"]))
     data = copy.deepcopy(rendered["data"])
@@ -324,16 +328,17 @@ def test_memory_prediction_and_fit(rendered: dict) -> None:
         expected = memory_model.predict(get_config(r["model"]), 4, r["ctx"], r["dtype"])["peaks"]
         assert {p: r[p]["predicted"] for p in expected} == expected
         assert r["predicted_fits"] and r["step"]["measured"] is None  # CPU: no device peak
-    tight = sweep.analyze(rendered["out"], device_memory_gb=0.1)["memory"]
+    tight = analysis.analyze(rendered["out"], device_memory_gb=0.1)["memory"]
     assert {r["model"] for r in tight if not r["predicted_fits"]} == {"mini"}  # step peaks: mini ~0.15 GiB, tiny ~0.05
 
 
 def test_warmup_study_table(rendered: dict) -> None:
     rows = rendered["data"]["warmup"]
     assert sorted((r["backend"], r["warmup"]) for r in rows) == \
-        sorted((b, w) for b in ("torch", "jax") for w in sweep.WARMUP_STUDY)
+        sorted((b, w) for b in ("torch", "jax") for w in sweep_records.WARMUP_STUDY)
     for r in rows:
-        times = rendered["records"][f"tiny:16:{r['backend']}:fp32:w{r['warmup']}"]["result"]["phases"]["step"]["times_ms"]
+        record = rendered["records"][f"tiny:16:{r['backend']}:fp32:w{r['warmup']}"]
+        times = record["result"]["phases"]["step"]["times_ms"]
         assert r["step"]["first_ms"] == times[0]
     assert "## Warm-up study" in rendered["report"]
     assert _row(rendered["report"], "tiny", "16", "jax", "fp32", "0")
@@ -349,29 +354,31 @@ def test_csv_and_plots(rendered: dict) -> None:
 
 def test_kernel_rows_from_a_profile(tmp_path, monkeypatch) -> None:
     """--nsys cells: the breakdown of their profile (here a synthetic one) becomes shares."""
-    from harness import breakdown
-    from harness.nsys import Kernel, Profile, Range
+    from harness.trace import breakdown
+    from harness.trace.profile import Kernel, Profile, Range
 
     profile = Profile(path="p.sqlite", label="torch", source="nsys",
-                      kernels=[Kernel("ampere_sgemm_128x64_nn", 10, 40), Kernel("vectorized_elementwise_kernel", 50, 60),
-                               Kernel("ampere_sgemm_128x64_nn", 110, 150), Kernel("multi_tensor_apply_kernel", 160, 170)],
+                      kernels=[Kernel("ampere_sgemm_128x64_nn", 10, 40), Kernel("vectorized_elementwise_kernel", 50,
+                                                                                60),
+                               Kernel("ampere_sgemm_128x64_nn", 110, 150), Kernel("multi_tensor_apply_kernel", 160,
+                                                                                  170)],
                       ranges=[Range("step", 0, 200), Range("forward", 0, 100), Range("backward", 100, 155),
                               Range("optimizer", 155, 200)])
     monkeypatch.setattr(breakdown, "load_profile", lambda path, label=None: profile)
     cells = [{"key": "tiny:16:torch:fp32", "cell": {"model": "tiny", "ctx": 16, "backend": "torch", "dtype": "fp32",
                                                      "warmup": None}, "profile": "runs/x.sqlite"}]
-    (row,) = sweep.kernel_rows(cells, str(tmp_path))
+    (row,) = analysis.kernel_rows(cells, str(tmp_path))
     assert row["forward"]["top_kernel"] == "ampere_sgemm_128x64_nn" and row["forward"]["top_share"] == 0.75
     assert row["step"]["categories"] == pytest.approx({"gemm": 70 / 90, "elementwise": 10 / 90, "optimizer": 10 / 90})
     data = {"kernels": [row]}
-    from harness.sweep_report import section_kernels
+    from harness.sweeps.render import section_kernels
 
     assert "ampere_sgemm_128x64_nn (75.0%)" in "\n".join(section_kernels(data))
 
 
 def test_a_torn_last_line_is_skipped_and_closed_off(tmp_path) -> None:
     rec = {"key": "tiny:16:torch:fp32", "status": "ok"}
-    (tmp_path / sweep.CELLS_FILE).write_text(json.dumps(rec) + '\n{"key": "tiny:32:tor')
-    assert sweep.load_records(str(tmp_path)) == [rec]
-    sweep.append_record(str(tmp_path), {**rec, "key": "tiny:32:torch:fp32"})
-    assert [r["key"] for r in sweep.load_records(str(tmp_path))] == ["tiny:16:torch:fp32", "tiny:32:torch:fp32"]
+    (tmp_path / sweep_records.CELLS_FILE).write_text(json.dumps(rec) + '\n{"key": "tiny:32:tor')
+    assert sweep_records.load_records(str(tmp_path)) == [rec]
+    sweep_records.append_record(str(tmp_path), {**rec, "key": "tiny:32:torch:fp32"})
+    assert [r["key"] for r in sweep_records.load_records(str(tmp_path))] == ["tiny:16:torch:fp32", "tiny:32:torch:fp32"]

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from harness import tune_attention as tune
+from harness import tune_attention
+from harness.attention import tune
 
 
 def _row(pass_, seq, candidate, ms, status="ok", causal=True):
@@ -31,7 +32,8 @@ def test_rank_is_geomean_over_shapes_where_both_ran() -> None:
             _row("bwd", 1024, "default", 3.0), _row("bwd", 1024, "c", 2.0)]
     got = {(g["pass"], g["candidate"]): g for g in tune.rank(rows)}
     assert math.isclose(got["fwd", "a"]["geomean"], math.sqrt(4 / 3))
-    assert math.isclose(got["fwd", "a"]["worst"], 2 / 3) and (got["fwd", "a"]["best"], got["fwd", "a"]["cells"]) == (2.0, 2)
+    assert math.isclose(got["fwd", "a"]["worst"], 2 / 3) and (got["fwd", "a"]["best"], got["fwd",
+                                                                                           "a"]["cells"]) == (2.0, 2)
     assert math.isclose(got["fwd", "b"]["geomean"], 1.25) and got["fwd", "b"]["failed"] == 1
     assert math.isclose(got["bwd", "c"]["geomean"], 1.5)
     # Best first within a pass.
@@ -49,7 +51,7 @@ def test_rel_diff_is_max_abs_difference_over_reference_scale() -> None:
 
 def test_bad_passes_are_refused() -> None:
     with pytest.raises(SystemExit):
-        tune.parse_args(["--passes", "fwd,sideways"])
+        tune_attention.parse_args(["--passes", "fwd,sideways"])
 
 
 def test_tiny_search_end_to_end(tmp_path, monkeypatch, capsys) -> None:
@@ -58,7 +60,7 @@ def test_tiny_search_end_to_end(tmp_path, monkeypatch, capsys) -> None:
     argv = ["--backend", "triton", "--device", "cpu", "--shapes", "grid", "--seq", "40", "--head-dim", "16",
             "--heads", "2", "--dtype", "fp32", "--causal", "true", "--iters", "1", "--warmup", "0",
             "--min-batch-ms", "0", "--lead-in-ms", "0", "--out", str(tmp_path), "--name", "t"]
-    assert tune.main(argv) == 0
+    assert tune_attention.main(argv) == 0
     rows, env = tune.read_rows(tmp_path / "t.jsonl")
     assert env["device"] == "cpu"
     assert [(r["pass"], r["candidate"]) for r in rows] == [
@@ -75,7 +77,7 @@ def test_tiny_search_end_to_end(tmp_path, monkeypatch, capsys) -> None:
     md = (tmp_path / "t.md").read_text()
     assert "| fwd | 16 | block_q=48 | - | - | - | 0 | 1 |" in md
     (tmp_path / "t.md").unlink()
-    assert tune.main(["--render", str(tmp_path / "t.jsonl")]) == 0
+    assert tune_attention.main(["--render", str(tmp_path / "t.jsonl")]) == 0
     assert (tmp_path / "t.md").read_text() == md
     assert json.loads((tmp_path / "t.jsonl").read_text().splitlines()[1])["pass"] == "fwd"
 
@@ -84,12 +86,13 @@ def test_only_keeps_the_candidates_that_set_the_field(tmp_path, monkeypatch) -> 
     monkeypatch.setitem(tune.CANDIDATES, ("triton", "fwd"), [{}, {"block_k": 32}, {"block_q": 32, "block_k": 16}])
     argv = ["--backend", "triton", "--passes", "fwd", "--device", "cpu", "--shapes", "grid", "--seq", "40",
             "--head-dim", "16", "--heads", "1", "--dtype", "fp32", "--causal", "true", "--iters", "1",
-            "--warmup", "0", "--min-batch-ms", "0", "--lead-in-ms", "0", "--out", str(tmp_path), "--name", "t", "--only", "block_q"]
-    assert tune.main(argv) == 0
+            "--warmup", "0", "--min-batch-ms", "0", "--lead-in-ms", "0", "--out", str(tmp_path), "--name", "t",
+            "--only", "block_q"]
+    assert tune_attention.main(argv) == 0
     rows, _ = tune.read_rows(tmp_path / "t.jsonl")
     assert [r["candidate"] for r in rows] == ["default", "block_q=32 block_k=16", "default (again)"]
     with pytest.raises(SystemExit):
-        tune.parse_args(["--backend", "triton", "--passes", "fwd", "--only", "overlap"])
+        tune_attention.parse_args(["--backend", "triton", "--passes", "fwd", "--only", "overlap"])
 
 
 def test_candidates_equal_to_the_default_are_skipped() -> None:

@@ -88,7 +88,8 @@ class AdamW(torch.optim.Optimizer):
     def _state(self, p: torch.Tensor) -> dict:
         """p's state, created at its first update; raises on a sparse gradient."""
         if p.grad.is_sparse:
-            raise ValueError("AdamW does not support sparse gradients; use dense ones (e.g. sparse=False in nn.Embedding)")
+            raise ValueError("AdamW does not support sparse gradients; use dense ones "
+                             "(e.g. sparse=False in nn.Embedding)")
         state = self.state[p]
         if not state:
             state["t"] = 0

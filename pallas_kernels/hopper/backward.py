@@ -462,7 +462,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                 return dk, dv, *dq
 
             carried_dq = [(bq, head_dim)] if fused and not split else []
-            carry = tuple(zeros_f32(shape, plgpu.Layout.WGMMA) for shape in ((bk, head_dim), (bk, head_dim), *carried_dq))
+            shapes = ((bk, head_dim), (bk, head_dim), *carried_dq)
+            carry = tuple(zeros_f32(shape, plgpu.Layout.WGMMA) for shape in shapes)
             # Causal: the blocks that cross the diagonal run in a loop of their
             # own, masked, before the rest; with dq_split in one loop, the mask
             # under a branch that only those blocks take (two loops hold two

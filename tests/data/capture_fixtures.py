@@ -2,13 +2,13 @@
 
     NSYS=/path/to/nsys python tests/data/capture_fixtures.py OUT_DIR [cuda|cpu]
 
-nsys scenarios run `python -m harness.run` under `harness.nsys.profile_command` and keep
+nsys scenarios run `python -m harness.run` under `harness.trace.nsys.profile_command` and keep
 the gzipped SQLite export plus the harness's result JSON.  `*_attn` wraps the naive
 attention's three methods in `attn_scores`/`attn_softmax`/`attn_values` ranges (with a
 device sync at each end) before calling `harness.run.main`, as --annotate-attention would.
 `jax_tsl_included` leaves out --nvtx-domain-exclude=TSL on purpose: its export is the
-real failure (kernel records dropped).  `*_fallback` runs `harness.run.run` inside
-`harness.framework_profile`'s profilers instead of nsys.  Everything lands in
+real failure (kernel records dropped).  `*_fallback` runs `harness.timing.runner.run` inside
+`harness.trace.framework_profile`'s profilers instead of nsys.  Everything lands in
 OUT_DIR/fixtures.tar, rewritten after each scenario so a timeout keeps what finished.
 """
 
@@ -21,7 +21,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from harness import framework_profile, nsys
+from harness.trace import framework_profile, nsys
 
 WORK = Path("/tmp/fixtures")
 STEPS = ["--warmup", "2", "--steps", "3", "--quiet"]
@@ -61,13 +61,13 @@ def slim(sqlite: Path) -> None:
 def run_annotated(argv: list[str]) -> int:
     """harness.run.main with the torch model's attention methods in NVTX ranges."""
     import torch
-    from torch_impl.model import CausalSelfAttention
 
     from harness import run
-    from harness.ranges import phase_range
+    from harness.timing.ranges import phase_range
+    from torch_impl.model import CausalSelfAttention
 
     for method, range_name in ATTENTION.items():
-        def wrapped(self, *args, _fn=getattr(CausalSelfAttention, method), _name=range_name):
+        def wrapped(self, *args, _fn=getattr(CausalSelfAttention, method), _name=range_name):  # noqa: B008
             with phase_range(_name):
                 out = _fn(self, *args)
                 torch.cuda.synchronize()
@@ -94,22 +94,23 @@ def capture_nsys(name: str, backend: str, args: list[str], device: str) -> Path:
 
 
 def capture_fallback(backend: str, device: str) -> Path:
-    from harness import ranges, run
+    from harness.common.results import write_json
+    from harness.timing import ranges, runner
 
     work = WORK / f"{backend}_fallback"
     work.mkdir(parents=True, exist_ok=True)
-    opts = run.RunOptions(backend=backend, model="tiny", ctx=64, warmup=2, steps=3, device=device)
+    opts = runner.RunOptions(backend=backend, model="tiny", ctx=64, warmup=2, steps=3, device=device)
     ranges.use_framework_annotations(backend)
     if backend == "torch":
         with framework_profile.torch_profiler(work / "trace.json"):
-            doc = run.run(opts)
+            doc = runner.run(opts)
         gz(work / "trace.json", work / "torch_tiny_fallback.json.gz")
     else:
         with framework_profile.jax_profiler(work / "trace"):
-            doc = run.run(opts)
+            doc = runner.run(opts)
         gz(next((work / "trace").rglob("*.xplane.pb")), work / "jax_tiny_fallback.xplane.pb.gz")
     ranges.use_framework_annotations(None)
-    run.write_json(str(work / f"{backend}_tiny_fallback.harness.json"), doc)
+    write_json(str(work / f"{backend}_tiny_fallback.harness.json"), doc)
     return work
 
 

@@ -11,7 +11,6 @@ its range: there is no warm-up range.
 """
 
 import jax
-import jax.numpy as jnp
 import nvtx
 import optax
 from flax import nnx

@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
-from harness.nsys import HARNESS_RANGES, Kernel, Profile, ProfileError, Range, label_from_path
+from harness.trace.profile import HARNESS_RANGES, Kernel, Profile, ProfileError, Range, label_from_path
 
 TORCH_GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 CPU_NOTE = ("no GPU activity in this trace: CPU {what} stand in for kernels, so times are "

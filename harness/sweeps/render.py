@@ -1,4 +1,4 @@
-"""Rendering of a sweep's analysis (`harness.sweep.analyze`): report.md, cells.csv, plots.
+"""Rendering of a sweep's analysis (`harness.sweeps.analysis.analyze`): report.md, cells.csv, plots.
 
 A cell without a number is never shown as one: "OOM" (out of memory), "failed" (an
 error, crash, signal or timeout; the reasons are listed at the end), "not run" (not yet
@@ -11,8 +11,11 @@ import csv
 import os
 from collections.abc import Callable
 
+from harness.common.tables import markdown_table
+from harness.sweeps.analysis import bound_label
+from harness.timing.runner import PHASE_ORDER
+
 STATUS_TEXT = {"oom": "OOM", "error": "failed", "crashed": "failed", "timeout": "failed", "not run": "not run"}
-PHASES = ("forward", "backward", "optimizer", "step", "fused_step")
 GIB = 2**30
 
 
@@ -44,7 +47,7 @@ def _gib(v: float) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows), ""]
+    return [*markdown_table(header, rows), ""]
 
 
 def _groups(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
@@ -54,7 +57,7 @@ def _groups(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
     return out
 
 
-def _phases_present(rows: list[dict], candidates: tuple[str, ...] = PHASES) -> list[str]:
+def _phases_present(rows: list[dict], candidates: tuple[str, ...] = PHASE_ORDER) -> list[str]:
     return [p for p in candidates if any(r.get(p) for r in rows)] or [p for p in candidates if p != "fused_step"]
 
 
@@ -76,8 +79,6 @@ def section_times(data: dict) -> list[str]:
 
 
 def section_bound(data: dict) -> list[str]:
-    from harness.sweep import bound_label
-
     out = ["## Backward / forward", "",
            "Backward does twice the forward's matmul FLOPs, so a compute-bound step approaches 2x; a step "
            "dominated by memory traffic, launches or fixed overheads stays near 1x.", ""]
@@ -122,7 +123,8 @@ def section_memory(data: dict) -> list[str]:
              _x(r["step"]["predicted_over_measured"]) if r["step"]["predicted_over_measured"] else "-",
              "yes" if r["predicted_fits"] else "**no**"] for r in data["memory"]]
     out += _table(["model", "ctx", "backend", "dtype", *phases, "step predicted/measured", "fits (predicted)"], rows)
-    misses = [r for r in data["memory"] if (r["status"] == "oom") == r["predicted_fits"] and r["status"] in ("ok", "oom")]
+    misses = [r for r in data["memory"] if (r["status"] == "oom") == r["predicted_fits"] and r["status"] in ("ok",
+                                                                                                             "oom")]
     if misses:
         out += ["Fit predictions contradicted by the run: " +
                 ", ".join(f"{r['key']} ({'OOM' if r['status'] == 'oom' else 'ran'})" for r in misses), ""]
@@ -170,7 +172,8 @@ def section_kernels(data: dict) -> list[str]:
         cats = lambda p: ", ".join(f"{c} {_pct(v)}" for c, v in p["categories"].items()) if p else "-"  # noqa: E731
         top = f"{f['top_kernel'][:60]} ({_pct(f['top_share'])})" if f and f["top_kernel"] else "-"
         rows.append([r["key"], top, cats(f), s["phase"] if s else "-", cats(s)])
-    return out + _table(["cell", "top forward kernel (share)", "forward categories", "step range", "step categories"], rows)
+    return out + _table(["cell", "top forward kernel (share)", "forward categories", "step range", "step categories"],
+                        rows)
 
 
 def section_failed(data: dict) -> list[str]:
@@ -220,7 +223,7 @@ def csv_rows(data: dict) -> list[dict]:
     for r in data["phases"]:
         row = {k: r[k] for k in ("key", "model", "ctx", "backend", "dtype", "status")}
         row["reason"] = r["reason"] or ""
-        for p in PHASES:
+        for p in PHASE_ORDER:
             ph = r[p] or {}
             for field in ("median_ms", "std_ms", "tflops", "mfu", "peak_memory_bytes"):
                 row[f"{p}_{field}"] = ph.get(field, "")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from harness.parity import TOLERANCES
+from harness.common.tables import markdown_table
+from harness.timing.parity import TOLERANCES
 
 
 def _ms(p: dict | None) -> str:
@@ -78,15 +79,15 @@ def render_markdown(summary: dict) -> str:
     if failures:
         out += ["**Failed runs** (no timings are shown for them):", ""] + [f"- {f}" for f in failures] + [""]
     rows = table_rows(summary)
-    out += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    out += markdown_table(rows[0], rows[1:])
     out += ["", "Times are medians over measured steps after warm-up, each phase ended by a device "
             "synchronization; ± is the standard deviation. `step` is forward + backward + optimizer "
             "inside one NVTX range. JAX's `fused_step` (value_and_grad and AdamW update in one jit) is "
             "compared with torch's `step`.", ""]
     out += ["## Parity", "", parity_verdict(summary["parity"]), ""]
     if summary["parity"] and summary["parity"].get("ok") is not None:
-        out += [f"Tolerance table ({o['dtype']}): " + ", ".join(f"{k} {v:.0e}" for k, v in TOLERANCES[o["dtype"]].items()),
+        out += [f"Tolerance table ({o['dtype']}): " + ", ".join(f"{k} {v:.0e}" for k,
+                                                                v in TOLERANCES[o["dtype"]].items()),
                 ""]
     out += ["## What each run computed", ""]
     for backend, r in runs.items():
@@ -142,7 +143,8 @@ def plot_phases(summary: dict, path: str) -> bool:
     ax.set_xticks([k + width * (len(backends) - 1) / 2 for k in range(len(phases))], phases)
     ax.set_ylabel("median time per step (ms)")
     o = summary["options"]
-    ax.set_title(f"{o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} on {summary.get('device') or o['device']}")
+    device = summary.get("device") or o["device"]
+    ax.set_title(f"{o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} on {device}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

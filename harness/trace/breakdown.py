@@ -33,14 +33,15 @@ counts twice); "range" time is the wall time of the ranges themselves.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import framework_profile, nsys
-from harness.kernels import Category, GemmInfo, classify, decode_gemm
-from harness.nsys import ATTENTION_RANGES, PHASES, STEP_RANGES, WARMUP, Kernel, Profile, ProfileError, Range
+from harness.trace import framework_profile, nsys
+from harness.trace.kernels import Category, GemmInfo, classify, decode_gemm
+from harness.trace.profile import ATTENTION_RANGES, PHASES, STEP_RANGES, WARMUP, Kernel, Profile, ProfileError, Range
 
 UNCLASSIFIED_WARN_SHARE = 0.05  # an "other" share above this gets a warning
 NOTABLE_SHARE = 0.05  # answer (c): non-GEMM kernels at or above this share of forward
@@ -314,3 +315,32 @@ def answers(bd: Breakdown, harness_forward_ms: float | None = None,
                            for n, p in attn.items()}
         out["e"] = e
     return out
+
+
+def harness_metadata(path: str | Path) -> dict:
+    """From a `harness.run` result JSON: its forward time (mean ms over measured steps,
+    the per-step mean the breakdown also uses) and the attention shape for answer (e)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        opts, cfg = doc["options"], doc["config"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ProfileError(f"{path}: not a harness.run result JSON ({exc!r}); pass the file "
+                           "written by `python -m harness.run --out`") from None
+    forward = (doc.get("phases") or {}).get("forward") or {}
+    return {"forward_ms": forward.get("mean_ms"), "batch": opts["batch"], "seq": opts["ctx"],
+            "heads": cfg["num_heads"], "d_head": cfg["d_model"] // cfg["num_heads"]}
+
+
+def breakdown_files(paths: Sequence[str | Path], labels: Sequence[str | None] = (),
+                    run_jsons: Sequence[str | Path] = (), require: Iterable[str] = (),
+                    nsys_bin: str | None = None) -> tuple[list[Breakdown], list[dict]]:
+    """Breakdowns of profiles and their answers; the i-th label and `harness.run` result
+    JSON go with the i-th profile (fewer of them: the rest go without)."""
+    require = tuple(require)
+    bds, answer_sets = [], []
+    for i, path in enumerate(paths):
+        bd = breakdown(load_profile(path, labels[i] if i < len(labels) else None, nsys_bin), require)
+        meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
+        bds.append(bd)
+        answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
+    return bds, answer_sets

@@ -1,36 +1,34 @@
-"""Peak throughput per GPU and dtype, and the environment of a run."""
+"""Result folders and what produced a result: atomic JSON, folder checks, the environment stamp."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
-
-# Dense (no sparsity) tensor-core peaks in TFLOP/s from NVIDIA's datasheets.
-# fp32 = plain FP32 on CUDA cores (what torch uses with TF32 off), tf32 = TF32 tensor cores.
-# Ordered: the first entry whose key is a substring of the device name wins.
-PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H200", {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    ("H100 PCIe", {"bf16": 756.0, "tf32": 378.0, "fp32": 51.2}),
-    ("H100 NVL", {"bf16": 835.5, "tf32": 417.5, "fp32": 59.8}),
-    ("H100", {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM5
-    ("A100", {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("L40S", {"bf16": 362.0, "tf32": 183.0, "fp32": 91.6}),
-    ("L4", {"bf16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    ("A10", {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2}),
-)
+from pathlib import Path
 
 
-def peak_tflops(device_name: str | None, dtype: str) -> float | None:
-    """Datasheet peak for this device and dtype, or None when the device is not in the table."""
-    if not device_name:
-        return None
-    for key, peaks in PEAK_TFLOPS:
-        if key in device_name:
-            return peaks.get(dtype)
-    return None
+def ensure_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+    """Create folder `path` (and its parents); a file in its place is refused with a
+    ValueError that names `option`."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path}: is a file; name a folder")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_json(path: str | os.PathLike, doc: object) -> None:
+    """Write `doc` as JSON atomically (a reader never sees half a file), creating the folder."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
 
 
 def git_commit() -> str | None:
@@ -45,7 +43,8 @@ def git_commit() -> str | None:
             ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=10
+            ["git", "status", "--porcelain",
+             "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=10
         ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -55,7 +54,7 @@ def git_commit() -> str | None:
 def command_line() -> str:
     """How this process was started, with temporary paths reduced to their file names."""
     tmp = tempfile.gettempdir()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
     def clean(arg: str) -> str:
         if arg.startswith(root):

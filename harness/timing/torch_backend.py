@@ -1,4 +1,7 @@
-"""One training step of torch_impl, split into phases the harness can time."""
+"""One training step of torch_impl, split into phases the harness can time.
+
+`TorchSession` and `harness.timing.jax_backend.JaxSession` have the same methods and
+signatures, so the timer and the parity check drive either without asking which."""
 
 from __future__ import annotations
 
@@ -34,16 +37,19 @@ def set_matmul_precision(dtype: str) -> None:
 
 
 class TorchSession:
-    """Model, optimizer and one token batch on `device`, with each phase as a method."""
+    """Model, optimizer and one token batch on `device`, with each phase as a method.
+
+    `weights`: a torch_impl model to start from (the shared initialisation); None builds
+    one from `seed`."""
 
     backend = "torch"
 
     def __init__(self, config: ModelConfig, tokens: np.ndarray, *, device: str, dtype: str, seed: int,
-                 model: torch_impl.TransformerLM | None = None):
+                 weights: torch_impl.TransformerLM | None = None) -> None:
         set_matmul_precision(dtype)
         self.device = torch.device(device)
         self.dtype = dtype
-        self.model = (model or init_model(config, seed)).to(self.device)
+        self.model = (weights or init_model(config, seed)).to(self.device)
         self.optimizer = torch_impl.AdamW(self.model.parameters())
         batch = torch.from_numpy(tokens).to(self.device)
         self.inputs, self.targets = batch[:, :-1], batch[:, 1:]
@@ -54,7 +60,8 @@ class TorchSession:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def sync(self) -> None:
+    def sync(self, value: object = None) -> None:
+        """Wait for the device's queued work (`value` is accepted for JaxSession's signature)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -81,6 +88,10 @@ class TorchSession:
         self.backward()
         self.optimizer_step()
         return loss
+
+    def fused_step(self) -> torch.Tensor:
+        """Eager torch has no compiler to fuse across phases: its fused step is the plain one."""
+        return self.plain_step()
 
     # -- memory ---------------------------------------------------------------------
     def reset_peak_memory(self) -> None:

@@ -1,8 +1,8 @@
 """Nsight Systems: the `nsys profile` command, SQLite export, and reading the export.
 
-Also home of the profile model both sources convert to (`Profile`: kernels + ranges),
-so the nsys reader and the framework-profiler fallback (`harness.framework_profile`)
-feed the same analysis (`harness.breakdown`).
+The reader returns the profile model of `harness.trace.profile`, as the framework-profiler
+fallback (`harness.trace.framework_profile`) does, so both feed the same analysis
+(`harness.trace.breakdown`).
 
 Reading uses these tables of the SQLite export (missing optional tables are skipped):
 ``CUPTI_ACTIVITY_KIND_KERNEL`` (required), ``CUPTI_ACTIVITY_KIND_MEMCPY``/``MEMSET``,
@@ -22,16 +22,10 @@ import sqlite3
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-BACKENDS = ("torch", "jax")
-# Range names the harness emits (NVTX, record_function or TraceAnnotation).
-WARMUP = "warmup"
-STEP_RANGES = ("step", "fused_step")
-PHASES = ("forward", "backward", "optimizer")
-ATTENTION_RANGES = ("attn_scores", "attn_softmax", "attn_values")
-HARNESS_RANGES = (WARMUP, *STEP_RANGES, *PHASES, *ATTENTION_RANGES)
+from harness.trace.profile import BACKENDS, Kernel, Profile, ProfileError, Range, label_from_path
+
 # --cuda-graph-trace=node: XLA replays steps as CUDA graphs, which nsys otherwise records
 # as one graph-level event each, hiding every kernel of the measured steps.
 TRACE_FLAGS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node")
@@ -43,55 +37,6 @@ GRAPH_NOTE = ("CUDA graphs were traced as whole graphs ([CUDA graph] entries): t
               "hidden; profile with --cuda-graph-trace=node")
 NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE = 59, 60, 75
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-class ProfileError(Exception):
-    """A profile that cannot be analysed; the message names the likely cause and the fix."""
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """One GPU activity (kernel, memcpy or memset), or a CPU op when no GPU was traced."""
-
-    name: str  # demangled name where the source has one
-    start: int  # ns, same clock as the ranges
-    end: int
-    device: int = 0
-    stream: int = 0
-    thread: int | None = None  # the launching thread, where known
-
-    @property
-    def duration(self) -> int:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class Range:
-    """One annotation range (NVTX, record_function or TraceAnnotation)."""
-
-    name: str
-    start: int  # ns
-    end: int
-    thread: int | None = None
-
-
-@dataclass
-class Profile:
-    """Kernels and ranges of one profiled run, whatever tool recorded them."""
-
-    path: str
-    label: str
-    source: str  # "nsys", "torch.profiler" or "jax.profiler"
-    kernels: list[Kernel]
-    ranges: list[Range]
-    notes: list[str] = field(default_factory=list)  # caveats the report repeats
-
-
-def label_from_path(path: str | Path) -> str:
-    """The backend named in the file name ("torch", "jax"), else the file's stem."""
-    name = Path(path).name.lower()
-    found = [b for b in BACKENDS if b in name]
-    return found[0] if len(found) == 1 else Path(path).name.split(".")[0]
 
 
 def find_nsys(explicit: str | None = None) -> str:

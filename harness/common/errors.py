@@ -7,7 +7,8 @@ def is_oom(exc: BaseException) -> bool:
     """An out-of-memory error from either framework (checked by name: no framework import)."""
     name = type(exc).__name__
     text = str(exc)
-    return name == "OutOfMemoryError" or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+    return name == "OutOfMemoryError" or any(s in text for s in ("RESOURCE_EXHAUSTED", "Out of memory",
+                                                                 "out of memory"))
 
 
 def size_label(args) -> str:

@@ -77,10 +77,12 @@ class Category(str, Enum):
 # XLA's compile-time autotuner: redzone checks around candidate buffers, the timer's
 # delay kernel, buffer fills (RepeatBuffer) and the comparators that check candidates
 # against a reference.
-_AUTOTUNING = r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|RepeatBufferKernel|xla_\w*comparison|BufferComparator"
+_AUTOTUNING = (r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|RepeatBufferKernel|xla_\w*comparison"
+               r"|BufferComparator")
 
 # ATen ops that only move, view or cast data (Inductor's names for them).
-_COPY_OPS = r"_to_copy|_unsafe_view|view|clone|t|transpose|permute|expand|slice|select|unsqueeze|squeeze|cat|stack|copy_?"
+_COPY_OPS = (r"_to_copy|_unsafe_view|view|clone|t|transpose|permute|expand|slice|select|unsqueeze|squeeze"
+             r"|cat|stack|copy_?")
 
 # Inductor's Triton kernels, after the name-says-it-all patterns above them in
 # `PATTERNS` (attention, softmax, layer norm); `(?=\w*?_op_)` asks for op `op` in the name.

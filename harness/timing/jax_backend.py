@@ -4,6 +4,8 @@ The split step is three real computations: a jitted forward returning the loss a
 `jax.vjp` residuals, a jitted backward applying them, and a jitted AdamW update. The
 fused step (value_and_grad and update in one `jit`) is timed beside it, since XLA can
 fuse and schedule across the phase boundaries there.
+
+`JaxSession` has the methods and signatures of `harness.timing.torch_backend.TorchSession`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from flax import nnx
 
 import jax_impl
 from harness.config import ModelConfig
-from harness.convert import torch_to_jax
+from harness.timing.convert import torch_to_jax
 
 PRECISION = {
     "fp32": "everything in float32; matmul precision 'highest' (no TF32, which XLA uses by default)",
@@ -47,22 +49,25 @@ def compute_params(params, dtype: str):
 
 
 class JaxSession:
-    """Model state, optimizer state and one token batch on a device, each phase jitted."""
+    """Model state, optimizer state and one token batch on a device, each phase jitted.
+
+    `weights`: a torch_impl model whose weights are copied in (the shared initialisation);
+    None keeps Flax's own initialisation from `seed`."""
 
     backend = "jax"
 
     def __init__(self, config: ModelConfig, tokens: np.ndarray, *, device: str, dtype: str, seed: int,
-                 torch_model=None):
+                 weights=None) -> None:
         set_matmul_precision(dtype)
         self.dtype = dtype
         self.device = jax.devices("gpu" if device == "cuda" else "cpu")[0]
         model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(seed))
-        if torch_model is not None:
-            torch_to_jax(torch_model, model)
+        if weights is not None:
+            torch_to_jax(weights, model)
         self.graphdef, params = nnx.split(model, nnx.Param)
-        self.params = jax.device_put(params, self.device)
+        self.state = jax.device_put(params, self.device)
         self.tx = jax_impl.adamw()
-        self.opt_state = jax.device_put(self.tx.init(self.params), self.device)
+        self.opt_state = jax.device_put(self.tx.init(self.state), self.device)
         batch = jax.device_put(jnp.asarray(tokens, dtype=jnp.int32), self.device)
         self.inputs, self.targets = batch[:, :-1], batch[:, 1:]
         self._vjp = None
@@ -88,14 +93,15 @@ class JaxSession:
         params, opt_state = self._apply_update(params, opt_state, grads)
         return params, opt_state, loss
 
-    def sync(self, value=None) -> None:
-        jax.block_until_ready(value if value is not None else self.params)
+    def sync(self, value: object = None) -> None:
+        """Wait for `value` (default: the parameters) to be computed."""
+        jax.block_until_ready(value if value is not None else self.state)
 
     # -- phases ---------------------------------------------------------------------
     def forward(self, *, grad: bool = True) -> jax.Array:
         if not grad:
-            return self._loss(self.params, self.inputs, self.targets)
-        loss, self._vjp = self._fwd(self.params, self.inputs, self.targets)
+            return self._loss(self.state, self.inputs, self.targets)
+        loss, self._vjp = self._fwd(self.state, self.inputs, self.targets)
         return loss
 
     def backward(self) -> jax.Array:
@@ -103,18 +109,20 @@ class JaxSession:
         return self._grads
 
     def optimizer_step(self):
-        self.params, self.opt_state = self._update(self.params, self.opt_state, self._grads)
+        self.state, self.opt_state = self._update(self.state, self.opt_state, self._grads)
         self._grads = None
-        return self.params
+        return self.state
 
     def zero_grad(self) -> None:
         self._grads = None
 
     def fused_step(self) -> jax.Array:
-        self.params, self.opt_state, loss = self._fused(self.params, self.opt_state, self.inputs, self.targets)
+        self.state, self.opt_state, loss = self._fused(self.state, self.opt_state, self.inputs, self.targets)
         return loss
 
-    plain_step = fused_step
+    def plain_step(self) -> jax.Array:
+        """forward + backward + optimizer with no ranges: one fused jitted step."""
+        return self.fused_step()
 
     # -- memory ---------------------------------------------------------------------
     def reset_peak_memory(self) -> None:
@@ -127,17 +135,17 @@ class JaxSession:
     # -- values for parity ----------------------------------------------------------
     def logits(self) -> np.ndarray:
         fn = jax.jit(lambda p, x: nnx.merge(self.graphdef, compute_params(p, self.dtype))(x))
-        return np.asarray(fn(self.params, self.inputs), dtype=np.float32)
+        return np.asarray(fn(self.state, self.inputs), dtype=np.float32)
 
     def loss_and_grads(self) -> tuple[float, dict[str, np.ndarray]]:
         # The timed forward and backward, as torch's side does: the same executables, so a
         # persistent compilation cache filled by a timed run serves them without compiling.
-        loss, vjp = self._fwd(self.params, self.inputs, self.targets)
+        loss, vjp = self._fwd(self.state, self.inputs, self.targets)
         grads = self._bwd(vjp)
         return float(loss), {k: np.asarray(v, np.float32) for k, v in _flat(grads).items()}
 
-    def params_dict(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v, np.float32) for k, v in _flat(self.params).items()}
+    def params(self) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v, np.float32) for k, v in _flat(self.state).items()}
 
     def device_name(self) -> str | None:
         return getattr(self.device, "device_kind", None) if self.device.platform == "gpu" else None

@@ -1,0 +1,27 @@
+"""Peak throughput per GPU and dtype (datasheet table) for MFU."""
+
+from __future__ import annotations
+
+# Dense (no sparsity) tensor-core peaks in TFLOP/s from NVIDIA's datasheets.
+# fp32 = plain FP32 on CUDA cores (what torch uses with TF32 off), tf32 = TF32 tensor cores.
+# Ordered: the first entry whose key is a substring of the device name wins.
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H200", {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("H100 PCIe", {"bf16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    ("H100 NVL", {"bf16": 835.5, "tf32": 417.5, "fp32": 59.8}),
+    ("H100", {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM5
+    ("A100", {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("L40S", {"bf16": 362.0, "tf32": 183.0, "fp32": 91.6}),
+    ("L4", {"bf16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    ("A10", {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2}),
+)
+
+
+def peak_tflops(device_name: str | None, dtype: str) -> float | None:
+    """Datasheet peak for this device and dtype, or None when the device is not in the table."""
+    if not device_name:
+        return None
+    for key, peaks in PEAK_TFLOPS:
+        if key in device_name:
+            return peaks.get(dtype)
+    return None

@@ -1,0 +1,221 @@
+"""Run the same training step in PyTorch and JAX, check they agree, report side by side
+(the library behind `python -m harness.compare`).
+
+Each backend runs `harness.run` in its own subprocess (JAX preallocates most of the GPU,
+and an out-of-memory in one backend must not poison the other), then `harness.parity`
+compares the two on the same weights and batch. The JAX processes share one persistent
+compilation cache (a temporary one unless --compile-cache names a folder), so the parity
+process reuses the run's executables and GEMM autotuning instead of compiling again. Results go to
+<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from harness.common.results import ensure_dir, environment, gpu_slug
+from harness.config import backend_attention
+from harness.timing.runner import PHASE_ORDER
+
+SCHEMA = "harness.compare/1"
+
+
+def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
+    """Run `cmd`, passing its stderr (progress) through; return exit code and stderr's tail."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    tail: list[str] = []
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        tail = (tail + [line.rstrip()])[-20:]
+    return proc.wait(), "\n".join(tail)
+
+
+def _common_args(args: argparse.Namespace, backend: str, batch: int) -> list[str]:
+    return ["--model", args.model, "--ctx", str(args.ctx), "--batch", str(batch), "--dtype", args.dtype,
+            "--attention", backend_attention(backend,
+                                             args.attention), "--device", args.device, "--seed", str(args.seed)]
+
+
+def subprocess_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
+    """The environment of the run and parity subprocesses.
+
+    JAX_COMPILATION_CACHE_DIR turns on JAX's persistent cache, which also keeps XLA's
+    per-fusion GEMM autotuning results; at large model sizes autotuning is most of the
+    compile time, and without the cache the parity process repeats it from scratch."""
+    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=args.compile_cache, **extra)
+
+
+def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[dict, str | None]:
+    """harness.run for one backend in a subprocess, under nsys or a framework profiler if
+    asked; returns its result document and the profile it left (or None)."""
+    out = os.path.join(workdir, f"{backend}.json")
+    program = [sys.executable, "-m", "harness.run", "--backend", backend, *_common_args(args, backend, args.batch),
+               "--warmup", str(args.warmup), "--steps", str(args.steps), "--mode", args.mode, "--out", out]
+    if args.annotate_attention:
+        program.append("--annotate-attention")
+    if args.fail_in and args.fail_in.split(":")[0] == backend:
+        program += ["--fail-in", args.fail_in.split(":")[1]]
+    profile = None
+    if args.profiler == "nsys":
+        from harness.trace.profile import profile_command
+
+        stem = os.path.join(workdir, f"{backend}")
+        program, profile = profile_command(backend, stem, program, args.nsys_bin), stem + ".nsys-rep"
+    elif args.profiler == "framework":
+        profile = os.path.join(workdir, "torch-trace.json" if backend == "torch" else "jax-trace")
+        program += ["--profile", profile]
+    start = time.perf_counter()
+    code, tail = _stream(program, subprocess_env(args))
+    print(f"[{backend}] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    if os.path.exists(out):
+        with open(out) as f:
+            return json.load(f), profile if profile and os.path.exists(profile) else None
+    message = f"harness.run exited with code {code} and no result; last output:\n{tail}"
+    return {"status": "error", "error": {"phase": "process", "message": message}}, None
+
+
+def keep_profiles(profiles: dict[str, str], dest: str) -> None:
+    """Copy each profile, and the SQLite export beside an .nsys-rep, into `dest`."""
+    os.makedirs(dest, exist_ok=True)
+    for path in profiles.values():
+        sqlite = os.path.splitext(path)[0] + ".sqlite"
+        for src in (path, sqlite) if path.endswith(".nsys-rep") and os.path.exists(sqlite) else (path,):
+            copy = shutil.copytree if os.path.isdir(src) else shutil.copy2
+            copy(src, os.path.join(dest, os.path.basename(src)))
+
+
+def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Namespace) -> tuple[list, list]:
+    """Kernel breakdowns and the answers (a)-(e), one per profiled backend."""
+    from harness.trace.breakdown import breakdown_files
+
+    return breakdown_files(list(profiles.values()), list(profiles),
+                           [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=args.nsys_bin)
+
+
+def run_parity(args: argparse.Namespace, workdir: str) -> dict:
+    """harness.parity in a subprocess, halving the batch until both models fit at once."""
+    batch = args.batch
+    env = subprocess_env(args, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    while True:
+        out = os.path.join(workdir, f"parity-b{batch}.json")
+        cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--out", out]
+        start = time.perf_counter()
+        code, tail = _stream(cmd, env)
+        print(f"[parity] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        if os.path.exists(out):
+            with open(out) as f:
+                doc = json.load(f)
+            doc["reduced_batch"] = batch != args.batch
+            return doc
+        if "out of memory" in tail and batch > 1:
+            print(f"[parity] out of memory at batch {batch}; retrying at batch {batch // 2}", file=sys.stderr)
+            batch //= 2
+            continue
+        return {"ok": None, "error": tail.strip().splitlines()[-1] if tail.strip() else f"exit code {code}",
+                "batch": batch}
+
+
+def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: dict | None) -> dict:
+    """The compare document: both runs, the phase table, ratios and the parity verdict."""
+    table = []
+    phases = [p for p in PHASE_ORDER
+              if any(p in r.get("phases", {}) for r in runs.values())]
+    for name in phases:
+        row = {"phase": name}
+        for backend, r in runs.items():
+            row[backend] = r["phases"].get(name) if r["status"] == "ok" else None
+        t, j = row.get("torch"), row.get("jax")
+        row["jax_over_torch"] = j["median_ms"] / t["median_ms"] if t and j else None
+        table.append(row)
+    if "fused_step" in phases and runs.get("torch", {}).get("status") == "ok" and runs["jax"].get("status") == "ok":
+        # JAX's fused step is compared with torch's (only) step.
+        fused = next(r for r in table if r["phase"] == "fused_step")
+        fused["torch"] = runs["torch"]["phases"]["step"]
+        fused["jax_over_torch"] = fused["jax"]["median_ms"] / fused["torch"]["median_ms"]
+    ok_runs = [r for r in runs.values() if r.get("status") == "ok"]
+    device = ok_runs[0]["env"].get("device") if ok_runs else None
+    return {
+        "schema": SCHEMA,
+        "ok": all(r.get("status") == "ok" for r in runs.values()) and bool(parity and parity.get("ok")),
+        "options": {k: getattr(args, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
+                                                  "warmup", "steps", "seed")},
+        "device": device,
+        "runs": runs,
+        "table": table,
+        "parity": parity,
+        "env": environment(),
+    }
+
+
+def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
+    """Folder name of a comparison. `device` is the device a successful run
+    reported; when every run failed there is none, and the requested device
+    names the folder (a failed GPU run is not filed as a CPU one)."""
+    attention = "" if args.attention == "naive" else f"-{args.attention}"
+    profiled = "-profiled" if args.profiler else ""
+    if device is None:
+        device = args.device
+    slug = gpu_slug(device if device != "cpu" else None)
+    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{slug}{profiled}"
+
+
+def write_results(summary: dict, results_root: str, name: str, kernels: tuple[list, list] | None = None) -> str:
+    """Write summary.json, report.md, phases.png (and the kernels.* breakdown) into a temp
+    dir, then move it into place: an interrupted run leaves no half-written folder."""
+    from harness.timing.compare_render import plot_phases, render_markdown
+
+    ensure_dir(results_root)
+    final = os.path.join(results_root, name)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=results_root)
+    try:
+        if kernels:
+            from harness.trace.render import render_markdown as render_kernels
+            from harness.trace.render import write_report
+
+            write_report(tmp, *kernels, stem="kernels")
+            summary["kernel_breakdown"] = render_kernels(*kernels).replace("# Kernel breakdown",
+                                                                           "## Kernel breakdown", 1)
+        if plot_phases(summary, os.path.join(tmp, "phases.png")):
+            summary["plot"] = "phases.png"
+        with open(os.path.join(tmp, "summary.json"), "w") as f:
+            json.dump({k: v for k, v in summary.items() if k != "kernel_breakdown"}, f, indent=1)
+        with open(os.path.join(tmp, "report.md"), "w") as f:
+            f.write(render_markdown(summary))
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
+    """Run each backend, the parity check and the kernel breakdown (when `args.profiler` is
+    "nsys" or "framework"); write the result folder under `args.out`. Returns the compare
+    document and the folder's path."""
+    with tempfile.TemporaryDirectory(prefix="compare-") as work:
+        args.compile_cache = os.path.abspath(args.compile_cache or os.path.join(work, "jax-cache"))
+        results = {b: run_backend(b, args, work) for b in backends}
+        runs = {b: doc for b, (doc, _) in results.items()}
+        profiles = {b: prof for b, (doc, prof) in results.items() if prof and doc.get("status") == "ok"}
+        parity = None if args.no_parity or len(backends) < 2 else run_parity(args, work)
+        summary = summarize_compare(args, runs, parity)
+        kernels = None
+        if profiles:
+            from harness.trace.profile import ProfileError
+
+            try:
+                kernels = kernel_breakdown(profiles, work, args)
+            except ProfileError as exc:
+                summary["kernel_breakdown_error"] = str(exc)
+            if args.keep_profiles:
+                keep_profiles(profiles, args.keep_profiles)
+        path = write_results(summary, args.out, result_dir_name(args, summary["device"]), kernels)
+    return summary, path

@@ -1,0 +1,141 @@
+"""The harness's shape: one CLI dialect in every entry point, imports without cycles, small modules."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parent.parent / "harness"
+ENTRY_POINTS = ("run", "compare", "parity", "report", "sweep", "bench_attention", "attention_targets",
+                "tune_attention", "attention_once", "ncu", "ncu_source", "memory_model")
+MAX_LINES = 400
+
+
+def _parser(name: str) -> argparse.ArgumentParser:
+    """The entry point's parser, caught from its main([--help]) when it builds one inline."""
+    module = importlib.import_module(f"harness.{name}")
+    if hasattr(module, "build_parser"):
+        return module.build_parser()
+    caught: list[argparse.ArgumentParser] = []
+    original = argparse.ArgumentParser.parse_args
+
+    def grab(self, *args, **kwargs):
+        caught.append(self)
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = grab
+    try:
+        with pytest.raises(SystemExit):
+            module.main(["--help"])
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    return caught[0]
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+def test_entry_point_speaks_the_dialect(name: str) -> None:
+    parser = _parser(name)
+    assert parser.allow_abbrev is False
+    options = {flag: action for action in parser._actions for flag in action.option_strings}
+    for flag, action in options.items():
+        if flag in ("-h", "--help") or action.help == argparse.SUPPRESS:
+            continue
+        assert action.help, f"{name} {flag}: no help text"
+    if "--device" in options:
+        action = options["--device"]
+        choices = tuple(action.choices or getattr(action.type, "valid", ()))
+        assert choices == ("cuda", "cpu"), f"{name} --device takes {choices}"
+    assert not {"--results-dir", "--json", "--models", "--backends"} & set(options), name
+    if "--nsys" in options:
+        assert options["--nsys"].nargs == 0, f"{name}: --nsys is a flag; the binary is --nsys-bin"
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+def test_bad_device_is_one_line(name: str, capsys) -> None:
+    parser = _parser(name)
+    if not any("--device" in a.option_strings for a in parser._actions):
+        pytest.skip("no --device")
+    module = importlib.import_module(f"harness.{name}")
+    with pytest.raises(SystemExit) as exit_:
+        module.main(["--device", "gpu"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "gpu" in err and "cuda" in err and "Traceback" not in err
+
+
+def _modules() -> dict[str, Path]:
+    return {".".join(("harness", *p.relative_to(HARNESS).with_suffix("").parts)).removesuffix(".__init__"): p
+            for p in HARNESS.rglob("*.py")}
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """harness modules that `path` imports anywhere (top level or inside functions)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return {m for m in found if m.startswith("harness")}
+
+
+def test_import_graph_has_no_cycle_and_goes_one_way() -> None:
+    modules = _modules()
+    graph = {m: {d for d in _imports(p, m) if d in modules and d != m} for m, p in modules.items()}
+    # Importing a package runs its __init__: a module depends on its packages too.
+    for deps in graph.values():
+        deps |= {d.rpartition(".")[0] for d in set(deps) if d.rpartition(".")[0] in modules and
+                 d.rpartition(".")[0] != "harness"}
+    state: dict[str, int] = {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in graph[m]:
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*stack[stack.index(d):], m, d]))
+            if d not in state:
+                visit(d, [*stack, m])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [m])
+    entry_points = {m for m, p in modules.items() if p.parent == HARNESS and p.name not in ("__init__.py", "config.py")}
+    assert {f"harness.{n}" for n in ENTRY_POINTS} == entry_points
+    layer = {"config": 0, "common": 0, "trace": 1, "attention": 1, "timing": 2, "sweeps": 3}
+    for m, deps in graph.items():
+        if m in entry_points or m == "harness":
+            continue  # entry points may import anything below them
+        for d in deps:
+            assert d not in entry_points, f"{m} imports the entry point {d}"
+            below, above = d.split(".")[1:2], m.split(".")[1:2]
+            if below and above and below[0] in layer and above[0] in layer:
+                assert layer[below[0]] <= layer[above[0]], f"{m} imports {d}: upward"
+    attention = {d for m, deps in graph.items() if m.startswith("harness.attention") for d in deps}
+    assert all(d.startswith(("harness.attention", "harness.common", "harness.config")) for d in attention)
+    trace = {d for m, deps in graph.items() if m.startswith("harness.trace") for d in deps}
+    assert all(d.startswith(("harness.trace", "harness.common", "harness.config")) for d in trace)
+
+
+def test_no_module_over_the_line_limit() -> None:
+    long_ = {str(p.relative_to(HARNESS)): n for p in HARNESS.rglob("*.py")
+             if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long_, f"modules over {MAX_LINES} lines: {long_}"
+
+
+def test_cycle_detection_can_fail(tmp_path) -> None:
+    """The walker above sees relative and in-function imports: a planted cycle is found."""
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("def f():\n    from harness.x import b\n")
+    b.write_text("from . import a\n")
+    assert "harness.x.b" in _imports(a, "harness.x.a")
+    assert "harness.x.a" in _imports(b, "harness.x.b")

@@ -2,6 +2,7 @@
 
     python -m harness.attention_targets results/attention-h200/*.json [--impl pallas] [--out targets.md]
     python -m harness.attention_targets --targets hopper old.json new.json [--out targets.md]
+    python -m harness.attention_targets --targets hopper new.json --baseline old.json   # same kernel, two runs
 
 Files are read oldest first: a cell (shape, dtype, causal) measured in
 several is taken whole from the last one (latest_cells).
@@ -24,8 +25,26 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.attention.targets import check, check_hopper, latest_cells, render_hopper_markdown, render_markdown
+from harness.attention.targets import (
+    against_baseline,
+    check,
+    check_hopper,
+    latest_cells,
+    render_baseline_markdown,
+    render_hopper_markdown,
+    render_markdown,
+)
 from harness.common.cli import emit, make_parser
+
+
+def _read(paths: Sequence[Path]) -> list[list[dict]]:
+    runs = []
+    for path in paths:
+        try:
+            runs.append(json.loads(path.read_text())["results"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"{path}: not a harness.bench_attention result ({exc})") from None
+    return runs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,17 +56,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="portable: the Triton-lowered kernel's targets; hopper: the Mosaic GPU kernel's")
     p.add_argument("--impl", default=None, help="the implementation checked (None: pallas for portable, "
                                                 "pallas_mosaic for hopper)")
+    p.add_argument("--baseline", nargs="+", type=Path, default=[], metavar="JSON",
+                   help="earlier results of the same implementation (oldest first): adds its time now over its "
+                        "time there, per cell and pass, and whether the two runs' spreads overlap")
     p.add_argument("--out", type=Path, default=None, metavar="PATH.md", help="write the markdown here (None: stdout)")
     args = p.parse_args(argv)
     args.impl = args.impl or ("pallas" if args.targets == "portable" else "pallas_mosaic")
-    runs = []
-    for path in args.results:
-        try:
-            runs.append(json.loads(path.read_text())["results"])
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"error: {path}: not a harness.bench_attention result ({exc})", file=sys.stderr)
-            return 2
-    rows = latest_cells(runs)
+    try:
+        rows, base = latest_cells(_read(args.results)), latest_cells(_read(args.baseline))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not any(r["impl"] == args.impl for r in rows):
         print(f"error: no {args.impl!r} rows in the given results", file=sys.stderr)
         return 2
@@ -56,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = render_hopper_markdown(check_hopper(rows, args.impl), sources, args.impl)
     else:
         text = render_markdown(check(rows, args.impl), sources, args.impl)
+    if args.baseline:
+        text += render_baseline_markdown(against_baseline(rows, base, args.impl), [p.name for p in args.baseline],
+                                         args.impl)
     emit(text, args.out)
     return 0
 

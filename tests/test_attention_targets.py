@@ -125,3 +125,29 @@ def test_a_later_run_replaces_whole_cells(tmp_path, capsys) -> None:
     md = capsys.readouterr().out
     assert "From `old.json`, `new.json` (a cell in several: the last)." in md
     assert "forward and backward each >= 1.0x the fastest reference: 3 of 4 cell-passes" in md
+
+
+def test_against_baseline_ratios_and_noise() -> None:
+    """Time now over time in the baseline per cell and pass; spreads that do not overlap are apart."""
+    base = [dict(_row("pallas_mosaic", 4096, 2.0, 4.0), fwd_ms_spread=[1.9, 2.1], bwd_ms_spread=[3.9, 4.1])]
+    now = [dict(_row("pallas_mosaic", 4096, 2.04, 5.0), fwd_ms_spread=[2.0, 2.2], bwd_ms_spread=[4.8, 5.2]),
+           _row("pallas_mosaic", 8192, 1.0, 1.0)]  # a cell the baseline lacks is left out
+    got = {r["pass"]: r for r in targets.against_baseline(now, base, "pallas_mosaic")}
+    assert set(got) == {"fwd", "bwd"}
+    assert got["fwd"]["ratio"] == pytest.approx(1.02) and got["fwd"]["overlap"] is True
+    assert got["bwd"]["ratio"] == pytest.approx(1.25) and got["bwd"]["overlap"] is False
+    text = targets.render_baseline_markdown(list(got.values()), ["old.json"], "pallas_mosaic")
+    assert "1.020-1.250" in text and "overlap in 1 of 2" in text and "1.250 apart" in text
+
+
+def test_baseline_option_end_to_end(tmp_path, capsys) -> None:
+    run = {"results": [dict(_row("pallas_mosaic", 4096, 2.0, 4.0), fwd_ms_spread=[1.9, 2.1],
+                            bwd_ms_spread=[3.9, 4.1]), _row("torch_sdpa_cudnn", 4096, 2.2, 4.4)]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    assert attention_targets.main([str(path), "--targets", "hopper", "--baseline", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "against the baseline" in out and "1.000-1.000" in out and "overlap in 2 of 2" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert attention_targets.main([str(path), "--targets", "hopper", "--baseline", str(bad)]) == 2

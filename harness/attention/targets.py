@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from harness.attention.catalog import BEST_REF_IMPLS, SDPA_IMPLS
 from harness.attention.catalog import KERNEL_PASSES as PASSES
+from harness.common.tables import markdown_table
 
 SDPA_BOUND, SDPA_MIN_SEQ = 1.5, 1024
 LEADERBOARD = {"batch": 16, "heads": 1, "seq": 16384, "head_dim": 64, "causal": True}
@@ -162,3 +163,40 @@ def render_markdown(records: list[dict], sources: list[str], impl: str) -> str:
     lines += [f"| {r['dtype']} | {r['head_dim']} | {r['seq']} | {'yes' if r['causal'] else 'no'} | {r['pass']} | "
               f"{_fmt(r['vs_mha'])} | {_fmt(r['vs_sdpa'])} |" for r in records]
     return "\n".join(lines) + "\n"
+
+
+def against_baseline(rows: list[dict], baseline: list[dict], impl: str) -> list[dict]:
+    """`impl`'s time per cell and pass in `rows` over its time in `baseline`, and whether the
+    two runs' spreads (each repeat set's p10-p90, as bench_attention records it) overlap: a
+    change of the kernels' code that leaves them overlapping is within run-to-run noise."""
+    old = {k: v[impl] for k, v in _cells(baseline).items() if impl in v}
+    out = []
+    for key, impls in sorted(_cells(rows).items()):
+        new, base = impls.get(impl), old.get(key)
+        for name in PASSES:
+            t, t0 = _ms(new, name), _ms(base, name)
+            if t is None or t0 is None:
+                continue
+            lo, hi = new.get(f"{name}_ms_spread", (t, t))
+            lo0, hi0 = base.get(f"{name}_ms_spread", (t0, t0))
+            out.append({"dtype": key[0], "head_dim": key[1], "seq": key[2], "causal": key[3], "batch": key[4],
+                        "heads": key[5], "pass": name, "ms": t, "baseline_ms": t0, "ratio": t / t0,
+                        "overlap": lo <= hi0 and lo0 <= hi})
+    return out
+
+
+def render_baseline_markdown(records: list[dict], sources: list[str], impl: str) -> str:
+    """The comparison with a baseline as a markdown section."""
+    if not records:
+        return f"\n## `{impl}` against the baseline\n\nNo cell measured in both.\n"
+    ratios = [r["ratio"] for r in records]
+    apart = [r for r in records if not r["overlap"]]
+    head = (f"\n## `{impl}` against the baseline\n\nBaseline: {', '.join(f'`{s}`' for s in sources)}. "
+            f"Time now / time in the baseline, per cell and pass: {min(ratios):.3f}-{max(ratios):.3f}; "
+            f"p10-p90 spreads of the two runs overlap in {len(records) - len(apart)} of {len(records)} "
+            "cell-passes" + (" (the others are marked `apart`)." if apart else "."))
+    rows = [[r["batch"], r["heads"], r["seq"], r["head_dim"], "yes" if r["causal"] else "no", r["pass"],
+             f"{r['baseline_ms']:.3f}", f"{r['ms']:.3f}", f"{r['ratio']:.3f}" + ("" if r["overlap"] else " apart")]
+            for r in records]
+    table = markdown_table(["B", "H", "seq", "D", "causal", "pass", "baseline ms", "ms", "ratio"], rows)
+    return head + "\n\n" + "\n".join(table) + "\n"

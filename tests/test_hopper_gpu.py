@@ -30,6 +30,7 @@ from tests.test_flash_attention import TOLERANCES, Case, errors, make_inputs, re
 from tests.test_hopper import on_hopper
 
 needs_hopper = pytest.mark.skipif(not on_hopper(), reason="needs a compute capability 9.x (Hopper) GPU")
+pytestmark = pytest.mark.gpu
 
 # The portable kernel's sweep (bf16/fp16 cases; its float32 cases are covered
 # by test_float32_falls_back) plus lengths that cross many key blocks and the

@@ -1,12 +1,16 @@
-"""Read an Nsight Compute details export and summarize what limits each kernel.
+"""Read an Nsight Compute details export and summarize what limits each kernel, or draw
+its roofline.
 
     ncu --csv --page details [--set full | --section ...] -k regex:NAME python ... > kernels.csv
     python -m harness.ncu kernels.csv [--out summary.md]
+    python -m harness.ncu --roofline --gpu H100 kernels.csv [--out DIR]    # roofline.md, roofline.png
 
 `read_details` returns one record per profiled launch with every (section, metric) the
 export holds; `summary` picks the figures that say whether a kernel is bound by memory,
 by issue/latency or by occupancy; rendering is separate. Metrics a section set did not
-collect are left out rather than guessed.
+collect are left out rather than guessed. The roofline needs FLOP counters and DRAM
+bytes (`harness.attention.roofline` says which metrics, and the ncu command); an export
+without them is refused in one line that names them.
 """
 
 from __future__ import annotations
@@ -15,22 +19,51 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.attention import roofline
 from harness.attention.ncu import NcuError, read_details, render_markdown, summary
-from harness.common.cli import emit, make_parser
+from harness.common.cli import emit, fail, make_parser
+
+
+def build_parser():
+    p = make_parser("harness.ncu", __doc__)
+    p.add_argument("csv", type=Path, help="ncu --page details --csv export")
+    p.add_argument("--out", type=Path, default=None, metavar="PATH",
+                   help="the summary: a markdown file; with --roofline: a folder for roofline.md and roofline.png "
+                        "(None: print the markdown)")
+    p.add_argument("--roofline", action="store_true",
+                   help="each kernel's FLOP/s against its FLOP per DRAM byte, under the GPU's roofs")
+    p.add_argument("--gpu", default=None, metavar="NAME",
+                   help="with --roofline: the GPU the export was captured on, as in harness/common/hardware.py "
+                        "(H100, H200, A100 80GB...)")
+    return p
+
+
+def _roofline(args) -> int:
+    if not args.gpu:
+        return fail("--roofline needs --gpu NAME (H100, H200, ...): the export does not name the GPU model")
+    launches = read_details(args.csv)
+    roofs = roofline.roofs(args.gpu)
+    pts = roofline.points(launches, roofline.compute_capabilities(args.csv))
+    text = roofline.render_markdown(pts, roofs, args.csv.name)
+    if args.out is None:
+        print(text, end="")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    emit(text, args.out / "roofline.md")
+    roofline.plot(pts, roofs, args.out / "roofline.png")
+    print(f"wrote {args.out / 'roofline.png'}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = make_parser("harness.ncu", __doc__)
-    p.add_argument("csv", type=Path, help="ncu --page details --csv export")
-    p.add_argument("--out", type=Path, default=None, metavar="PATH.md", help="write the markdown here (None: stdout)")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
+        if args.roofline:
+            return _roofline(args)
         launches = read_details(args.csv)
     except (OSError, NcuError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    text = render_markdown([summary(x) for x in launches], args.csv.name)
-    emit(text, args.out)
+        return fail(str(exc))
+    emit(render_markdown([summary(x) for x in launches], args.csv.name), args.out)
     return 0
 
 

@@ -11,7 +11,7 @@ import pytest
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
 ENTRY_POINTS = ("run", "compare", "parity", "report", "sweep", "bench_attention", "attention_targets",
-                "tune_attention", "attention_once", "ncu", "ncu_source", "memory_model")
+                "tune_attention", "attention_once", "ncu", "ncu_source", "memory_model", "diff")
 MAX_LINES = 400
 
 
@@ -111,7 +111,7 @@ def test_import_graph_has_no_cycle_and_goes_one_way() -> None:
             visit(m, [m])
     entry_points = {m for m, p in modules.items() if p.parent == HARNESS and p.name not in ("__init__.py", "config.py")}
     assert {f"harness.{n}" for n in ENTRY_POINTS} == entry_points
-    layer = {"config": 0, "common": 0, "trace": 1, "attention": 1, "timing": 2, "sweeps": 3}
+    layer = {"config": 0, "common": 0, "trace": 1, "attention": 1, "timing": 2, "sweeps": 3, "diffs": 3}
     for m, deps in graph.items():
         if m in entry_points or m == "harness":
             continue  # entry points may import anything below them

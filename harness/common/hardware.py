@@ -1,4 +1,4 @@
-"""Peak throughput per GPU and dtype (datasheet table) for MFU."""
+"""Peak throughput per GPU and dtype, and HBM bandwidth per GPU (datasheet tables), for MFU and roofs."""
 
 from __future__ import annotations
 
@@ -25,3 +25,26 @@ def peak_tflops(device_name: str | None, dtype: str) -> float | None:
         if key in device_name:
             return peaks.get(dtype)
     return None
+
+
+# DRAM (HBM) bandwidth in TB/s from NVIDIA's datasheets; same lookup rule as PEAK_TFLOPS
+# ("A100" alone is the 40GB part, whose name carries no size on some drivers).
+HBM_TBPS: tuple[tuple[str, float], ...] = (
+    ("H200", 4.8),
+    ("H100 PCIe", 2.0),
+    ("H100 NVL", 3.9),
+    ("H100", 3.35),  # SXM5
+    ("A100 80GB", 2.0),
+    ("A100-SXM4-80GB", 2.0),
+    ("A100", 1.56),
+    ("L40S", 0.864),
+    ("L4", 0.3),
+    ("A10", 0.6),
+)
+
+
+def hbm_tbps(device_name: str | None) -> float | None:
+    """Datasheet DRAM bandwidth of this device in TB/s, or None when it is not in the table."""
+    if not device_name:
+        return None
+    return next((tbps for key, tbps in HBM_TBPS if key in device_name), None)

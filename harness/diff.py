@@ -1,0 +1,77 @@
+"""Explain the gap between two runs: per phase, host time, GPU time per kernel category,
+kernel counts and GEMM choices, adding up to B's time minus A's.
+
+    python -m harness.diff A B [--out DIR] [--fail-if-slower PCT] [--force]
+    python -m harness.diff results/large-ctx256-bf16-h200-profiled      # every pair of its backends
+
+A and B name runs: ``FOLDER:BACKEND`` of a `harness.compare` result folder, a `harness.run`
+JSON (``X.harness.json`` picks up the profile ``X.sqlite.gz``/``X.nsys-rep`` beside it) or a
+profile (``.nsys-rep``, ``.sqlite[.gz]``). Runs of different model, ctx, batch, dtype, mode
+or GPU are refused unless --force. Without --out the report goes to stdout. With
+--fail-if-slower the exit status is 1 when B's step median is slower than A's by more than
+PCT percent and beyond the noise (a CI regression gate), else 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.common.cli import add_nsys_bin, add_out, fail, make_parser, non_negative_float, parse_args
+from harness.diffs.decompose import MismatchError, diff_runs, regression
+from harness.diffs.inputs import InputError, resolve, resolve_one
+from harness.diffs.render import render, render_markdown
+
+
+def build_parser():
+    p = make_parser("harness.diff", __doc__)
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="A and B: FOLDER:BACKEND, a harness.run JSON or a profile; one compare folder alone: "
+                        "every pair of its backends")
+    add_out(p, "folder for diff.md, diff.json, diff.png (one subfolder per pair when there are several); "
+               "None: print diff.md", metavar="DIR")
+    p.add_argument("--fail-if-slower", type=non_negative_float, default=None, metavar="PCT",
+                   help="exit 1 when B's step is slower than A's by more than PCT percent, beyond the noise")
+    p.add_argument("--force", action="store_true",
+                   help="compare runs of different model, ctx, batch, dtype, mode or GPU")
+    add_nsys_bin(p)
+    return p
+
+
+def _pairs(specs: list[str], nsys_bin: str | None) -> list[tuple]:
+    if len(specs) == 1:
+        runs = resolve(specs[0], nsys_bin)
+        if len(runs) < 2:
+            raise InputError(f"{specs[0]}: holds {len(runs)} run; name two runs A B")
+        return list(itertools.combinations(runs, 2))
+    if len(specs) != 2:
+        raise InputError(f"RUN: got {len(specs)} runs; name two (A B) or one compare folder")
+    return [(resolve_one(specs[0], nsys_bin), resolve_one(specs[1], nsys_bin))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    try:
+        pairs = _pairs(args.runs, args.nsys_bin)
+        diffs = [diff_runs(a, b, force=args.force) for a, b in pairs]
+    except (InputError, MismatchError) as exc:
+        return fail(str(exc))
+    for d in diffs:
+        if args.out is None:
+            print(render_markdown(d))
+            continue
+        folder = Path(args.out) if len(diffs) == 1 else Path(args.out) / f"{d.a_label}-vs-{d.b_label}".replace(":", "-")
+        print("\n".join(str(p) for p in render(d, folder).values()))
+    if args.fail_if_slower is not None:
+        slower = [line for d in diffs if (line := regression(d, args.fail_if_slower))]
+        if slower:
+            print("\n".join(f"regression: {line}" for line in slower), file=sys.stderr)
+            return 1
+        print(f"no regression beyond {args.fail_if_slower:g}% and the noise", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""What names a run, resolved into `Run`: timings from its `harness.run` document and,
+where a profile exists, its kernel breakdown per phase.
+
+A run is named by
+- ``FOLDER:BACKEND``: a backend inside a `harness.compare` result folder (its
+  summary.json holds ``runs.<backend>``, the `harness.run` document; a profiled compare
+  adds kernels.json, the breakdown per backend); ``FOLDER`` alone names every backend;
+- a `harness.run` result JSON; ``X.harness.json`` picks up the profile ``X.sqlite.gz``,
+  ``X.sqlite`` or ``X.nsys-rep`` beside it;
+- a profile (``.nsys-rep``, ``.sqlite``, ``.sqlite.gz``), with ``X.harness.json`` beside
+  it when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.diffs.launches import Launches, launches_per_phase
+from harness.trace.breakdown import breakdown, load_profile
+from harness.trace.profile import ProfileError
+
+RUN_SCHEMA = "harness.run/1"
+COMPARE_SCHEMA = "harness.compare/1"
+PROFILE_SUFFIXES = (".sqlite.gz", ".sqlite", ".nsys-rep")
+HARNESS_SUFFIX = ".harness.json"
+
+
+class InputError(ValueError):
+    """A name that is not a run; the message says what was expected."""
+
+
+@dataclass
+class KernelRow:
+    name: str
+    category: str
+    calls_per_step: float
+    ns_per_step: float
+    gemm: dict | None  # harness.trace.kernels.GemmInfo's fields
+
+
+@dataclass
+class PhaseProfile:
+    """One phase of a profile, per measured step."""
+
+    range_ns: float
+    gpu_ns: float
+    kernels: float
+    categories: dict[str, float]  # category -> ns
+    rows: list[KernelRow]
+    launches: Launches | None = None
+
+
+@dataclass
+class Run:
+    label: str
+    source: str  # what named it
+    doc: dict | None  # the harness.run document
+    phases: dict[str, PhaseProfile] | None = None  # from a profile; None without one
+    notes: list[str] = field(default_factory=list)
+
+
+def _gemm_fields(info: object) -> dict | None:
+    if info is None:
+        return None
+    if isinstance(info, dict):
+        return info
+    return {k: getattr(info, k) for k in ("arch", "types", "math", "transpose", "tile")}
+
+
+def _phase(p: object, launches: Launches | None = None) -> PhaseProfile:
+    """From a `PhaseStats` or its JSON form (kernels.json of a compare folder)."""
+    get = (lambda k: p[k]) if isinstance(p, dict) else (lambda k: getattr(p, k))
+    rows = [KernelRow(*(k[f] if isinstance(k, dict) else getattr(k, f)
+                        for f in ("name", "category", "calls_per_step", "ns_per_step")),
+                      _gemm_fields(k["gemm"] if isinstance(k, dict) else k.gemm)) for k in get("kernels")]
+    return PhaseProfile(get("range_ns_per_step"), get("gpu_ns_per_step"), get("kernels_per_step"),
+                        dict(get("categories")), rows, launches)
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not readable as JSON ({exc})") from None
+
+
+def _profile_phases(path: Path, nsys_bin: str | None) -> dict[str, PhaseProfile]:
+    try:
+        bd = breakdown(load_profile(path, nsys_bin=nsys_bin))
+    except ProfileError as exc:
+        raise InputError(str(exc)) from None
+    sqlite = path.with_suffix(".sqlite") if path.name.endswith(".nsys-rep") else path
+    launches = launches_per_phase(sqlite) if sqlite.exists() else {}
+    return {name: _phase(p, launches.get(name)) for name, p in bd.phases.items()}
+
+
+def _stem(path: Path) -> str:
+    for suffix in (HARNESS_SUFFIX, *PROFILE_SUFFIXES, ".json"):
+        if path.name.endswith(suffix):
+            return path.name[: -len(suffix)]
+    return path.name
+
+
+def _from_compare(folder: Path, backend: str | None) -> list[Run]:
+    summary = _load_json(folder / "summary.json")
+    if summary.get("schema") != COMPARE_SCHEMA:
+        raise InputError(f"{folder}/summary.json: schema {summary.get('schema')!r}, expected {COMPARE_SCHEMA!r}")
+    runs = summary.get("runs", {})
+    if backend is not None and backend not in runs:
+        raise InputError(f"{folder}:{backend}: no such backend; the folder holds {', '.join(runs) or 'none'}")
+    kernels = {}
+    if (folder / "kernels.json").exists():
+        kernels = {bd["label"]: bd["phases"] for bd in _load_json(folder / "kernels.json")}
+    out = []
+    for name in [backend] if backend else list(runs):
+        doc = runs[name]
+        if doc.get("status") != "ok":
+            raise InputError(f"{folder}:{name}: the run failed ({(doc.get('error') or {}).get('message', '?')})")
+        phases = {k: _phase(p) for k, p in kernels[name].items()} if name in kernels else None
+        out.append(Run(f"{folder.name}:{name}", f"{folder}:{name}", doc, phases))
+    return out
+
+
+def _run_doc(path: Path) -> dict:
+    doc = _load_json(path)
+    if doc.get("schema") != RUN_SCHEMA:
+        raise InputError(f"{path}: schema {doc.get('schema')!r}; expected a {RUN_SCHEMA} document "
+                         "(`python -m harness.run --out`) or a compare folder")
+    if doc.get("status") != "ok":
+        raise InputError(f"{path}: the run failed ({(doc.get('error') or {}).get('message', '?')})")
+    return doc
+
+
+def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
+    """The runs `spec` names (several for a compare folder without a backend)."""
+    text = str(spec)
+    folder, _, backend = text.rpartition(":")
+    if folder and Path(folder).is_dir():
+        return _from_compare(Path(folder), backend)
+    path = Path(text)
+    if path.is_dir():
+        if not (path / "summary.json").exists():
+            raise InputError(f"{path}: a folder without summary.json; name a harness.compare result folder")
+        return _from_compare(path, None)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder")
+    stem = path.parent / _stem(path)
+    if path.name.endswith(PROFILE_SUFFIXES):
+        beside = stem.with_name(stem.name + HARNESS_SUFFIX)
+        doc = _run_doc(beside) if beside.exists() else None
+        notes = [] if doc else [f"{path.name}: no {beside.name} beside it; times from the profile's ranges"]
+        return [Run(_stem(path), text, doc, _profile_phases(path, nsys_bin), notes)]
+    if path.name.endswith(".json"):
+        doc = _load_json(path)
+        if doc.get("schema") == COMPARE_SCHEMA:
+            return _from_compare(path.parent, None)
+        doc = _run_doc(path)
+        profile = next((p for s in PROFILE_SUFFIXES if (p := stem.with_name(stem.name + s)).exists()), None)
+        phases = _profile_phases(profile, nsys_bin) if profile and path.name.endswith(HARNESS_SUFFIX) else None
+        return [Run(_stem(path), text, doc, phases)]
+    raise InputError(f"{path}: not a run; name a compare folder[:backend], a harness.run JSON, "
+                     "or a profile (.nsys-rep, .sqlite[.gz])")
+
+
+def resolve_one(spec: str | Path, nsys_bin: str | None = None) -> Run:
+    """The one run `spec` names; a compare folder must name its backend."""
+    runs = resolve(spec, nsys_bin)
+    if len(runs) != 1:
+        raise InputError(f"{spec}: holds {len(runs)} runs; name one as {spec}:BACKEND")
+    return runs[0]

@@ -1,0 +1,161 @@
+"""Write a `Diff`: diff.md (the three largest causes in sentences, then tables), diff.json
+(schema ``harness.diff/1``) and diff.png (a waterfall from A's step time to B's)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from harness.common.tables import markdown_table
+from harness.diffs.decompose import HOST, Diff, PhaseDiff, Throughput
+
+CAUSES = 3
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def _headline(d: Diff, p: PhaseDiff) -> str:
+    if not p.a_ms:
+        return f"{p.phase}: no time for A."
+    faster = "slower" if p.gap_ms > 0 else "faster"
+    noise = {True: "inside the noise (the p10-p90 ranges overlap)", False: "beyond the noise",
+             None: "noise unknown (no timer spread on one side)"}[p.in_noise]
+    return (f"B ({d.b_label}) takes {p.b_ms:.3f} ms per {p.phase} against A's ({d.a_label}) {p.a_ms:.3f} ms "
+            f"({p.whole}): {abs(p.gap_ms):.3f} ms ({abs(p.gap_ms) / p.a_ms:.1%}) {faster}, {noise}.")
+
+
+def _cause(p: PhaseDiff, name: str) -> str:
+    part = next(x for x in p.parts if x.name == name)
+    more = "more" if part.delta_ms > 0 else "less"
+    if name == HOST:
+        text = (f"Host side: B spends {abs(part.delta_ms):.3f} ms {more} per step outside GPU work "
+                f"({part.a_ms:.3f} -> {part.b_ms:.3f} ms; {_num(p.a_kernels)} -> {_num(p.b_kernels)} kernels")
+        la, lb = p.launches.get("a"), p.launches.get("b")
+        if la and lb:
+            text += (f", {la['per_step']:.0f} -> {lb['per_step']:.0f} launch calls at "
+                     f"{la['us_per_launch']:.1f} -> {lb['us_per_launch']:.1f} us each")
+        return text + ")."
+    text = (f"{name} kernels: B spends {abs(part.delta_ms):.3f} ms {more} per step ({part.a_ms:.3f} -> "
+            f"{part.b_ms:.3f} ms in {_num(part.a_kernels)} -> {_num(part.b_kernels)} kernels)")
+    return text + "".join(f"; {_bound(t)}" for t in p.throughput if t.what == name and _bound(t)) + "."
+
+
+def _bound(t: Throughput) -> str | None:
+    if not (t.a and t.b and t.a_bound and t.b_bound):
+        return None
+    return (f"B's {t.what} kernels run at {t.b / t.b_bound:.0%} of the {t.bound_name} against A's "
+            f"{t.a / t.a_bound:.0%} ({t.a:.1f} -> {t.b:.1f} {t.unit})")
+
+
+def sentences(d: Diff) -> list[str]:
+    """The headline of the step and its three largest causes."""
+    p = d.step
+    if p is None:
+        return ["The runs have no phase in common."]
+    out = [_headline(d, p)]
+    causes = [part.name for part in sorted(p.parts, key=lambda x: -abs(x.delta_ms))[:CAUSES]]
+    out += [(c := _cause(p, name))[0].upper() + c[1:] for name in causes]
+    out += [f"{line[0].upper()}{line[1:]}." for t in p.throughput if t.what not in causes and (line := _bound(t))]
+    if p.residual_ms is not None:
+        share = abs(p.residual_ms) / abs(p.gap_ms) if p.gap_ms else 0.0
+        out.append(f"Unexplained: {p.residual_ms:+.3f} ms ({share:.1%} of the gap), the profile's means "
+                   "against the timer's medians.")
+    return out
+
+
+def _phase_lines(p: PhaseDiff) -> list[str]:
+    lines = [f"## {p.phase}" + (f" (A: {p.a_phase}, B: {p.b_phase})" if p.a_phase != p.b_phase else ""), ""]
+    spread = lambda t: "-" if t is None else f"{t.median_ms:.3f} [{t.p10_ms:.3f}, {t.p90_ms:.3f}] ±{t.std_ms:.3f}"
+    lines += markdown_table(["", "A", "B", "B - A"],
+                            [["median ms [p10, p90] ±std", spread(p.a), spread(p.b), f"{p.gap_ms:+.3f}"]])
+    if not p.parts:
+        return [*lines, ""]
+    rows = [[x.name, _ms(x.a_ms), _ms(x.b_ms), f"{x.delta_ms:+.3f}", _num(x.a_kernels), _num(x.b_kernels)]
+            for x in p.parts]
+    rows.append(["residual", "", "", f"{p.residual_ms:+.3f}", "", ""])
+    rows.append(["whole", _ms(p.a_ms), _ms(p.b_ms), f"{p.gap_ms:+.3f}", _num(p.a_kernels), _num(p.b_kernels)])
+    lines += ["", *markdown_table(["part", "A ms", "B ms", "B - A ms", "A kernels", "B kernels"], rows)]
+    movers = [[x.name, m.name[:90], _ms(m.a_ms), _ms(m.b_ms), f"{m.b_ms - m.a_ms:+.3f}", _num(m.a_calls),
+               _num(m.b_calls)] for x in p.parts for m in x.movers]
+    if movers:
+        lines += ["", "Kernels that moved most:", "",
+                  *markdown_table(["group", "kernel", "A ms", "B ms", "B - A", "A calls", "B calls"], movers)]
+    if p.throughput:
+        pct = lambda v, bound: f" ({v / bound:.0%})" if v and bound else ""
+        rows = [[t.what, f"{t.a:.1f}{pct(t.a, t.a_bound)}" if t.a else "-",
+                 f"{t.b:.1f}{pct(t.b, t.b_bound)}" if t.b else "-", f"{t.unit} vs {t.bound_name} "
+                 f"{_num(t.a_bound)} / {_num(t.b_bound)}"] for t in p.throughput]
+        lines += ["", *markdown_table(["work", "A", "B", "against"], rows)]
+    for side in ("a", "b"):
+        gemms = p.gemms.get(side) or []
+        if gemms:
+            lines += ["", f"GEMMs of {side.upper()} by precision, tile and transposes:", "",
+                      *markdown_table(["math", "tile", "transpose", "ms", "calls", "kernel names"],
+                                      [[g["math"] or "?", g["tile"] or "?", g["transpose"] or "?", _ms(g["ms"]),
+                                        _num(g["calls"]), g["names"]] for g in gemms[:6]])]
+    return [*lines, ""]
+
+
+def render_markdown(d: Diff) -> str:
+    lines = [f"# {d.b_label} against {d.a_label}", "", *sentences(d), ""]
+    lines += [f"- {label}: {a}" + ("" if a == b else f" / {b}") for label, (a, b) in d.fields.items()]
+    lines += ["", *(f"- note: {n}" for n in d.notes), ""] if d.notes else [""]
+    for p in d.phases:
+        lines += _phase_lines(p)
+    return "\n".join(lines)
+
+
+def to_json(d: Diff) -> dict:
+    doc = asdict(d)
+    for p, pd in zip(d.phases, doc["phases"]):
+        pd["gap_ms"] = p.gap_ms
+        for part, jd in zip(p.parts, pd["parts"]):
+            jd["delta_ms"] = part.delta_ms
+    return {"schema": doc.pop("schema"), **doc}
+
+
+def plot_waterfall(d: Diff, path: Path) -> bool:
+    """Bars from A's step time to B's, one per part; False when there are no parts."""
+    p = d.step
+    if p is None or not p.parts:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [(x.name, x.delta_ms) for x in p.parts] + [("residual", p.residual_ms or 0.0)]
+    fig, ax = plt.subplots(figsize=(1.1 * (len(steps) + 2) + 2, 4.5))
+    ax.bar(0, p.a_ms, color="0.5")
+    level = p.a_ms
+    for i, (_, delta) in enumerate(steps, start=1):
+        ax.bar(i, delta, bottom=level, color="tab:red" if delta > 0 else "tab:green")
+        level += delta
+    ax.bar(len(steps) + 1, p.b_ms, color="0.5")
+    labels = [f"A\n{d.a_label}", *(n for n, _ in steps), f"B\n{d.b_label}"]
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(f"ms per {p.phase}")
+    ax.set_title(f"{p.phase}: {p.a_ms:.2f} -> {p.b_ms:.2f} ms")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def render(d: Diff, out: str | Path) -> dict[str, Path]:
+    """Write diff.md, diff.json and (with parts to draw) diff.png into folder `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"md": out / "diff.md", "json": out / "diff.json"}
+    paths["md"].write_text(render_markdown(d))
+    paths["json"].write_text(json.dumps(to_json(d), indent=1))
+    if plot_waterfall(d, out / "diff.png"):
+        paths["png"] = out / "diff.png"
+    return paths

@@ -1,0 +1,133 @@
+"""harness.diff on real runs: the parts add up to the gap, mismatches are refused, the gate
+fails on a planted slowdown and passes on two runs of the same code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import diff as diff_cli
+from harness.diffs.decompose import GROUPS, HOST, diff_runs, regression
+from harness.diffs.inputs import resolve, resolve_one
+from harness.diffs.render import render
+from harness.timing.compare import summarize_compare, write_results
+from harness.trace.breakdown import breakdown, load_profile
+
+DATA = Path(__file__).parent / "data"
+TORCH = DATA / "torch_small_train" / "torch_small_train.harness.json"
+JAX = DATA / "jax_small_train" / "jax_small_train.harness.json"
+TINY = DATA / "torch_tiny_attn" / "torch_tiny_attn.harness.json"
+
+
+@pytest.fixture(scope="module")
+def small():
+    return diff_runs(resolve_one(TORCH), resolve_one(JAX))
+
+
+def test_parts_add_up_to_the_gap_with_a_small_residual(small) -> None:
+    step = small.step
+    times = {p: json.loads(p.read_text())["phases"]["step"]["times_ms"] for p in (TORCH, JAX)}
+    assert step.gap_ms == pytest.approx(statistics.median(times[JAX]) - statistics.median(times[TORCH]))
+    assert step.gap_ms == pytest.approx(-40.441, abs=1e-3)
+    assert sum(p.delta_ms for p in step.parts) + step.residual_ms == pytest.approx(step.gap_ms)
+    # The profile's parts explain the timer's gap to within 5% on every phase of these runs.
+    for phase in small.phases:
+        assert abs(phase.residual_ms) < 0.07 * abs(phase.gap_ms), phase.phase
+    assert abs(step.residual_ms) < 0.02 * abs(step.gap_ms)
+    # GPU groups against the breakdown computed here: their sum is each side's GPU time.
+    bds = [breakdown(load_profile(p.with_name(p.name.replace(".harness.json", ".sqlite.gz")))) for p in (TORCH, JAX)]
+    gpu = [p for p in step.parts if p.name != HOST]
+    assert sum(p.a_ms for p in gpu) == pytest.approx(bds[0].phases["step"].gpu_ns_per_step / 1e6)
+    assert sum(p.b_ms for p in gpu) == pytest.approx(bds[1].phases["step"].gpu_ns_per_step / 1e6)
+    host = next(p for p in step.parts if p.name == HOST)
+    assert host.a_ms == pytest.approx((bds[0].phases["step"].range_ns_per_step
+                                       - bds[0].phases["step"].gpu_ns_per_step) / 1e6)
+    assert {p.name for p in gpu} <= {g for g, _ in GROUPS}
+
+
+def test_host_side_is_the_largest_cause_with_launch_counts(small) -> None:
+    step = small.step
+    assert max(step.parts, key=lambda p: abs(p.delta_ms)).name == HOST
+    # Eager PyTorch launches (almost) every kernel itself; memcpy/memset are not kernel launches.
+    torch_launches = step.launches["a"]["per_step"]
+    assert 0.9 * step.a_kernels <= torch_launches <= step.a_kernels
+    # XLA replays each phase as one CUDA graph: a launch per phase, three per split step.
+    assert step.launches["b"]["per_step"] == 3
+    gemm = next(t for t in step.throughput if t.what == "GEMM")
+    assert gemm.a_bound == 66.9  # fp32 on the H200, from the peak table
+    assert 0.3 < gemm.a / gemm.a_bound < 0.7 and 0.3 < gemm.b / gemm.b_bound < 0.7
+
+
+def test_fused_step_is_set_against_the_other_side_s_step(small) -> None:
+    fused = small.phase("fused_step")
+    assert (fused.a_phase, fused.b_phase) == ("step", "fused_step")
+    assert fused.b_ms == pytest.approx(15.1489, abs=1e-3)
+
+
+def test_render_writes_sentences_json_and_waterfall(small, tmp_path) -> None:
+    paths = render(small, tmp_path)
+    doc = json.loads(paths["json"].read_text())
+    assert doc["schema"] == "harness.diff/1"
+    assert doc["phases"][3]["phase"] == "step" and doc["phases"][3]["gap_ms"] == pytest.approx(small.step.gap_ms)
+    text = paths["md"].read_text()
+    assert text.count("B spends") == 3 and "Host side" in text and "of the fp32 dense peak" in text
+    assert paths["png"].stat().st_size > 10_000
+
+
+def test_mismatched_runs_are_refused_naming_the_field(capsys) -> None:
+    assert diff_cli.main([str(TORCH), str(TINY)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "differ in model (small vs tiny)" in err and "--force" in err
+    assert diff_cli.main([str(TORCH), str(TINY), "--force"]) == 0
+
+
+def _planted(tmp_path: Path, factor: float) -> Path:
+    doc = json.loads(TORCH.read_text())
+    for phase in doc["phases"].values():
+        phase["times_ms"] = [t * factor for t in phase["times_ms"]]
+        phase["median_ms"] *= factor
+    out = tmp_path / "slower.json"  # no profile beside it: the phase-level gap only
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def test_gate_fails_on_a_planted_slowdown(tmp_path, capsys) -> None:
+    slower = _planted(tmp_path, 1.3)
+    assert diff_cli.main([str(TORCH), str(slower), "--fail-if-slower", "20"]) == 1
+    assert "30.0% slower" in capsys.readouterr().err
+    assert diff_cli.main([str(TORCH), str(slower), "--fail-if-slower", "35"]) == 0
+    assert diff_cli.main([str(slower), str(TORCH), "--fail-if-slower", "0"]) == 0  # faster is no regression
+    # The same slowdown inside the noise is no regression: A's own spread covers 1.05x.
+    assert regression(diff_runs(resolve_one(TORCH), resolve_one(_planted(tmp_path, 1.05))), 1) is None
+
+
+@pytest.mark.slow
+def test_gate_passes_on_two_runs_of_the_same_code(tmp_path) -> None:
+    # Side by side, so that whatever else loads the machine loads both runs alike.
+    outs = [str(tmp_path / f"run{i}.json") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "harness.run", "--backend", "torch", "--model", "tiny",
+                               "--ctx", "64", "--device", "cpu", "--steps", "6", "--quiet", "--out", out],
+                              env=dict(os.environ, OMP_NUM_THREADS="1")) for out in outs]
+    assert [p.wait() for p in procs] == [0, 0]
+    assert diff_cli.main([*outs, "--fail-if-slower", "20"]) == 0
+
+
+def test_compare_folder_names_its_backends(tmp_path) -> None:
+    """A folder written by harness.compare's own writer: FOLDER:BACKEND and FOLDER alone."""
+    runs = {"torch": json.loads(TORCH.read_text()), "jax": json.loads(JAX.read_text())}
+    args = argparse.Namespace(model="small", ctx=128, batch=4, dtype="fp32", attention="naive", mode="train",
+                              device="cuda", warmup=2, steps=3, seed=0, profiler=None)
+    folder = write_results(summarize_compare(args, runs, None), str(tmp_path), "small-ctx128")
+    assert [r.label for r in resolve(folder)] == ["small-ctx128:torch", "small-ctx128:jax"]
+    d = diff_runs(resolve_one(f"{folder}:torch"), resolve_one(f"{folder}:jax"))
+    assert d.step.gap_ms == pytest.approx(-40.441, abs=1e-3) and d.step.parts == []
+    assert diff_cli.main([folder, "--out", str(tmp_path / "d")]) == 0
+    assert (tmp_path / "d" / "diff.md").exists()
+    assert diff_cli.main([f"{folder}:cuda", folder]) == 2

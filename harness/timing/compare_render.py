@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from harness.common.stats import cell
 from harness.common.tables import markdown_table
 from harness.timing.parity import TOLERANCES
+from harness.timing.runner import outlier_lines
 
 
 def _ms(p: dict | None) -> str:
-    return f"{p['median_ms']:.3f} ± {p['std_ms']:.3f}" if p else "-"
+    return cell(p) if p else "-"
 
 
 def _tf(p: dict | None) -> str:
@@ -42,15 +44,38 @@ def parity_verdict(parity: dict | None) -> str:
 
 
 def table_rows(summary: dict) -> list[list[str]]:
-    header = ["phase", "torch ms (median ± std)", "jax ms (median ± std)", "jax/torch",
+    header = ["phase", "torch ms (median, p10-p90)", "jax ms (median, p10-p90)", "jax/torch",
               "torch TFLOP/s", "jax TFLOP/s", "torch MFU", "jax MFU", "torch peak GiB", "jax peak GiB"]
     rows = [header]
+    firsts = {b: r.get("first_step") for b, r in summary["runs"].items() if r.get("status") == "ok"}
     for row in summary["table"]:
         t, j = row.get("torch"), row.get("jax")
         label = row["phase"] + (" (torch: step)" if row["phase"] == "fused_step" else "")
         rows.append([label, _ms(t), _ms(j), _ratio(row["jax_over_torch"]), _tf(t), _tf(j), _mfu(t), _mfu(j),
                      _mem(t), _mem(j)])
+    if any(firsts.values()):
+        ttfs = {b: f["time_to_first_step_ms"] / 1e3 if f else None for b, f in firsts.items()}
+        t, j = ttfs.get("torch"), ttfs.get("jax")
+        rows.append(["time to first step (s)", f"{t:.2f}" if t else "-", f"{j:.2f}" if j else "-",
+                     _ratio(j / t if t and j else None), *["-"] * 6])
     return rows
+
+
+def _notes(summary: dict) -> list[str]:
+    """Overhead, outlier steps and warnings of every run, one line each."""
+    lines = []
+    for backend, r in summary["runs"].items():
+        if r.get("status") != "ok":
+            continue
+        ov = r.get("overhead")
+        if ov:
+            rr = ov.get("round_ratios") or [ov["ratio"]]
+            flag = f" ({ov['flag']})" if ov.get("flag") else ""
+            lines.append(f"{backend}: instrumented step / plain step = {ov['ratio']:.3f} "
+                         f"(rounds {min(rr):.3f}-{max(rr):.3f}){flag}")
+        lines += [f"{backend}: {line}" for line in outlier_lines(r)]
+        lines += [f"{backend}: warning: {w}" for w in r.get("warnings", [])]
+    return lines
 
 
 def format_table(summary: dict) -> str:
@@ -61,9 +86,7 @@ def format_table(summary: dict) -> str:
              f"{o['mode']} on {summary.get('device') or o['device']}"]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines += _failures(summary)
-    for backend, r in summary["runs"].items():
-        if r.get("status") == "ok" and r.get("overhead"):
-            lines.append(f"{backend}: instrumented step / plain loop = {r['overhead']['ratio']:.3f}")
+    lines += _notes(summary)
     lines.append(f"parity: {parity_verdict(summary['parity'])}")
     if summary.get("kernel_breakdown_error"):
         lines.append(f"kernel breakdown: FAILED: {summary['kernel_breakdown_error']}")
@@ -81,9 +104,14 @@ def render_markdown(summary: dict) -> str:
     rows = table_rows(summary)
     out += markdown_table(rows[0], rows[1:])
     out += ["", "Times are medians over measured steps after warm-up, each phase ended by a device "
-            "synchronization; ± is the standard deviation. `step` is forward + backward + optimizer "
-            "inside one NVTX range. JAX's `fused_step` (value_and_grad and AdamW update in one jit) is "
-            "compared with torch's `step`.", ""]
+            "synchronization, the Python garbage collector paused; in brackets the 10th-90th percentile "
+            "of the steps (outlier steps are listed below with their cause). `step` is forward + backward + "
+            "optimizer inside one NVTX range. JAX's `fused_step` (value_and_grad and AdamW update in one "
+            "jit) is compared with torch's `step`. Time to first step: building the model and its state on "
+            "the device, then the first step (tracing, compilation, autotuning, first allocations).", ""]
+    notes = _notes(summary)
+    if notes:
+        out += ["## Overhead, outliers and warnings", ""] + [f"- {n}" for n in notes] + [""]
     out += ["## Parity", "", parity_verdict(summary["parity"]), ""]
     if summary["parity"] and summary["parity"].get("ok") is not None:
         out += [f"Tolerance table ({o['dtype']}): " + ", ".join(f"{k} {v:.0e}" for k,
@@ -94,12 +122,19 @@ def render_markdown(summary: dict) -> str:
         if r.get("status") != "ok":
             continue
         ov = r.get("overhead")
+        loss = r["loss"]
+        after = (f" (after {loss['first_after_steps']} and {loss['last_after_steps']} optimizer steps)"
+                 if "first_after_steps" in loss else "")
         out += [f"- **{backend}** ({r['options']['attention']} attention): {r['precision']}.",
-                f"  Loss first/last measured step: {r['loss']['first']:.4f} / {r['loss']['last']:.4f}. "
+                f"  Loss at the first/last measured split step: {loss['first']:.4f} / {loss['last']:.4f}{after}. "
                 f"Memory: {r['memory_note']}."]
         if ov:
             out.append(f"  Instrumentation overhead: {ov['compared']}: {ov['instrumented_step_ms']:.3f} ms vs "
                        f"{ov['plain_step_ms']:.3f} ms, ratio {ov['ratio']:.3f}.")
+        first = r.get("first_step")
+        if first:
+            out.append("  First steps: " + ", ".join(f"{k.removesuffix('_ms').replace('_', ' ')} {v / 1e3:.2f} s"
+                                                      for k, v in first.items() if k.endswith("_ms")) + ".")
         opt = r["phases"].get("optimizer")
         if opt and opt.get("gb_per_s"):
             out.append(f"  Optimizer: {opt['bytes'] / 1e9:.2f} GB of AdamW traffic at {opt['gb_per_s']:.0f} GB/s.")
@@ -122,7 +157,7 @@ def render_markdown(summary: dict) -> str:
 
 
 def plot_phases(summary: dict, path: str) -> bool:
-    """Grouped bars of median phase time per backend, with std as error bars. False if nothing to plot."""
+    """Grouped bars of median phase time per backend, p10-p90 as error bars. False if nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,8 +173,9 @@ def plot_phases(summary: dict, path: str) -> bool:
         ph = summary["runs"][backend]["phases"]
         xs = [k + i * width for k in range(len(phases))]
         med = [ph[p]["median_ms"] if p in ph else 0 for p in phases]
-        err = [ph[p]["std_ms"] if p in ph else 0 for p in phases]
-        ax.bar(xs, med, width, yerr=err, capsize=3, label=backend)
+        lo = [ph[p]["median_ms"] - ph[p].get("p10_ms", ph[p]["median_ms"]) if p in ph else 0 for p in phases]
+        hi = [ph[p].get("p90_ms", ph[p]["median_ms"]) - ph[p]["median_ms"] if p in ph else 0 for p in phases]
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=backend)
     ax.set_xticks([k + width * (len(backends) - 1) / 2 for k in range(len(phases))], phases)
     ax.set_ylabel("median time per step (ms)")
     o = summary["options"]

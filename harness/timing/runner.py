@@ -18,10 +18,11 @@ from harness.common.cli import UsageError
 from harness.common.errors import describe_failure, is_oom
 from harness.common.hardware import peak_tflops
 from harness.common.results import environment
-from harness.common.stats import summarize
+from harness.common.stats import cell, summarize
 from harness.config import ModelConfig, backend_attention, get_config
+from harness.timing.events import EventLog
 from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
-from harness.timing.ranges import phase_range
+from harness.timing.timer import PhaseFailure, Timer
 
 SCHEMA = "harness.run/1"
 PHASES = {
@@ -54,12 +55,6 @@ PHASE_ORDER = ("forward", "backward", "optimizer", "step", "fused_step")
 FAULT_PHASES = ("forward", "backward", "optimizer", "fused_step")
 
 
-class PhaseFailure(Exception):
-    def __init__(self, phase: str, cause: BaseException):
-        super().__init__(phase)
-        self.phase, self.cause = phase, cause
-
-
 def _simulated_oom(backend: str) -> BaseException:
     if backend == "torch":
         import torch
@@ -86,81 +81,6 @@ def make_session(opts: RunOptions, config: ModelConfig):
     return Session(config, tokens, device=opts.device, dtype=opts.dtype, seed=opts.seed, weights=weights)
 
 
-class Timer:
-    """Runs phases inside NVTX ranges, synchronizing at each end, and records times and peaks."""
-
-    def __init__(self, session, opts: RunOptions, progress: Callable[[str], None]):
-        self.session, self.opts, self.progress = session, opts, progress
-        self.times: dict[str, list[float]] = {}
-        self.peaks: dict[str, int] = {}
-        self.losses: list[float] = []
-        self.last_loss = None  # the loss of the latest forward or fused step
-
-    def phase(self, name: str, record: bool) -> None:
-        s, opts = self.session, self.opts
-        s.reset_peak_memory()
-        with phase_range(name):
-            t0 = time.perf_counter()
-            try:
-                if opts.fail_in == name:
-                    raise _simulated_oom(opts.backend)
-                if name == "forward":
-                    out = s.forward(grad=opts.mode != "forward")
-                elif name == "backward":
-                    out = s.backward()
-                elif name == "optimizer":
-                    out = s.optimizer_step()
-                else:
-                    out = s.fused_step()
-                s.sync(out)
-            except Exception as exc:
-                raise PhaseFailure(name, exc) from exc
-            dt = (time.perf_counter() - t0) * 1e3
-        if name in ("forward", "fused_step") and out is not None:
-            self.last_loss = out
-        if record:
-            self.times.setdefault(name, []).append(dt)
-            peak = s.peak_memory()
-            if peak is not None:
-                self.peaks[name] = max(self.peaks.get(name, 0), peak)
-
-    def step(self, phases: tuple[str, ...], record: bool, outer: str | None) -> float:
-        t0 = time.perf_counter()
-        with phase_range(outer if record else "warmup") if outer or not record else contextlib.nullcontext():
-            for name in phases:
-                self.phase(name, record)
-        if self.opts.mode == "forward-backward":
-            self.session.zero_grad()
-        return (time.perf_counter() - t0) * 1e3
-
-    def loop(self, label: str, phases: tuple[str, ...], outer: str | None = "step") -> None:
-        """Warm-up steps, then measured ones; `outer` names the range around each measured step."""
-        o = self.opts
-        for i in range(o.warmup):
-            self.progress(f"{label}: warm-up {i + 1}/{o.warmup}")
-            self.step(phases, False, outer)
-        for i in range(o.steps):
-            self.progress(f"{label}: step {i + 1}/{o.steps}")
-            dt = self.step(phases, True, outer)
-            if outer:
-                self.times.setdefault(outer, []).append(dt)
-            self.losses.append(float(self.last_loss))
-
-
-def plain_loop_ms(session, opts: RunOptions) -> float:
-    """Mean step time of back-to-back steps with no ranges and one sync at the end.
-
-    The instrumented step over this ratio is the cost of the per-phase ranges and syncs."""
-    for _ in range(max(1, min(opts.warmup, 2))):
-        session.plain_step()
-    session.sync()
-    t0 = time.perf_counter()
-    for _ in range(opts.steps):
-        out = session.plain_step()
-    session.sync(out)
-    return (time.perf_counter() - t0) * 1e3 / opts.steps
-
-
 def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | None,
                  peak_mem: int | None, extra: dict | None = None) -> dict:
     rec = summarize(times)
@@ -180,31 +100,34 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
     config = get_config(opts.model, attention=opts.attention)
     result = {"schema": SCHEMA, "status": "ok", "error": None, "options": dataclasses.asdict(opts),
               "config": dataclasses.asdict(config), "num_params": config.num_params,
-              "flops_formula": FORMULA}
+              "flops_formula": FORMULA, "warnings": []}
     result["options"].pop("fail_in")
+    if opts.warmup == 0:
+        result["warnings"].append("--warmup 0: the first measured step includes compilation, autotuning and "
+                                  "first allocations (see first_step_ms); use --warmup 2 or more for speed figures")
     phase = "setup"
-    try:
-        session = make_session(opts, config)
-        result["precision"] = _precision(opts)
-        timer = Timer(session, opts, lambda m: progress(f"[{opts.backend}] {m}"))
-        with _instrumented(opts):
-            timer.loop("split step", PHASES[opts.mode])
-            if opts.backend == "jax" and opts.mode == "train":
-                phase = "fused_step"
-                timer.loop("fused step", ("fused_step",), outer=None)
-        overhead = None
-        if opts.mode == "train":
-            phase = "plain loop"
-            progress(f"[{opts.backend}] plain loop of {opts.steps} steps (overhead check)")
-            plain = plain_loop_ms(session, opts)
-            ref = "fused_step" if opts.backend == "jax" else "step"
-            overhead = {"plain_step_ms": plain, "instrumented_step_ms": summarize(timer.times[ref])["median_ms"],
-                        "compared": f"median {ref} with ranges and per-phase syncs vs mean of a plain loop"}
-            overhead["ratio"] = overhead["instrumented_step_ms"] / plain
-    except PhaseFailure as exc:
-        return _failed(result, exc.phase, exc.cause, opts)
-    except Exception as exc:
-        return _failed(result, phase, exc, opts)
+    fault = (lambda name: _simulated_oom(opts.backend) if name == opts.fail_in else None)
+    with EventLog(opts.backend) as events:
+        try:
+            t0 = time.perf_counter()
+            session = make_session(opts, config)
+            setup_ms = (time.perf_counter() - t0) * 1e3
+            result["precision"] = _precision(opts)
+            timer = Timer(session, opts, lambda m: progress(f"[{opts.backend}] {m}"), events, fault)
+            with _instrumented(opts):
+                timer.loop("split step", PHASES[opts.mode])
+                if opts.backend == "jax" and opts.mode == "train":
+                    phase = "fused_step"
+                    timer.loop("fused step", ("fused_step",), outer=None)
+            overhead = None
+            if opts.mode == "train":
+                phase = "overhead check"
+                fused = opts.backend == "jax"
+                overhead = timer.overhead(("fused_step",) if fused else PHASES[opts.mode], None if fused else "step")
+        except PhaseFailure as exc:
+            return _failed(result, exc.phase, exc.cause, opts)
+        except Exception as exc:
+            return _failed(result, phase, exc, opts)
 
     device_name = session.device_name()
     peak_tf = peak_tflops(device_name, opts.dtype)
@@ -218,16 +141,33 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
             bytes_moved = optimizer_bytes(config)
             extra = {"bytes": bytes_moved, "gb_per_s": bytes_moved / (summarize(times)["median_ms"] / 1e3) / 1e9}
         phases[name] = phase_record(times, flops[name], tokens, peak_tf, timer.peaks.get(name), extra)
+        for out in phases[name]["outliers"]:
+            out["causes"] = timer.causes(name, out["index"]) or ["no garbage collection or compilation recorded"]
+    first = timer.first_step_ms
     result.update(
         phases=phases,
         overhead=overhead,
-        loss={"first": timer.losses[0], "last": timer.losses[-1]},
+        first_step={"setup_ms": setup_ms, **{f"{label.replace(' ', '_')}_ms": ms for label, ms in first.items()},
+                    "time_to_first_step_ms": setup_ms + first.get("split step", 0.0),
+                    "note": "setup: model, weights and batch on the device; a loop's first step: tracing, "
+                            "compilation, autotuning, first allocations and the step itself"},
+        loss=_loss_record(timer.losses),
         peak_tflops=peak_tf,
         memory_note=("torch: max_memory_allocated after a reset before each phase" if opts.backend == "torch" else
                      "jax: the allocator's peak_bytes_in_use after the phase (a process-wide high-water mark)"),
         env=environment({"device": device_name or "cpu", **session.versions()}),
     )
+    if overhead and overhead.get("flag"):
+        result["warnings"].append(f"instrumentation overhead: {overhead['flag']}")
     return result
+
+
+def _loss_record(losses: list[dict]) -> dict:
+    """First and last measured loss of the split loop, with the optimizer steps taken before
+    each, so two backends compare at equal step counts; every measured loss is kept."""
+    split = [x for x in losses if x["loop"] == "split step"] or losses
+    return {"first": split[0]["loss"], "last": split[-1]["loss"], "first_after_steps": split[0]["step"],
+            "last_after_steps": split[-1]["step"], "measured": losses}
 
 
 @contextlib.contextmanager
@@ -292,12 +232,26 @@ def format_result(doc: dict) -> str:
             f"{o['mode']} on {o['device']}")
     if doc["status"] != "ok":
         return f"{head}: FAILED: {doc['error']['message']}"
-    lines = [head, f"{'phase':<11} {'median ms':>10} {'std':>8} {'TFLOP/s':>8} {'MFU':>6} {'peak MiB':>9}"]
+    lines = [head, f"{'phase':<11} {'median ms (p10-p90)':>26} {'TFLOP/s':>8} {'MFU':>6} {'peak MiB':>9}"]
     for name, p in doc["phases"].items():
         tf = f"{p['tflops']:.2f}" if p["tflops"] else "-"
         mfu = f"{100 * p['mfu']:.1f}%" if p["mfu"] else "-"
         mem = f"{p['peak_memory_bytes'] / 2**20:.0f}" if p["peak_memory_bytes"] else "-"
-        lines.append(f"{name:<11} {p['median_ms']:>10.3f} {p['std_ms']:>8.3f} {tf:>8} {mfu:>6} {mem:>9}")
+        lines.append(f"{name:<11} {cell(p):>26} {tf:>8} {mfu:>6} {mem:>9}")
+    lines += outlier_lines(doc)
+    first = doc.get("first_step")
+    if first:
+        lines.append(f"time to first step: {first['time_to_first_step_ms'] / 1e3:.2f} s "
+                     f"(setup {first['setup_ms'] / 1e3:.2f} s + first step {first['split_step_ms'] / 1e3:.2f} s)")
     if doc.get("overhead"):
-        lines.append(f"instrumentation overhead: {doc['overhead']['ratio']:.3f}x a plain loop")
+        lines.append(f"instrumentation overhead: {doc['overhead']['ratio']:.3f}x plain steps "
+                     f"(rounds {min(doc['overhead']['round_ratios']):.3f}-{max(doc['overhead']['round_ratios']):.3f})")
+    lines += [f"warning: {w}" for w in doc.get("warnings", [])]
     return "\n".join(lines)
+
+
+def outlier_lines(doc: dict) -> list[str]:
+    """One line per outlier step of a result document: phase, index, time, cause."""
+    return [f"outlier: {name} step {o['index']}: {o['ms']:.2f} ms ({o['x_median']:.1f}x the median): "
+            f"{'; '.join(o.get('causes', []))}"
+            for name, p in doc.get("phases", {}).items() for o in p.get("outliers", [])]

@@ -1,0 +1,164 @@
+"""The timer: phases inside NVTX ranges, each ended by a device synchronization.
+
+What it guards against, and how:
+- Python's cyclic garbage collector. With the models' host objects alive, a full
+  (generation 2) collection takes ~200 ms and lands inside whichever phase allocates
+  the object that triggers it (it made one JAX backward step 10x its median on an H100).
+  Measured steps therefore run with the collector off, after a collection and
+  `gc.freeze()` at the end of warm-up; it is switched back on after the loop.
+- Steps that stand out anyway: each phase call's interval is kept with the host events
+  (collections, compilations) recorded during it (`EventLog`), so an outlier step is
+  listed with its cause rather than folded into the figures.
+- Compilation in the measured steps: the first step of each loop (compilation,
+  autotuning, allocation) is timed on its own, and `--warmup 0` is flagged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator
+
+from harness.timing.events import EventLog
+from harness.timing.ranges import phase_range
+
+OVERHEAD_ROUNDS = 4
+OVERHEAD_STEPS = 5
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Collect once, freeze what survives and keep the cyclic collector off inside."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
+class Timer:
+    """Runs phases inside NVTX ranges, synchronizing at each end, and records times and peaks."""
+
+    def __init__(self, session, opts, progress: Callable[[str], None], events: EventLog,
+                 fault: Callable[[str], BaseException | None] = lambda name: None):
+        self.session, self.opts, self.progress, self.events, self.fault = session, opts, progress, events, fault
+        self.times: dict[str, list[float]] = {}
+        self.intervals: dict[str, list[tuple[float, float]]] = {}
+        self.peaks: dict[str, int] = {}
+        self.first_step_ms: dict[str, float] = {}  # loop label -> its first step, warm-up or not
+        self.losses: list[dict] = []  # {"loop", "step": optimizer steps taken before it, "loss"}
+        self.optimizer_steps = 0
+        self.last_loss = None  # the loss of the latest forward or fused step
+
+    def phase(self, name: str, record: bool) -> None:
+        s, opts = self.session, self.opts
+        s.reset_peak_memory()
+        with phase_range(name):
+            t0 = time.perf_counter()
+            try:
+                planted = self.fault(name)
+                if planted is not None:
+                    raise planted
+                if name == "forward":
+                    out = s.forward(grad=opts.mode != "forward")
+                elif name == "backward":
+                    out = s.backward()
+                elif name == "optimizer":
+                    out = s.optimizer_step()
+                else:
+                    out = s.fused_step()
+                s.sync(out)
+            except Exception as exc:
+                raise PhaseFailure(name, exc) from exc
+            t1 = time.perf_counter()
+        if name in ("forward", "fused_step") and out is not None:
+            self.last_loss = out
+        if name in ("optimizer", "fused_step"):
+            self.optimizer_steps += 1
+        if record:
+            self.times.setdefault(name, []).append((t1 - t0) * 1e3)
+            self.intervals.setdefault(name, []).append((t0, t1))
+            peak = s.peak_memory()
+            if peak is not None:
+                self.peaks[name] = max(self.peaks.get(name, 0), peak)
+
+    def step(self, phases: tuple[str, ...], record: bool, outer: str | None) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        with phase_range(outer if record else "warmup") if outer or not record else contextlib.nullcontext():
+            for name in phases:
+                self.phase(name, record)
+        if self.opts.mode == "forward-backward":
+            self.session.zero_grad()
+        return t0, time.perf_counter()
+
+    def loop(self, label: str, phases: tuple[str, ...], outer: str | None = "step") -> None:
+        """Warm-up steps, then measured ones with the collector paused; `outer` names the
+        range around each measured step."""
+        o = self.opts
+        for i in range(o.warmup):
+            self.progress(f"{label}: warm-up {i + 1}/{o.warmup}")
+            t0, t1 = self.step(phases, False, outer)
+            self.first_step_ms.setdefault(label, (t1 - t0) * 1e3)
+        with collector_paused():
+            for i in range(o.steps):
+                self.progress(f"{label}: step {i + 1}/{o.steps}")
+                steps_before = self.optimizer_steps
+                t0, t1 = self.step(phases, True, outer)
+                self.first_step_ms.setdefault(label, (t1 - t0) * 1e3)
+                if outer:
+                    self.times.setdefault(outer, []).append((t1 - t0) * 1e3)
+                    self.intervals.setdefault(outer, []).append((t0, t1))
+                self.losses.append({"loop": label, "step": steps_before, "loss": float(self.last_loss)})
+
+    def causes(self, name: str, index: int) -> list[str]:
+        """The host events recorded during measured call `index` of `name`."""
+        t0, t1 = self.intervals[name][index]
+        return [e.describe() for e in self.events.between(t0, t1)]
+
+    def overhead(self, phases: tuple[str, ...], outer: str | None) -> dict:
+        """Instrumented steps (ranges, a sync after each phase) against plain ones (no ranges,
+        one sync per round), in interleaved rounds of the same number of steps, with the
+        collector paused: like with like, so drift and collections fall on both."""
+        s, n = self.session, max(1, min(self.opts.steps, OVERHEAD_STEPS))
+        instrumented, plain = [], []
+        with collector_paused():
+            for r in range(OVERHEAD_ROUNDS):
+                self.progress(f"overhead round {r + 1}/{OVERHEAD_ROUNDS}: {n} instrumented and {n} plain steps")
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    self.step(phases, False, outer)
+                instrumented.append((time.perf_counter() - t0) * 1e3 / n)
+                s.sync()
+                t0 = time.perf_counter()
+                out = None
+                for _ in range(n):
+                    out = s.plain_step()
+                s.sync(out)
+                plain.append((time.perf_counter() - t0) * 1e3 / n)
+        ratios = [i / p for i, p in zip(instrumented, plain)]
+        rec = {"instrumented_step_ms": statistics.median(instrumented), "plain_step_ms": statistics.median(plain),
+               "round_ratios": ratios, "rounds": OVERHEAD_ROUNDS, "steps_per_round": n,
+               "compared": (f"{n} steps with ranges and a sync after each phase vs {n} plain steps (no ranges, "
+                            f"one sync), in {OVERHEAD_ROUNDS} interleaved rounds; medians of the round means")}
+        rec["ratio"] = rec["instrumented_step_ms"] / rec["plain_step_ms"]
+        if max(ratios) < 1:
+            rec["flag"] = (f"instrumented steps ran faster than plain ones in every round ({min(ratios):.3f}-"
+                           f"{max(ratios):.3f}x): not an overhead; the plain loop is being slowed by something "
+                           "the timer does not see")
+        elif rec["ratio"] < 1:
+            rec["flag"] = (f"ratio below 1 within the rounds' spread ({min(ratios):.3f}-{max(ratios):.3f}x): "
+                           "no measurable overhead")
+        return rec
+
+
+class PhaseFailure(Exception):
+    def __init__(self, phase: str, cause: BaseException):
+        super().__init__(phase)
+        self.phase, self.cause = phase, cause

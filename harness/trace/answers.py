@@ -14,7 +14,10 @@ NOTABLE_SHARE = 0.05  # answer (c): non-GEMM kernels at or above this share of f
 
 
 def _step_phase(bd: Breakdown) -> PhaseStats | None:
-    return next((bd.phases[s] for s in STEP_RANGES if s in bd.phases), None)
+    """The step range's phase, else (a user's `train_step`) the root that holds the others."""
+    found = next((bd.phases[s] for s in STEP_RANGES if s in bd.phases), None)
+    roots = [p for p in bd.phases.values() if p.root == p.phase and len(bd.phases) > 1]
+    return found or (roots[0] if len(roots) == 1 else None)
 
 
 def _per_range(p: PhaseStats) -> float:
@@ -39,11 +42,12 @@ def answers(bd: Breakdown, harness_forward_ms: float | None = None,
     `metadata`: ``batch``, ``seq``, ``heads``, ``d_head`` for the attention FLOPs of (e).
     """
     fwd, step = bd.phases.get("forward"), _step_phase(bd)
-    out: dict[str, dict | list | None] = dict.fromkeys("abcde")
+    out: dict[str, dict | list | str | None] = dict.fromkeys("abcde")
     if fwd:
-        ref = harness_forward_ms if harness_forward_ms is not None else fwd.range_ns_per_step / 1e6
-        gpu = fwd.gpu_ns_per_step / 1e6
-        out["a"] = {"kernel_ms": gpu, "range_ms": fwd.range_ns_per_step / 1e6,
+        # medians over the steps on both sides (the harness timer's figure is its median too)
+        ref = harness_forward_ms if harness_forward_ms is not None else fwd.range_ns_median / 1e6
+        gpu = fwd.gpu_ns_median / 1e6
+        out["a"] = {"kernel_ms": gpu, "range_ms": fwd.range_ns_median / 1e6, "steps": fwd.steps,
                     "reference": "harness timer" if harness_forward_ms is not None else "NVTX range",
                     "reference_ms": ref, "difference_ms": ref - gpu,
                     "difference_pct": (ref - gpu) / ref * 100 if ref else None}
@@ -82,12 +86,16 @@ def answers(bd: Breakdown, harness_forward_ms: float | None = None,
             e["tflops"] = {n: flops[n] * _per_range(p) / p.gpu_ns_per_step / 1e3 if p.gpu_ns_per_step else None
                            for n, p in attn.items()}
         out["e"] = e
+    else:
+        lacking = ", ".join(f"`{n}`" for n in ATTENTION_RANGES if n not in attn)
+        out["e_missing"] = (f"no {lacking} range in this profile (attention inside one kernel or one jit has "
+                            "none); profile the harness with `--annotate-attention --attention naive`")
     return out
 
 
 def harness_metadata(path: str | Path) -> dict:
-    """From a `harness.run` result JSON: its forward time (mean ms over measured steps,
-    the per-step mean the breakdown also uses) and the attention shape for answer (e)."""
+    """From a `harness.run` result JSON: its forward time (median ms over measured steps,
+    compared with the breakdown's median) and the attention shape for answer (e)."""
     try:
         doc = json.loads(Path(path).read_text())
         opts, cfg = doc["options"], doc["config"]
@@ -95,7 +103,7 @@ def harness_metadata(path: str | Path) -> dict:
         raise ProfileError(f"{path}: not a harness.run result JSON ({exc!r}); pass the file "
                            "written by `python -m harness.run --out`") from None
     forward = (doc.get("phases") or {}).get("forward") or {}
-    return {"forward_ms": forward.get("mean_ms"), "batch": opts["batch"], "seq": opts["ctx"],
+    return {"forward_ms": forward.get("median_ms", forward.get("mean_ms")), "batch": opts["batch"], "seq": opts["ctx"],
             "heads": cfg["num_heads"], "d_head": cfg["d_model"] // cfg["num_heads"]}
 
 

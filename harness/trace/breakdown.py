@@ -307,6 +307,7 @@ def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm
     G, K = G[order], K[order]
     bounds = np.searchsorted(G, np.arange(len(keys) + 1))
     phases: dict[str, PhaseStats] = {}
+    one_root = len({rname for rname, _ in keys}) == 1  # a user's `train_step`: its phases keep their names
     for (rname, name), g in sorted(keys.items(), key=lambda kv: _phase_order(kv[0])):
         k = K[bounds[g]:bounds[g + 1]]
         if not len(k):
@@ -315,7 +316,7 @@ def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm
         for i in members[g]:
             walls[int(root[i])] += ranges[i].end - ranges[i].start
         insts = sorted(walls, key=lambda i: ranges[i].start)
-        key = name if rname in ("step", name) else f"{rname}/{name}"
+        key = name if one_root or rname in ("step", name) else f"{rname}/{name}"
         phases[key] = _phase(key, rname, kt, k, kroot[k], cats, rule, insts, walls, len(members[g]))
     return phases
 

@@ -11,7 +11,7 @@ import pytest
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
 ENTRY_POINTS = ("run", "compare", "parity", "report", "sweep", "bench_attention", "attention_targets",
-                "tune_attention", "attention_once", "ncu", "ncu_source", "memory_model")
+                "tune_attention", "attention_once", "ncu", "ncu_source", "memory_model", "bench_report")
 MAX_LINES = 400
 
 

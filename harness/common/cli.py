@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from harness.config import ATTENTION_CHOICES, PRESETS
 
@@ -21,8 +22,16 @@ MODES = ("forward", "forward-backward", "train")
 DEVICES = ("cuda", "cpu")
 
 
-class UsageError(Exception):
-    """Bad input: the message names the bad value and the valid choices."""
+class UsageError(argparse.ArgumentTypeError):
+    """Bad input: the message names the bad value and the valid choices (raised by an
+    argparse type, argparse puts the option's name in front of it)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line naming the option (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -31,7 +40,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 def make_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """The parser of `python -m <prog>`: its description is the first paragraph of `doc`."""
-    return argparse.ArgumentParser(prog=f"python -m {prog}", description=(doc or "").split("\n\n")[0],
+    return _Parser(prog=f"python -m {prog}", description=(doc or "").split("\n\n")[0],
                                    formatter_class=HelpFormatter, allow_abbrev=False)
 
 

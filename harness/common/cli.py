@@ -31,7 +31,10 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line naming the option (no usage block)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+        option, sep, rest = message.partition(": ")
+        if sep and option.startswith("argument "):  # "argument --top: <why>" -> "<why> (option --top; ...)"
+            message = f"{rest} (option {option.removeprefix('argument ')}; see {self.prog} --help)"
+        self.exit(2, f"error: {message}\n")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

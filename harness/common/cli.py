@@ -22,18 +22,21 @@ MODES = ("forward", "forward-backward", "train")
 DEVICES = ("cuda", "cpu")
 
 
-class UsageError(argparse.ArgumentTypeError):
-    """Bad input: the message names the bad value and the valid choices (raised by an
-    argparse type, argparse puts the option's name in front of it)."""
+class UsageError(Exception):
+    """Bad input: the message names the bad value and the valid choices."""
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line naming the option (no usage block)."""
+    """An ArgumentParser whose errors are one line (no usage block) naming the option."""
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> object:
+        try:
+            return super()._get_value(action, arg_string)
+        except UsageError as exc:  # raised by the types here: say which option got the value
+            option = "/".join(action.option_strings) or action.dest
+            raise UsageError(f"{exc} (option {option}; see {self.prog} --help)") from None
 
     def error(self, message: str) -> NoReturn:
-        option, sep, rest = message.partition(": ")
-        if sep and option.startswith("argument "):  # "argument --top: <why>" -> "<why> (option --top; ...)"
-            message = f"{rest} (option {option.removeprefix('argument ')}; see {self.prog} --help)"
         self.exit(2, f"error: {message}\n")
 
 

@@ -12,11 +12,12 @@ reported in one line (exit status 2).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
 from harness.common.cli import add_nsys_bin, add_out, fail, make_parser, parse_args, positive_int
-from harness.trace.breakdown import TOP_N, breakdown_files
+from harness.trace.breakdown import ATTRIBUTIONS, TOP_N, breakdown_files
 from harness.trace.profile import ProfileError
 from harness.trace.render import write_report
 
@@ -30,6 +31,11 @@ def build_parser():
                    help="the harness.run result JSON per file, in order (its forward time goes into answer (a))")
     p.add_argument("--require", action="append", default=[], metavar="RANGE", help="range name that must be present")
     p.add_argument("--top", type=positive_int, default=TOP_N, help="kernels listed per phase")
+    p.add_argument("--attribution", choices=ATTRIBUTIONS, default="auto",
+                   help="kernels to ranges by execution interval, by launch call (CUPTI correlation), or auto: "
+                        "execution where ranges end in synchronizations, else launch")
+    p.add_argument("--force", action="store_true",
+                   help="analyse an nsys export whose importer lost kernel records (XLA's TSL NVTX domain)")
     add_nsys_bin(p)
     return p
 
@@ -38,8 +44,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     if len(args.label) > len(args.files) or len(args.harness_json) > len(args.files):
         return fail("--label/--harness-json: more of them than profile files; give at most one per file")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        return fail(f"--out {args.out}: a file, not a folder; name a folder for kernels.md/.csv/.json/.png")
     try:
-        bds, answer_sets = breakdown_files(args.files, args.label, args.harness_json, args.require, args.nsys_bin)
+        bds, answer_sets = breakdown_files(args.files, args.label, args.harness_json, args.require, args.nsys_bin,
+                                           args.attribution, args.force)
         paths = write_report(args.out, bds, answer_sets, args.top)
     except ProfileError as exc:
         return fail(str(exc))

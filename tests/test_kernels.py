@@ -77,7 +77,7 @@ def _names(scenario: str) -> set[str]:
     from harness.trace.nsys import read_sqlite
 
     path = Path(__file__).parent / "data" / scenario / f"{scenario}.sqlite.gz"
-    return {k.name for k in read_sqlite(path).kernels}
+    return set(read_sqlite(path).kernels.names)
 
 
 @pytest.mark.parametrize("scenario,fragment,category", [

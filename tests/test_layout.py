@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
-ENTRY_POINTS = ("run", "bench_optimizer", "compare", "parity", "report", "sweep", "bench_attention", "attention_targets",
-                "tune_attention", "attention_once", "ncu", "ncu_source", "memory_model", "diff")
+ENTRY_POINTS = ("run", "compare", "parity", "report", "sweep", "bench_attention", "attention_targets",
+                "tune_attention", "attention_once", "ncu", "ncu_source", "memory_model", "diff", "bench_report",
+                "bench_optimizer")
 MAX_LINES = 400
 
 

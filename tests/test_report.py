@@ -81,7 +81,6 @@ def test_short_name() -> None:
 @pytest.mark.parametrize("make,needle", [
     (lambda d: d / "missing.sqlite", "no such file"),
     (lambda d: d / "notes.txt", "not a profile"),
-    (lambda d: DATA / "jax_tsl_included" / "jax_tsl_included.sqlite.gz", "nvtx-domain-exclude=TSL"),
 ])
 def test_cli_failures_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture, make, needle: str) -> None:
     (tmp_path / "notes.txt").write_text("hello")

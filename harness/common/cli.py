@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from harness.config import ATTENTION_CHOICES, PRESETS
 
@@ -25,13 +26,27 @@ class UsageError(Exception):
     """Bad input: the message names the bad value and the valid choices."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block) naming the option."""
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> object:
+        try:
+            return super()._get_value(action, arg_string)
+        except UsageError as exc:  # raised by the types here: say which option got the value
+            option = "/".join(action.option_strings) or action.dest
+            raise UsageError(f"{exc} (option {option}; see {self.prog} --help)") from None
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults appended to every option's help; the description's layout kept."""
 
 
 def make_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """The parser of `python -m <prog>`: its description is the first paragraph of `doc`."""
-    return argparse.ArgumentParser(prog=f"python -m {prog}", description=(doc or "").split("\n\n")[0],
+    return _Parser(prog=f"python -m {prog}", description=(doc or "").split("\n\n")[0],
                                    formatter_class=HelpFormatter, allow_abbrev=False)
 
 

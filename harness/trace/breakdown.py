@@ -1,117 +1,85 @@
 """Kernel breakdown of a profile: which kernels ran in which phase, per measured step.
 
-Attribution rule
-----------------
-A kernel belongs to every range whose ``[start, end]`` interval contains the kernel's
-*execution* interval on the GPU; its phase is the innermost (shortest) such range.  A
-phase's time is inclusive: ``forward`` counts the kernels of ``attn_scores`` nested in it.
-
-Why execution intervals and not launching threads: PyTorch launches backward kernels
-from its autograd thread, not from the thread that pushed the ``backward`` range, so
-nsys's own projection of NVTX ranges onto the GPU (which follows the range's thread)
-misses nearly all of them.  The harness synchronizes the device at the end of every
-phase, so each phase's GPU work finishes inside its range and containment is sound.
-
-When the rule misleads: work not synchronized at the range end (it spills into the
-next range, or into none); several processes or streams whose kernels overlap a range
-they do not belong to; ranges pushed by other threads that overlap in time (a kernel
-then belongs to the shortest of them, whoever launched it).  A kernel straddling a
-range boundary belongs to the enclosing range only.
+Attribution
+-----------
+Every kernel gets its innermost range, by execution interval or by launch call
+(`harness.trace.attribution` says when each is sound); a range holds the kernels of its
+own and of the ranges nested in it, so a phase's time is inclusive (``forward`` counts
+the kernels of ``attn_scores`` nested in it).  ``--attribution auto`` picks execution
+when the ranges end in synchronizations, i.e. when no more than `OUTSIDE_WARN_SHARE` of
+the kernel time launched inside ranges runs outside every range or in another range
+than it was launched in, and launch otherwise (where the profile records launches).
 
 Steps
 -----
-Kernels inside a ``warmup`` range are left out of every phase.  Measured kernels are
-grouped under their root: the innermost step range (``fused_step`` inside ``step``, else
-``step``) containing them; in a profile without step ranges, their outermost range.
-Kernels outside every step range (e.g. a plain timing loop after the measured steps,
-even inside attention ranges) are reported apart.  Per-step figures divide by the
-number of root ranges that hold kernels (a JAX ``step`` that only wraps a ``fused_step``
-is a fused step, not a split one).  XLA autotuner kernels are never computation: they are reported apart,
-wherever they ran.  GPU time is the sum of kernel durations (overlap on several streams
-counts twice); "range" time is the wall time of the ranges themselves.
+Kernels are grouped under their root: the innermost step range (``fused_step`` inside
+``step``, else ``step``) holding them; in a profile without step ranges, their outermost
+range.  The figures of one range name are per step: its totals divided by the number of
+steady root instances holding a range of that name (a range repeated per layer sums
+over the layers of a step).  Steady instances: those outside ``warmup`` ranges; where the
+profile has no ``warmup`` range and a root repeats (six ``train_step`` ranges), all but
+the first, which carries compilation, allocation and autotuning and is reported apart.
+Kernel names that ran only in the first steady instance of a root that repeats (XLA's
+autotuning candidates, one-off initialisation) are kept out of the per-step figures too.
+XLA autotuner kernels are never computation: they are reported apart, wherever they ran.
+A profile without any range gets one pseudo-phase, the whole profile.  GPU time is the
+sum of kernel durations (overlap on several streams counts twice); "range" time is the
+wall time of the ranges themselves.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
+from harness.trace import attribution as attr
 from harness.trace import framework_profile, nsys
-from harness.trace.kernels import Category, GemmInfo, classify, decode_gemm
-from harness.trace.profile import ATTENTION_RANGES, PHASES, STEP_RANGES, WARMUP, Kernel, Profile, ProfileError, Range
+from harness.trace.answers import answers, attention_flops, harness_metadata
+from harness.trace.kernels import PHASE_RULES, Category, classify, decode_gemm
+from harness.trace.profile import (
+    ATTENTION_RANGES,
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    PHASES,
+    STEP_RANGES,
+    WARMUP,
+    KernelTable,
+    Profile,
+    ProfileError,
+    Range,
+)
+from harness.trace.stats import Breakdown, Bucket, KernelStat, PhaseStats
+
+__all__ = ["Breakdown", "Bucket", "KernelStat", "PhaseStats", "answers", "attention_flops", "breakdown",
+           "breakdown_files", "harness_metadata", "load_profile"]
 
 UNCLASSIFIED_WARN_SHARE = 0.05  # an "other" share above this gets a warning
-NOTABLE_SHARE = 0.05  # answer (c): non-GEMM kernels at or above this share of forward
+OUTSIDE_WARN_SHARE = 0.03  # kernel time run outside its launching range above this: warn, attribute by launch
 TOP_N = 10
+ATTRIBUTIONS = ("auto", "execution", "launch")
+WHOLE_PROFILE = "(whole profile)"
+_CATS = list(Category)
+_CAT = {c: i for i, c in enumerate(_CATS)}
 
 
-@dataclass
-class KernelStat:
-    """One kernel name within a phase; per-step figures are means over measured steps."""
-
-    name: str
-    category: str
-    calls_per_step: float
-    ns_per_step: float
-    mean_ns: float
-    share: float  # of the phase's GPU time
-    gemm: GemmInfo | None = None
-
-
-@dataclass
-class PhaseStats:
-    """GPU work inside one range name, per measured step of its root."""
-
-    phase: str  # the range name, or "root/name" where the root is not `step`
-    root: str
-    steps: int  # root ranges outside warm-up: the per-step divisor
-    occurrences: int  # ranges of this name outside warm-up
-    range_ns_per_step: float  # wall time of the ranges
-    gpu_ns_per_step: float
-    kernels_per_step: float
-    categories: dict[str, float]  # category -> ns per step, every category present
-    kernels: list[KernelStat]  # all kernel names, most time first
-
-    def share(self, category: Category) -> float:
-        return self.categories.get(category.value, 0.0) / self.gpu_ns_per_step if self.gpu_ns_per_step else 0.0
-
-
-@dataclass
-class Bucket:
-    """Kernels kept out of the phases (warm-up, autotuning, outside every step)."""
-
-    count: int = 0
-    ns: int = 0
-    ranges: dict[str, int] = field(default_factory=dict)  # innermost range -> ns
-
-
-@dataclass
-class Breakdown:
-    label: str
-    source: str
-    path: str
-    phases: dict[str, PhaseStats]
-    warmup: Bucket
-    autotuning: Bucket
-    unattributed: Bucket
-    warnings: list[str]
-    notes: list[str]
-
-
-def load_profile(path: str | Path, label: str | None = None, nsys_bin: str | None = None) -> Profile:
+def load_profile(path: str | Path, label: str | None = None, nsys_bin: str | None = None,
+                 force: bool = False) -> Profile:
     """Load a profile by its file name: ``.nsys-rep`` (exported with nsys), ``.sqlite[.gz]``,
-    a torch.profiler trace (``.json[.gz]``) or a JAX profiler trace (``.xplane.pb``)."""
+    a torch.profiler trace (``.json[.gz]``) or a JAX profiler trace (``.xplane.pb``).
+    `force`: analyse an nsys export whose importer lost kernel records."""
     path = Path(path)
     name = path.name
     if not path.exists():
         raise ProfileError(f"{path}: no such file")
     if name.endswith(".nsys-rep"):
-        return nsys.read_sqlite(nsys.export_sqlite(path, nsys_bin), label)
+        return nsys.read_sqlite(nsys.export_sqlite(path, nsys_bin), label, force)
     if name.endswith((".sqlite", ".sqlite.gz")):
-        return nsys.read_sqlite(path, label)
+        return nsys.read_sqlite(path, label, force)
     if name.endswith((".json", ".json.gz")):
         return framework_profile.load_torch_trace(path, label)
     if name.endswith((".xplane.pb", ".xplane.pb.gz")) or path.is_dir():
@@ -120,118 +88,264 @@ def load_profile(path: str | Path, label: str | None = None, nsys_bin: str | Non
                        "a torch.profiler .json or a JAX .xplane.pb")
 
 
-def _containing(kernels: list[Kernel], ranges: list[Range]) -> list[list[Range]]:
-    """For each kernel (sorted by start), the ranges containing it, outermost first."""
-    order = sorted(ranges, key=lambda r: r.start)
-    active: list[Range] = []
-    out, i = [], 0
-    for k in kernels:
-        while i < len(order) and order[i].start <= k.start:
-            active.append(order[i])
-            i += 1
-        active = [r for r in active if r.end >= k.start]
-        inside = [r for r in active if r.end >= k.end]
-        out.append(sorted(inside, key=lambda r: (r.start - r.end, r.start)))
-    return out
+@lru_cache(maxsize=65536)
+def _decode(name: str):
+    return decode_gemm(name)
 
 
-def _root_of(path: list[Range]) -> Range:
-    """The innermost step range holding the kernel (the JAX harness wraps `fused_step` in
-    a `step`), else its outermost range."""
-    return next((r for r in reversed(path) if r.name in STEP_RANGES), path[0])
+def _bucket(kt: KernelTable, mask: np.ndarray, inner: np.ndarray, ranges: Sequence[Range]) -> Bucket:
+    """The kernels of `mask`, with their time per innermost range name and their top names."""
+    idx = np.flatnonzero(mask)
+    if not len(idx):
+        return Bucket()
+    dur = kt.duration[idx]
+    where: dict[str, int] = defaultdict(int)
+    uniq, inv = np.unique(inner[idx], return_inverse=True)
+    for r, ns in zip(uniq, np.bincount(inv, weights=dur)):
+        where[ranges[r].name if r >= 0 else "(no range)"] += int(ns)
+    names, ninv = np.unique(kt.name[idx], return_inverse=True)
+    by_name = np.bincount(ninv, weights=dur)
+    top = [kt.names[names[i]] for i in np.argsort(-by_name)[:5]]
+    return Bucket(len(idx), int(dur.sum()), dict(where), top)
 
 
-def _inside(r: Range, outer: Range) -> bool:
-    return outer.start <= r.start and r.end <= outer.end
+def _spill(dur: np.ndarray, by_exec: np.ndarray, by_launch: np.ndarray | None,
+           ranges: Sequence[Range], kt: KernelTable) -> tuple[float, float | None]:
+    """(share of the kernel time outside every range, share whose range differs by rule),
+    over the kernels launched inside a range (without launch records: over those that
+    started within the ranges' span)."""
+    if by_launch is not None:
+        inside = by_launch >= 0
+    else:
+        lo, hi = min(r.start for r in ranges), max(r.end for r in ranges)
+        inside = (kt.start >= lo) & (kt.start <= hi)
+    total = dur[inside].sum()
+    if not total:
+        return 0.0, None
+    outside = float(dur[inside & (by_exec < 0)].sum() / total)
+    moved = None if by_launch is None else float(dur[inside & (by_exec != by_launch)].sum() / total)
+    return outside, moved
 
 
-def _in_warmup(r: Range, warmups: list[Range]) -> bool:
-    return any(_inside(r, w) for w in warmups)
+def _choose(requested: str, outside: float, moved: float | None, launches: bool) -> tuple[str, str]:
+    """The attribution rule and, in words, why."""
+    spill = (f"{outside:.1%} of the kernel time launched inside ranges ran outside every range"
+             + (f", {moved:.1%} in another range than it was launched in" if moved is not None else ""))
+    if requested == "launch" and not launches:
+        raise ProfileError("--attribution launch: this profile does not record kernel launches (CUPTI "
+                           "runtime API); use --attribution execution")
+    if requested != "auto":
+        return requested, f"--attribution {requested} ({spill})"
+    if launches and max(outside, moved or 0.0) > OUTSIDE_WARN_SHARE:
+        return "launch", f"by launch, chosen because {spill}: the ranges do not end in synchronizations"
+    return "execution", f"by execution interval, chosen because only {spill}"
 
 
-def _kernel_stats(items: list[tuple[Kernel, str]], steps: int, total: float) -> list[KernelStat]:
-    by_name: dict[str, list[int]] = defaultdict(list)
-    cats: dict[str, str] = {}
-    for k, cat in items:
-        by_name[k.name].append(k.duration)
-        cats.setdefault(k.name, cat)
-    stats = [KernelStat(name, cats[name], len(d) / steps, sum(d) / steps, sum(d) / len(d),
-                        sum(d) / steps / total if total else 0.0, decode_gemm(name))
-             for name, d in by_name.items()]
-    return sorted(stats, key=lambda s: -s.ns_per_step)
+def _range_info(ranges: Sequence[Range], parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per range: inside a warm-up range, its root (-1: none), its PHASE_RULES bits."""
+    n = len(ranges)
+    warm, root, bits = np.zeros(n, bool), np.full(n, -1, np.int64), np.zeros(n, np.int64)
+    has_steps = any(r.name in STEP_RANGES for r in ranges)
+    for i, r in enumerate(ranges):
+        p = parents[i]
+        warm[i] = r.name == WARMUP or (p >= 0 and warm[p])
+        if has_steps:
+            root[i] = i if r.name in STEP_RANGES else (root[p] if p >= 0 else -1)
+        else:
+            root[i] = root[p] if p >= 0 else i
+        own = sum(1 << j for j, (name, _, _) in enumerate(PHASE_RULES) if r.name == name)
+        bits[i] = (bits[p] if p >= 0 else 0) | own
+    return warm, root, bits
 
 
-def _add(bucket: Bucket, k: Kernel, path: list[Range]) -> None:
-    bucket.count += 1
-    bucket.ns += k.duration
-    where = path[-1].name if path else "(no range)"
-    bucket.ranges[where] = bucket.ranges.get(where, 0) + k.duration
+def _steady(ranges: Sequence[Range], warm: np.ndarray, root: np.ndarray) -> tuple[dict[str, list[int]], set[int],
+                                                                                   str, list[str]]:
+    """Steady root instances per root name, the first instances set apart, the rule in words."""
+    instances: dict[str, list[int]] = defaultdict(list)
+    for i in sorted({int(root[i]) for i in range(len(ranges)) if root[i] >= 0 and not warm[root[i]]},
+                    key=lambda i: ranges[i].start):
+        instances[ranges[i].name].append(i)
+    first: set[int] = set()
+    if warm.any():
+        return instances, first, "kernels inside `warmup` ranges are left out", []
+    rules, warnings = [], []
+    for name, insts in instances.items():
+        if len(insts) >= 2:
+            first.add(insts[0])
+            rules.append(f"the first of {len(insts)} `{name}` ranges (compilation, allocation, autotuning) is "
+                         f"reported apart as the first step; per-step figures are over the other {len(insts) - 1}")
+        else:
+            warnings.append(f"one `{name}` range and no `warmup` range: its figures include first-step costs "
+                            "(compilation, allocation, autotuning); profile several steps")
+    for name in instances:
+        instances[name] = [i for i in instances[name] if i not in first]
+    return instances, first, "no `warmup` range: " + "; ".join(rules) if rules else "no `warmup` range", warnings
 
 
-def breakdown(profile: Profile, require: Iterable[str] = ()) -> Breakdown:
+def _categories(kt: KernelTable, inner: np.ndarray, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Category index per kernel (classified once per distinct name, then PHASE_RULES by
+    the ranges around it) and the rule that set it (-1: the name did)."""
+    base = np.array([_CAT[classify(n)] for n in kt.names], np.int8)[kt.name]
+    cats, rule = base.copy(), np.full(len(kt), -1, np.int8)
+    kbits = np.where(inner >= 0, bits[np.maximum(inner, 0)], 0)
+    for j in reversed(range(len(PHASE_RULES))):  # the first rule that applies wins
+        _, by_name, new = PHASE_RULES[j]
+        hit = ((kbits >> j) & 1).astype(bool) & np.isin(base, [_CAT[c] for c in by_name])
+        cats[hit], rule[hit] = _CAT[new], j
+    return cats, rule
+
+
+def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray, cats: np.ndarray,
+           rule: np.ndarray, instances: list[int], walls: dict[int, int], occurrences: int) -> PhaseStats:
+    """The statistics of one phase from its kernels `k` (indices) and their root instance `inst`."""
+    n = max(len(instances), 1)
+    dur = kt.duration[k].astype(np.float64)
+    total = dur.sum() / n
+    u, inv = np.unique(inst, return_inverse=True)
+    per_inst = dict(zip(u.tolist(), np.bincount(inv, weights=dur).tolist()))
+    by_cat = np.bincount(cats[k], weights=dur, minlength=len(_CATS)) / n
+    categories = {_CATS[c].value: float(by_cat[c]) for c in np.argsort(-by_cat, kind="stable") if by_cat[c]}
+    # one row per (name, category, deciding rule): a name can sit both inside and outside attn_softmax
+    key3 = (kt.name[k].astype(np.int64) * len(_CATS) + cats[k]) * (len(PHASE_RULES) + 1) + rule[k] + 1
+    u, inv = np.unique(key3, return_inverse=True)
+    ns, calls = np.bincount(inv, weights=dur), np.bincount(inv)
+    stats = []
+    for j in np.argsort(-ns, kind="stable"):
+        rest, rule_j = divmod(int(u[j]), len(PHASE_RULES) + 1)
+        name_id, cat = divmod(rest, len(_CATS))
+        name = kt.names[name_id]
+        stats.append(KernelStat(name, _CATS[cat].value, calls[j] / n, ns[j] / n, ns[j] / calls[j],
+                                ns[j] / n / total if total else 0.0, _decode(name),
+                                PHASE_RULES[rule_j - 1][0] if rule_j else None))
+    kinds = kt.kind[k]
+    return PhaseStats(key, root, len(instances), occurrences, sum(walls.values()) / n, float(total),
+                      float(np.count_nonzero(kinds == KERNEL)) / n, categories, stats,
+                      float(np.count_nonzero((kinds == MEMCPY) | (kinds == MEMSET))) / n,
+                      float(np.median([per_inst.get(i, 0.0) for i in instances])) if instances else 0.0,
+                      float(np.median([walls.get(i, 0) for i in instances])) if instances else 0.0)
+
+
+def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto") -> Breakdown:
     """Attribute `profile`'s kernels to phases (see module docstring) and summarise them.
 
-    `require` names ranges that must appear (e.g. ``("forward",)``); a missing one, or a
-    profile without ranges, raises `ProfileError`.
+    `require` names ranges that must appear (e.g. ``("forward",)``); a missing one raises
+    `ProfileError`.  `attribution`: "auto", "execution" or "launch".
     """
-    if not profile.ranges:
-        raise ProfileError(f"{profile.path}: no annotation ranges; run the harness's profiling "
-                           "mode (it emits warmup/step/forward/... ranges), and for JAX under "
-                           "nsys keep the ranges out of the TSL domain")
-    names = {r.name for r in profile.ranges}
+    if attribution not in ATTRIBUTIONS:
+        raise ProfileError(f"--attribution {attribution!r}: choose one of {', '.join(ATTRIBUTIONS)}")
+    kt, ranges = profile.kernels, profile.ranges
+    names = {r.name for r in ranges}
     missing = [n for n in require if n not in names]
     if missing:
-        raise ProfileError(f"{profile.path}: no range named {', '.join(map(repr, missing))}; "
-                           f"ranges found: {', '.join(sorted(names))}")
-    kernels = sorted(profile.kernels, key=lambda k: k.start)
-    warmups = [r for r in profile.ranges if r.name == WARMUP]
-    measured_ranges = [r for r in profile.ranges if r.name != WARMUP and not _in_warmup(r, warmups)]
-    warm, tune, none = Bucket(), Bucket(), Bucket()
-    groups: dict[tuple[str, str], list[tuple[Kernel, str]]] = defaultdict(list)
-    roots: dict[str, set[Range]] = defaultdict(set)  # root name -> instances holding kernels
-    has_steps = any(r.name in STEP_RANGES for r in profile.ranges)
-    for k, path in zip(kernels, _containing(kernels, profile.ranges)):
-        names_in = tuple(r.name for r in path)
-        category = classify(k.name, names_in)
-        if category is Category.AUTOTUNING:
-            _add(tune, k, path)
-        elif not path or (has_steps and WARMUP not in names_in and not set(names_in) & set(STEP_RANGES)):
-            _add(none, k, path)
-        elif WARMUP in names_in:
-            _add(warm, k, path)
-        else:
-            root = _root_of(path)
-            roots[root.name].add(root)
-            for r in path[path.index(root):]:
-                groups[(root.name, r.name)].append((k, category.value))
-    phases: dict[str, PhaseStats] = {}
-    for (root, name), items in sorted(groups.items(), key=lambda kv: _phase_order(kv[0])):
-        n = len(roots[root])
-        total = sum(k.duration for k, _ in items) / n
-        cats: dict[str, float] = defaultdict(float)
-        for k, cat in items:
-            cats[cat] += k.duration / n
-        own = [r for r in measured_ranges if r.name == name and any(_inside(r, s) for s in roots[root])]
-        wall = sum(r.end - r.start for r in own) / n
-        key = name if root in ("step", name) else f"{root}/{name}"
-        phases[key] = PhaseStats(key, root, n, len(own), wall, total, len(items) / n,
-                                 dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-                                 _kernel_stats(items, n, total))
+        found = ", ".join(sorted(names)) or "none"
+        raise ProfileError(f"{profile.path}: no range named {', '.join(map(repr, missing))}; ranges found: {found}")
+    if not ranges:
+        return _whole_profile(profile)
+    parents = attr.range_parents(ranges)
+    by_exec = attr.by_execution(kt, ranges)
+    launches = attr.has_launches(kt)
+    by_launch = attr.by_launch(kt, ranges) if launches else None
+    warm, root, bits = _range_info(ranges, parents)
+    cats, rule = _categories(kt, by_exec, bits)
+    dur = kt.duration
+    tune = cats == _CAT[Category.AUTOTUNING]
+    outside, moved = _spill(np.where(tune, 0, dur), by_exec, by_launch, ranges, kt)
+    mode, reason = _choose(attribution, outside, moved, launches)
+    inner = by_exec if by_launch is None or mode == "execution" else np.where(kt.launch >= 0, by_launch, by_exec)
+    cats, rule = _categories(kt, inner, bits)
+    instances, first, steady_rule, warnings = _steady(ranges, warm, root)
+    safe = np.maximum(inner, 0)
+    kroot = np.where(inner >= 0, root[safe], -1)
+    kwarm = (inner >= 0) & warm[safe]
+    kfirst = (kroot >= 0) & np.isin(kroot, list(first))
+    none = ~tune & ((inner < 0) | (~kwarm & (kroot < 0)))
+    measured = ~tune & ~none & ~kwarm & ~kfirst
+    only_first = np.zeros(len(kt), bool)
+    for insts in instances.values():
+        if len(insts) >= 2:  # names that ran only in the first steady instance are no per-step work
+            head = measured & (kroot == insts[0])
+            later = np.unique(kt.name[measured & np.isin(kroot, insts[1:])])
+            only_first |= head & ~np.isin(kt.name, later)
+    measured &= ~only_first
+    phases = _phases(ranges, parents, root, warm, first, kt, np.flatnonzero(measured), inner, kroot, cats, rule)
     if not phases:
         raise ProfileError(f"{profile.path}: no kernel ran inside a measured range (ranges: "
-                           f"{', '.join(sorted(names))}); were the kernels recorded on the same "
-                           "clock, and did the harness measure any step after warm-up?")
-    return Breakdown(profile.label, profile.source, profile.path, phases, warm, tune, none,
-                     _warnings(phases), list(profile.notes))
+                           f"{', '.join(sorted(names))}); were the kernels recorded on the same clock?")
+    if outside > OUTSIDE_WARN_SHARE:
+        warnings.append(f"{outside:.1%} of the kernel time launched inside ranges ran outside every range "
+                        "(the program does not synchronize at range ends); tables attribute by "
+                        f"{'launch' if mode == 'launch' else 'execution interval (--attribution execution)'}")
+    bucket = lambda mask: _bucket(kt, mask, inner, ranges)  # noqa: E731
+    return Breakdown(profile.label, profile.source, profile.path, phases, bucket(kwarm & ~tune), bucket(tune),
+                     bucket(none), [*warnings, *_warnings(phases)], list(profile.notes),
+                     bucket(kfirst & ~tune & ~none & ~kwarm), bucket(only_first), mode, reason, outside, moved,
+                     steady_rule, list(profile.api))
+
+
+def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm: np.ndarray, first: set[int],
+            kt: KernelTable, m: np.ndarray, inner: np.ndarray, kroot: np.ndarray, cats: np.ndarray,
+            rule: np.ndarray) -> dict[str, PhaseStats]:
+    """Per (root name, range name): the measured kernels `m` of the ranges of that name and
+    of the ranges nested in them, up to the kernel's root (vectorized, one pass per level)."""
+    keys: dict[tuple[str, str], int] = {}
+    group = np.full(len(ranges), -1, np.int64)
+    members: dict[int, list[int]] = defaultdict(list)
+    for i, r in enumerate(ranges):
+        if root[i] >= 0 and not warm[i] and root[i] not in first:
+            group[i] = keys.setdefault((ranges[root[i]].name, r.name), len(keys))
+            members[group[i]].append(i)
+    gs, ks = [], []
+    cur, stop, idx = inner[m], kroot[m], m
+    while len(idx):
+        g = group[cur]
+        gs.append(g[g >= 0])
+        ks.append(idx[g >= 0])
+        on = (cur != stop) & (parents[cur] >= 0)
+        cur, stop, idx = parents[cur][on], stop[on], idx[on]
+    G, K = (np.concatenate(gs), np.concatenate(ks)) if gs else (np.empty(0, np.int64),) * 2
+    order = np.argsort(G, kind="stable")
+    G, K = G[order], K[order]
+    bounds = np.searchsorted(G, np.arange(len(keys) + 1))
+    phases: dict[str, PhaseStats] = {}
+    one_root = len({rname for rname, _ in keys}) == 1  # a user's `train_step`: its phases keep their names
+    for (rname, name), g in sorted(keys.items(), key=lambda kv: _phase_order(kv[0])):
+        k = K[bounds[g]:bounds[g + 1]]
+        if not len(k):
+            continue
+        walls: dict[int, int] = defaultdict(int)
+        for i in members[g]:
+            walls[int(root[i])] += ranges[i].end - ranges[i].start
+        insts = sorted(walls, key=lambda i: ranges[i].start)
+        key = name if one_root or rname in ("step", name) else f"{rname}/{name}"
+        phases[key] = _phase(key, rname, kt, k, kroot[k], cats, rule, insts, walls, len(members[g]))
+    return phases
+
+
+def _whole_profile(profile: Profile) -> Breakdown:
+    """No ranges at all: one pseudo-phase holding every kernel but the autotuner's."""
+    kt = profile.kernels
+    inner = np.full(len(kt), -1, np.int64)
+    cats, rule = _categories(kt, inner, np.zeros(1, np.int64))
+    tune = cats == _CAT[Category.AUTOTUNING]
+    k = np.flatnonzero(~tune)
+    whole = _phase(WHOLE_PROFILE, WHOLE_PROFILE, kt, k, np.zeros(len(k), np.int64), cats, rule, [0],
+                   {0: int(kt.end.max() - kt.start.min())}, 0)
+    note = ("no annotation ranges: the tables cover the whole profile (one \"step\"); add NVTX ranges "
+            "(torch.cuda.nvtx.range_push/pop, jax.profiler.TraceAnnotation) around steps and phases "
+            "for per-step figures")
+    return Breakdown(profile.label, profile.source, profile.path, {WHOLE_PROFILE: whole}, Bucket(),
+                     _bucket(kt, tune, inner, []), Bucket(), _warnings({WHOLE_PROFILE: whole}),
+                     [note, *profile.notes], attribution="none", attribution_reason="no ranges",
+                     steady_rule="no ranges: the whole profile", api=list(profile.api))
 
 
 _ORDER = (*STEP_RANGES, *PHASES, *ATTENTION_RANGES)
 
 
-def _phase_order(key: tuple[str, str]) -> tuple[int, int, str]:
+def _phase_order(key: tuple[str, str]) -> tuple[int, int, int, str]:
     root, name = key
     rank = lambda n: _ORDER.index(n) if n in _ORDER else len(_ORDER)  # noqa: E731
-    return (rank(root), rank(name), name)
+    return (rank(root), 0 if name == root else 1, rank(name), name)
 
 
 def _warnings(phases: dict[str, PhaseStats]) -> list[str]:
@@ -241,105 +355,21 @@ def _warnings(phases: dict[str, PhaseStats]) -> list[str]:
         if share >= UNCLASSIFIED_WARN_SHARE:
             top = [k.name for k in p.kernels if k.category == Category.OTHER.value][:3]
             out.append(f"{p.phase}: {share:.0%} of GPU time in unclassified kernels "
-                       f"(e.g. {'; '.join(n[:80] for n in top)}); add a pattern to harness.kernels.PATTERNS")
+                       f"(e.g. {'; '.join(n[:80] for n in top)}); add a pattern to harness.trace.kernels.PATTERNS")
     return out
-
-
-def _step_phase(bd: Breakdown) -> PhaseStats | None:
-    return next((bd.phases[s] for s in STEP_RANGES if s in bd.phases), None)
-
-
-def _per_range(p: PhaseStats) -> float:
-    """How many ranges of the phase's name run per step (e.g. one per layer)."""
-    return p.occurrences / p.steps if p.steps else 0.0
-
-
-def attention_flops(batch: int, seq: int, heads: int, d_head: int) -> dict[str, int]:
-    """FLOPs of one naive attention call: QK^T and PV are each 2*B*H*T^2*Dh (the full
-    T x T matrix, as the naive path computes it even when causal); the softmax is taken
-    as 5 FLOPs per score (max, subtract, exp, sum, divide): 5*B*H*T^2."""
-    scores = 2 * batch * heads * seq * seq * d_head
-    return {"attn_scores": scores, "attn_softmax": 5 * batch * heads * seq * seq, "attn_values": scores}
-
-
-def answers(bd: Breakdown, harness_forward_ms: float | None = None,
-            metadata: dict | None = None) -> dict[str, dict | list | None]:
-    """The report's questions (a)-(e), computed from `bd`; an entry is None when the
-    profile lacks what it needs (e.g. no ``forward`` range).
-
-    `harness_forward_ms`: the harness's own forward time per step, if known.
-    `metadata`: ``batch``, ``seq``, ``heads``, ``d_head`` for the attention FLOPs of (e).
-    """
-    fwd, step = bd.phases.get("forward"), _step_phase(bd)
-    out: dict[str, dict | list | None] = dict.fromkeys("abcde")
-    if fwd:
-        ref = harness_forward_ms if harness_forward_ms is not None else fwd.range_ns_per_step / 1e6
-        gpu = fwd.gpu_ns_per_step / 1e6
-        out["a"] = {"kernel_ms": gpu, "range_ms": fwd.range_ns_per_step / 1e6,
-                    "reference": "harness timer" if harness_forward_ms is not None else "NVTX range",
-                    "reference_ms": ref, "difference_ms": ref - gpu,
-                    "difference_pct": (ref - gpu) / ref * 100 if ref else None}
-        top = fwd.kernels[0]
-        step_top = step.kernels[0] if step else None
-        out["b"] = {"name": top.name, "category": top.category, "share": top.share,
-                    "ms_per_forward": top.ns_per_step / _per_range(fwd) / 1e6,
-                    "calls_per_forward": top.calls_per_step / _per_range(fwd),
-                    "top_in_step": step_top.name == top.name if step_top else None,
-                    "step_top": step_top.name if step_top else None,
-                    "step_top_share": step_top.share if step_top else None}
-        out["c"] = [{"name": k.name, "category": k.category, "share": k.share}
-                    for k in fwd.kernels
-                    if k.category != Category.GEMM.value and k.share >= NOTABLE_SHARE]
-        if step:
-            cats = sorted(set(fwd.categories) | set(step.categories))
-            growth = [{"category": c,
-                       "forward_share": fwd.categories.get(c, 0.0) / fwd.gpu_ns_per_step,
-                       "step_share": step.categories.get(c, 0.0) / step.gpu_ns_per_step,
-                       "forward_ms": fwd.categories.get(c, 0.0) / 1e6,
-                       "step_ms": step.categories.get(c, 0.0) / 1e6} for c in cats]
-            out["d"] = {"gemm_forward_share": fwd.share(Category.GEMM),
-                        "gemm_step_share": step.share(Category.GEMM),
-                        "step": step.phase,
-                        "growth": sorted(growth, key=lambda g: g["forward_share"] - g["step_share"])}
-    attn = {n: bd.phases[n] for n in ATTENTION_RANGES if n in bd.phases}
-    if len(attn) == len(ATTENTION_RANGES):
-        ms = {n: p.gpu_ns_per_step / 1e6 for n, p in attn.items()}
-        matmuls = ms["attn_scores"] + ms["attn_values"]
-        e: dict = {"ms_per_step": ms, "softmax_to_matmuls_time": ms["attn_softmax"] / matmuls if matmuls else None}
-        keys = ("batch", "seq", "heads", "d_head")
-        if metadata and all(k in metadata for k in keys):
-            flops = attention_flops(*(int(metadata[k]) for k in keys))
-            e["flops_per_call"] = flops
-            e["softmax_to_matmuls_flops"] = flops["attn_softmax"] / (flops["attn_scores"] + flops["attn_values"])
-            e["tflops"] = {n: flops[n] * _per_range(p) / p.gpu_ns_per_step / 1e3 if p.gpu_ns_per_step else None
-                           for n, p in attn.items()}
-        out["e"] = e
-    return out
-
-
-def harness_metadata(path: str | Path) -> dict:
-    """From a `harness.run` result JSON: its forward time (mean ms over measured steps,
-    the per-step mean the breakdown also uses) and the attention shape for answer (e)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-        opts, cfg = doc["options"], doc["config"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ProfileError(f"{path}: not a harness.run result JSON ({exc!r}); pass the file "
-                           "written by `python -m harness.run --out`") from None
-    forward = (doc.get("phases") or {}).get("forward") or {}
-    return {"forward_ms": forward.get("mean_ms"), "batch": opts["batch"], "seq": opts["ctx"],
-            "heads": cfg["num_heads"], "d_head": cfg["d_model"] // cfg["num_heads"]}
 
 
 def breakdown_files(paths: Sequence[str | Path], labels: Sequence[str | None] = (),
                     run_jsons: Sequence[str | Path] = (), require: Iterable[str] = (),
-                    nsys_bin: str | None = None) -> tuple[list[Breakdown], list[dict]]:
+                    nsys_bin: str | None = None, attribution: str = "auto",
+                    force: bool = False) -> tuple[list[Breakdown], list[dict]]:
     """Breakdowns of profiles and their answers; the i-th label and `harness.run` result
     JSON go with the i-th profile (fewer of them: the rest go without)."""
     require = tuple(require)
     bds, answer_sets = [], []
     for i, path in enumerate(paths):
-        bd = breakdown(load_profile(path, labels[i] if i < len(labels) else None, nsys_bin), require)
+        profile = load_profile(path, labels[i] if i < len(labels) else None, nsys_bin, force)
+        bd = breakdown(profile, require, attribution)
         meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
         bds.append(bd)
         answer_sets.append(answers(bd, meta.get("forward_ms"), meta))

@@ -21,7 +21,10 @@ or ``sum`` (RMSNorm forward and backward); a pointwise kernel of copies, views a
 only (memory, as eager's copy kernels); ``_foreach_`` ops (the optimizer).  The GEMMs
 Inductor leaves to cuBLAS keep their cuBLAS names.
 
-One rule is phase-aware (`PHASE_RULES`): XLA fuses the optimizer update into fusions
+Two rules are range-aware (`PHASE_RULES`); inside ``attn_softmax`` (``--annotate-attention``)
+elementwise and reduction kernels are the softmax (JAX's is an ``input_*reduce_fusion``,
+torch's a ``softmax_warp_forward``), and reports say the category came from the range.
+The other: XLA fuses the optimizer update into fusions
 named after HLO ops (``loop_multiply_fusion``, ``input_reduce_fusion``...), and our
 PyTorch AdamW's per-parameter loop (``foreach=False``) runs plain elementwise kernels; by
 name both would be elementwise or reduction (its foreach update runs
@@ -71,6 +74,7 @@ class Category(str, Enum):
     MEMORY = "copy_memset_transpose"
     COMMUNICATION = "communication"
     AUTOTUNING = "autotuning"
+    GRAPH = "cuda_graph"  # a whole CUDA graph traced as one record: its kernels are unknown
     OTHER = "other"
 
 
@@ -98,6 +102,7 @@ INDUCTOR_PATTERNS: tuple[tuple[Category, str], ...] = (
 
 PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.AUTOTUNING, _AUTOTUNING),
+    (Category.GRAPH, r"^\[CUDA graph"),
     (Category.COMMUNICATION, r"nccl"),
     (Category.ATTENTION, r"flash|fmha|sdpa|attention|mha_"),
     (Category.SOFTMAX, r"softmax"),
@@ -119,6 +124,8 @@ PATTERNS: tuple[tuple[Category, str], ...] = (
 # says one of those categories get the last one instead.
 PHASE_RULES: tuple[tuple[str, tuple[Category, ...], Category], ...] = (
     ("optimizer", (Category.ELEMENTWISE, Category.REDUCTION), Category.OPTIMIZER),
+    # JAX's naive-attention softmax is an `input_*reduce_fusion` (by name a reduction)
+    ("attn_softmax", (Category.ELEMENTWISE, Category.REDUCTION), Category.SOFTMAX),
 )
 
 _COMPILED = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in PATTERNS)

@@ -27,10 +27,16 @@ from harness.trace.kernels import Category
 
 TOP_N = 10
 NAME_WIDTH = 90
+# One colour per category in every plot, whatever categories a plot shows.
+CATEGORY_COLORS = dict(zip(Category, ("#1f77b4", "#d62728", "#9467bd", "#8c564b", "#2ca02c", "#17becf",
+                                      "#ff7f0e", "#e377c2", "#bcbd22", "#c7c7c7", "#393b79", "#7f7f7f")))
 
 
 def short_name(name: str, width: int = NAME_WIDTH) -> str:
-    """A kernel name fit for a table: no ``void``, no argument list, at most `width` chars."""
+    """A kernel name fit for a table: no ``void``, no argument list, at most `width` chars.
+    Bracketed placeholders (``[CUDA graph: ...]``, ``[CUDA memcpy]``) stay whole."""
+    if name.startswith("["):
+        return name
     name = name.removeprefix("void ")
     depth = 0
     for i, ch in enumerate(name):  # cut at the argument list: the first "(" outside <...>
@@ -41,6 +47,21 @@ def short_name(name: str, width: int = NAME_WIDTH) -> str:
             break
     name = name.replace("|", "\\|")
     return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def short_names(names: Sequence[str], width: int = NAME_WIDTH) -> list[str]:
+    """`short_name` of each name, kept distinct: names that shorten alike keep their head and
+    their tail (where template arguments differ), and any still alike are numbered."""
+    out = [short_name(n, width) for n in names]
+    for short in {s for s in out if out.count(s) > 1}:
+        for i in (i for i, s in enumerate(out) if s == short):
+            full = short_name(names[i], 10**6)
+            half = max(width // 2 - 1, 8)
+            out[i] = full if len(full) <= width else full[:half] + "…" + full[-half:]
+    for short in {s for s in out if out.count(s) > 1}:
+        for k, i in enumerate([i for i, s in enumerate(out) if s == short], 1):
+            out[i] = f"{short} #{k}"
+    return out
 
 
 def _ms(ns: float) -> str:
@@ -59,7 +80,8 @@ def _summary(bds: Sequence[Breakdown]) -> list[str]:
     for phase in _phases(bds):
         for metric, get in (("GPU ms/step", lambda p: _ms(p.gpu_ns_per_step)),
                             ("range ms/step", lambda p: _ms(p.range_ns_per_step)),
-                            ("kernels/step", lambda p: f"{p.kernels_per_step:.1f}")):
+                            ("kernels/step", lambda p: f"{p.kernels_per_step:.1f}"),
+                            ("memcpys+memsets/step", lambda p: f"{p.copies_per_step:.1f}")):
             rows.append([phase, metric, *(get(bd.phases[phase]) if phase in bd.phases else "-" for bd in bds)])
     return markdown_table(["phase", "metric", *(bd.label for bd in bds)], rows)
 
@@ -79,8 +101,10 @@ def _categories(bds: Sequence[Breakdown]) -> list[str]:
 
 
 def _top(p: PhaseStats, n: int) -> list[str]:
-    rows = [[short_name(k.name), k.category, f"{k.calls_per_step:.1f}", _ms(k.ns_per_step),
-             f"{k.mean_ns / 1e3:.1f}", f"{k.share:.1%}"] for k in p.kernels[:n]]
+    top = p.kernels[:n]
+    rows = [[name, k.category + (f" (from `{k.inferred_from}` range)" if k.inferred_from else ""),
+             f"{k.calls_per_step:.1f}", _ms(k.ns_per_step), f"{k.mean_ns / 1e3:.1f}", f"{k.share:.1%}"]
+            for name, k in zip(short_names([k.name for k in top]), top)]
     return markdown_table(["kernel", "category", "calls/step", "ms/step", "mean µs", "share"], rows)
 
 
@@ -89,9 +113,10 @@ def _gemms(bd: Breakdown) -> list[str]:
     for phase, p in bd.phases.items():
         if phase in ("step", "fused_step"):
             continue
-        rows += [[phase, short_name(k.name, 70), k.gemm.arch or "?", k.gemm.math or "?",
-                  k.gemm.transpose or "?", k.gemm.tile or "?", _ms(k.ns_per_step)]
-                 for k in p.kernels if k.gemm]
+        gemms = [k for k in p.kernels if k.gemm]
+        rows += [[phase, name, k.gemm.arch or "?", k.gemm.math or "?", k.gemm.transpose or "?",
+                  k.gemm.tile or "?", _ms(k.ns_per_step)]
+                 for name, k in zip(short_names([k.name for k in gemms], 70), gemms)]
     return markdown_table(["phase", "GEMM kernel", "arch", "math", "transpose", "tile", "ms/step"],
                           rows) if rows else []
 
@@ -99,9 +124,10 @@ def _gemms(bd: Breakdown) -> list[str]:
 def _answer_lines(bd: Breakdown, ans: dict) -> list[str]:
     out = [f"### {bd.label}"]
     if a := ans["a"]:
-        out.append(f"- (a) forward: kernels {a['kernel_ms']:.3f} ms/step, NVTX range {a['range_ms']:.3f} ms; "
-                   f"{a['reference']} {a['reference_ms']:.3f} ms; difference {a['difference_ms']:.3f} ms "
-                   f"({a['difference_pct']:.1f}% of the reference: launch gaps, host work, sync)")
+        timer = f", harness timer {a['reference_ms']:.3f} ms" if a["reference"] == "harness timer" else ""
+        out.append(f"- (a) forward, medians over {a['steps']} steps: kernels {a['kernel_ms']:.3f} ms, NVTX range "
+                   f"{a['range_ms']:.3f} ms{timer}; the {a['reference']} exceeds the kernels by "
+                   f"{a['difference_ms']:.3f} ms ({a['difference_pct']:.1f}%: launch gaps, host work, sync)")
     else:
         out.append("- (a)-(d): no `forward` range in this profile")
     if b := ans["b"]:
@@ -133,6 +159,48 @@ def _answer_lines(bd: Breakdown, ans: dict) -> list[str]:
                      f"taken as 5*B*H*T^2); achieved TFLOP/s: QK^T {t['attn_scores']:.2f}, "
                      f"softmax {t['attn_softmax']:.3f}, PV {t['attn_values']:.2f}")
         out.append(line)
+    elif ans.get("e_missing"):
+        out.append(f"- (e) not answered: {ans['e_missing']}")
+    return out
+
+
+def _caption(bd: Breakdown) -> str:
+    """What the transposes in this profile's GEMM table say about its weight layout."""
+    fwd = bd.phases.get("forward")
+    seen = sorted({k.gemm.transpose for k in fwd.kernels if k.gemm and k.gemm.transpose}) if fwd else []
+    base = ("Transposes are cuBLAS's column-major view of the row-major product: `nn.Linear` (weight "
+            "[out, in], `Y = X W^T`) runs forward as `tn`, its backward as `nn` (dX) and `nt` (dW); a weight "
+            "stored [in, out] (Flax `Dense`, GPT-2's `Conv1D`: `Y = X W`) runs forward as `nn`.")
+    if not seen:
+        return base + " The forward GEMMs here do not name a transpose."
+    layout = ("[out, in] (nn.Linear)" if "tn" in seen else "[in, out] (Dense/Conv1D) or attention products"
+              if "nn" in seen else "neither layout by itself")
+    return base + f" Forward GEMMs here: {', '.join(f'`{t}`' for t in seen)}, i.e. weights stored {layout}."
+
+
+def _api(bd: Breakdown) -> list[str]:
+    groups: dict[str, list[int]] = {}
+    for a in bd.api:
+        groups.setdefault(a.group, [0, 0])
+        groups[a.group][0] += a.count
+        groups[a.group][1] += a.total_ns
+    rows = [[g, f"{c}", _ms(t), f"{t / c / 1e3:.1f}" if c else "-",
+             ", ".join(f"{a.name} {a.count}" for a in bd.api if a.group == g)[:110]]
+            for g, (c, t) in sorted(groups.items(), key=lambda kv: -kv[1][1])]
+    return markdown_table(["API calls", "count", "total ms", "mean µs", "functions (count)"], rows)
+
+
+def _left_out(bd: Breakdown) -> list[str]:
+    out = []
+    for what, b in (("warm-up", bd.warmup), ("first step (compilation, allocation, autotuning)", bd.first_step),
+                    ("first instance only (ran in no later step: autotuning candidates, one-off setup)",
+                     bd.first_only),
+                    ("autotuning (XLA compile-time)", bd.autotuning),
+                    ("outside every measured step", bd.unattributed)):
+        if b.count:
+            where = ", ".join(f"{k} {_ms(v)} ms" for k, v in b.ranges.items())
+            names = "; ".join(f"`{n}`" for n in short_names(b.names[:3], 60))
+            out.append(f"- {bd.label}: {what}: {b.count} records, {_ms(b.ns)} ms in all ({where}); top: {names}")
     return out
 
 
@@ -141,11 +209,23 @@ def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None
     """The report as markdown; `answer_sets` default to `answers(bd)` for each breakdown."""
     answer_sets = answer_sets or [answers(bd) for bd in bds]
     out = [f"# {title}", ""]
-    out += [f"- **{bd.label}**: `{Path(bd.path).name}` (source: {bd.source}; "
-            f"{next(iter(bd.phases.values())).steps} measured steps)" for bd in bds]
-    out += ["", "Times are per measured step (mean; warm-up excluded). GPU ms = sum of kernel durations "
-            "inside the range (by execution interval); range ms = the range's own wall time.", ""]
+    for bd in bds:
+        spill = "" if bd.outside_share is None else f"; {bd.outside_share:.1%} of in-range kernel time ran outside"
+        out += [f"- **{bd.label}**: `{Path(bd.path).name}` (source: {bd.source}; "
+                f"{next(iter(bd.phases.values())).steps} measured steps)",
+                f"  - steps: {bd.steady_rule}",
+                f"  - attribution: {bd.attribution_reason}{spill}"]
+    out += ["", "Times are per measured step: a range's totals divided by the number of steps holding it "
+            "(mean over the steps; the steps are as listed above). GPU ms = sum of kernel durations "
+            "attributed to the range (each profile's attribution rule above); range ms = the range's own "
+            "wall time. Memcpys and memsets are counted apart from kernels.", ""]
     out += ["## Per phase", "", *_summary(bds), "", "## Category shares", "", *_categories(bds), ""]
+    inferred = [f"- {bd.label}, {p.phase}: `{short_name(k.name, 60)}` is {k.category} because it runs inside "
+                f"`{k.inferred_from}` (by name: another category)"
+                for bd in bds for p in bd.phases.values() for k in p.kernels if k.inferred_from]
+    if inferred:
+        out += ["Categories inferred from the range a kernel runs in, not from its name:", "",
+                *inferred[:12], *(["- ..."] if len(inferred) > 12 else []), ""]
     out += ["## Answers", ""]
     for bd, ans in zip(bds, answer_sets):
         out += [*_answer_lines(bd, ans), ""]
@@ -154,16 +234,10 @@ def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None
         for phase, p in bd.phases.items():
             out += [f"### {phase}", "", *_top(p, top_n), ""]
         if gemm := _gemms(bd):
-            out += [f"### {bd.label}: GEMM kernels decoded", "",
-                    "cuBLAS is column-major: `Y = X W^T` (weight [out, in]) runs as `tn`; backward "
-                    "`dX = dY W` as `nn`, `dW = dY^T X` as `nt`.", "", *gemm, ""]
-    out += ["## Left out of the phases", ""]
-    for bd in bds:
-        for what, b in (("warm-up", bd.warmup), ("autotuning (XLA compile-time)", bd.autotuning),
-                        ("outside every measured step", bd.unattributed)):
-            if b.count:
-                where = ", ".join(f"{k} {_ms(v)} ms" for k, v in b.ranges.items())
-                out.append(f"- {bd.label}: {what}: {b.count} kernels, {_ms(b.ns)} ms in all ({where})")
+            out += [f"### {bd.label}: GEMM kernels decoded", "", _caption(bd), "", *gemm, ""]
+        if bd.api:
+            out += [f"### {bd.label}: CUDA API calls (whole profile)", "", *_api(bd), ""]
+    out += ["## Left out of the phases", "", *(line for bd in bds for line in _left_out(bd))]
     warnings = [f"- {bd.label}: {w}" for bd in bds for w in bd.warnings]
     notes = [f"- {bd.label}: {n}" for bd in bds for n in bd.notes]
     if warnings:
@@ -201,7 +275,7 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
     for cat in Category:
         vals = [p.categories.get(cat.value, 0.0) / 1e6 for _, p in bars]
         if any(vals):
-            ax.bar(range(len(bars)), vals, bottom=bottom, label=cat.value)
+            ax.bar(range(len(bars)), vals, bottom=bottom, label=cat.value, color=CATEGORY_COLORS[cat])
             bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(range(len(bars)), [b for b, _ in bars], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("GPU ms per step")
@@ -210,8 +284,9 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
     for ax, bd in zip(axes[0][1:], bds):
         p = next(iter(bd.phases.values()))
         top = p.kernels[:top_n][::-1]
-        ax.barh(range(len(top)), [k.ns_per_step / 1e6 for k in top])
-        ax.set_yticks(range(len(top)), [short_name(k.name, 45) for k in top], fontsize=6)
+        ax.barh(range(len(top)), [k.ns_per_step / 1e6 for k in top],
+                color=[CATEGORY_COLORS[Category(k.category)] for k in top])
+        ax.set_yticks(range(len(top)), short_names([k.name for k in top], 45), fontsize=6)
         ax.set_xlabel("ms per step")
         ax.set_title(f"{bd.label}: top kernels ({p.phase})")
     fig.tight_layout()

@@ -1,0 +1,111 @@
+"""Time `harness.report`'s analysis against `nsys stats`' kernel summary on the same profile.
+
+    python -m harness.bench_report PROFILE [--nsys-bin BIN] [--repeat N]
+
+The baseline is `nsys stats --report cuda_gpu_kern_sum --format csv` (a subprocess, as a
+user runs it); the harness side is what `harness.report` does: load, breakdown, answers
+and render into a temporary folder, in a fresh interpreter per run so imports count.
+An ``.nsys-rep`` is exported to SQLite first, so both read the same file. Prints the
+median wall time of each over `--repeat` runs, the peak RSS of each (each child's own
+``ru_maxrss``), and the ratio harness/nsys. Without nsys it says so in one line and
+times the harness alone.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.common.cli import add_nsys_bin, fail, make_parser, parse_args, positive_int
+from harness.trace.nsys import export_sqlite, find_nsys
+from harness.trace.profile import ProfileError
+
+# One harness run in a fresh interpreter.
+_HARNESS = """
+import sys, tempfile
+from harness.trace.breakdown import answers, breakdown, load_profile
+from harness.trace.render import write_report
+bd = breakdown(load_profile(sys.argv[1]))
+with tempfile.TemporaryDirectory() as out:
+    write_report(out, [bd], [answers(bd)])
+"""
+
+
+def build_parser():
+    p = make_parser("harness.bench_report", __doc__)
+    p.add_argument("profile", help=".nsys-rep or its .sqlite export")
+    p.add_argument("--repeat", type=positive_int, default=5, help="runs of each; medians are printed")
+    add_nsys_bin(p)
+    return p
+
+
+def _timed(cmd: Sequence[str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MiB) of one subprocess (its own rusage, from wait4)."""
+    with tempfile.TemporaryFile() as log:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            log.seek(0)
+            tail = log.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise ProfileError(f"`{' '.join(cmd[:3])} ...` failed: {tail[0]}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def bench(profile: Path, repeat: int, nsys_bin: str | None) -> dict[str, dict[str, float]]:
+    """Median wall time and peak RSS of the nsys baseline (if nsys is found) and the harness."""
+    try:
+        nsys = find_nsys(nsys_bin)
+    except ProfileError:
+        nsys = None
+    if profile.name.endswith(".nsys-rep"):
+        if nsys is None:
+            raise ProfileError(f"{profile}: an .nsys-rep needs nsys to export it; pass its .sqlite export")
+        profile = export_sqlite(profile, nsys)
+    runs: dict[str, list[tuple[float, float]]] = {"harness": []}
+    if nsys:
+        runs["nsys"] = []
+    for _ in range(repeat):  # interleaved, so drifts of the machine hit both alike
+        if nsys:
+            cmd = [nsys, "stats", "--report", "cuda_gpu_kern_sum", "--format", "csv", "--force-export", "false",
+                   str(profile)]
+            runs["nsys"].append(_timed(cmd))
+        runs["harness"].append(_timed([sys.executable, "-c", _HARNESS, str(profile)]))
+    peak = lambda rs: max(r[1] for r in rs)  # noqa: E731
+    out = {k: {"median_s": statistics.median(r[0] for r in rs), "peak_rss_mib": peak(rs)} for k, rs in runs.items()}
+    if nsys is None:
+        out["nsys"] = {}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv)
+    profile = Path(args.profile)
+    if not profile.is_file():
+        return fail(f"{profile}: no such file; pass an .nsys-rep or its .sqlite export")
+    try:
+        result = bench(profile, args.repeat, args.nsys_bin)
+    except ProfileError as exc:
+        return fail(str(exc))
+    h = result["harness"]
+    print(f"harness.report analysis: median {h['median_s']:.3f} s over {args.repeat} runs, peak RSS "
+          f"{h['peak_rss_mib']:.0f} MiB (includes the interpreter and imports)")
+    if not (n := result["nsys"]):
+        print("nsys not found: no baseline timed (install Nsight Systems, or pass --nsys-bin)")
+        return 0
+    print(f"nsys stats cuda_gpu_kern_sum: median {n['median_s']:.3f} s over {args.repeat} runs, peak RSS "
+          f"{n['peak_rss_mib']:.0f} MiB")
+    print(f"ratio harness/nsys: {h['median_s'] / n['median_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""What a kernel breakdown holds: per-phase statistics, the buckets kept out of the phases,
+and how the figures were obtained (attribution rule, steady-step rule)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.trace.kernels import Category, GemmInfo
+from harness.trace.profile import ApiStat
+
+
+@dataclass
+class KernelStat:
+    """One kernel name within a phase; per-step figures are means over measured steps."""
+
+    name: str
+    category: str
+    calls_per_step: float
+    ns_per_step: float
+    mean_ns: float
+    share: float  # of the phase's GPU time
+    gemm: GemmInfo | None = None
+    inferred_from: str | None = None  # the range whose name set the category (not the kernel's name)
+
+
+@dataclass
+class PhaseStats:
+    """GPU work inside one range name, per measured step of its root."""
+
+    phase: str  # the range name, or "root/name" where the root is not `step`
+    root: str
+    steps: int  # steady root ranges holding a range of this name: the per-step divisor
+    occurrences: int  # ranges of this name in those steps (more than `steps`: it repeats per layer)
+    range_ns_per_step: float  # wall time of the ranges
+    gpu_ns_per_step: float
+    kernels_per_step: float  # kernels only: memcpys and memsets are `copies_per_step`
+    categories: dict[str, float]  # category -> ns per step, every category present
+    kernels: list[KernelStat]  # all kernel names, most time first
+    copies_per_step: float = 0.0
+    gpu_ns_median: float = 0.0  # median over the steps of the kernel time per step
+    range_ns_median: float = 0.0  # median over the steps of the range wall time per step
+
+    def share(self, category: Category) -> float:
+        return self.categories.get(category.value, 0.0) / self.gpu_ns_per_step if self.gpu_ns_per_step else 0.0
+
+
+@dataclass
+class Bucket:
+    """Kernels kept out of the phases (warm-up, autotuning, outside every step...)."""
+
+    count: int = 0
+    ns: int = 0
+    ranges: dict[str, int] = field(default_factory=dict)  # innermost range -> ns
+    names: list[str] = field(default_factory=list)  # distinct kernel names, most time first (a few)
+
+
+@dataclass
+class Breakdown:
+    label: str
+    source: str
+    path: str
+    phases: dict[str, PhaseStats]
+    warmup: Bucket
+    autotuning: Bucket
+    unattributed: Bucket
+    warnings: list[str]
+    notes: list[str]
+    first_step: Bucket = field(default_factory=Bucket)  # the first instance, where no `warmup` range exists
+    first_only: Bucket = field(default_factory=Bucket)  # names that ran only in the first steady instance
+    attribution: str = "execution"  # "execution", "launch", or "none" (no ranges)
+    attribution_reason: str = ""
+    outside_share: float | None = None  # kernel time launched in a range but run outside every range
+    moved_share: float | None = None  # kernel time whose range differs between the two rules
+    steady_rule: str = ""  # which instances the per-step figures average, in words
+    api: list[ApiStat] = field(default_factory=list)

@@ -206,8 +206,32 @@ def test_resume_with_other_options_or_rerun_without_resume_is_refused(tmp_path, 
     base = ["--model", "tiny", "--ctx", "16", "--backend", "torch", "--device", "cpu", "--warmup", "1",
             "--steps", "2", "--out", out]
     assert sweep.main(base) == 2 and "--resume" in capsys.readouterr().err
-    assert sweep.main([*base, "--resume", "--batch", "8"]) == 2
-    assert "--batch 4 (now 8)" in capsys.readouterr().err
+    assert sweep.main([*base[:-3], "3", "--out", out, "--resume"]) == 2
+    assert "--steps 2 (now 3)" in capsys.readouterr().err
+
+
+def test_resume_of_a_folder_without_a_sweep_is_refused(tmp_path, capsys) -> None:
+    out = tmp_path / "typo"
+    code = sweep.main(["--model", "tiny", "--ctx", "16", "--device", "cpu", "--resume", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--resume" in err and "holds no sweep" in err and "drop --resume" in err
+    assert not out.exists()
+
+
+def test_resume_with_new_axis_values_says_what_it_adds(tmp_path) -> None:
+    out = str(tmp_path / "s")
+    opts = dict(batch=4, warmup=1, steps=2, attention="naive", mode="train", device="cpu", nsys=False)
+    axes = {"models": ["tiny"], "ctx": [16], "batches": [4], "backends": ["torch"], "dtypes": ["fp32"]}
+    said: list[str] = []
+    sweep_records.prepare(out, opts, axes, False, False, log=said.append)
+    assert said == []
+    sweep_records.prepare(out, {**opts, "batch": 8}, {**axes, "ctx": [16, 32], "batches": [8, 4]}, True, False,
+                          log=said.append)
+    assert said == [f"[sweep] --resume adds to the grid of {out}: ctx 32; batches 8"]
+    stored = sweep_records.load_sweep(out)
+    assert stored["axes"]["ctx"] == [16, 32] and stored["axes"]["batches"] == [4, 8]
+    assert stored["options"]["batch"] == 4  # the base batch stays: its cells keep their keys
 
 
 def test_fault_injection_is_hidden_from_help() -> None:

@@ -14,7 +14,7 @@ from argparse import Namespace
 
 import pytest
 
-from harness import bench_attention, compare, memory_model, parity, run, sweep
+from harness import bench_attention, compare, memory_model, run, sweep
 from harness.common import results
 from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict

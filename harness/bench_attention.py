@@ -53,6 +53,7 @@ from harness.attention.catalog import IMPLS, resolve_shapes
 from harness.attention.options import add_device_arg, add_shape_args, add_timing_args
 from harness.common.cli import choice, comma_list, make_parser
 from harness.common.cli import parse_args as parse_cli
+from harness.common.results import dir_problem
 
 # What tests and scripts reach through this entry point.
 __all__ = ["PASSES", "main", "measure_cell", "parse_args", "run_benchmark", "write_results"]
@@ -74,13 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The parsed options, with the shape set's default lengths and head dims filled in."""
+    """The parsed options, with the shape set's default lengths and head dims filled in;
+    an --out that cannot become the results folder is refused before anything runs."""
     p = build_parser()
     args = parse_cli(p, argv)
     try:
         args.seq, args.head_dim = resolve_shapes(args.shapes, args.seq, args.head_dim)
     except ValueError as exc:
         p.error(str(exc))
+    if args.out is not None and (problem := dir_problem(args.out, "--out")):
+        p.error(problem)
     return args
 
 

@@ -5,8 +5,11 @@
 Each backend runs `harness.run` in its own subprocess, then `harness.parity` compares the
 two on the same weights and batch (library: `harness.timing.compare`). The result folder
 <out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>[-profiled]/ gets summary.json, report.md
-and phases.png. Exit status: 0 all good, 1 parity failed, 3 a run failed, 4 the kernel
-breakdown failed, 2 bad input.
+and phases.png. A result folder of that name already there is refused before anything
+runs (--overwrite replaces it; another --out keeps both). Ctrl-C keeps the finished
+backends' results and a partial summary in <name>-interrupted/ and says so. Exit status:
+0 all good, 1 parity failed, 3 a run failed, 4 the kernel breakdown failed, 2 bad input,
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from harness.common.cli import (
     parse_args,
     select_platform,
 )
-from harness.timing.compare import compare
+from harness.common.results import dir_problem
+from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
 
 
@@ -40,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_steps(p)
     add_mode(p)
     add_out(p, "parent folder of the result folder", default="results", metavar="DIR")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing result folder of the same name (without it, compare refuses to start)")
     p.add_argument("--no-parity", action="store_true", help="skip the parity check")
     p.add_argument("--nsys", action="store_true",
                    help="run each backend under nsys profile and add a kernel breakdown to the report")
@@ -77,12 +83,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         select_platform(args)
-        if os.path.isfile(args.out):
-            raise UsageError(f"--out {args.out}: is a file; name the parent folder of the result folder")
+        if problem := dir_problem(args.out, "--out"):
+            raise UsageError(problem)
         args.profiler = profiler(args)
+        device = expected_device(args)
+        existing = os.path.join(args.out, result_dir_name(args, device)) if device else None
+        if existing and os.path.exists(existing) and not args.overwrite:
+            raise UsageError(f"--out {args.out}: {existing} already holds a comparison; pass --overwrite to replace "
+                             "it, or another --out to keep both")
     except UsageError as exc:
         return fail(str(exc))
-    summary, path = compare(args, args.backend)
+    try:
+        summary, path = compare(args, args.backend)
+    except Interrupted as exc:
+        return fail(str(exc), 130)
     print(format_table(summary))
     print(f"wrote {path}")
     if any(r.get("status") != "ok" for r in summary["runs"].values()):

@@ -1,10 +1,13 @@
 """Predicted peak device memory of one torch training step, per phase (`harness.sweeps.memory_model`).
 
+    python -m harness.memory_model                                   # every preset x ctx 128..1024
     python -m harness.memory_model --model large --ctx 256 --batch 4 --dtype bf16
 
-Prints the state, activation and per-phase peak predictions in GiB: parameters,
-gradients, AdamW state, what autograd saves per layer, and the logits. The sweep report
-sets them beside measured peaks.
+With one model and one context it prints the state, activation and per-phase peak
+predictions in GiB: parameters, gradients, AdamW state, what autograd saves per layer,
+and the logits. With several (or none given: every preset, ctx 128, 256, 512, 1024) it
+prints the predicted step peak of each model x context, and with --device-memory-gb
+whether it fits. The sweep report sets the same predictions beside measured peaks.
 """
 
 from __future__ import annotations
@@ -13,20 +16,33 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from harness.common.cli import add_attention, add_batch, add_ctx, add_dtype, add_model, make_parser, parse_args
-from harness.config import get_config
+from harness.common.cli import (
+    add_attention,
+    add_batch,
+    add_ctx,
+    add_dtype,
+    add_model,
+    make_parser,
+    non_negative_float,
+    parse_args,
+)
+from harness.common.tables import markdown_table
+from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict
 
 GIB = 2**30
+TABLE_CTX = (128, 256, 512, 1024)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.memory_model", __doc__)
-    add_model(p)
-    add_ctx(p)
+    add_model(p, many=True, default=None)
+    add_ctx(p, many=True)
     add_batch(p)
     add_dtype(p)
     add_attention(p)
+    p.add_argument("--device-memory-gb", type=non_negative_float, default=None, metavar="GIB",
+                   help="device memory to test the step peaks against (None: no fit column)")
     return p
 
 
@@ -38,11 +54,32 @@ def format_prediction(pred: dict) -> str:
     return "\n".join([f"{'kind':<12} {'term':<22} {'GiB':>10}", *lines])
 
 
+def format_step_table(models: Sequence[str], ctxs: Sequence[int], batch: int, dtype: str, attention: str,
+                      device_gib: float | None) -> str:
+    """Predicted step peak (GiB) per model x context; with `device_gib`, "(no)" where it does not fit."""
+    rows = []
+    for model in models:
+        config = get_config(model, attention=attention)
+        cells = []
+        for ctx in ctxs:
+            step = predict(config, batch, ctx, dtype)["peaks"]["step"] / GIB
+            cells.append(f"{step:.3g}" + (" (no)" if device_gib is not None and step > device_gib else ""))
+        rows.append([model, *cells])
+    return "\n".join(markdown_table(["model", *(f"ctx {c}" for c in ctxs)], rows))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
-    config = get_config(args.model, attention=args.attention)
-    print(f"{args.model} ctx {args.ctx} batch {args.batch} {args.dtype} attention {args.attention}")
-    print(format_prediction(predict(config, args.batch, args.ctx, args.dtype)))
+    models, ctxs = args.model or list(PRESETS), args.ctx or list(TABLE_CTX)
+    if len(models) == 1 and len(ctxs) == 1:
+        config = get_config(models[0], attention=args.attention)
+        print(f"{models[0]} ctx {ctxs[0]} batch {args.batch} {args.dtype} attention {args.attention}")
+        print(format_prediction(predict(config, args.batch, ctxs[0], args.dtype)))
+        return 0
+    fits = "" if args.device_memory_gb is None else f"; (no): over {args.device_memory_gb:g} GiB"
+    print(f"predicted step peak (GiB), batch {args.batch}, {args.dtype}, {args.attention} attention{fits}; "
+          "one model and one --ctx for the terms behind a peak")
+    print(format_step_table(models, ctxs, args.batch, args.dtype, args.attention, args.device_memory_gb))
     return 0
 
 

@@ -27,7 +27,7 @@ from harness.common.cli import (
     parse_args,
     select_platform,
 )
-from harness.common.results import write_json
+from harness.common.results import file_problem, write_json
 from harness.timing.runner import FAULT_PHASES, RunOptions, format_result, run
 
 
@@ -62,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError("--attention pallas is a JAX kernel; for torch use naive or fused")
         if args.fail_in is not None and args.fail_in not in FAULT_PHASES:
             raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")
+        if args.out and (problem := file_problem(args.out, "--out")):
+            raise UsageError(problem)
     except UsageError as exc:
         return fail(str(exc))
     progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))

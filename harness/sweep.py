@@ -1,11 +1,13 @@
-"""Sweep models x context lengths x backends x dtypes, one `harness.run` subprocess per cell.
+"""Sweep models x context lengths x batches x backends x dtypes, one `harness.run` subprocess per cell.
 
-    python -m harness.sweep --model small,medium --ctx 128,256,512 [--backend torch,jax]
+    python -m harness.sweep --model small,medium --ctx 128,256,512 [--batch 4,8,16,32] [--backend torch,jax]
         [--dtype fp32,bf16] [--nsys] [--warmup-study] [--resume] [--gpus 0,1] [--out results/<sweep>/]
     python -m harness.sweep --render results/<sweep>/
 
 Each finished cell appends one line to <out>/cells.jsonl (`harness.sweeps.records`), so an
-interrupted sweep continues with --resume without redoing any recorded cell. A cell that
+interrupted sweep continues with --resume without redoing any recorded cell; a resume may
+add axis values (it says which). The report's "best MFU" table gives, per backend and
+dtype, the cell (model, context, batch) with the highest step MFU. A cell that
 runs out of memory, crashes, dies by a signal or passes --cell-timeout is recorded with
 its reason and the sweep goes on; the exit code is 3 when any cell of the sweep failed
 (0 otherwise, 2 for bad input). The report (report.md, cells.csv, plots) is rendered from
@@ -40,6 +42,7 @@ from harness.common.cli import (
     positive_int,
     select_platform,
 )
+from harness.common.results import dir_problem
 from harness.sweeps.analysis import analyze
 from harness.sweeps.records import FIXED, WARMUP_STUDY, grid, prepare
 from harness.sweeps.render import write_report
@@ -59,13 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_ctx(p, many=True)
     add_backend(p, many=True)
     add_dtype(p, many=True)
-    add_batch(p)
+    add_batch(p, many=True)
     add_steps(p)
     add_attention(p)
     add_device(p)
     add_mode(p)
     add_out(p, "the sweep folder", default="results/sweep", metavar="DIR")
-    p.add_argument("--resume", action="store_true", help="continue the sweep in --out, skipping recorded cells")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep in --out, skipping recorded cells; new axis values join its grid")
     p.add_argument("--cell-timeout", type=positive_int, default=None, metavar="S",
                    help="seconds per cell before it is killed (None: no limit)")
     p.add_argument("--gpus", type=comma_list(gpu_index), default=None, metavar="0,1,...",
@@ -77,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"also run the first model x ctx x dtype with {', '.join(map(str, WARMUP_STUDY))} "
                         "warm-up steps")
     p.add_argument("--device-memory-gb", type=non_negative_float, default=None, metavar="GIB",
-                   help="device memory for the fit prediction (None: from the device name, else 80)")
+                   help="device memory for the fit prediction (None: what the runs recorded, else the GPU's "
+                        "datasheet memory, else 80)")
     p.add_argument("--render", metavar="DIR", help="only render the report of the sweep in DIR")
     p.add_argument("--fail-cell", default=None, help=argparse.SUPPRESS)  # "model:ctx:backend:dtype:phase"
     return p
@@ -99,8 +104,8 @@ def check(args: argparse.Namespace) -> None:
             find_nsys(args.nsys_bin)
         except ProfileError as exc:
             raise UsageError(str(exc)) from exc
-    if os.path.isfile(args.out):
-        raise UsageError(f"--out {args.out}: is a file; name the sweep folder")
+    if problem := dir_problem(args.out, "--out"):
+        raise UsageError(problem)
 
 
 def render(out_dir: str, device_memory_gb: float | None) -> dict:
@@ -121,11 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.gpus and args.device == "cpu":
             raise UsageError("--gpus runs cells on GPUs; drop it for --device cpu")
         opts = {k: getattr(args, k) for k in FIXED}
-        axes = {"models": args.model, "ctx": args.ctx, "backends": args.backend, "dtypes": args.dtype}
+        opts["batch"] = args.batch[0]
+        axes = {"models": args.model, "ctx": args.ctx, "batches": args.batch, "backends": args.backend,
+                "dtypes": args.dtype}
         sweep = prepare(args.out, opts, axes, args.resume, args.warmup_study)
     except UsageError as exc:
         return fail(str(exc))
-    cells = grid(args.model, args.ctx, args.backend, args.dtype)
+    base = sweep["options"]["batch"]
+    cells = grid(args.model, args.ctx, args.backend, args.dtype, batches=args.batch, base_batch=base)
     if args.warmup_study:
         cells += grid(args.model[:1], args.ctx[:1], args.backend, args.dtype[:1], warmup_study=True)
     try:

@@ -73,11 +73,11 @@ def test_jax_run_with_the_pallas_kernel_matches_naive_attention():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "gigantic", "--ctx", "8"], "error: unknown model 'gigantic'; choose one of tiny, mini, small"),
-    (["--model", "tiny", "--ctx", "8", "--dtype", "fp8"], "error: unknown dtype 'fp8'; choose one of fp32, tf32, bf16"),
+    (["--model", "gigantic", "--ctx", "8"], "error: argument --model: unknown model 'gigantic'; choose one of tiny, mini, small"),
+    (["--model", "tiny", "--ctx", "8", "--dtype", "fp8"], "error: argument --dtype: unknown dtype 'fp8'; choose one of fp32, tf32, bf16"),
     (["--model", "tiny", "--ctx", "8", "--attention", "flash"],
-     "error: unknown attention 'flash'; choose one of naive"),
-    (["--model", "tiny", "--ctx", "0"], "error: expected a positive integer, got '0'"),
+     "error: argument --attention: unknown attention 'flash'; choose one of naive"),
+    (["--model", "tiny", "--ctx", "0"], "error: argument --ctx: expected a positive integer, got '0'"),
 ])
 def test_bad_input_is_one_line_naming_the_choices(args, message):
     proc = cli("harness.run", "--backend", "torch", *args)

@@ -56,6 +56,21 @@ def test_entry_point_speaks_the_dialect(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)
+def test_help_shows_every_option_s_choices_and_default(name: str) -> None:
+    """Each option's help line, as --help prints it, lists the choices it takes and its default."""
+    parser = _parser(name)
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or "-h" in action.option_strings:
+            continue
+        text = " ".join(formatter._expand_help(action).split())
+        flag = action.option_strings[0]
+        for valid in action.choices or getattr(action.type, "valid", None) or ():
+            assert str(valid) in text, f"{name} {flag}: choice {valid!r} not in its help: {text}"
+        assert "default:" in text or "%(default)" in (action.help or ""), f"{name} {flag}: no default in: {text}"
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
 def test_bad_device_is_one_line(name: str, capsys) -> None:
     parser = _parser(name)
     if not any("--device" in a.option_strings for a in parser._actions):

@@ -206,8 +206,32 @@ def test_resume_with_other_options_or_rerun_without_resume_is_refused(tmp_path, 
     base = ["--model", "tiny", "--ctx", "16", "--backend", "torch", "--device", "cpu", "--warmup", "1",
             "--steps", "2", "--out", out]
     assert sweep.main(base) == 2 and "--resume" in capsys.readouterr().err
-    assert sweep.main([*base, "--resume", "--batch", "8"]) == 2
-    assert "--batch 4 (now 8)" in capsys.readouterr().err
+    assert sweep.main([*base[:-3], "3", "--out", out, "--resume"]) == 2
+    assert "--steps 2 (now 3)" in capsys.readouterr().err
+
+
+def test_resume_of_a_folder_without_a_sweep_is_refused(tmp_path, capsys) -> None:
+    out = tmp_path / "typo"
+    code = sweep.main(["--model", "tiny", "--ctx", "16", "--device", "cpu", "--resume", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--resume" in err and "holds no sweep" in err and "drop --resume" in err
+    assert not out.exists()
+
+
+def test_resume_with_new_axis_values_says_what_it_adds(tmp_path) -> None:
+    out = str(tmp_path / "s")
+    opts = dict(batch=4, warmup=1, steps=2, attention="naive", mode="train", device="cpu", nsys=False)
+    axes = {"models": ["tiny"], "ctx": [16], "batches": [4], "backends": ["torch"], "dtypes": ["fp32"]}
+    said: list[str] = []
+    sweep_records.prepare(out, opts, axes, False, False, log=said.append)
+    assert said == []
+    sweep_records.prepare(out, {**opts, "batch": 8}, {**axes, "ctx": [16, 32], "batches": [8, 4]}, True, False,
+                          log=said.append)
+    assert said == [f"[sweep] --resume adds to the grid of {out}: ctx 32; batches 8"]
+    stored = sweep_records.load_sweep(out)
+    assert stored["axes"]["ctx"] == [16, 32] and stored["axes"]["batches"] == [4, 8]
+    assert stored["options"]["batch"] == 4  # the base batch stays: its cells keep their keys
 
 
 def test_fault_injection_is_hidden_from_help() -> None:
@@ -272,13 +296,16 @@ def test_jax_over_torch_ratios(rendered: dict) -> None:
     for r in ratios:
         t, j = (f"{r['model']}:{r['ctx']}:{b}:{r['dtype']}" for b in ("torch", "jax"))
         if rec[t]["status"] != "ok" or rec[j]["status"] != "ok":
-            assert r["status"] in ("OOM", "failed") and r["step"] is None
+            side = "torch" if rec[t]["status"] != "ok" else "jax"
+            text = "OOM" if rec[f"{r['model']}:{r['ctx']}:{side}:{r['dtype']}"]["status"] == "oom" else "failed"
+            assert r["status"] == f"{text} ({side})" and r["step"] is None
             continue
         assert r["forward"] == pytest.approx(_median(rec, j, "forward") / _median(rec, t, "forward"))
         assert r["fused_step"] == pytest.approx(_median(rec, j, "fused_step") / _median(rec, t, "step"))
         assert f" {r['step']:.2f}x |" in _row(rendered["report"], r["model"], str(r["ctx"]), r["dtype"])
     oom = next(r for r in ratios if (r["model"], r["ctx"], r["dtype"]) == ("mini", 32, "fp32"))
-    assert oom["status"] == "OOM"
+    assert oom["status"] == "OOM (jax)"
+    assert "| mini | 32 | fp32 | OOM (jax) | OOM (jax) |" in rendered["report"]
 
 
 def test_backward_over_forward_and_speedups(rendered: dict) -> None:
@@ -296,7 +323,8 @@ def test_backward_over_forward_and_speedups(rendered: dict) -> None:
         if s["status"] == "ok":
             assert s["step"] == pytest.approx(_median(rec, fp32, "step") / _median(rec, bf16, "step"))
         else:
-            assert s["step"] is None and s["status"] in ("OOM", "failed")
+            expected = {"mini:32:jax:fp32": "OOM (fp32)", "tiny:16:torch:fp32": "failed (fp32)"}[fp32]
+            assert s["step"] is None and s["status"] == expected
 
 
 def _percentages(text: str) -> list[float]:
@@ -382,3 +410,138 @@ def test_a_torn_last_line_is_skipped_and_closed_off(tmp_path) -> None:
     assert sweep_records.load_records(str(tmp_path)) == [rec]
     sweep_records.append_record(str(tmp_path), {**rec, "key": "tiny:32:torch:fp32"})
     assert [r["key"] for r in sweep_records.load_records(str(tmp_path))] == ["tiny:16:torch:fp32", "tiny:32:torch:fp32"]
+
+
+# -- batch axis, best MFU, honest statuses, device memory, plots ----------------------------
+H200 = os.path.join(os.path.dirname(DATA), "..", "..", "results", "sweep-h200")
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory) -> dict:
+    """The committed H200 sweep (recorded before the batch axis existed), rendered afresh."""
+    out = str(tmp_path_factory.mktemp("h200") / "s")
+    shutil.copytree(H200, out)
+    assert sweep.main(["--render", out]) == 0
+    with open(os.path.join(out, "report.md")) as f:
+        report = f.read()
+    return {"out": out, "report": report, "data": analysis.analyze(out),
+            "records": {r["key"]: r for r in map(json.loads, _lines(out))}}
+
+
+@pytest.mark.slow
+def test_batch_axis_runs_each_batch_and_records_its_oom(tmp_path, capsys) -> None:
+    out = str(tmp_path / "s")
+    code = sweep.main(["--model", "tiny", "--ctx", "16", "--backend", "torch", "--batch", "1,2", "--device", "cpu",
+                       "--warmup", "0", "--steps", "1", "--out", out, "--fail-cell", "tiny:16:torch:fp32:b2:backward"])
+    assert code == 3  # a cell failed
+    records = {r["key"]: r for r in sweep_records.load_records(out)}
+    assert set(records) == {"tiny:16:torch:fp32", "tiny:16:torch:fp32:b2"}
+    assert records["tiny:16:torch:fp32"]["result"]["options"]["batch"] == 1
+    oom = records["tiny:16:torch:fp32:b2"]
+    assert oom["status"] == "oom" and oom["result"]["options"]["batch"] == 2
+    with open(os.path.join(out, "report.md")) as f:
+        report = f.read()
+    assert report.startswith("# Sweep: batch 1, 2,")
+    assert "| tiny | 16 | 2 | OOM | OOM | OOM | OOM |" in report  # the batch column
+    ok = records["tiny:16:torch:fp32"]["result"]["phases"]["step"]
+    assert _row(report, "torch", "fp32", "tiny", "16", "1", "step", "-", f"{ok['tflops']:.2f}")
+    with open(os.path.join(out, "cells.csv")) as f:
+        assert sorted(r["batch"] for r in csv.DictReader(f)) == ["1", "2"]
+
+
+def test_best_cell_per_backend_is_the_fastest_whole_step(rendered: dict, h200: dict) -> None:
+    for run in (rendered, h200):
+        best = {(b["backend"], b["dtype"]): b for b in run["data"]["best"]}
+        expected: dict[tuple, tuple] = {}
+        for key, rec in run["records"].items():
+            if rec["status"] != "ok" or rec["cell"]["warmup"] is not None:
+                continue
+            for phase in ("step", "fused_step"):
+                p = rec["result"]["phases"].get(phase)
+                group = (rec["cell"]["backend"], rec["cell"]["dtype"])
+                if p and p["tflops"] and p["tflops"] > expected.get(group, (0,))[0]:
+                    expected[group] = (p["tflops"], key, phase, p["mfu"])
+        assert {g: (b["tflops"], b["key"], b["phase"], b["mfu"]) for g, b in best.items()} == expected
+    # On the H200 the best bf16 cells of the committed sweep (batch 4):
+    jax_bf16 = next(b for b in h200["data"]["best"] if (b["backend"], b["dtype"]) == ("jax", "bf16"))
+    assert (jax_bf16["model"], jax_bf16["ctx"], jax_bf16["batch"], jax_bf16["phase"]) == ("large", 1024, 4,
+                                                                                          "fused_step")
+    assert f"| jax | bf16 | large | 1024 | 4 | fused_step | {100 * jax_bf16['mfu']:.1f}% |" in h200["report"]
+
+
+def test_a_cell_that_was_not_run_never_reads_oom(tmp_path) -> None:
+    out = str(tmp_path / "s")
+    shutil.copytree(DATA, out)
+    stored = sweep_records.load_sweep(out)
+    stored["axes"]["dtypes"].append("tf32")  # a dtype no cell ran
+    sweep_records.save_sweep(out, stored)
+    data = analysis.analyze(out)
+    from harness.sweeps.render import render_markdown
+
+    report = render_markdown(data, [])
+    for line in report.splitlines():
+        if "| tf32 |" in line and not line.startswith("| mini | 32 | jax | tf32"):
+            assert "OOM" not in line, line
+    speedup = next(r for r in data["speedups"] if (r["model"], r["ctx"], r["backend"], r["dtype"]) ==
+                   ("mini", 32, "jax", "tf32"))
+    assert speedup["status"] == "OOM (fp32); not run (tf32)"  # the OOM is fp32's, recorded
+    assert all(r["status"] == "not run" for r in data["ratios"] if r["dtype"] == "tf32")
+
+
+def test_device_memory_comes_from_the_run_then_the_gpu_table() -> None:
+    def cell(**env) -> dict:
+        return {"result": {"env": env}}
+
+    assert analysis.device_memory_bytes([cell(device="NVIDIA H200", gpu_memory="143771 MiB")])[0] == 143771 * 2**20
+    recorded = analysis.device_memory_bytes([cell(device="NVIDIA H100 80GB HBM3", gpu_memory="81559 MiB")])
+    assert recorded == (81559 * 2**20, "79.6 GiB, recorded by the run (nvidia-smi)")
+    assert analysis.device_memory_bytes([cell(device="NVIDIA H200")])[0] == 143771 * 2**20  # no "GB" in the name
+    assert analysis.device_memory_bytes([cell(device="NVIDIA A100-SXM4-40GB")])[0] == 40960 * 2**20
+    assert analysis.device_memory_bytes([cell(device="NVIDIA A100-SXM4-80GB")])[0] == 81920 * 2**20
+    assert analysis.device_memory_bytes([cell(device="Tesla V100-SXM2-32GB")])[0] == 32 * 2**30
+    assert analysis.device_memory_bytes([cell(device="cpu")])[0] == 80 * 2**30
+    assert analysis.device_memory_bytes([cell(device="NVIDIA H200")], gb=10)[0] == 10 * 2**30
+    # What a run records: nvidia-smi's memory.total beside the name.
+    from harness.common.results import parse_nvidia_smi
+
+    parsed = parse_nvidia_smi("NVIDIA H200, 580.1, [N/A], [N/A], 143771 MiB\n")
+    assert (parsed["gpu_name"], parsed["gpu_memory"]) == ("NVIDIA H200", "143771 MiB")
+
+
+def test_h200_report_uses_the_h200_s_memory(h200: dict) -> None:
+    assert h200["data"]["device_memory"]["bytes"] == 143771 * 2**20
+    assert "140.4 GiB (143771 MiB), the datasheet memory of 'NVIDIA H200'" in h200["report"]
+
+
+def _labelled_ticks(ax) -> list[str]:
+    lo, hi = sorted(ax.get_ylim())
+    locs = [v for v in ax.yaxis.get_major_locator()() if lo <= v <= hi]
+    return [t for t in ax.yaxis.get_major_formatter().format_ticks(locs) if t]
+
+
+def test_time_axes_have_labelled_ticks(rendered: dict, h200: dict) -> None:
+    from harness.sweeps import plots
+
+    for run in (rendered, h200):
+        fig = plots.time_figure(run["data"])
+        fig.canvas.draw()
+        for ax in fig.axes:
+            values = [y for line in ax.get_lines() for y in line.get_ydata()]
+            assert ax.get_yscale() == ("log" if max(values) / min(values) >= plots.LOG_SPAN else "linear")
+            assert len(_labelled_ticks(ax)) >= 2, (ax.get_title(), ax.get_yscale())
+
+
+def test_memory_plot_shows_the_measured_peaks(h200: dict) -> None:
+    from harness.sweeps import plots
+
+    fig = plots.memory_figure(h200["data"])
+    ax = next(a for a in fig.axes if a.get_title() == "large")
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    torch_points = dict(zip(lines["measured torch fp32"].get_xdata(), lines["measured torch fp32"].get_ydata()))
+    for ctx in (128, 256, 512, 1024):
+        phases = h200["records"][f"large:{ctx}:torch:fp32"]["result"]["phases"]
+        peak = max(phases[p]["peak_memory_bytes"] for p in ("forward", "backward", "optimizer"))
+        assert torch_points[ctx] == pytest.approx(peak / 2**30)
+    jax_points = dict(zip(lines["measured jax bf16"].get_xdata(), lines["measured jax bf16"].get_ydata()))
+    fused = h200["records"]["large:1024:jax:bf16"]["result"]["phases"]["fused_step"]["peak_memory_bytes"]
+    assert jax_points[1024] == pytest.approx(fused / 2**30)

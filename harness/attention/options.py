@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from harness.attention.catalog import DEFAULT_SEQS, DTYPES, LEAD_IN_MS, NONCAUSAL_MIN_SEQ, SHAPE_SETS
-from harness.common.cli import DEVICES, choice, comma_list, non_negative_float, positive_int
+from harness.common.cli import DEVICES, choice, comma_list, non_negative_float, non_negative_int, positive_int
 
 
 def lead_in_ms(value: str) -> float:
@@ -40,7 +40,7 @@ def add_shape_args(p: argparse.ArgumentParser, *, shapes: str, dtype: list[str] 
 
 def add_timing_args(p: argparse.ArgumentParser, *, warmup: int, iters: int) -> None:
     """The timing options bench_attention and tune_attention share."""
-    p.add_argument("--warmup", type=int, default=warmup, help="untimed calls of each pass before timing")
+    p.add_argument("--warmup", type=non_negative_int, default=warmup, help="untimed calls of each pass before timing")
     p.add_argument("--iters", type=positive_int, default=iters, help="timed repeats per pass (median reported)")
     p.add_argument("--min-batch-ms", type=non_negative_float, default=25.0,
                    help="launches per repeat are chosen so that a repeat lasts at least this long")

@@ -3,7 +3,9 @@
 Every tool builds its parser with `make_parser` (no abbreviations, defaults shown in
 `--help`) and takes the options it shares with others from the `add_*` functions here,
 so the same thing has the same name, choices and default everywhere. A bad value ends
-the program with one line naming the option's valid choices (`UsageError`, `fail`).
+the program with one line on stderr that names the option and what it takes, exit code 2:
+argument types raise `UsageError` (an `argparse.ArgumentTypeError`, so argparse prefixes
+"argument --steps: "), and checks after parsing report theirs with `fail`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
 from harness.config import ATTENTION_CHOICES, PRESETS
 
@@ -22,32 +23,27 @@ MODES = ("forward", "forward-backward", "train")
 DEVICES = ("cuda", "cpu")
 
 
-class UsageError(Exception):
-    """Bad input: the message names the bad value and the valid choices."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage block) naming the option."""
-
-    def _get_value(self, action: argparse.Action, arg_string: str) -> object:
-        try:
-            return super()._get_value(action, arg_string)
-        except UsageError as exc:  # raised by the types here: say which option got the value
-            option = "/".join(action.option_strings) or action.dest
-            raise UsageError(f"{exc} (option {option}; see {self.prog} --help)") from None
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message}\n")
+class UsageError(argparse.ArgumentTypeError):
+    """Bad input: the message names the bad value and the valid choices. Raised from an
+    argparse `type=` callable, argparse names the option in front of the message."""
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults appended to every option's help; the description's layout kept."""
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (`error: argument --x: ...; see --help`)
+    instead of the usage block and a second line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def make_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """The parser of `python -m <prog>`: its description is the first paragraph of `doc`."""
-    return _Parser(prog=f"python -m {prog}", description=(doc or "").split("\n\n")[0],
-                                   formatter_class=HelpFormatter, allow_abbrev=False)
+    return Parser(prog=f"python -m {prog}", description=(doc or "").split("\n\n")[0],
+                  formatter_class=HelpFormatter, allow_abbrev=False)
 
 
 def choice(kind: str, valid: Sequence[str]) -> Callable[[str], str]:
@@ -127,8 +123,9 @@ def add_ctx(parser: argparse.ArgumentParser, *, many: bool = False, default: int
                         help="context lengths, comma-separated" if many else "context length (tokens per sequence)")
 
 
-def add_batch(parser: argparse.ArgumentParser, default: int = 4) -> None:
-    parser.add_argument("--batch", type=positive_int, default=default, help="sequences per batch")
+def add_batch(parser: argparse.ArgumentParser, default: int = 4, *, many: bool = False) -> None:
+    parser.add_argument("--batch", type=_one_or_many(positive_int, many), default=[default] if many else default,
+                        help="sequences per batch" + (", comma-separated" if many else ""))
 
 
 def add_dtype(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
@@ -197,11 +194,9 @@ def add_out(parser: argparse.ArgumentParser, help: str, default: str | None = No
 
 # -- parsing and failing -----------------------------------------------------------------
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """parse_args, but bad values end the program with one line naming the choices."""
-    try:
-        return parser.parse_args(argv)
-    except UsageError as exc:
-        sys.exit(fail(str(exc)))
+    """parse_args of a `make_parser` parser: a bad value ends the program with one line
+    that names the option (exit code 2)."""
+    return parser.parse_args(argv)
 
 
 def gpu_available() -> bool:

@@ -1,4 +1,5 @@
-"""Peak throughput per GPU and dtype, and HBM bandwidth per GPU (datasheet tables), for MFU and roofs."""
+"""Per-GPU datasheet tables: peak throughput per dtype (MFU), HBM bandwidth (roofs, optimizer
+bandwidth) and device memory (fit predictions)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,26 @@ def hbm_tbps(device_name: str | None) -> float | None:
     if not device_name:
         return None
     return next((tbps for key, tbps in HBM_TBPS if key in device_name), None)
+
+
+# Device memory in MiB as nvidia-smi reports it (`memory.total`), ordered like
+# PEAK_TFLOPS: the first key that is a substring of the device name wins, so the
+# 80 GB A100 names come before the plain "A100" of the 40 GB parts.
+MEMORY_MIB: tuple[tuple[str, int], ...] = (
+    ("H200", 143771),  # 141 GB HBM3e
+    ("H100 NVL", 95830),  # 94 GB
+    ("H100", 81559),  # 80 GB (SXM5 and PCIe)
+    ("A100-SXM4-80GB", 81920),
+    ("A100 80GB", 81920),
+    ("A100", 40960),  # 40 GB
+    ("L40S", 46068),  # 48 GB
+    ("L4", 23034),  # 24 GB
+    ("A10", 23028),  # 24 GB
+)
+
+
+def memory_mib(device_name: str | None) -> int | None:
+    """Datasheet device memory in MiB for this device, or None when it is not in the table."""
+    if not device_name:
+        return None
+    return next((mib for key, mib in MEMORY_MIB if key in device_name), None)

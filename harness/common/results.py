@@ -14,21 +14,68 @@ from pathlib import Path
 def ensure_dir(path: str | os.PathLike, option: str = "--out") -> Path:
     """Create folder `path` (and its parents); a file in its place is refused with a
     ValueError that names `option`."""
+    problem = dir_problem(path, option)
+    if problem:
+        raise ValueError(problem)
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{option} {path}: is a file; name a folder")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
+def _first_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def dir_problem(path: str | os.PathLike, option: str = "--out") -> str | None:
+    """Why folder `path` cannot be created or written (a one-line message naming `option`
+    and the fix), or None when it can. Checked before a long job, which would otherwise
+    lose its results at the end."""
+    path = Path(os.path.abspath(path))
+    if path.exists() and not path.is_dir():
+        return f"{option} {path}: is a file; name a folder"
+    existing = _first_existing(path)
+    if not existing.is_dir():
+        return f"{option} {path}: {existing} is a file, so no folder can be made below it; name another folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{option} {path}: {existing} is not writable; name a folder you can write to"
+    return None
+
+
+def file_problem(path: str | os.PathLike, option: str = "--out") -> str | None:
+    """Why file `path` cannot be written (one line naming `option` and the fix), or None."""
+    path = Path(os.path.abspath(path))
+    if path.is_dir():
+        return f"{option} {path}: is a folder; name a file in it, e.g. {path / 'result.json'}"
+    return dir_problem(path.parent, option)
+
+
+def make_dir_tmp(prefix: str, parent: str | os.PathLike) -> str:
+    """A new empty folder under `parent` for building a result folder that is then renamed
+    into place: `tempfile.mkdtemp` makes it private (0o700), a result folder gets the
+    usual permissions (0o777 less the umask)."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp
+
+
 def write_json(path: str | os.PathLike, doc: object) -> None:
-    """Write `doc` as JSON atomically (a reader never sees half a file), creating the folder."""
+    """Write `doc` as JSON atomically (a reader never sees half a file), creating the
+    folder; a failed write leaves neither half a file nor its temporary file behind."""
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def git_commit() -> str | None:
@@ -69,9 +116,10 @@ def command_line() -> str:
 
 # nvidia-smi fields recorded with every result. A GPU held at its power limit
 # under sustained load clocks down (an H100 at 700 W ran 1560-1875 MHz instead of
-# 1980), so the limit and the clock ceiling say whether two machines compare.
+# 1980), so the limit and the clock ceiling say whether two machines compare. The total
+# memory ("143771 MiB") is what a sweep's fit prediction compares against.
 NVIDIA_SMI_FIELDS = {"name": "gpu_name", "driver_version": "driver", "power.limit": "gpu_power_limit",
-                     "clocks.max.sm": "gpu_max_sm_clock"}
+                     "clocks.max.sm": "gpu_max_sm_clock", "memory.total": "gpu_memory"}
 
 
 def parse_nvidia_smi(text: str) -> dict[str, str]:

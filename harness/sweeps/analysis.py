@@ -7,31 +7,39 @@ import os
 import re
 
 from harness.common.cli import BACKENDS, DTYPES
+from harness.common.hardware import memory_mib
 from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict
-from harness.sweeps.records import FAILED, grid, load_records, load_sweep
+from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches
 from harness.timing.runner import PHASE_ORDER
 
 DEFAULT_DEVICE_GB = 80
+MIB = 2**20
+
+
+def _index(values: tuple | list, value: object) -> int:
+    return values.index(value) if value in values else len(values)
 
 
 def _order(cell: dict) -> tuple:
-    models = list(PRESETS)
-    return (models.index(cell["model"]) if cell["model"] in models else len(models), cell["ctx"],
-            DTYPES.index(cell["dtype"]), BACKENDS.index(cell["backend"]), cell["warmup"] or 0)
+    return (_index(list(PRESETS), cell["model"]), cell["ctx"], cell.get("batch") or 0,
+            _index(DTYPES, cell["dtype"]), _index(BACKENDS, cell["backend"]), cell["warmup"] or 0)
 
 
 def sweep_cells(sweep: dict, records: list[dict]) -> list[dict]:
-    """Every cell of the stored grid, in report order: its record, or status "not run"."""
+    """Every cell of the stored grid, in report order: its record, or status "not run".
+    Each cell's "batch" is filled in (cells at the base batch carry none in their key)."""
     a = sweep["axes"]
     by_key = {r["key"]: r for r in records}
-    cells = grid(a["models"], a["ctx"], a["backends"], a["dtypes"])
+    base = sweep["options"]["batch"]
+    cells = grid(a["models"], a["ctx"], a["backends"], a["dtypes"], batches=sweep_batches(sweep), base_batch=base)
     if sweep.get("warmup_study"):
         cells += grid(a["models"][:1], a["ctx"][:1], a["backends"], a["dtypes"][:1], warmup_study=True)
     keys = {c.key for c in cells}
     out = [by_key.get(c.key) or {"key": c.key, "cell": dataclasses.asdict(c), "status": "not run",
                                   "reason": None, "result": None, "profile": None} for c in cells]
     out += [r for r in records if r["key"] not in keys]  # recorded under an earlier grid
+    out = [{**r, "cell": {**r["cell"], "batch": r["cell"].get("batch") or base}} for r in out]
     return sorted(out, key=lambda r: _order(r["cell"]))
 
 
@@ -55,16 +63,17 @@ def phase_rows(cells: list[dict]) -> list[dict]:
 
 
 def ratio_rows(rows: list[dict]) -> list[dict]:
-    """JAX over torch median per model x ctx x dtype and phase; `fused_step` is JAX's fused
-    step over torch's step. A value is None where either side has no number; `status`
-    then says why ("OOM" or "failed", of either side)."""
-    index = {(r["model"], r["ctx"], r["dtype"], r["backend"]): r for r in rows}
+    """JAX over torch median per model x ctx x batch x dtype and phase; `fused_step` is
+    JAX's fused step over torch's step. A value is None where either side has no number;
+    `status` then says why, naming the side ("OOM (jax)", "not run (torch)")."""
+    index = {(r["model"], r["ctx"], r["batch"], r["dtype"], r["backend"]): r for r in rows}
     out = []
-    for (model, ctx, dtype, backend), t in index.items():
-        j = index.get((model, ctx, dtype, "jax"))
+    for (model, ctx, batch, dtype, backend), t in index.items():
+        j = index.get((model, ctx, batch, dtype, "jax"))
         if backend != "torch" or j is None:
             continue
-        row = {"model": model, "ctx": ctx, "dtype": dtype, "status": _pair_status(t, j)}
+        row = {"model": model, "ctx": ctx, "batch": batch, "dtype": dtype,
+               "status": _pair_status({"torch": t, "jax": j})}
         for name in PHASE_ORDER:
             tp = t["step" if name == "fused_step" else name]
             jp = j[name]
@@ -73,11 +82,20 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _pair_status(*rows: dict) -> str:
-    statuses = {r["status"] for r in rows}
-    if statuses == {"ok"}:
-        return "ok"
-    return "OOM" if "oom" in statuses else "not run" if statuses <= {"ok", "not run"} else "failed"
+STATUS_TEXT = {"oom": "OOM", "error": "failed", "crashed": "failed", "timeout": "failed", "not run": "not run"}
+
+
+def _pair_status(sides: dict[str, dict]) -> str:
+    """"ok" when every side has numbers, else each side's own status with its name,
+    e.g. "OOM (jax)" or "OOM (fp32); not run (bf16)" (only a cell that ran out of
+    memory reads "OOM"), or the one status that every side shares."""
+    by_status: dict[str, list[str]] = {}
+    for name, r in sides.items():
+        if r["status"] != "ok":
+            by_status.setdefault(STATUS_TEXT.get(r["status"], r["status"]), []).append(name)
+    if len(by_status) == 1 and len(next(iter(by_status.values()))) == len(sides):
+        return next(iter(by_status))  # every side alike: "not run"
+    return "; ".join(f"{text} ({', '.join(names)})" for text, names in by_status.items()) or "ok"
 
 
 def bound_label(ratio: float | None) -> str | None:
@@ -89,45 +107,64 @@ def bound_label(ratio: float | None) -> str | None:
 
 
 def bound_notes(rows: list[dict]) -> list[dict]:
-    """Per backend x dtype x model: the backward/forward ratio over context and the first
-    context where it reaches 1.5x (None when it never does)."""
+    """Per backend x dtype x model x batch: the backward/forward ratio over context and the
+    first context where it reaches 1.5x (None when it never does)."""
     series: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["bwd_over_fwd"] is not None:
-            series.setdefault((r["backend"], r["dtype"], r["model"]), []).append(r)
+            series.setdefault((r["backend"], r["dtype"], r["model"], r["batch"]), []).append(r)
     notes = []
-    for (backend, dtype, model), rs in series.items():
+    for (backend, dtype, model, batch), rs in series.items():
         rs = sorted(rs, key=lambda r: r["ctx"])
         cross = next((r["ctx"] for r in rs if r["bwd_over_fwd"] >= 1.5), None)
-        notes.append({"backend": backend, "dtype": dtype, "model": model,
+        notes.append({"backend": backend, "dtype": dtype, "model": model, "batch": batch,
                       "ratios": [(r["ctx"], r["bwd_over_fwd"]) for r in rs], "reaches_1_5x_at": cross,
                       "first": bound_label(rs[0]["bwd_over_fwd"]), "last": bound_label(rs[-1]["bwd_over_fwd"])})
     return notes
 
 
 def device_memory_bytes(cells: list[dict], gb: float | None = None) -> tuple[int, str]:
-    """Device memory for the fit prediction: `gb` (GiB) when given, else "<N>GB" in a run's
-    device name (e.g. "NVIDIA H100 80GB HBM3"), else 80 GiB."""
+    """Device memory for the fit prediction and where it came from: `gb` (GiB) when given,
+    else the total memory a run recorded (nvidia-smi's memory.total), else the datasheet
+    memory of the device name (`harness.common.hardware.MEMORY_MIB`), else "<N>GB" in
+    the name, else 80 GiB."""
     if gb is not None:
         return int(gb * 2**30), f"{gb:g} GiB (--device-memory-gb)"
-    for rec in cells:
-        name = ((rec.get("result") or {}).get("env") or {}).get("device") or ""
-        m = re.search(r"(\d+)\s*GB", name)
+    envs = [(rec.get("result") or {}).get("env") or {} for rec in cells]
+    for env in envs:
+        m = re.fullmatch(r"(\d+)\s*MiB", env.get("gpu_memory") or "")
         if m:
+            return int(m.group(1)) * MIB, f"{int(m.group(1)) * MIB / 2**30:.1f} GiB, recorded by the run (nvidia-smi)"
+    names = [env["device"] for env in envs if env.get("device")]
+    for name in names:
+        if mib := memory_mib(name):
+            return mib * MIB, f"{mib * MIB / 2**30:.1f} GiB ({mib} MiB), the datasheet memory of {name!r}"
+    for name in names:
+        if m := re.search(r"(\d+)\s*GB", name):
             return int(m.group(1)) * 2**30, f"{m.group(1)} GiB, from the device name {name!r}"
-    return DEFAULT_DEVICE_GB * 2**30, f"{DEFAULT_DEVICE_GB} GiB (default; the device name does not say)"
+    return DEFAULT_DEVICE_GB * 2**30, f"{DEFAULT_DEVICE_GB} GiB (default; no run recorded a known GPU)"
 
 
-def memory_rows(rows: list[dict], batch: int, attention: str, device_bytes: int) -> list[dict]:
-    """Measured peak per phase beside the memory model's prediction, and whether the
-    predicted step peak fits in `device_bytes`."""
+def measured_peak(r: dict, name: str) -> int | None:
+    """A phase row's measured peak bytes; for "step", the step's own peak (JAX: the fused
+    step's), else the largest phase peak (torch resets its peak before each phase, so the
+    step's peak is the largest of its phases')."""
+    if name != "step":
+        return (r[name] or {}).get("peak_memory_bytes")
+    own = (r["fused_step"] or r["step"] or {}).get("peak_memory_bytes")
+    phases = [measured_peak(r, p) for p in ("forward", "backward", "optimizer")]
+    return own or (max(phases) if all(phases) else None)
+
+
+def memory_rows(rows: list[dict], attention: str, device_bytes: int) -> list[dict]:
+    """Measured peak per phase beside the memory model's prediction (at each row's batch),
+    and whether the predicted step peak fits in `device_bytes`."""
     out = []
     for r in rows:
-        pred = predict(get_config(r["model"], attention=attention), batch, r["ctx"], r["dtype"])["peaks"]
-        row = {k: r[k] for k in ("model", "ctx", "backend", "dtype", "status", "key")}
+        pred = predict(get_config(r["model"], attention=attention), r["batch"], r["ctx"], r["dtype"])["peaks"]
+        row = {k: r[k] for k in ("model", "ctx", "batch", "backend", "dtype", "status", "key")}
         for name in ("forward", "backward", "optimizer", "step"):
-            measured_phase = "fused_step" if name == "step" and r["backend"] == "jax" and r["fused_step"] else name
-            measured = (r[measured_phase] or {}).get("peak_memory_bytes")
+            measured = measured_peak(r, name)
             row[name] = {"measured": measured, "predicted": pred[name],
                          "predicted_over_measured": pred[name] / measured if measured else None}
         row["predicted_fits"] = pred["step"] <= device_bytes
@@ -136,18 +173,38 @@ def memory_rows(rows: list[dict], batch: int, attention: str, device_bytes: int)
 
 
 def speedup_rows(rows: list[dict]) -> list[dict]:
-    """fp32 median over the other dtype's, per model x ctx x backend and phase."""
-    index = {(r["model"], r["ctx"], r["backend"], r["dtype"]): r for r in rows}
+    """fp32 median over the other dtype's, per model x ctx x batch x backend and phase."""
+    index = {(r["model"], r["ctx"], r["batch"], r["backend"], r["dtype"]): r for r in rows}
     out = []
-    for (model, ctx, backend, dtype), r in index.items():
-        base = index.get((model, ctx, backend, "fp32"))
+    for (model, ctx, batch, backend, dtype), r in index.items():
+        base = index.get((model, ctx, batch, backend, "fp32"))
         if dtype == "fp32" or base is None:
             continue
-        row = {"model": model, "ctx": ctx, "backend": backend, "dtype": dtype, "status": _pair_status(base, r)}
+        row = {"model": model, "ctx": ctx, "batch": batch, "backend": backend, "dtype": dtype,
+               "status": _pair_status({"fp32": base, dtype: r})}
         for name in PHASE_ORDER:
             row[name] = base[name]["median_ms"] / r[name]["median_ms"] if base[name] and r[name] else None
         out.append(row)
     return out
+
+
+def best_rows(rows: list[dict]) -> list[dict]:
+    """Per backend x dtype, the cell (model, ctx, batch) with the highest whole-step
+    throughput: the step, or JAX's fused step where it is faster. Ranked by TFLOP/s, which
+    orders cells of one device and dtype as MFU does and also ranks CPU cells, whose MFU
+    is None (no datasheet peak)."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        for phase in ("step", "fused_step"):
+            p = r[phase]
+            if not p or not p.get("tflops"):
+                continue
+            key = (r["backend"], r["dtype"])
+            if key not in best or p["tflops"] > best[key]["tflops"]:
+                best[key] = {"backend": r["backend"], "dtype": r["dtype"], "model": r["model"], "ctx": r["ctx"],
+                             "batch": r["batch"], "phase": phase, "tflops": p["tflops"], "mfu": p.get("mfu"),
+                             "tokens_per_s": p.get("tokens_per_s"), "median_ms": p["median_ms"], "key": r["key"]}
+    return sorted(best.values(), key=lambda b: (_index(BACKENDS, b["backend"]), _index(DTYPES, b["dtype"])))
 
 
 def warmup_rows(cells: list[dict]) -> list[dict]:
@@ -203,7 +260,8 @@ def analyze(out_dir: str, device_memory_gb: float | None = None) -> dict:
     opts = sweep["options"]
     return {
         "sweep": sweep, "cells": cells, "phases": rows, "ratios": ratio_rows(rows), "bound_notes": bound_notes(rows),
-        "memory": memory_rows(rows, opts["batch"], opts["attention"], device_bytes),
+        "batches": sorted({r["batch"] for r in rows}), "best": best_rows(rows),
+        "memory": memory_rows(rows, opts["attention"], device_bytes),
         "device_memory": {"bytes": device_bytes, "source": device_source},
         "speedups": speedup_rows(rows), "warmup": warmup_rows(cells),
         "kernels": kernel_rows(cells, out_dir) if opts["nsys"] else [],

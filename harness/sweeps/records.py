@@ -2,7 +2,12 @@
 
 Each finished cell appends one line to cells.jsonl (`cell_record`); the last line per key
 wins, and a line torn by a kill is skipped, so an interrupted sweep resumes from its
-records. `prepare` refuses to resume with options that differ from the recorded ones.
+records. `prepare` refuses to resume with options that differ from the recorded ones, and
+says which axis values a resume adds to the grid.
+
+Batch is an axis: the sweep's first batch is its base batch (`options["batch"]`), whose
+cells keep the key "model:ctx:backend:dtype" of sweeps from before the axis existed; a
+cell at another batch N is keyed "model:ctx:backend:dtype:bN".
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ import dataclasses
 import itertools
 import json
 import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 
 from harness.common.cli import UsageError
 
@@ -20,7 +26,8 @@ CELL_SCHEMA = "harness.sweep.cell/1"
 CELLS_FILE, SWEEP_FILE = "cells.jsonl", "sweep.json"
 WARMUP_STUDY = (0, 1, 2, 5)
 # Options every cell of one sweep folder must share (a resume with other values would mix them).
-FIXED = ("batch", "warmup", "steps", "attention", "mode", "device", "nsys")
+FIXED = ("warmup", "steps", "attention", "mode", "device", "nsys")
+AXES = ("models", "ctx", "batches", "backends", "dtypes")
 FAILED = ("oom", "error", "crashed", "timeout")
 
 
@@ -31,19 +38,30 @@ class Cell:
     backend: str
     dtype: str
     warmup: int | None = None  # set only in a warm-up study; else the sweep's --warmup
+    batch: int | None = None  # set only off the sweep's base batch
 
     @property
     def key(self) -> str:
-        """"model:ctx:backend:dtype", plus ":w<warmup>" for a warm-up study cell."""
-        base = f"{self.model}:{self.ctx}:{self.backend}:{self.dtype}"
-        return base if self.warmup is None else f"{base}:w{self.warmup}"
+        """"model:ctx:backend:dtype", plus ":b<batch>" off the base batch and ":w<warmup>"
+        for a warm-up study cell."""
+        key = f"{self.model}:{self.ctx}:{self.backend}:{self.dtype}"
+        key += "" if self.batch is None else f":b{self.batch}"
+        return key if self.warmup is None else f"{key}:w{self.warmup}"
 
 
 def grid(models: Iterable[str], ctxs: Iterable[int], backends: Iterable[str], dtypes: Iterable[str],
-         warmup_study: bool = False) -> list[Cell]:
-    """Cells in run order: model, then context, dtype and backend innermost."""
+         warmup_study: bool = False, batches: Iterable[int] = (), base_batch: int | None = None) -> list[Cell]:
+    """Cells in run order: model, then context, batch, dtype and backend innermost. A batch
+    equal to `base_batch` (or no `batches` at all) is the sweep's base batch."""
     warmups = WARMUP_STUDY if warmup_study else (None,)
-    return [Cell(m, c, b, d, w) for m, c, d, b, w in itertools.product(models, ctxs, dtypes, backends, warmups)]
+    sizes = [None if b == base_batch else b for b in batches] or [None]
+    return [Cell(m, c, b, d, w, n)
+            for m, c, n, d, b, w in itertools.product(models, ctxs, sizes, dtypes, backends, warmups)]
+
+
+def sweep_batches(sweep: dict) -> list[int]:
+    """The batch axis of a sweep (sweeps from before the axis: the one batch of its options)."""
+    return sweep["axes"].get("batches") or [sweep["options"]["batch"]]
 
 
 def cell_record(cell: Cell, status: str, reason: str | None, doc: dict | None, *, exit_code: int | None,
@@ -105,18 +123,33 @@ def _union(old: list, new: list) -> list:
     return old + [x for x in new if x not in old]
 
 
-def prepare(out_dir: str, opts: dict, axes: dict, resume: bool, warmup_study: bool) -> dict:
-    """Create or (with `resume`) reopen the sweep folder; the stored grid is the union of runs."""
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def prepare(out_dir: str, opts: dict, axes: dict, resume: bool, warmup_study: bool,
+            log: Callable[[str], None] = _stderr) -> dict:
+    """Create or (with `resume`) reopen the sweep folder; the stored grid is the union of
+    runs, and `log` gets one line listing what a resume adds to it. `opts["batch"]` is
+    the base batch of a new sweep (a resumed one keeps its own); `axes` holds AXES."""
     exists = os.path.exists(os.path.join(out_dir, SWEEP_FILE))
     if exists and not resume:
         raise UsageError(f"{out_dir} already holds a sweep; pass --resume to continue it or choose another --out")
+    if resume and not exists:
+        raise UsageError(f"--resume: {out_dir} holds no sweep (no {SWEEP_FILE}); drop --resume to start one there, "
+                         "or name the sweep folder with --out")
     if exists:
         sweep = load_sweep(out_dir)
         differ = [f"--{k.replace('_', '-')} {sweep['options'][k]} (now {opts[k]})" for k in FIXED
                   if sweep["options"][k] != opts[k]]
         if differ:
             raise UsageError(f"{out_dir} was run with {', '.join(differ)}; resume with the same options")
-        sweep["axes"] = {k: _union(sweep["axes"][k], v) for k, v in axes.items()}
+        old = {**sweep["axes"], "batches": sweep_batches(sweep)}
+        added = {k: [x for x in v if x not in old[k]] for k, v in axes.items()}
+        if any(added.values()):
+            log(f"[sweep] --resume adds to the grid of {out_dir}: "
+                + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in added.items() if v))
+        sweep["axes"] = {k: _union(old[k], v) for k, v in axes.items()}
         sweep["warmup_study"] = sweep["warmup_study"] or warmup_study
     else:
         os.makedirs(out_dir, exist_ok=True)

@@ -1,8 +1,11 @@
-"""Rendering of a sweep's analysis (`harness.sweeps.analysis.analyze`): report.md, cells.csv, plots.
+"""Rendering of a sweep's analysis (`harness.sweeps.analysis.analyze`): report.md, cells.csv,
+and the plots of `harness.sweeps.plots`.
 
-A cell without a number is never shown as one: "OOM" (out of memory), "failed" (an
-error, crash, signal or timeout; the reasons are listed at the end), "not run" (not yet
-recorded), "-" (the phase does not exist for that cell, e.g. fused_step in torch).
+A cell without a number is never shown as one: "OOM" (the run recorded an out-of-memory),
+"failed" (an error, crash, signal or timeout; the reasons are listed at the end), "not run"
+(not yet recorded), "-" (the phase does not exist for that cell, e.g. fused_step in torch).
+A ratio of two cells names the side without a number ("OOM (jax)", "not run (bf16)").
+Tables get a batch column when the sweep has more than one batch.
 """
 
 from __future__ import annotations
@@ -12,11 +15,9 @@ import os
 from collections.abc import Callable
 
 from harness.common.tables import markdown_table
-from harness.sweeps.analysis import bound_label
+from harness.sweeps.analysis import STATUS_TEXT, bound_label
+from harness.sweeps.plots import GIB, groups, plot_memory, plot_phase_bars, plot_time_vs_ctx
 from harness.timing.runner import PHASE_ORDER
-
-STATUS_TEXT = {"oom": "OOM", "error": "failed", "crashed": "failed", "timeout": "failed", "not run": "not run"}
-GIB = 2**30
 
 
 def status_text(status: str) -> str:
@@ -50,11 +51,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [*markdown_table(header, rows), ""]
 
 
-def _groups(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
-    out: dict[tuple, list[dict]] = {}
-    for r in rows:
-        out.setdefault(tuple(r[k] for k in keys), []).append(r)
-    return out
+def _size_header(data: dict) -> list[str]:
+    return ["model", "ctx", *(["batch"] if len(data["batches"]) > 1 else [])]
+
+
+def _size(r: dict, data: dict) -> list[str]:
+    return [r["model"], str(r["ctx"]), *([str(r["batch"])] if len(data["batches"]) > 1 else [])]
 
 
 def _phases_present(rows: list[dict], candidates: tuple[str, ...] = PHASE_ORDER) -> list[str]:
@@ -64,16 +66,16 @@ def _phases_present(rows: list[dict], candidates: tuple[str, ...] = PHASE_ORDER)
 # -- markdown sections -------------------------------------------------------------------
 def section_times(data: dict) -> list[str]:
     out = ["## Phase times (ms, median ± std)", ""]
-    for (backend, dtype), rows in _groups(data["phases"], "backend", "dtype").items():
+    for (backend, dtype), rows in groups(data["phases"], "backend", "dtype").items():
         phases = _phases_present(rows)
         out += [f"### {backend} {dtype}", ""]
-        out += _table(["model", "ctx", *phases], [[r["model"], str(r["ctx"]), *(_value(r, r[p], _ms) for p in phases)]
-                                                  for r in rows])
+        out += _table([*_size_header(data), *phases], [[*_size(r, data), *(_value(r, r[p], _ms) for p in phases)]
+                                                       for r in rows])
     if data["ratios"]:
         out += ["### JAX / torch (median ratio; fused_step: JAX fused step over torch step; < 1: JAX faster)", ""]
         phases = _phases_present(data["ratios"])
-        out += _table(["model", "ctx", "dtype", *phases],
-                      [[r["model"], str(r["ctx"]), r["dtype"], *(_value(r, r[p], _x) for p in phases)]
+        out += _table([*_size_header(data), "dtype", *phases],
+                      [[*_size(r, data), r["dtype"], *(_value(r, r[p], _x) for p in phases)]
                        for r in data["ratios"]])
     return out
 
@@ -82,14 +84,16 @@ def section_bound(data: dict) -> list[str]:
     out = ["## Backward / forward", "",
            "Backward does twice the forward's matmul FLOPs, so a compute-bound step approaches 2x; a step "
            "dominated by memory traffic, launches or fixed overheads stays near 1x.", ""]
-    out += _table(["model", "ctx", "backend", "dtype", "backward/forward", "regime"],
-                  [[r["model"], str(r["ctx"]), r["backend"], r["dtype"], _value(r, r["bwd_over_fwd"], _x),
+    out += _table([*_size_header(data), "backend", "dtype", "backward/forward", "regime"],
+                  [[*_size(r, data), r["backend"], r["dtype"], _value(r, r["bwd_over_fwd"], _x),
                     bound_label(r["bwd_over_fwd"]) or ""] for r in data["phases"]])
     for n in data["bound_notes"]:
         trend = ", ".join(f"{ctx}: {v:.2f}x" for ctx, v in n["ratios"])
         where = (f"reaches 1.5x at ctx {n['reaches_1_5x_at']}" if n["reaches_1_5x_at"] is not None
                  else "stays below 1.5x over the contexts measured")
-        out.append(f"- {n['backend']} {n['dtype']} {n['model']}: {trend}; {where} ({n['first']} -> {n['last']})")
+        batch = f" batch {n['batch']}" if len(data["batches"]) > 1 else ""
+        out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; {where} "
+                   f"({n['first']} -> {n['last']})")
     return out + [""]
 
 
@@ -98,11 +102,24 @@ def section_throughput(data: dict) -> list[str]:
     out = ["## Achieved TFLOP/s and MFU", "",
            "MFU is against the datasheet peak of the device for the dtype; '-' where the device is not in the "
            "peak table (e.g. CPU).", ""]
-    rows = [[r["model"], str(r["ctx"]), r["backend"], r["dtype"],
+    rows = [[*_size(r, data), r["backend"], r["dtype"],
              *(_value(r, (r[p] or {}).get("tflops"), lambda v: f"{v:.2f}") for p in phases),
              *(_value(r, (r[p] or {}).get("mfu"), _pct) for p in phases)] for r in data["phases"]]
-    return out + _table(["model", "ctx", "backend", "dtype", *(f"{p} TFLOP/s" for p in phases),
+    return out + _table([*_size_header(data), "backend", "dtype", *(f"{p} TFLOP/s" for p in phases),
                          *(f"{p} MFU" for p in phases)], rows)
+
+
+def section_best(data: dict) -> list[str]:
+    if not data["best"]:
+        return []
+    out = ["## Best MFU per backend", "",
+           "Per backend and dtype, the cell with the highest whole-training-step throughput (AdamW included; "
+           "JAX: its fused step where that is faster), over every model, context and batch of the sweep.", ""]
+    rows = [[b["backend"], b["dtype"], b["model"], str(b["ctx"]), str(b["batch"]), b["phase"],
+             _pct(b["mfu"]) if b["mfu"] is not None else "-", f"{b['tflops']:.2f}",
+             f"{b['tokens_per_s']:,.0f}" if b["tokens_per_s"] else "-"] for b in data["best"]]
+    return out + _table(["backend", "dtype", "model", "ctx", "batch", "step range", "step MFU", "TFLOP/s",
+                         "tokens/s"], rows)
 
 
 def section_memory(data: dict) -> list[str]:
@@ -119,10 +136,11 @@ def section_memory(data: dict) -> list[str]:
         measured = _gib(m["measured"]) if m["measured"] else status_text(r["status"]) if r["status"] != "ok" else "-"
         return f"{measured} / {_gib(m['predicted'])}"
 
-    rows = [[r["model"], str(r["ctx"]), r["backend"], r["dtype"], *(pair(r, p) for p in phases),
+    rows = [[*_size(r, data), r["backend"], r["dtype"], *(pair(r, p) for p in phases),
              _x(r["step"]["predicted_over_measured"]) if r["step"]["predicted_over_measured"] else "-",
              "yes" if r["predicted_fits"] else "**no**"] for r in data["memory"]]
-    out += _table(["model", "ctx", "backend", "dtype", *phases, "step predicted/measured", "fits (predicted)"], rows)
+    out += _table([*_size_header(data), "backend", "dtype", *phases, "step predicted/measured",
+                   "fits (predicted)"], rows)
     misses = [r for r in data["memory"] if (r["status"] == "oom") == r["predicted_fits"] and r["status"] in ("ok",
                                                                                                              "oom")]
     if misses:
@@ -136,8 +154,8 @@ def section_speedups(data: dict) -> list[str]:
         return []
     phases = _phases_present(data["speedups"])
     out = ["## Mixed vs full precision (fp32 median / other dtype's; > 1: faster)", ""]
-    return out + _table(["model", "ctx", "backend", "dtype", *phases],
-                        [[r["model"], str(r["ctx"]), r["backend"], r["dtype"], *(_value(r, r[p], _x) for p in phases)]
+    return out + _table([*_size_header(data), "backend", "dtype", *phases],
+                        [[*_size(r, data), r["backend"], r["dtype"], *(_value(r, r[p], _x) for p in phases)]
                          for r in data["speedups"]])
 
 
@@ -204,11 +222,12 @@ def render_markdown(data: dict, plots: list[str]) -> str:
     counts: dict[str, int] = {}
     for c in data["cells"]:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
-    lines = [f"# Sweep: batch {o['batch']}, {o['attention']} attention, {o['mode']} on {o['device']}", "",
+    batches = ", ".join(map(str, data["batches"]))
+    lines = [f"# Sweep: batch {batches}, {o['attention']} attention, {o['mode']} on {o['device']}", "",
              f"warm-up {o['warmup']}, measured steps {o['steps']}; cells: "
              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), ""]
     lines += section_environment(data)
-    for section in (section_times, section_bound, section_throughput, section_memory, section_speedups,
+    for section in (section_times, section_bound, section_throughput, section_best, section_memory, section_speedups,
                     section_warmup, section_kernels, section_failed):
         lines += section(data)
     lines += ["## Plots", "", *(f"![{p}]({p})" for p in plots), ""]
@@ -221,7 +240,7 @@ def csv_rows(data: dict) -> list[dict]:
     memory = {r["key"]: r for r in data["memory"]}
     out = []
     for r in data["phases"]:
-        row = {k: r[k] for k in ("key", "model", "ctx", "backend", "dtype", "status")}
+        row = {k: r[k] for k in ("key", "model", "ctx", "batch", "backend", "dtype", "status")}
         row["reason"] = r["reason"] or ""
         for p in PHASE_ORDER:
             ph = r[p] or {}
@@ -234,99 +253,6 @@ def csv_rows(data: dict) -> list[dict]:
         row["predicted_fits"] = m["predicted_fits"]
         out.append(row)
     return out
-
-
-# -- plots -----------------------------------------------------------------------------
-def _models(rows: list[dict]) -> list[str]:
-    return list(dict.fromkeys(r["model"] for r in rows))
-
-
-def _subplots(n: int):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, n, figsize=(4.5 * n, 3.6), squeeze=False)
-    return plt, fig, axes[0]
-
-
-def _ctx_ticks(ax, rows: list[dict]) -> None:
-    """The measured context lengths as the x ticks of a log axis."""
-    ctxs = sorted({r["ctx"] for r in rows})
-    ax.set_xticks(ctxs, [str(c) for c in ctxs])
-    ax.minorticks_off()
-
-
-def plot_time_vs_ctx(data: dict, path: str) -> bool:
-    rows = data["phases"]
-    if not any(r["step"] for r in rows):
-        return False
-    models = _models(rows)
-    plt, fig, axes = _subplots(len(models))
-    for ax, model in zip(axes, models):
-        for (backend, dtype), rs in _groups([r for r in rows if r["model"] == model], "backend", "dtype").items():
-            for phase, style in (("step", "-o"), ("fused_step", "--s")):
-                pts = [(r["ctx"], r[phase]["median_ms"]) for r in rs if r[phase]]
-                if pts:
-                    ax.plot(*zip(*pts), style, label=f"{backend} {dtype}{' fused' if phase == 'fused_step' else ''}")
-        ax.set(title=model, xlabel="context length", ylabel="step ms (median)", xscale="log", yscale="log")
-        _ctx_ticks(ax, rows)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def plot_phase_bars(data: dict, path: str) -> bool:
-    rows = [r for r in data["phases"] if r["forward"]]
-    if not rows:
-        return False
-    plt, fig, (ax,) = _subplots(1)
-    fig.set_size_inches(max(6.0, 0.45 * len(rows)), 4.2)
-    bottom = [0.0] * len(rows)
-    for phase in ("forward", "backward", "optimizer"):
-        vals = [(r[phase] or {}).get("median_ms", 0.0) for r in rows]
-        ax.bar(range(len(rows)), vals, bottom=bottom, label=phase)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(range(len(rows)), [f"{r['model']}/{r['ctx']}/{r['backend']}/{r['dtype']}" for r in rows],
-                  rotation=75, fontsize=7)
-    ax.set(ylabel="ms (median)", title="phases per cell")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def plot_memory(data: dict, path: str) -> bool:
-    rows = data["memory"]
-    if not rows:
-        return False
-    models = _models(rows)
-    plt, fig, axes = _subplots(len(models))
-    for ax, model in zip(axes, models):
-        mine = [r for r in rows if r["model"] == model]
-        for (dtype,), rs in _groups(mine, "dtype").items():
-            pts = sorted({(r["ctx"], r["step"]["predicted"] / GIB) for r in rs})
-            ax.plot(*zip(*pts), "-", label=f"predicted {dtype}")
-        for (backend, dtype), rs in _groups(mine, "backend", "dtype").items():
-            pts = [(r["ctx"], r["step"]["measured"] / GIB) for r in rs if r["step"]["measured"]]
-            if pts:
-                ax.plot(*zip(*pts), "o", label=f"measured {backend} {dtype}")
-        device = data["device_memory"]["bytes"] / GIB
-        if max(max(r["step"]["predicted"], r["step"]["measured"] or 0) for r in mine) / GIB > device / 4:
-            ax.axhline(device, color="grey", linestyle=":", label="device memory")
-        ax.set(title=model, xlabel="context length", ylabel="peak GiB (step)", xscale="log")
-        _ctx_ticks(ax, mine)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
 
 
 def write_report(data: dict, out_dir: str) -> list[str]:

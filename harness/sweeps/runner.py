@@ -25,8 +25,9 @@ def cell_command(cell: Cell, opts: dict, out_json: str, fail_in: str | None = No
     """The `harness.run` argv of one cell."""
     attention = backend_attention(cell.backend, opts["attention"])
     warmup = opts["warmup"] if cell.warmup is None else cell.warmup
+    batch = cell.batch or opts["batch"]
     cmd = [sys.executable, "-m", "harness.run", "--backend", cell.backend, "--model", cell.model,
-           "--ctx", str(cell.ctx), "--batch", str(opts["batch"]), "--dtype", cell.dtype, "--attention", attention,
+           "--ctx", str(cell.ctx), "--batch", str(batch), "--dtype", cell.dtype, "--attention", attention,
            "--device", opts["device"], "--mode", opts["mode"], "--warmup", str(warmup), "--steps", str(opts["steps"]),
            "--out", out_json]
     return cmd + (["--fail-in", fail_in] if fail_in else [])
@@ -174,13 +175,15 @@ def progress_line(done: int, running: list[str], left: int, walls: list[float], 
     return f"{done} done{run}, {left} left, {eta}"
 
 
-def longest_first(cells: list[Cell]) -> list[Cell]:
+def longest_first(cells: list[Cell], base_batch: int = 1) -> list[Cell]:
     """Cells ordered by a rough cost (step FLOPs, JAX's compilation counted as a multiple),
-    so that side-by-side cells end together instead of one GPU finishing a big cell alone."""
+    so that side-by-side cells end together instead of one GPU finishing a big cell alone;
+    `base_batch` is the batch of cells that carry none."""
     from harness.timing.flops import forward_flops
 
     def cost(cell: Cell) -> float:
-        return forward_flops(get_config(cell.model), 1, cell.ctx) * (3 if cell.backend == "jax" else 1)
+        flops = forward_flops(get_config(cell.model), cell.batch or base_batch, cell.ctx)
+        return flops * (3 if cell.backend == "jax" else 1)
 
     return sorted(cells, key=cost, reverse=True)
 
@@ -214,7 +217,7 @@ def run_sweep(cells: list[Cell], opts: dict, out_dir: str, *, timeout: float | N
     todo = pending[:max_cells] if max_cells is not None else pending
     fail_key, _, fail_phase = (fail_cell or "").rpartition(":")
     if gpus and len(gpus) > 1:
-        todo = longest_first(todo)
+        todo = longest_first(todo, opts["batch"])
     slots: list[str | None] = list(gpus) if gpus else [None]
     cpus = dict(zip(slots, cpu_slices(len(slots)))) if gpus else {None: None}
     running: dict[str | None, StartedCell] = {}

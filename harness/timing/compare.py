@@ -6,7 +6,11 @@ and an out-of-memory in one backend must not poison the other), then `harness.pa
 compares the two on the same weights and batch. The JAX processes share one persistent
 compilation cache (a temporary one unless --compile-cache names a folder), so the parity
 process reuses the run's executables and GEMM autotuning instead of compiling again. Results go to
-<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
+<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png. An
+existing folder of that name is replaced only with --overwrite (the entry point refuses to
+start otherwise; a folder that appears meanwhile is kept and the new one written beside it).
+Ctrl-C keeps what finished: the finished backends' documents and a partial summary go to
+<name>-interrupted/, and `Interrupted` says what is there.
 """
 
 from __future__ import annotations
@@ -20,21 +24,35 @@ import sys
 import tempfile
 import time
 
-from harness.common.results import ensure_dir, environment, gpu_slug
+from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
 from harness.config import backend_attention
 from harness.timing.runner import PHASE_ORDER
 
 SCHEMA = "harness.compare/1"
 
 
+class Interrupted(Exception):
+    """Ctrl-C during a comparison; the message says what finished and where it was kept."""
+
+
 def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
-    """Run `cmd`, passing its stderr (progress) through; return exit code and stderr's tail."""
+    """Run `cmd`, passing its stderr (progress) through; return exit code and stderr's tail.
+    An interrupt stops the subprocess too before it is re-raised."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     tail: list[str] = []
-    for line in proc.stderr:
-        sys.stderr.write(line)
-        tail = (tail + [line.rstrip()])[-20:]
-    return proc.wait(), "\n".join(tail)
+    try:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            tail = (tail + [line.rstrip()])[-20:]
+        return proc.wait(), "\n".join(tail)
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
 
 
 def _common_args(args: argparse.Namespace, backend: str, batch: int) -> list[str]:
@@ -122,6 +140,17 @@ def run_parity(args: argparse.Namespace, workdir: str) -> dict:
                 "batch": batch}
 
 
+def parity_or_skip(args: argparse.Namespace, runs: dict[str, dict], workdir: str) -> dict:
+    """The parity check, or its skip when every backend ran out of memory: parity holds
+    both models at once, so at the same size it would run out of memory too."""
+    if all(r.get("status") == "oom" for r in runs.values()):
+        reason = f"skipped: every backend ran out of memory at batch {args.batch}, so parity (both models " \
+                 "at once) would too"
+        print(f"[parity] {reason}", file=sys.stderr)
+        return {"ok": None, "error": reason, "skipped": True, "batch": args.batch}
+    return run_parity(args, workdir)
+
+
 def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: dict | None) -> dict:
     """The compare document: both runs, the phase table, ratios and the parity verdict."""
     table = []
@@ -154,6 +183,12 @@ def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: d
     }
 
 
+def expected_device(args: argparse.Namespace) -> str | None:
+    """The device name the runs will report, known before they start: "cpu", else the
+    GPU's name from nvidia-smi (None when it cannot tell)."""
+    return "cpu" if args.device == "cpu" else nvidia_smi().get("gpu_name")
+
+
 def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
     """Folder name of a comparison. `device` is the device a successful run
     reported; when every run failed there is none, and the requested device
@@ -166,15 +201,31 @@ def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
     return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{slug}{profiled}"
 
 
-def write_results(summary: dict, results_root: str, name: str, kernels: tuple[list, list] | None = None) -> str:
-    """Write summary.json, report.md, phases.png (and the kernels.* breakdown) into a temp
-    dir, then move it into place: an interrupted run leaves no half-written folder."""
+def _free_name(root: str, name: str) -> str:
+    """`name`, or `name-2`, `name-3`, ... the first that does not exist under `root`."""
+    candidates = (name if n == 1 else f"{name}-{n}" for n in range(1, 10_000))
+    return next(c for c in candidates if not os.path.exists(os.path.join(root, c)))
+
+
+def write_results(summary: dict, results_root: str, name: str, kernels: tuple[list, list] | None = None,
+                  overwrite: bool = False, runs: dict[str, dict] | None = None) -> str:
+    """Write summary.json, report.md, phases.png (the kernels.* breakdown, and `runs` as
+    <backend>.json) into a temp dir, then move it into place: an interrupted run leaves no
+    half-written folder. An existing folder `name` is replaced with `overwrite`, else kept
+    and the new one written beside it (`name-2`, ...)."""
     from harness.timing.compare_render import plot_phases, render_markdown
 
     ensure_dir(results_root)
+    if not overwrite and os.path.exists(os.path.join(results_root, name)):
+        kept = _free_name(results_root, name)
+        print(f"[compare] {os.path.join(results_root, name)} exists; writing {kept} beside it "
+              "(--overwrite replaces it)", file=sys.stderr)
+        name = kept
     final = os.path.join(results_root, name)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=results_root)
+    tmp = make_dir_tmp(f".{name}.", results_root)
     try:
+        for backend, doc in (runs or {}).items():
+            write_json(os.path.join(tmp, f"{backend}.json"), doc)
         if kernels:
             from harness.trace.render import render_markdown as render_kernels
             from harness.trace.render import write_report
@@ -196,16 +247,50 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
     return final
 
 
+def finished_runs(backends: list[str], workdir: str) -> dict[str, dict]:
+    """The result documents that the backends' runs wrote (each atomically, once finished)."""
+    docs = {}
+    for backend in backends:
+        path = os.path.join(workdir, f"{backend}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                docs[backend] = json.load(f)
+    return docs
+
+
+def keep_interrupted(args: argparse.Namespace, backends: list[str], finished: dict[str, dict]) -> str:
+    """After Ctrl-C: write the finished backends' documents and a partial summary (the
+    others marked "interrupted") to <name>-interrupted/; returns what was kept and where."""
+    if not finished:
+        return "interrupted before any backend finished; nothing was written"
+    stopped = {"status": "interrupted", "error": {"phase": "process", "message": "stopped by Ctrl-C"}}
+    runs = {b: finished.get(b, stopped) for b in backends}
+    summary = summarize_compare(args, runs, None)
+    summary["interrupted"] = True
+    name = result_dir_name(args, summary["device"]) + "-interrupted"
+    path = write_results(summary, args.out, name, overwrite=True, runs=finished)
+    left = [b for b in backends if b not in finished]
+    return (f"interrupted: {', '.join(finished)} finished, kept in {path} ({', '.join(f'{b}.json' for b in finished)}"
+            f" and a partial summary.json); not finished: {', '.join(left) or 'parity'}")
+
+
 def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
-    """Run each backend, the parity check and the kernel breakdown (when `args.profiler` is
-    "nsys" or "framework"); write the result folder under `args.out`. Returns the compare
-    document and the folder's path."""
+    """Run each backend, the parity check (skipped when every backend ran out of memory)
+    and the kernel breakdown (when `args.profiler` is "nsys" or "framework"); write the
+    result folder under `args.out` (replacing one of the same name if `args.overwrite`).
+    Returns the compare document and the folder's path; Ctrl-C raises `Interrupted` once
+    what finished is kept."""
     with tempfile.TemporaryDirectory(prefix="compare-") as work:
         args.compile_cache = os.path.abspath(args.compile_cache or os.path.join(work, "jax-cache"))
-        results = {b: run_backend(b, args, work) for b in backends}
-        runs = {b: doc for b, (doc, _) in results.items()}
+        results: dict[str, tuple[dict, str | None]] = {}
+        try:
+            for b in backends:
+                results[b] = run_backend(b, args, work)
+            runs = {b: doc for b, (doc, _) in results.items()}
+            parity = None if args.no_parity or len(backends) < 2 else parity_or_skip(args, runs, work)
+        except KeyboardInterrupt:
+            raise Interrupted(keep_interrupted(args, backends, finished_runs(backends, work))) from None
         profiles = {b: prof for b, (doc, prof) in results.items() if prof and doc.get("status") == "ok"}
-        parity = None if args.no_parity or len(backends) < 2 else run_parity(args, work)
         summary = summarize_compare(args, runs, parity)
         kernels = None
         if profiles:
@@ -217,5 +302,6 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
                 summary["kernel_breakdown_error"] = str(exc)
             if args.keep_profiles:
                 keep_profiles(profiles, args.keep_profiles)
-        path = write_results(summary, args.out, result_dir_name(args, summary["device"]), kernels)
+        path = write_results(summary, args.out, result_dir_name(args, summary["device"]), kernels,
+                             overwrite=args.overwrite)
     return summary, path

@@ -93,7 +93,10 @@ class ParityResult:
 def check_parity(config: ModelConfig, *, batch: int = 2, ctx: int = 64, device: str = "cpu", dtype: str = "fp32",
                  seed: int = 0, steps: int = 5) -> ParityResult:
     """Run both models on the same weights and batch and compare them tensor by tensor
-    (`config.attention` is JAX's; torch runs `backend_attention("torch", ...)` of it)."""
+    (`config.attention` is JAX's; torch runs `backend_attention("torch", ...)` of it).
+    `steps` must be at least 1: with none, the parameter and update checks compare nothing."""
+    if steps < 1:
+        raise ValueError(f"steps={steps}: parity needs at least one AdamW step to compare updates")
     from harness.timing.jax_backend import JaxSession
     from harness.timing.torch_backend import TorchSession, init_model
 

@@ -153,7 +153,7 @@ def test_report_top_negative_is_one_line(capsys: pytest.CaptureFixture) -> None:
         report.main([str(LOOPS / "torch_loop.sqlite.gz"), "--top", "-3"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
-    assert "error: expected a positive integer, got '-3' (option --top;" in err
+    assert "error: argument --top: expected a positive integer, got '-3'" in err
 
 
 def test_report_out_naming_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

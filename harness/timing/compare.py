@@ -43,13 +43,25 @@ def _common_args(args: argparse.Namespace, backend: str, batch: int) -> list[str
                                              args.attention), "--device", args.device, "--seed", str(args.seed)]
 
 
-def subprocess_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
-    """The environment of the run and parity subprocesses.
+def compile_cache_env(directory: str) -> dict[str, str]:
+    """The variables that point both compilers' persistent caches into `directory`.
 
     JAX_COMPILATION_CACHE_DIR turns on JAX's persistent cache, which also keeps XLA's
     per-fusion GEMM autotuning results; at large model sizes autotuning is most of the
-    compile time, and without the cache the parity process repeats it from scratch."""
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=args.compile_cache, **extra)
+    compile time. For torch.compile, Inductor's FX graph cache (compiled graphs, keyed by
+    graph, inputs and configuration) goes to `directory`/inductor and Triton's compiled
+    kernels to `directory`/triton, so a later process skips Inductor's code generation
+    and Triton's compilation."""
+    directory = os.path.abspath(directory)
+    return {"JAX_COMPILATION_CACHE_DIR": directory, "TORCHINDUCTOR_CACHE_DIR": os.path.join(directory, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(directory, "triton"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+
+
+def subprocess_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
+    """The environment of the run and parity subprocesses: the shared compile caches
+    (`compile_cache_env`), so the parity process reuses the timed runs' compilations
+    instead of repeating them."""
+    return dict(os.environ, **compile_cache_env(args.compile_cache), **extra)
 
 
 def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[dict, str | None]:

@@ -47,6 +47,7 @@ class RunOptions:
     annotate_attention: bool = False
     profile: str | None = None  # write a framework-profiler trace here
     fail_in: str | None = None  # fault injection for tests: raise an OOM in this phase
+    optimizer: str = "foreach"  # the torch backends' AdamW: foreach, foreach-compiled or loop
 
 
 # Every phase a result document may hold, in report order.
@@ -61,7 +62,7 @@ class PhaseFailure(Exception):
 
 
 def _simulated_oom(backend: str) -> BaseException:
-    if backend == "torch":
+    if backend != "jax":
         import torch
 
         return torch.OutOfMemoryError("CUDA out of memory (simulated by --fail-in)")
@@ -79,11 +80,16 @@ def make_session(opts: RunOptions, config: ModelConfig):
     # Both backends start from these weights. They do not depend on the attention
     # kernel; torch has no Pallas kernel, so they come from torch's counterpart.
     weights = init_model(dataclasses.replace(config, attention=backend_attention("torch", config.attention)), opts.seed)
+    common = dict(device=opts.device, dtype=opts.dtype, seed=opts.seed, weights=weights)
+    if opts.backend == "jax":
+        from harness.timing.jax_backend import JaxSession
+
+        return JaxSession(config, tokens, **common)
+    from harness.timing.torch_backend import TorchCompileSession, TorchSession
+
     if opts.backend == "torch":
-        from harness.timing.torch_backend import TorchSession as Session
-    else:
-        from harness.timing.jax_backend import JaxSession as Session
-    return Session(config, tokens, device=opts.device, dtype=opts.dtype, seed=opts.seed, weights=weights)
+        return TorchSession(config, tokens, **common, optimizer=opts.optimizer)
+    return TorchCompileSession(config, tokens, **common, optimizer=opts.optimizer, backend=opts.backend)
 
 
 class Timer:
@@ -223,7 +229,7 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
         overhead=overhead,
         loss={"first": timer.losses[0], "last": timer.losses[-1]},
         peak_tflops=peak_tf,
-        memory_note=("torch: max_memory_allocated after a reset before each phase" if opts.backend == "torch" else
+        memory_note=("torch: max_memory_allocated after a reset before each phase" if opts.backend != "jax" else
                      "jax: the allocator's peak_bytes_in_use after the phase (a process-wide high-water mark)"),
         env=environment({"device": device_name or "cpu", **session.versions()}),
     )
@@ -247,8 +253,8 @@ def _instrumented(opts: RunOptions):
             from harness.timing.ranges import use_framework_annotations
             from harness.trace import framework_profile
 
-            use_framework_annotations(opts.backend)
-            recorder = framework_profile.torch_profiler if opts.backend == "torch" else framework_profile.jax_profiler
+            use_framework_annotations("jax" if opts.backend == "jax" else "torch")
+            recorder = framework_profile.jax_profiler if opts.backend == "jax" else framework_profile.torch_profiler
             stack.enter_context(recorder(opts.profile))
         yield
 
@@ -256,7 +262,7 @@ def _instrumented(opts: RunOptions):
 def _annotate_attention(opts: RunOptions) -> None:
     from harness.timing.ranges import annotate_attention
 
-    if opts.backend == "torch":
+    if opts.backend != "jax":
         import torch
 
         from torch_impl.model import CausalSelfAttention
@@ -272,10 +278,12 @@ def _annotate_attention(opts: RunOptions) -> None:
 
 
 def _precision(opts: RunOptions) -> str:
-    if opts.backend == "torch":
+    if opts.backend == "jax":
+        from harness.timing.jax_backend import PRECISION
+    elif opts.backend == "torch":
         from harness.timing.torch_backend import PRECISION
     else:
-        from harness.timing.jax_backend import PRECISION
+        from harness.timing.torch_backend import COMPILED_PRECISION as PRECISION
     return PRECISION[opts.dtype]
 
 

@@ -20,7 +20,7 @@ CELL_SCHEMA = "harness.sweep.cell/1"
 CELLS_FILE, SWEEP_FILE = "cells.jsonl", "sweep.json"
 WARMUP_STUDY = (0, 1, 2, 5)
 # Options every cell of one sweep folder must share (a resume with other values would mix them).
-FIXED = ("batch", "warmup", "steps", "attention", "mode", "device", "nsys")
+FIXED = ("batch", "warmup", "steps", "attention", "mode", "device", "nsys", "optimizer")
 FAILED = ("oom", "error", "crashed", "timeout")
 
 
@@ -112,8 +112,8 @@ def prepare(out_dir: str, opts: dict, axes: dict, resume: bool, warmup_study: bo
         raise UsageError(f"{out_dir} already holds a sweep; pass --resume to continue it or choose another --out")
     if exists:
         sweep = load_sweep(out_dir)
-        differ = [f"--{k.replace('_', '-')} {sweep['options'][k]} (now {opts[k]})" for k in FIXED
-                  if sweep["options"][k] != opts[k]]
+        differ = [f"--{k.replace('_', '-')} {sweep['options'].get(k)} (now {opts[k]})" for k in FIXED
+                  if sweep["options"].get(k) != opts[k]]
         if differ:
             raise UsageError(f"{out_dir} was run with {', '.join(differ)}; resume with the same options")
         sweep["axes"] = {k: _union(sweep["axes"][k], v) for k, v in axes.items()}

@@ -1,11 +1,12 @@
-"""Run the same training step in PyTorch and JAX, check they agree, report side by side
-(the library behind `python -m harness.compare`).
+"""Run the same training step in eager PyTorch, compiled PyTorch and JAX, check they
+agree, report side by side (the library behind `python -m harness.compare`).
 
 Each backend runs `harness.run` in its own subprocess (JAX preallocates most of the GPU,
 and an out-of-memory in one backend must not poison the other), then `harness.parity`
-compares the two on the same weights and batch. The JAX processes share one persistent
-compilation cache (a temporary one unless --compile-cache names a folder), so the parity
-process reuses the run's executables and GEMM autotuning instead of compiling again. Results go to
+compares each with eager torch on the same weights and batch. The processes share
+persistent compile caches (JAX's, Inductor's and Triton's; temporary ones unless
+--compile-cache names a folder), so the parity process reuses the runs' executables and
+GEMM autotuning instead of compiling again. Ratios are against the first backend. Results go to
 <out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
 """
 
@@ -69,7 +70,8 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
     asked; returns its result document and the profile it left (or None)."""
     out = os.path.join(workdir, f"{backend}.json")
     program = [sys.executable, "-m", "harness.run", "--backend", backend, *_common_args(args, backend, args.batch),
-               "--warmup", str(args.warmup), "--steps", str(args.steps), "--mode", args.mode, "--out", out]
+               "--warmup", str(args.warmup), "--steps", str(args.steps), "--mode", args.mode, "--out", out,
+               "--optimizer", args.optimizer]
     if args.annotate_attention:
         program.append("--annotate-attention")
     if args.fail_in and args.fail_in.split(":")[0] == backend:
@@ -81,7 +83,7 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
         stem = os.path.join(workdir, f"{backend}")
         program, profile = profile_command(backend, stem, program, args.nsys_bin), stem + ".nsys-rep"
     elif args.profiler == "framework":
-        profile = os.path.join(workdir, "torch-trace.json" if backend == "torch" else "jax-trace")
+        profile = os.path.join(workdir, "jax-trace" if backend == "jax" else f"{backend}-trace.json")
         program += ["--profile", profile]
     start = time.perf_counter()
     code, tail = _stream(program, subprocess_env(args))
@@ -111,13 +113,15 @@ def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Name
                            [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=args.nsys_bin)
 
 
-def run_parity(args: argparse.Namespace, workdir: str) -> dict:
-    """harness.parity in a subprocess, halving the batch until both models fit at once."""
+def run_parity(args: argparse.Namespace, workdir: str, backends: list[str]) -> dict:
+    """harness.parity of `backends` against eager torch in a subprocess, halving the batch
+    until two models fit at once."""
     batch = args.batch
     env = subprocess_env(args, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     while True:
         out = os.path.join(workdir, f"parity-b{batch}.json")
-        cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--out", out]
+        cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--out", out,
+               "--backend", ",".join(backends)]
         start = time.perf_counter()
         code, tail = _stream(cmd, env)
         print(f"[parity] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -135,29 +139,30 @@ def run_parity(args: argparse.Namespace, workdir: str) -> dict:
 
 
 def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: dict | None) -> dict:
-    """The compare document: both runs, the phase table, ratios and the parity verdict."""
+    """The compare document: the runs, the phase table with each backend's time over the
+    first backend's (`ratios`), and the parity verdict. In the `fused_step` row the torch
+    backends, which have no fused step, stand with their (only) step."""
     table = []
     phases = [p for p in PHASE_ORDER
               if any(p in r.get("phases", {}) for r in runs.values())]
+    reference = next(iter(runs), None)
     for name in phases:
         row = {"phase": name}
         for backend, r in runs.items():
-            row[backend] = r["phases"].get(name) if r["status"] == "ok" else None
-        t, j = row.get("torch"), row.get("jax")
-        row["jax_over_torch"] = j["median_ms"] / t["median_ms"] if t and j else None
+            own = name if name != "fused_step" or backend == "jax" else "step"
+            row[backend] = r["phases"].get(own) if r["status"] == "ok" else None
+        ref = row.get(reference)
+        row["ratios"] = {b: row[b]["median_ms"] / ref["median_ms"] if ref and row[b] else None
+                         for b in runs if b != reference}
         table.append(row)
-    if "fused_step" in phases and runs.get("torch", {}).get("status") == "ok" and runs["jax"].get("status") == "ok":
-        # JAX's fused step is compared with torch's (only) step.
-        fused = next(r for r in table if r["phase"] == "fused_step")
-        fused["torch"] = runs["torch"]["phases"]["step"]
-        fused["jax_over_torch"] = fused["jax"]["median_ms"] / fused["torch"]["median_ms"]
     ok_runs = [r for r in runs.values() if r.get("status") == "ok"]
     device = ok_runs[0]["env"].get("device") if ok_runs else None
     return {
         "schema": SCHEMA,
         "ok": all(r.get("status") == "ok" for r in runs.values()) and bool(parity and parity.get("ok")),
         "options": {k: getattr(args, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
-                                                  "warmup", "steps", "seed")},
+                                                  "warmup", "steps", "seed", "optimizer")},
+        "reference": reference,
         "device": device,
         "runs": runs,
         "table": table,
@@ -213,11 +218,12 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
     "nsys" or "framework"); write the result folder under `args.out`. Returns the compare
     document and the folder's path."""
     with tempfile.TemporaryDirectory(prefix="compare-") as work:
-        args.compile_cache = os.path.abspath(args.compile_cache or os.path.join(work, "jax-cache"))
+        args.compile_cache = os.path.abspath(args.compile_cache or os.path.join(work, "compile-cache"))
         results = {b: run_backend(b, args, work) for b in backends}
         runs = {b: doc for b, (doc, _) in results.items()}
         profiles = {b: prof for b, (doc, prof) in results.items() if prof and doc.get("status") == "ok"}
-        parity = None if args.no_parity or len(backends) < 2 else run_parity(args, work)
+        compared = [b for b in backends if b != "torch"]
+        parity = None if args.no_parity or len(backends) < 2 else run_parity(args, work, compared)
         summary = summarize_compare(args, runs, parity)
         kernels = None
         if profiles:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from harness.common.tables import markdown_table
-from harness.timing.parity import TOLERANCES
 
 
 def _ms(p: dict | None) -> str:
@@ -42,14 +41,18 @@ def parity_verdict(parity: dict | None) -> str:
 
 
 def table_rows(summary: dict) -> list[list[str]]:
-    header = ["phase", "torch ms (median ± std)", "jax ms (median ± std)", "jax/torch",
-              "torch TFLOP/s", "jax TFLOP/s", "torch MFU", "jax MFU", "torch peak GiB", "jax peak GiB"]
+    """Phase rows with a column per backend for each figure; ratios over the first backend."""
+    backends = list(summary["runs"])
+    ref = backends[0] if backends else None
+    header = ["phase", *(f"{b} ms (median ± std)" for b in backends), *(f"{b}/{ref}" for b in backends[1:]),
+              *(f"{b} TFLOP/s" for b in backends), *(f"{b} MFU" for b in backends),
+              *(f"{b} peak GiB" for b in backends)]
     rows = [header]
     for row in summary["table"]:
-        t, j = row.get("torch"), row.get("jax")
+        cells = [row.get(b) for b in backends]
         label = row["phase"] + (" (torch: step)" if row["phase"] == "fused_step" else "")
-        rows.append([label, _ms(t), _ms(j), _ratio(row["jax_over_torch"]), _tf(t), _tf(j), _mfu(t), _mfu(j),
-                     _mem(t), _mem(j)])
+        rows.append([label, *map(_ms, cells), *(_ratio(row["ratios"].get(b)) for b in backends[1:]),
+                     *map(_tf, cells), *map(_mfu, cells), *map(_mem, cells)])
     return rows
 
 
@@ -83,12 +86,12 @@ def render_markdown(summary: dict) -> str:
     out += ["", "Times are medians over measured steps after warm-up, each phase ended by a device "
             "synchronization; ± is the standard deviation. `step` is forward + backward + optimizer "
             "inside one NVTX range. JAX's `fused_step` (value_and_grad and AdamW update in one jit) is "
-            "compared with torch's `step`.", ""]
+            "compared with the torch backends' `step`. Ratios are times over the first backend's.", ""]
     out += ["## Parity", "", parity_verdict(summary["parity"]), ""]
     if summary["parity"] and summary["parity"].get("ok") is not None:
-        out += [f"Tolerance table ({o['dtype']}): " + ", ".join(f"{k} {v:.0e}" for k,
-                                                                v in TOLERANCES[o["dtype"]].items()),
-                ""]
+        out += [f"Tolerance table against eager torch ({o['dtype']}), {backend}: "
+                + ", ".join(f"{k} {v:.0e}" for k, v in bounds.items())
+                for backend, bounds in summary["parity"]["tolerances"].items()] + [""]
     out += ["## What each run computed", ""]
     for backend, r in runs.items():
         if r.get("status") != "ok":

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 import torch_impl
-from harness.common.cli import OPTIMIZERS
+from harness.common.cli import OPTIMIZERS, UsageError
 from harness.config import ModelConfig
 
 PRECISION = {
@@ -69,6 +71,25 @@ def unavailable(backend: str, device: str) -> str | None:
         return (f"{backend} on CPU needs a C++ compiler for Inductor's kernels and found none "
                 "(install g++ or set $CXX)")
     return None
+
+
+def choose_backends(asked: list[str] | None, default: Sequence[str], device: str, tool: str) -> list[str]:
+    """The backends a tool runs: `asked` (a UsageError if one cannot run on `device`), or
+    `default` less those that cannot, each skipped one named on stderr with the reason."""
+    for backend in asked or ():
+        reason = backend != "jax" and unavailable(backend, device)
+        if reason:
+            raise UsageError(f"--backend {reason}")
+    if asked is not None:
+        return asked
+    chosen = []
+    for backend in default:
+        reason = backend != "jax" and unavailable(backend, device)
+        if reason:
+            print(f"{tool}: skipping {reason}", file=sys.stderr)
+        else:
+            chosen.append(backend)
+    return chosen
 
 
 class TorchSession:

@@ -184,7 +184,7 @@ def test_a_cell_past_its_timeout_is_killed_and_recorded(tmp_path) -> None:
     (["--model", "tiny,huge", "--ctx", "16"], "unknown model 'huge'; choose one of tiny, mini, small"),
     (["--model", "tiny", "--ctx", "16,0"], "expected a positive integer, got '0'"),
     (["--model", "tiny", "--ctx", "sixteen"], "expected a positive integer, got 'sixteen'"),
-    (["--model", "tiny", "--ctx", "16", "--backend", "torch,tf"], "unknown backend 'tf'; choose one of torch, jax"),
+    (["--model", "tiny", "--ctx", "16", "--backend", "torch,tf"], "unknown backend 'tf'; choose one of torch, torch-compile, torch-compile-cg, jax"),
     (["--model", "tiny", "--ctx", "16", "--dtype", "fp16"], "unknown dtype 'fp16'; choose one of fp32, tf32, bf16"),
     (["--model", "tiny"], "--model and --ctx are required"),
 ])

@@ -1,9 +1,12 @@
-"""Run the same training step in PyTorch and JAX, check they agree, report side by side.
+"""Run the same training step in eager PyTorch, compiled PyTorch and JAX, check they agree,
+report side by side.
 
     python -m harness.compare --model large --ctx 256 [--dtype bf16] [--attention fused] [--out results]
 
-Each backend runs `harness.run` in its own subprocess, then `harness.parity` compares the
-two on the same weights and batch (library: `harness.timing.compare`). The result folder
+By default torch, torch-compile and jax (--backend chooses; torch-compile is skipped, with
+a line saying why, on a CPU without the C++ compiler Inductor needs). Each backend runs
+`harness.run` in its own subprocess, then `harness.parity` compares each with eager torch
+on the same weights and batch (library: `harness.timing.compare`). The result folder
 <out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>[-profiled]/ gets summary.json, report.md
 and phases.png. A result folder of that name already there is refused before anything
 runs (--overwrite replaces it; another --out keeps both). Ctrl-C keeps the finished
@@ -25,6 +28,7 @@ from harness.common.cli import (
     add_mode,
     add_model_args,
     add_nsys_bin,
+    add_optimizer,
     add_out,
     add_steps,
     fail,
@@ -35,14 +39,19 @@ from harness.common.cli import (
 from harness.common.results import dir_problem
 from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
+from harness.timing.torch_backend import choose_backends
+
+DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.compare", __doc__)
     add_model_args(p)
     add_backend(p, many=True)
+    p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
     add_steps(p)
     add_mode(p)
+    add_optimizer(p)
     add_out(p, "parent folder of the result folder", default="results", metavar="DIR")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing result folder of the same name (without it, compare refuses to start)")
@@ -57,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--annotate-attention", action="store_true",
                    help="NVTX ranges inside naive attention (attribution runs: adds syncs)")
     p.add_argument("--compile-cache", metavar="DIR",
-                   help="persistent JAX compilation cache shared by the JAX processes, kept for later runs "
-                        "(None: a temporary one for this comparison)")
+                   help="persistent compile caches shared by the processes, kept for later runs: JAX's in DIR, "
+                        "torch-compile's Inductor and Triton caches in DIR/inductor, DIR/triton "
+                        "(None: temporary ones for this comparison)")
     p.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # "backend:phase", for tests
     return p
 
@@ -83,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         select_platform(args)
+        args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "compare")
         if problem := dir_problem(args.out, "--out"):
             raise UsageError(problem)
         args.profiler = profiler(args)

@@ -83,4 +83,4 @@ def get_config(name: str, **overrides) -> ModelConfig:
 def backend_attention(backend: str, attention: str) -> str:
     """The attention a backend runs when `attention` is asked of both: the Pallas kernel is
     JAX's, and torch runs its fused SDPA opposite it."""
-    return "fused" if backend == "torch" and attention == "pallas" else attention
+    return "fused" if backend != "jax" and attention == "pallas" else attention

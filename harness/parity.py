@@ -1,10 +1,12 @@
-"""Parity of the PyTorch and JAX models: same weights, same batch, same numbers?
+"""Parity of the backends against eager torch: same weights, same batch, same numbers?
 
-    python -m harness.parity --model tiny --device cpu [--out parity.json]
+    python -m harness.parity --model tiny --device cpu [--backend jax,torch-compile] [--out parity.json]
 
-Compares logits, loss, every gradient, and every parameter and parameter update after
---steps AdamW steps by relative error against the tolerance table of
-`harness.timing.parity`; exit status 1 when any tensor is over its bound.
+Compares each backend's logits, loss, every gradient, and every parameter and parameter
+update after --steps AdamW steps with eager torch's by relative error against the
+tolerance tables of `harness.timing.parity`; exit status 1 when any tensor is over its
+bound. By default every backend that can run here is compared (torch-compile on CPU
+needs a C++ compiler, torch-compile-cg a GPU); the skipped ones are named on stderr.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from harness.common.cli import (
     UsageError,
     add_model_args,
     add_out,
+    choice,
+    comma_list,
     fail,
     make_parser,
     parse_args,
@@ -27,13 +31,17 @@ from harness.common.cli import (
 from harness.common.errors import describe_failure
 from harness.common.results import write_json
 from harness.config import get_config
-from harness.timing.parity import check_parity, format_table
+from harness.timing.parity import COMPARED, check_parity, format_table
+from harness.timing.torch_backend import choose_backends
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.parity", __doc__)
     add_model_args(p, ctx_default=64, batch_default=2)
     p.add_argument("--steps", type=positive_int, default=5, help="AdamW steps before comparing parameters")
+    p.add_argument("--backend", type=comma_list(choice("backend", COMPARED)), default=None,
+                   help=f"comma-separated backends compared with eager torch: {', '.join(COMPARED)} "
+                        "(None: every one that can run here)")
     add_out(p, "also write the result as JSON here", metavar="PATH.json")
     return p
 
@@ -42,13 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         select_platform(args)
+        args.backend = choose_backends(args.backend, COMPARED, args.device, "parity")
     except UsageError as exc:
         return fail(str(exc))
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU here
     config = get_config(args.model, attention=args.attention)
     try:
         result = check_parity(config, batch=args.batch, ctx=args.ctx, device=args.device, dtype=args.dtype,
-                              seed=args.seed, steps=args.steps)
+                              seed=args.seed, steps=args.steps, backends=tuple(args.backend))
     except Exception as exc:  # an OOM or a backend failure is reported, not a traceback
         return fail(describe_failure(exc, "parity", args))
     print(format_table(result))

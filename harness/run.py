@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 
@@ -20,6 +21,7 @@ from harness.common.cli import (
     add_backend,
     add_mode,
     add_model_args,
+    add_optimizer,
     add_out,
     add_steps,
     fail,
@@ -29,6 +31,7 @@ from harness.common.cli import (
 )
 from harness.common.results import file_problem, write_json
 from harness.timing.runner import FAULT_PHASES, RunOptions, format_result, run
+from harness.timing.torch_backend import choose_backends
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     add_steps(p)
     add_mode(p)
+    add_optimizer(p)
     add_out(p, "write the result document here", metavar="PATH.json")
+    p.add_argument("--compile-cache", metavar="DIR",
+                   help="persistent compile caches in DIR, kept for later runs: JAX's, and torch-compile's "
+                        "Inductor (DIR/inductor) and Triton (DIR/triton) caches (None: the compilers' defaults)")
     p.add_argument("--annotate-attention", action="store_true",
                    help="NVTX ranges attn_scores/attn_softmax/attn_values inside naive attention "
                         "(synchronizes inside the forward; JAX then runs op by op)")
@@ -58,14 +65,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         select_platform(args)
-        if args.attention == "pallas" and args.backend == "torch":
+        if args.attention == "pallas" and args.backend != "jax":
             raise UsageError("--attention pallas is a JAX kernel; for torch use naive or fused")
+        if args.annotate_attention and args.backend not in ("torch", "jax"):
+            raise UsageError("--annotate-attention synchronizes inside attention, which a compiled graph cannot "
+                             "hold; use --backend torch")
+        choose_backends([args.backend], (), args.device, "run")
         if args.fail_in is not None and args.fail_in not in FAULT_PHASES:
             raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")
         if args.out and (problem := file_problem(args.out, "--out")):
             raise UsageError(problem)
     except UsageError as exc:
         return fail(str(exc))
+    if args.compile_cache:
+        from harness.timing.compare import compile_cache_env
+
+        os.environ.update(compile_cache_env(args.compile_cache))
     progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     doc = run(options_from_args(args), progress)
     if args.out:

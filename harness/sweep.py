@@ -1,6 +1,7 @@
 """Sweep models x context lengths x batches x backends x dtypes, one `harness.run` subprocess per cell.
 
-    python -m harness.sweep --model small,medium --ctx 128,256,512 [--batch 4,8,16,32] [--backend torch,jax]
+    python -m harness.sweep --model small,medium --ctx 128,256,512 [--batch 4,8,16,32] \
+        [--backend torch,torch-compile,jax]
         [--dtype fp32,bf16] [--nsys] [--warmup-study] [--resume] [--gpus 0,1] [--out results/<sweep>/]
     python -m harness.sweep --render results/<sweep>/
 
@@ -32,6 +33,7 @@ from harness.common.cli import (
     add_mode,
     add_model,
     add_nsys_bin,
+    add_optimizer,
     add_out,
     add_steps,
     comma_list,
@@ -48,6 +50,9 @@ from harness.sweeps.records import FIXED, WARMUP_STUDY, grid, prepare
 from harness.sweeps.render import write_report
 from harness.sweeps.runner import run_sweep
 from harness.timing.runner import FAULT_PHASES
+from harness.timing.torch_backend import choose_backends
+
+DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
 
 
 def gpu_index(value: str) -> str:
@@ -61,12 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_model(p, many=True, default=None)
     add_ctx(p, many=True)
     add_backend(p, many=True)
+    p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
     add_dtype(p, many=True)
     add_batch(p, many=True)
     add_steps(p)
     add_attention(p)
     add_device(p)
     add_mode(p)
+    add_optimizer(p)
     add_out(p, "the sweep folder", default="results/sweep", metavar="DIR")
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep in --out, skipping recorded cells; new axis values join its grid")
@@ -92,7 +99,7 @@ def check(args: argparse.Namespace) -> None:
     """Options that argparse cannot check alone; a UsageError names the fix."""
     if args.model is None or args.ctx is None:
         raise UsageError("--model and --ctx are required (or --render DIR)")
-    if args.attention == "pallas" and "jax" not in args.backend:
+    if args.attention == "pallas" and args.backend is not None and "jax" not in args.backend:
         raise UsageError("--attention pallas is a JAX kernel; include jax in --backend")
     if args.fail_cell is not None and args.fail_cell.rpartition(":")[2] not in FAULT_PHASES:
         raise UsageError(f"--fail-cell {args.fail_cell!r}: end with :{', :'.join(FAULT_PHASES)}")
@@ -123,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         check(args)
         select_platform(args)
+        args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "sweep")
         if args.gpus and args.device == "cpu":
             raise UsageError("--gpus runs cells on GPUs; drop it for --device cpu")
         opts = {k: getattr(args, k) for k in FIXED}

@@ -148,13 +148,13 @@ def test_memory_model_without_arguments_prints_the_fit_table(capsys) -> None:
 # -- parity after out-of-memory -------------------------------------------------------------
 def test_parity_is_skipped_when_every_backend_ran_out_of_memory(tmp_path, capsys, monkeypatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(compare_lib, "run_parity", lambda args, work: calls.append(1) or {"ok": True})
+    monkeypatch.setattr(compare_lib, "run_parity", lambda args, work, backends: calls.append(1) or {"ok": True})
     args = Namespace(batch=8)
-    doc = compare_lib.parity_or_skip(args, {"torch": {"status": "oom"}, "jax": {"status": "oom"}}, str(tmp_path))
+    doc = compare_lib.parity_or_skip(args, {"torch": {"status": "oom"}, "jax": {"status": "oom"}}, str(tmp_path), ["jax"])
     assert calls == [] and doc["ok"] is None and doc["skipped"]
     assert "every backend ran out of memory at batch 8" in capsys.readouterr().err
     assert compare_lib.parity_or_skip(args, {"torch": {"status": "ok"}, "jax": {"status": "oom"}},
-                                      str(tmp_path)) == {"ok": True}
+                                      str(tmp_path), ["jax"]) == {"ok": True}
     assert calls == [1]
 
 

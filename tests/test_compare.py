@@ -23,7 +23,7 @@ def cli(module: str, *args: str) -> subprocess.CompletedProcess:
 def compare_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     proc = cli("harness.compare", "--model", "tiny", "--ctx", "32", "--batch", "2", "--warmup", "1", "--steps", "3",
-               "--device", "cpu", "--out", str(out))
+               "--device", "cpu", "--out", str(out), "--compile-cache", str(out / "cache"))
     return proc, out
 
 
@@ -55,6 +55,74 @@ def test_compare_writes_a_complete_result_folder(compare_run):
     assert "jax/torch" in proc.stdout and "parity: PASS" in proc.stdout
 
 
+def test_compare_runs_torch_compile_beside_eager_torch_and_jax(compare_run, inductor):
+    """By default compare runs the compiled backend too (where Inductor builds on this CPU):
+    a column of its own, parity against eager torch inside the compiled bound, and its
+    compiled graphs left in the named compile cache."""
+    from harness.timing.parity import COMPILE_TOLERANCES
+
+    proc, out = compare_run
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "tiny-ctx32-fp32-cpu" / "summary.json").read_text())
+    assert list(summary["runs"]) == ["torch", "torch-compile", "jax"] and summary["reference"] == "torch"
+    compiled, eager = summary["runs"]["torch-compile"], summary["runs"]["torch"]
+    assert compiled["status"] == "ok" and compiled["options"]["optimizer"] == "foreach"
+    assert "Inductor" in compiled["precision"] and "fused_step" not in compiled["phases"]
+    # the same weights, batch and program: the same first loss to float32 reordering
+    assert compiled["loss"]["first"] == pytest.approx(eager["loss"]["first"], rel=1e-6)
+    step = next(row for row in summary["table"] if row["phase"] == "step")
+    assert step["ratios"]["torch-compile"] == pytest.approx(
+        compiled["phases"]["step"]["median_ms"] / eager["phases"]["step"]["median_ms"])
+    rows = [r for r in summary["parity"]["rows"] if r["backend"] == "torch-compile"]
+    assert len(rows) == 2 + 3 * (3 + 2 * 9)  # logits, loss, and per parameter: grad, param, update
+    assert all(r["ok"] and r["rel_err"] <= COMPILE_TOLERANCES["fp32"][r["quantity"]] for r in rows)
+    assert summary["parity"]["tolerances"]["torch-compile"] == COMPILE_TOLERANCES["fp32"]
+    assert "torch-compile/torch" in proc.stdout
+    report = (out / "tiny-ctx32-fp32-cpu" / "report.md").read_text()
+    assert "torch-compile ms (median ± std)" in report and "**torch-compile**" in report
+    assert os.listdir(out / "cache" / "inductor" / "fxgraph")  # Inductor's FX graph cache went to --compile-cache
+
+
+def test_compare_default_skips_what_cannot_run_here(monkeypatch, capsys):
+    """Without a C++ compiler the default drops torch-compile with one line saying why;
+    named explicitly, a backend that cannot run is bad input."""
+    from harness.common.cli import UsageError
+    from harness.timing import torch_backend
+
+    monkeypatch.setattr(torch_backend, "inductor_cpu_compiler", lambda: None)
+    assert torch_backend.choose_backends(None, compare.DEFAULT_BACKENDS, "cpu", "compare") == ["torch", "jax"]
+    err = capsys.readouterr().err.strip()
+    assert err == ("compare: skipping torch-compile on CPU needs a C++ compiler for Inductor's kernels and found "
+                   "none (install g++ or set $CXX)")
+    with pytest.raises(UsageError, match="--backend torch-compile on CPU needs a C\\+\\+ compiler"):
+        torch_backend.choose_backends(["torch-compile"], compare.DEFAULT_BACKENDS, "cpu", "compare")
+
+
+@pytest.mark.parametrize("tool, args, message", [
+    ("harness.compare", ["--backend", "torch,torch-compile-cg"],
+     "error: --backend torch-compile-cg replays CUDA graphs and needs --device cuda; on CPU use torch-compile"),
+    ("harness.run", ["--backend", "torch-compile-cg"],
+     "error: --backend torch-compile-cg replays CUDA graphs and needs --device cuda; on CPU use torch-compile"),
+    ("harness.compare", ["--backend", "torch-inductor"],
+     "error: unknown backend 'torch-inductor'; choose one of torch, torch-compile, torch-compile-cg, jax"),
+    ("harness.run", ["--backend", "torch-compile", "--optimizer", "adam"],
+     "error: unknown optimizer 'adam'; choose one of foreach, foreach-compiled, loop"),
+    ("harness.run", ["--backend", "torch-compile", "--annotate-attention"],
+     "error: --annotate-attention synchronizes inside attention, which a compiled graph cannot hold; "
+     "use --backend torch"),
+])
+def test_compiled_backends_bad_input_is_one_line(tool, args, message):
+    proc = cli(tool, "--model", "tiny", "--ctx", "8", "--device", "cpu", *args)
+    assert proc.returncode == 2 and proc.stderr.strip() == message
+
+
+def test_compare_accepts_the_compiled_backends():
+    args = parse_args(compare.build_parser(), ["--model", "tiny", "--ctx", "8", "--backend",
+                                               "torch-compile,torch-compile-cg,jax", "--optimizer", "loop"])
+    assert args.backend == ["torch-compile", "torch-compile-cg", "jax"] and args.optimizer == "loop"
+    assert parse_args(compare.build_parser(), ["--model", "tiny", "--ctx", "8"]).backend is None  # resolved in main
+
+
 def test_run_in_forward_mode_has_only_forward_and_step():
     doc = run(RunOptions(backend="jax", model="tiny", ctx=16, batch=1, warmup=1, steps=2, mode="forward"))
     assert doc["status"] == "ok" and set(doc["phases"]) == {"forward", "step"}
@@ -84,7 +152,8 @@ def test_bad_input_is_one_line_naming_the_choices(args, message):
     err = proc.stderr.strip()
     assert proc.returncode == 2 and err.startswith(message) and len(err.splitlines()) == 1
     proc = cli("harness.run", "--backend", "mxnet", "--model", "tiny", "--ctx", "8")
-    assert proc.returncode == 2 and "unknown backend 'mxnet'; choose one of torch, jax" in proc.stderr
+    assert proc.returncode == 2 and "unknown backend 'mxnet'; choose one of torch, torch-compile, torch-compile-cg, jax" \
+        in proc.stderr
 
 
 def test_simulated_oom_is_reported_and_the_other_backend_still_runs(tmp_path):

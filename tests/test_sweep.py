@@ -28,7 +28,8 @@ from harness.sweeps import records as sweep_records
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sweep")
 FAIL = "mini:32:jax:fp32"
-GRID = ["--model", "tiny,mini", "--ctx", "16,32", "--device", "cpu", "--warmup", "1", "--steps", "2"]
+GRID = ["--model", "tiny,mini", "--ctx", "16,32", "--backend", "torch,jax", "--device", "cpu", "--warmup", "1",
+        "--steps", "2"]
 
 
 def _lines(out_dir: str) -> list[str]:
@@ -113,7 +114,8 @@ def test_cells_run_side_by_side_one_per_gpu(tmp_path) -> None:
     """With two GPU slots the second cell starts before the first one ends, each cell
     sees only its own GPU index, and the records say which one it had."""
     out = str(tmp_path / "s")
-    opts = dict(batch=1, warmup=0, steps=1, attention="naive", mode="train", device="cpu", nsys=False)
+    opts = dict(batch=1, warmup=0, steps=1, attention="naive", mode="train", device="cpu", nsys=False,
+                optimizer="foreach")
     cells = [sweep_records.Cell("tiny", 8, "torch", "fp32"), sweep_records.Cell("tiny", 16, "torch", "fp32")]
     messages: list[str] = []
     runner.run_sweep(cells, opts, out, gpus=["3", "5"], log=messages.append)
@@ -174,7 +176,8 @@ def test_an_exit_without_result_is_recorded_as_a_crash(tmp_path) -> None:
 
 def test_a_cell_past_its_timeout_is_killed_and_recorded(tmp_path) -> None:
     rec = runner.run_cell(sweep_records.Cell("tiny", 16, "torch", "fp32"), dict(batch=1, warmup=50, steps=50,
-                         attention="naive", mode="train", device="cpu", nsys=False), str(tmp_path), timeout=1)
+                         attention="naive", mode="train", device="cpu", nsys=False, optimizer="foreach"), str(tmp_path),
+                         timeout=1)
     assert rec["status"] == "timeout" and rec["result"] is None and "--cell-timeout 1" in rec["reason"]
     assert rec["wall_s"] < 10
 
@@ -184,7 +187,7 @@ def test_a_cell_past_its_timeout_is_killed_and_recorded(tmp_path) -> None:
     (["--model", "tiny,huge", "--ctx", "16"], "unknown model 'huge'; choose one of tiny, mini, small"),
     (["--model", "tiny", "--ctx", "16,0"], "expected a positive integer, got '0'"),
     (["--model", "tiny", "--ctx", "sixteen"], "expected a positive integer, got 'sixteen'"),
-    (["--model", "tiny", "--ctx", "16", "--backend", "torch,tf"], "unknown backend 'tf'; choose one of torch, jax"),
+    (["--model", "tiny", "--ctx", "16", "--backend", "torch,tf"], "unknown backend 'tf'; choose one of torch, torch-compile, torch-compile-cg, jax"),
     (["--model", "tiny", "--ctx", "16", "--dtype", "fp16"], "unknown dtype 'fp16'; choose one of fp32, tf32, bf16"),
     (["--model", "tiny"], "--model and --ctx are required"),
 ])
@@ -201,7 +204,7 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_pat
 def test_resume_with_other_options_or_rerun_without_resume_is_refused(tmp_path, capsys) -> None:
     out = str(tmp_path / "s")
     sweep_records.prepare(out, dict(batch=4, warmup=1, steps=2, attention="naive", mode="train", device="cpu",
-                                    nsys=False),
+                                    nsys=False, optimizer="foreach"),
                   {"models": ["tiny"], "ctx": [16], "backends": ["torch"], "dtypes": ["fp32"]}, False, False)
     base = ["--model", "tiny", "--ctx", "16", "--backend", "torch", "--device", "cpu", "--warmup", "1",
             "--steps", "2", "--out", out]

@@ -17,10 +17,12 @@ from collections.abc import Callable, Sequence
 
 from harness.config import ATTENTION_CHOICES, PRESETS
 
-BACKENDS = ("torch", "jax")
+BACKENDS = ("torch", "torch-compile", "torch-compile-cg", "jax")
 DTYPES = ("fp32", "tf32", "bf16")
 MODES = ("forward", "forward-backward", "train")
 DEVICES = ("cuda", "cpu")
+# The torch backends' AdamW: torch_impl.AdamW foreach, the same under torch.compile, the per-parameter loop.
+OPTIMIZERS = ("foreach", "foreach-compiled", "loop")
 
 
 class UsageError(argparse.ArgumentTypeError):
@@ -148,6 +150,11 @@ def add_backend(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
     else:
         parser.add_argument("--backend", type=choice("backend", BACKENDS), required=True,
                             help=f"{', '.join(BACKENDS)}")
+
+
+def add_optimizer(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--optimizer", type=choice("optimizer", OPTIMIZERS), default="foreach",
+                        help=f"the torch backends' AdamW: {', '.join(OPTIMIZERS)} (JAX runs jax_impl.adamw)")
 
 
 def add_device(parser: argparse.ArgumentParser, default: str | None = None) -> None:

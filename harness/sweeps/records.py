@@ -26,7 +26,7 @@ CELL_SCHEMA = "harness.sweep.cell/1"
 CELLS_FILE, SWEEP_FILE = "cells.jsonl", "sweep.json"
 WARMUP_STUDY = (0, 1, 2, 5)
 # Options every cell of one sweep folder must share (a resume with other values would mix them).
-FIXED = ("warmup", "steps", "attention", "mode", "device", "nsys")
+FIXED = ("warmup", "steps", "attention", "mode", "device", "nsys", "optimizer")
 AXES = ("models", "ctx", "batches", "backends", "dtypes")
 FAILED = ("oom", "error", "crashed", "timeout")
 
@@ -140,8 +140,8 @@ def prepare(out_dir: str, opts: dict, axes: dict, resume: bool, warmup_study: bo
                          "or name the sweep folder with --out")
     if exists:
         sweep = load_sweep(out_dir)
-        differ = [f"--{k.replace('_', '-')} {sweep['options'][k]} (now {opts[k]})" for k in FIXED
-                  if sweep["options"][k] != opts[k]]
+        differ = [f"--{k.replace('_', '-')} {sweep['options'].get(k)} (now {opts[k]})" for k in FIXED
+                  if sweep["options"].get(k) != opts[k]]
         if differ:
             raise UsageError(f"{out_dir} was run with {', '.join(differ)}; resume with the same options")
         old = {**sweep["axes"], "batches": sweep_batches(sweep)}

@@ -29,7 +29,7 @@ def cell_command(cell: Cell, opts: dict, out_json: str, fail_in: str | None = No
     cmd = [sys.executable, "-m", "harness.run", "--backend", cell.backend, "--model", cell.model,
            "--ctx", str(cell.ctx), "--batch", str(batch), "--dtype", cell.dtype, "--attention", attention,
            "--device", opts["device"], "--mode", opts["mode"], "--warmup", str(warmup), "--steps", str(opts["steps"]),
-           "--out", out_json]
+           "--optimizer", opts["optimizer"], "--out", out_json]
     return cmd + (["--fail-in", fail_in] if fail_in else [])
 
 

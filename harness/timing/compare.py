@@ -1,13 +1,14 @@
-"""Run the same training step in PyTorch and JAX, check they agree, report side by side
-(the library behind `python -m harness.compare`).
+"""Run the same training step in eager PyTorch, compiled PyTorch and JAX, check they
+agree, report side by side (the library behind `python -m harness.compare`).
 
 Each backend runs `harness.run` in its own subprocess (JAX preallocates most of the GPU,
 and an out-of-memory in one backend must not poison the other), then `harness.parity`
-compares the two on the same weights and batch. The JAX processes share one persistent
-compilation cache (a temporary one unless --compile-cache names a folder), so the parity
-process reuses the run's executables and GEMM autotuning instead of compiling again. Results go to
-<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png. An
-existing folder of that name is replaced only with --overwrite (the entry point refuses to
+compares each with eager torch on the same weights and batch. The processes share
+persistent compile caches (JAX's, Inductor's and Triton's; temporary ones unless
+--compile-cache names a folder), so the parity process reuses the runs' executables and
+GEMM autotuning instead of compiling again. Ratios are against the first backend. Results go to
+<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
+An existing folder of that name is replaced only with --overwrite (the entry point refuses to
 start otherwise; a folder that appears meanwhile is kept and the new one written beside it).
 Ctrl-C keeps what finished: the finished backends' documents and a partial summary go to
 <name>-interrupted/, and `Interrupted` says what is there.
@@ -61,13 +62,25 @@ def _common_args(args: argparse.Namespace, backend: str, batch: int) -> list[str
                                              args.attention), "--device", args.device, "--seed", str(args.seed)]
 
 
-def subprocess_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
-    """The environment of the run and parity subprocesses.
+def compile_cache_env(directory: str) -> dict[str, str]:
+    """The variables that point both compilers' persistent caches into `directory`.
 
     JAX_COMPILATION_CACHE_DIR turns on JAX's persistent cache, which also keeps XLA's
     per-fusion GEMM autotuning results; at large model sizes autotuning is most of the
-    compile time, and without the cache the parity process repeats it from scratch."""
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=args.compile_cache, **extra)
+    compile time. For torch.compile, Inductor's FX graph cache (compiled graphs, keyed by
+    graph, inputs and configuration) goes to `directory`/inductor and Triton's compiled
+    kernels to `directory`/triton, so a later process skips Inductor's code generation
+    and Triton's compilation."""
+    directory = os.path.abspath(directory)
+    return {"JAX_COMPILATION_CACHE_DIR": directory, "TORCHINDUCTOR_CACHE_DIR": os.path.join(directory, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(directory, "triton"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+
+
+def subprocess_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
+    """The environment of the run and parity subprocesses: the shared compile caches
+    (`compile_cache_env`), so the parity process reuses the timed runs' compilations
+    instead of repeating them."""
+    return dict(os.environ, **compile_cache_env(args.compile_cache), **extra)
 
 
 def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[dict, str | None]:
@@ -75,7 +88,8 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
     asked; returns its result document and the profile it left (or None)."""
     out = os.path.join(workdir, f"{backend}.json")
     program = [sys.executable, "-m", "harness.run", "--backend", backend, *_common_args(args, backend, args.batch),
-               "--warmup", str(args.warmup), "--steps", str(args.steps), "--mode", args.mode, "--out", out]
+               "--warmup", str(args.warmup), "--steps", str(args.steps), "--mode", args.mode, "--out", out,
+               "--optimizer", args.optimizer]
     if args.annotate_attention:
         program.append("--annotate-attention")
     if args.fail_in and args.fail_in.split(":")[0] == backend:
@@ -87,7 +101,7 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
         stem = os.path.join(workdir, f"{backend}")
         program, profile = profile_command(backend, stem, program, args.nsys_bin), stem + ".nsys-rep"
     elif args.profiler == "framework":
-        profile = os.path.join(workdir, "torch-trace.json" if backend == "torch" else "jax-trace")
+        profile = os.path.join(workdir, "jax-trace" if backend == "jax" else f"{backend}-trace.json")
         program += ["--profile", profile]
     start = time.perf_counter()
     code, tail = _stream(program, subprocess_env(args))
@@ -117,13 +131,15 @@ def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Name
                            [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=args.nsys_bin)
 
 
-def run_parity(args: argparse.Namespace, workdir: str) -> dict:
-    """harness.parity in a subprocess, halving the batch until both models fit at once."""
+def run_parity(args: argparse.Namespace, workdir: str, backends: list[str]) -> dict:
+    """harness.parity of `backends` against eager torch in a subprocess, halving the batch
+    until two models fit at once."""
     batch = args.batch
     env = subprocess_env(args, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     while True:
         out = os.path.join(workdir, f"parity-b{batch}.json")
-        cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--out", out]
+        cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--out", out,
+               "--backend", ",".join(backends)]
         start = time.perf_counter()
         code, tail = _stream(cmd, env)
         print(f"[parity] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -140,7 +156,7 @@ def run_parity(args: argparse.Namespace, workdir: str) -> dict:
                 "batch": batch}
 
 
-def parity_or_skip(args: argparse.Namespace, runs: dict[str, dict], workdir: str) -> dict:
+def parity_or_skip(args: argparse.Namespace, runs: dict[str, dict], workdir: str, backends: list[str]) -> dict:
     """The parity check, or its skip when every backend ran out of memory: parity holds
     both models at once, so at the same size it would run out of memory too."""
     if all(r.get("status") == "oom" for r in runs.values()):
@@ -148,33 +164,34 @@ def parity_or_skip(args: argparse.Namespace, runs: dict[str, dict], workdir: str
                  "at once) would too"
         print(f"[parity] {reason}", file=sys.stderr)
         return {"ok": None, "error": reason, "skipped": True, "batch": args.batch}
-    return run_parity(args, workdir)
+    return run_parity(args, workdir, backends)
 
 
 def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: dict | None) -> dict:
-    """The compare document: both runs, the phase table, ratios and the parity verdict."""
+    """The compare document: the runs, the phase table with each backend's time over the
+    first backend's (`ratios`), and the parity verdict. In the `fused_step` row the torch
+    backends, which have no fused step, stand with their (only) step."""
     table = []
     phases = [p for p in PHASE_ORDER
               if any(p in r.get("phases", {}) for r in runs.values())]
+    reference = next(iter(runs), None)
     for name in phases:
         row = {"phase": name}
         for backend, r in runs.items():
-            row[backend] = r["phases"].get(name) if r["status"] == "ok" else None
-        t, j = row.get("torch"), row.get("jax")
-        row["jax_over_torch"] = j["median_ms"] / t["median_ms"] if t and j else None
+            own = name if name != "fused_step" or backend == "jax" else "step"
+            row[backend] = r["phases"].get(own) if r["status"] == "ok" else None
+        ref = row.get(reference)
+        row["ratios"] = {b: row[b]["median_ms"] / ref["median_ms"] if ref and row[b] else None
+                         for b in runs if b != reference}
         table.append(row)
-    if "fused_step" in phases and runs.get("torch", {}).get("status") == "ok" and runs["jax"].get("status") == "ok":
-        # JAX's fused step is compared with torch's (only) step.
-        fused = next(r for r in table if r["phase"] == "fused_step")
-        fused["torch"] = runs["torch"]["phases"]["step"]
-        fused["jax_over_torch"] = fused["jax"]["median_ms"] / fused["torch"]["median_ms"]
     ok_runs = [r for r in runs.values() if r.get("status") == "ok"]
     device = ok_runs[0]["env"].get("device") if ok_runs else None
     return {
         "schema": SCHEMA,
         "ok": all(r.get("status") == "ok" for r in runs.values()) and bool(parity and parity.get("ok")),
         "options": {k: getattr(args, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
-                                                  "warmup", "steps", "seed")},
+                                                  "warmup", "steps", "seed", "optimizer")},
+        "reference": reference,
         "device": device,
         "runs": runs,
         "table": table,
@@ -281,13 +298,14 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
     Returns the compare document and the folder's path; Ctrl-C raises `Interrupted` once
     what finished is kept."""
     with tempfile.TemporaryDirectory(prefix="compare-") as work:
-        args.compile_cache = os.path.abspath(args.compile_cache or os.path.join(work, "jax-cache"))
+        args.compile_cache = os.path.abspath(args.compile_cache or os.path.join(work, "compile-cache"))
         results: dict[str, tuple[dict, str | None]] = {}
         try:
             for b in backends:
                 results[b] = run_backend(b, args, work)
             runs = {b: doc for b, (doc, _) in results.items()}
-            parity = None if args.no_parity or len(backends) < 2 else parity_or_skip(args, runs, work)
+            compared = [b for b in backends if b != "torch"]
+            parity = None if args.no_parity or len(backends) < 2 else parity_or_skip(args, runs, work, compared)
         except KeyboardInterrupt:
             raise Interrupted(keep_interrupted(args, backends, finished_runs(backends, work))) from None
         profiles = {b: prof for b, (doc, prof) in results.items() if prof and doc.get("status") == "ok"}

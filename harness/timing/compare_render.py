@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from harness.common.stats import cell
 from harness.common.tables import markdown_table
-from harness.timing.parity import TOLERANCES
 from harness.timing.runner import outlier_lines
 
 
@@ -44,20 +43,24 @@ def parity_verdict(parity: dict | None) -> str:
 
 
 def table_rows(summary: dict) -> list[list[str]]:
-    header = ["phase", "torch ms (median, p10-p90)", "jax ms (median, p10-p90)", "jax/torch",
-              "torch TFLOP/s", "jax TFLOP/s", "torch MFU", "jax MFU", "torch peak GiB", "jax peak GiB"]
+    """Phase rows with a column per backend for each figure; ratios over the first backend."""
+    backends = list(summary["runs"])
+    ref = backends[0] if backends else None
+    header = ["phase", *(f"{b} ms (median, p10-p90)" for b in backends), *(f"{b}/{ref}" for b in backends[1:]),
+              *(f"{b} TFLOP/s" for b in backends), *(f"{b} MFU" for b in backends),
+              *(f"{b} peak GiB" for b in backends)]
     rows = [header]
     firsts = {b: r.get("first_step") for b, r in summary["runs"].items() if r.get("status") == "ok"}
     for row in summary["table"]:
-        t, j = row.get("torch"), row.get("jax")
+        cells = [row.get(b) for b in backends]
         label = row["phase"] + (" (torch: step)" if row["phase"] == "fused_step" else "")
-        rows.append([label, _ms(t), _ms(j), _ratio(row["jax_over_torch"]), _tf(t), _tf(j), _mfu(t), _mfu(j),
-                     _mem(t), _mem(j)])
+        rows.append([label, *map(_ms, cells), *(_ratio(row["ratios"].get(b)) for b in backends[1:]),
+                     *map(_tf, cells), *map(_mfu, cells), *map(_mem, cells)])
     if any(firsts.values()):
-        ttfs = {b: f["time_to_first_step_ms"] / 1e3 if f else None for b, f in firsts.items()}
-        t, j = ttfs.get("torch"), ttfs.get("jax")
-        rows.append(["time to first step (s)", f"{t:.2f}" if t else "-", f"{j:.2f}" if j else "-",
-                     _ratio(j / t if t and j else None), *["-"] * 6])
+        ttfs = [firsts.get(b)["time_to_first_step_ms"] / 1e3 if firsts.get(b) else None for b in backends]
+        rows.append(["time to first step (s)", *(f"{x:.2f}" if x else "-" for x in ttfs),
+                     *(_ratio(x / ttfs[0] if x and ttfs[0] else None) for x in ttfs[1:]),
+                     *["-"] * (3 * len(backends))])
     return rows
 
 
@@ -107,16 +110,17 @@ def render_markdown(summary: dict) -> str:
             "synchronization, the Python garbage collector paused; in brackets the 10th-90th percentile "
             "of the steps (outlier steps are listed below with their cause). `step` is forward + backward + "
             "optimizer inside one NVTX range. JAX's `fused_step` (value_and_grad and AdamW update in one "
-            "jit) is compared with torch's `step`. Time to first step: building the model and its state on "
+            "jit) is compared with the torch backends' `step`. Ratios are times over the first backend's. "
+            "Time to first step: building the model and its state on "
             "the device, then the first step (tracing, compilation, autotuning, first allocations).", ""]
     notes = _notes(summary)
     if notes:
         out += ["## Overhead, outliers and warnings", ""] + [f"- {n}" for n in notes] + [""]
     out += ["## Parity", "", parity_verdict(summary["parity"]), ""]
     if summary["parity"] and summary["parity"].get("ok") is not None:
-        out += [f"Tolerance table ({o['dtype']}): " + ", ".join(f"{k} {v:.0e}" for k,
-                                                                v in TOLERANCES[o["dtype"]].items()),
-                ""]
+        out += [f"Tolerance table against eager torch ({o['dtype']}), {backend}: "
+                + ", ".join(f"{k} {v:.0e}" for k, v in bounds.items())
+                for backend, bounds in summary["parity"]["tolerances"].items()] + [""]
     out += ["## What each run computed", ""]
     for backend, r in runs.items():
         if r.get("status") != "ok":

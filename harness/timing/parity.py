@@ -1,9 +1,11 @@
-"""Parity of the PyTorch and JAX models: same weights, same batch, same numbers?
+"""Parity of the backends: same weights, same batch, same numbers?
 
-Both models start from the same weights (torch_impl's seeded initialisation, copied
-into the Flax model), see the same token batch, and are compared by the relative error
-||jax - torch|| / ||torch|| of: logits, loss, every parameter's gradient, and after
-`steps` AdamW steps every parameter and every parameter's total update (theta_N - theta_0).
+Eager torch is the reference. Every other backend (JAX, torch.compile with or without
+CUDA graphs) starts from the same weights (torch_impl's seeded initialisation, copied
+into the Flax model), sees the same token batch, and is compared with the reference by
+the relative error ||other - torch|| / ||torch|| of: logits, loss, every parameter's
+gradient, and after `steps` AdamW steps every parameter and every parameter's total
+update (theta_N - theta_0).
 The update check is the sharp one for the optimizer: parameters barely move in a few
 steps, so a wrong optimizer hides in the parameters' relative error but not in the
 update's. The library behind `python -m harness.parity`.
@@ -11,6 +13,7 @@ update's. The library behind `python -m harness.parity`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -31,6 +34,29 @@ TOLERANCES: dict[str, dict[str, float]] = {
     # bf16 param: 4.7e-3 measured on `large` (36 layers) on an H200; rounding grows with depth.
     "bf16": {"logits": 3e-2, "loss": 1e-2, "grad": 5e-2, "param": 1e-2, "update": 1e-1},
 }
+# torch.compile against eager torch: the same program, but Inductor fuses ops and
+# reorders float32 reductions (tiled sums, fused softmax and RMSNorm), a few 1e-7 of
+# relative error per op that compounds over the layers. Measured on CPU, fp32, batch 2:
+# `tiny` (2 layers, ctx 32) logits 3.3e-7, loss 1.0e-7, worst grad 6.8e-7, param 1.7e-7,
+# update 4.7e-6; `mini` (4 layers, ctx 64) logits 4.1e-7, grad 9.6e-7, param 5.4e-7,
+# update 1.1e-5. The bounds are ~20x the deeper model's errors, rounded up (GPU
+# reductions order sums differently again), and still four orders of magnitude below
+# a planted bug (0.1 to 1); the update bound stays loose for AdamW's sign-like first
+# steps, as above. In tf32 and bf16 Inductor keeps fused intermediates in float32 where
+# eager rounds them to the low precision (bf16 `tiny`: logits 4.0e-3, update 2.9e-2),
+# the same size of difference as between torch and JAX: the JAX table's bounds.
+COMPILE_TOLERANCES: dict[str, dict[str, float]] = {
+    "fp32": {"logits": 1e-5, "loss": 2e-6, "grad": 2e-5, "param": 1e-5, "update": 1e-3},
+    "tf32": TOLERANCES["tf32"],
+    "bf16": TOLERANCES["bf16"],
+}
+# The backends parity compares with eager torch.
+COMPARED = ("jax", "torch-compile", "torch-compile-cg")
+
+
+def tolerances(backend: str, dtype: str) -> dict[str, float]:
+    """The bounds for `backend` against eager torch in `dtype`."""
+    return (TOLERANCES if backend == "jax" else COMPILE_TOLERANCES)[dtype]
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -49,6 +75,7 @@ class ParityRow:
     tensor: str
     rel_err: float
     tol: float
+    backend: str = "jax"  # the backend compared with eager torch
 
     @property
     def ok(self) -> bool:
@@ -63,27 +90,32 @@ class ParityResult:
     batch: int
     ctx: int
     steps: int
-    attention: dict[str, str]
+    attention: dict[str, str]  # per backend, eager torch included
     rows: list[ParityRow]
     env: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def backends(self) -> list[str]:
+        return [b for b in self.attention if b != "torch"]
 
     @property
     def ok(self) -> bool:
         return all(r.ok for r in self.rows)
 
     def worst(self) -> dict[str, ParityRow]:
-        """The row with the largest error relative to its bound, per quantity."""
+        """The row with the largest error relative to its bound, per "backend quantity"."""
         out: dict[str, ParityRow] = {}
         for r in self.rows:
-            if r.quantity not in out or r.rel_err / r.tol > out[r.quantity].rel_err / out[r.quantity].tol:
-                out[r.quantity] = r
+            key = f"{r.backend} {r.quantity}"
+            if key not in out or r.rel_err / r.tol > out[key].rel_err / out[key].tol:
+                out[key] = r
         return out
 
     def to_json(self) -> dict:
         return {
             "model": self.model, "dtype": self.dtype, "device": self.device, "batch": self.batch,
             "ctx": self.ctx, "steps": self.steps, "attention": self.attention, "ok": self.ok,
-            "tolerances": TOLERANCES[self.dtype],
+            "tolerances": {b: tolerances(b, self.dtype) for b in self.backends},
             "worst": {q: dataclasses.asdict(r) for q, r in self.worst().items()},
             "rows": [dataclasses.asdict(r) | {"ok": r.ok} for r in self.rows],
             "env": self.env,
@@ -91,49 +123,77 @@ class ParityResult:
 
 
 def check_parity(config: ModelConfig, *, batch: int = 2, ctx: int = 64, device: str = "cpu", dtype: str = "fp32",
-                 seed: int = 0, steps: int = 5) -> ParityResult:
-    """Run both models on the same weights and batch and compare them tensor by tensor
-    (`config.attention` is JAX's; torch runs `backend_attention("torch", ...)` of it).
+                 seed: int = 0, steps: int = 5, backends: tuple[str, ...] = ("jax",)) -> ParityResult:
+    """Run eager torch and each of `backends` (from COMPARED) on the same weights and batch
+    and compare them tensor by tensor (`config.attention` is JAX's; the torch backends run
+    `backend_attention("torch", ...)` of it). One backend's session lives at a time.
     `steps` must be at least 1: with none, the parameter and update checks compare nothing."""
     if steps < 1:
         raise ValueError(f"steps={steps}: parity needs at least one AdamW step to compare updates")
-    from harness.timing.jax_backend import JaxSession
     from harness.timing.torch_backend import TorchSession, init_model
 
     torch_config = dataclasses.replace(config, attention=backend_attention("torch", config.attention))
     tokens = make_tokens(config.vocab_size, batch, ctx, seed)
     weights = init_model(torch_config, seed)
-    jx = JaxSession(config, tokens, device=device, dtype=dtype, seed=seed, weights=weights)
-    tc = TorchSession(torch_config, tokens, device=device, dtype=dtype, seed=seed, weights=weights)
-    tol = TOLERANCES[dtype]
-    rows = [ParityRow("logits", "logits", rel_err(jx.logits(), tc.logits()), tol["logits"])]
-    loss_j, grads_j = jx.loss_and_grads()
-    loss_t, grads_t = tc.loss_and_grads()
-    rows.append(ParityRow("loss", "loss", rel_err(np.array(loss_j), np.array(loss_t)), tol["loss"]))
-    rows += [ParityRow("grad", name, rel_err(grads_j[name], g), tol["grad"]) for name, g in grads_t.items()]
-    tc.zero_grad()
-    start = tc.params()
+    reference = TorchSession(torch_config, tokens, device=device, dtype=dtype, seed=seed,
+                             weights=copy.deepcopy(weights))
+    ref = _values(reference, steps)
+    env = {"device": reference.device_name() or "cpu", **reference.versions()}
+    del reference
+    rows = []
+    for backend in backends:
+        session = _session(backend, config, torch_config, tokens, device, dtype, seed, weights)
+        got = _values(session, steps)
+        env.update(session.versions())
+        del session
+        tol = tolerances(backend, dtype)
+        rows += [ParityRow("logits", "logits", rel_err(got["logits"], ref["logits"]), tol["logits"], backend),
+                 ParityRow("loss", "loss", rel_err(np.array(got["loss"]), np.array(ref["loss"])), tol["loss"], backend)]
+        rows += [ParityRow("grad", name, rel_err(got["grads"][name], g), tol["grad"], backend)
+                 for name, g in ref["grads"].items()]
+        for name, p in ref["params"].items():
+            start = ref["start"][name]
+            rows.append(ParityRow("param", name, rel_err(got["params"][name], p), tol["param"], backend))
+            rows.append(ParityRow("update", name, rel_err(got["params"][name] - start, p - start), tol["update"],
+                                  backend))
+    attention = {"torch": torch_config.attention} | {b: backend_attention(b, config.attention) for b in backends}
+    return ParityResult(config.name, dtype, device, batch, ctx, steps, attention, rows, environment(env))
+
+
+def _session(backend: str, config: ModelConfig, torch_config: ModelConfig, tokens: np.ndarray, device: str,
+             dtype: str, seed: int, weights):
+    common = dict(device=device, dtype=dtype, seed=seed)
+    if backend == "jax":
+        from harness.timing.jax_backend import JaxSession
+
+        return JaxSession(config, tokens, **common, weights=weights)
+    from harness.timing.torch_backend import TorchCompileSession
+
+    # a copy: on the CPU, .to(device) keeps the module, and training would move the shared weights
+    return TorchCompileSession(torch_config, tokens, **common, weights=copy.deepcopy(weights), backend=backend)
+
+
+def _values(session, steps: int) -> dict:
+    """Logits, loss and gradients at the start; parameters at the start and after `steps` AdamW steps."""
+    logits = session.logits()
+    loss, grads = session.loss_and_grads()
+    session.zero_grad()
+    start = session.params()
     for _ in range(steps):
-        jx.forward(), jx.backward(), jx.optimizer_step()
-        tc.forward(), tc.backward(), tc.optimizer_step()
-    params_j, params_t = jx.params(), tc.params()
-    for name, p in params_t.items():
-        rows.append(ParityRow("param", name, rel_err(params_j[name], p), tol["param"]))
-        rows.append(ParityRow("update", name, rel_err(params_j[name] - start[name], p - start[name]), tol["update"]))
-    env = environment({"device": tc.device_name() or "cpu", **tc.versions(), **jx.versions()})
-    return ParityResult(config.name, dtype, device, batch, ctx, steps,
-                        {"torch": torch_config.attention, "jax": config.attention}, rows, env)
+        session.forward(), session.backward(), session.optimizer_step()
+    return {"logits": logits, "loss": loss, "grads": grads, "start": start, "params": session.params()}
 
 
 def format_table(result: ParityResult) -> str:
     """The terminal table: one line per tensor, then the verdict."""
+    attention = " ".join(f"{b}={a}" for b, a in result.attention.items())
     lines = [
         f"parity {result.model} {result.dtype} on {result.device}: batch {result.batch}, ctx {result.ctx}, "
-        f"{result.steps} AdamW steps, attention torch={result.attention['torch']} jax={result.attention['jax']}",
-        f"{'quantity':<8} {'tensor':<36} {'rel err':>10} {'bound':>8}  ok",
+        f"{result.steps} AdamW steps, each backend against eager torch, attention {attention}",
+        f"{'backend':<16} {'quantity':<8} {'tensor':<36} {'rel err':>10} {'bound':>8}  ok",
     ]
-    lines += [f"{r.quantity:<8} {r.tensor:<36} {r.rel_err:>10.2e} {r.tol:>8.0e}  {'yes' if r.ok else 'NO'}"
-              for r in result.rows]
+    lines += [f"{r.backend:<16} {r.quantity:<8} {r.tensor:<36} {r.rel_err:>10.2e} {r.tol:>8.0e}  "
+              f"{'yes' if r.ok else 'NO'}" for r in result.rows]
     lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in result.env.items()))
     failed = [r for r in result.rows if not r.ok]
     lines.append("PASS" if not failed else f"FAIL: {len(failed)} of {len(result.rows)} tensors over their bound")

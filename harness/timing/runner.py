@@ -48,6 +48,7 @@ class RunOptions:
     annotate_attention: bool = False
     profile: str | None = None  # write a framework-profiler trace here
     fail_in: str | None = None  # fault injection for tests: raise an OOM in this phase
+    optimizer: str = "foreach"  # the torch backends' AdamW: foreach, foreach-compiled or loop
 
 
 # Every phase a result document may hold, in report order.
@@ -56,7 +57,7 @@ FAULT_PHASES = ("forward", "backward", "optimizer", "fused_step")
 
 
 def _simulated_oom(backend: str) -> BaseException:
-    if backend == "torch":
+    if backend != "jax":
         import torch
 
         return torch.OutOfMemoryError("CUDA out of memory (simulated by --fail-in)")
@@ -74,11 +75,16 @@ def make_session(opts: RunOptions, config: ModelConfig):
     # Both backends start from these weights. They do not depend on the attention
     # kernel; torch has no Pallas kernel, so they come from torch's counterpart.
     weights = init_model(dataclasses.replace(config, attention=backend_attention("torch", config.attention)), opts.seed)
+    common = dict(device=opts.device, dtype=opts.dtype, seed=opts.seed, weights=weights)
+    if opts.backend == "jax":
+        from harness.timing.jax_backend import JaxSession
+
+        return JaxSession(config, tokens, **common)
+    from harness.timing.torch_backend import TorchCompileSession, TorchSession
+
     if opts.backend == "torch":
-        from harness.timing.torch_backend import TorchSession as Session
-    else:
-        from harness.timing.jax_backend import JaxSession as Session
-    return Session(config, tokens, device=opts.device, dtype=opts.dtype, seed=opts.seed, weights=weights)
+        return TorchSession(config, tokens, **common, optimizer=opts.optimizer)
+    return TorchCompileSession(config, tokens, **common, optimizer=opts.optimizer, backend=opts.backend)
 
 
 def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | None,
@@ -153,7 +159,7 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
                             "compilation, autotuning, first allocations and the step itself"},
         loss=_loss_record(timer.losses),
         peak_tflops=peak_tf,
-        memory_note=("torch: max_memory_allocated after a reset before each phase" if opts.backend == "torch" else
+        memory_note=("torch: max_memory_allocated after a reset before each phase" if opts.backend != "jax" else
                      "jax: the allocator's peak_bytes_in_use after the phase (a process-wide high-water mark)"),
         env=environment({"device": device_name or "cpu", **session.versions()}),
     )
@@ -187,8 +193,8 @@ def _instrumented(opts: RunOptions):
             from harness.timing.ranges import use_framework_annotations
             from harness.trace import framework_profile
 
-            use_framework_annotations(opts.backend)
-            recorder = framework_profile.torch_profiler if opts.backend == "torch" else framework_profile.jax_profiler
+            use_framework_annotations("jax" if opts.backend == "jax" else "torch")
+            recorder = framework_profile.jax_profiler if opts.backend == "jax" else framework_profile.torch_profiler
             stack.enter_context(recorder(opts.profile))
         yield
 
@@ -196,7 +202,7 @@ def _instrumented(opts: RunOptions):
 def _annotate_attention(opts: RunOptions) -> None:
     from harness.timing.ranges import annotate_attention
 
-    if opts.backend == "torch":
+    if opts.backend != "jax":
         import torch
 
         from torch_impl.model import CausalSelfAttention
@@ -212,10 +218,12 @@ def _annotate_attention(opts: RunOptions) -> None:
 
 
 def _precision(opts: RunOptions) -> str:
-    if opts.backend == "torch":
+    if opts.backend == "jax":
+        from harness.timing.jax_backend import PRECISION
+    elif opts.backend == "torch":
         from harness.timing.torch_backend import PRECISION
     else:
-        from harness.timing.jax_backend import PRECISION
+        from harness.timing.torch_backend import COMPILED_PRECISION as PRECISION
     return PRECISION[opts.dtype]
 
 

@@ -1,16 +1,21 @@
 """One training step of torch_impl, split into phases the harness can time.
 
-`TorchSession` and `harness.timing.jax_backend.JaxSession` have the same methods and
-signatures, so the timer and the parity check drive either without asking which."""
+`TorchSession` (eager) and `TorchCompileSession` (the same model through `torch.compile`)
+have the methods and signatures of `harness.timing.jax_backend.JaxSession`, so the timer
+and the parity check drive any of them without asking which."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
+import sys
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 import torch_impl
+from harness.common.cli import OPTIMIZERS, UsageError
 from harness.config import ModelConfig
 
 PRECISION = {
@@ -22,6 +27,11 @@ PRECISION = {
         "and loss in float32; float32 master weights, gradients and AdamW state"
     ),
 }
+# torch.compile keeps the eager program's dtypes; Inductor fuses and reorders its ops.
+COMPILED_PRECISION = {dtype: f"{text}; compiled by Inductor, which fuses pointwise ops and reductions and "
+                             "may reorder float32 sums" for dtype, text in PRECISION.items()}
+# The torch backends that compile, and the torch.compile mode each runs.
+COMPILE_MODES = {"torch-compile": "default", "torch-compile-cg": "reduce-overhead"}
 
 
 def init_model(config: ModelConfig, seed: int) -> torch_impl.TransformerLM:
@@ -36,21 +46,67 @@ def set_matmul_precision(dtype: str) -> None:
     torch.backends.cudnn.allow_tf32 = allow
 
 
+def make_optimizer(params, optimizer: str) -> torch_impl.AdamW:
+    """torch_impl.AdamW as `--optimizer` names it (one of OPTIMIZERS)."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+    return torch_impl.AdamW(params, foreach=optimizer != "loop", compile=optimizer == "foreach-compiled")
+
+
+def inductor_cpu_compiler() -> str | None:
+    """The C++ compiler Inductor's CPU backend builds its kernels with ($CXX, else g++), or
+    None when none is on PATH; a lookup, nothing is compiled."""
+    from torch._inductor import config
+
+    names = config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
+    found = [shutil.which(name) for name in names if name]
+    return next((path for path in found if path), None)
+
+
+def unavailable(backend: str, device: str) -> str | None:
+    """Why `backend` cannot run on `device` here (a sentence naming the fix), or None."""
+    if backend == "torch-compile-cg" and device != "cuda":
+        return "torch-compile-cg replays CUDA graphs and needs --device cuda; on CPU use torch-compile"
+    if backend in COMPILE_MODES and device == "cpu" and inductor_cpu_compiler() is None:
+        return (f"{backend} on CPU needs a C++ compiler for Inductor's kernels and found none "
+                "(install g++ or set $CXX)")
+    return None
+
+
+def choose_backends(asked: list[str] | None, default: Sequence[str], device: str, tool: str) -> list[str]:
+    """The backends a tool runs: `asked` (a UsageError if one cannot run on `device`), or
+    `default` less those that cannot, each skipped one named on stderr with the reason."""
+    for backend in asked or ():
+        reason = backend != "jax" and unavailable(backend, device)
+        if reason:
+            raise UsageError(f"--backend {reason}")
+    if asked is not None:
+        return asked
+    chosen = []
+    for backend in default:
+        reason = backend != "jax" and unavailable(backend, device)
+        if reason:
+            print(f"{tool}: skipping {reason}", file=sys.stderr)
+        else:
+            chosen.append(backend)
+    return chosen
+
+
 class TorchSession:
     """Model, optimizer and one token batch on `device`, with each phase as a method.
 
     `weights`: a torch_impl model to start from (the shared initialisation); None builds
-    one from `seed`."""
+    one from `seed`. `optimizer`: one of OPTIMIZERS."""
 
     backend = "torch"
 
     def __init__(self, config: ModelConfig, tokens: np.ndarray, *, device: str, dtype: str, seed: int,
-                 weights: torch_impl.TransformerLM | None = None) -> None:
+                 weights: torch_impl.TransformerLM | None = None, optimizer: str = "foreach") -> None:
         set_matmul_precision(dtype)
         self.device = torch.device(device)
         self.dtype = dtype
         self.model = (weights or init_model(config, seed)).to(self.device)
-        self.optimizer = torch_impl.AdamW(self.model.parameters())
+        self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         batch = torch.from_numpy(tokens).to(self.device)
         self.inputs, self.targets = batch[:, :-1], batch[:, 1:]
         self._loss: torch.Tensor | None = None
@@ -65,10 +121,18 @@ class TorchSession:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _loss_of(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            return torch_impl.cross_entropy_loss(self.model(inputs), targets)
+
+    def _logits_of(self, inputs: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            return self.model(inputs).float()
+
     # -- phases ---------------------------------------------------------------------
     def forward(self, *, grad: bool = True) -> torch.Tensor:
-        with torch.set_grad_enabled(grad), self.autocast():
-            self._loss = torch_impl.cross_entropy_loss(self.model(self.inputs), self.targets)
+        with torch.set_grad_enabled(grad):
+            self._loss = self._loss_of(self.inputs, self.targets)
         return self._loss.detach()
 
     def backward(self) -> None:
@@ -105,8 +169,8 @@ class TorchSession:
 
     # -- values for parity ----------------------------------------------------------
     def logits(self) -> np.ndarray:
-        with torch.no_grad(), self.autocast():
-            return self.model(self.inputs).float().cpu().numpy().copy()
+        with torch.no_grad():
+            return self._logits_of(self.inputs).cpu().numpy().copy()
 
     def loss_and_grads(self) -> tuple[float, dict[str, np.ndarray]]:
         self.zero_grad()
@@ -123,3 +187,41 @@ class TorchSession:
 
     def versions(self) -> dict:
         return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+
+
+class TorchCompileSession(TorchSession):
+    """TorchSession with the loss (model + cross-entropy) and the logits under `torch.compile`.
+
+    The forward phase runs the compiled graph of the loss; `loss.backward()` runs the
+    backward graph AOTAutograd compiled with it, so both phases are Inductor's kernels and
+    the timer still times them apart. `backend` picks the mode (COMPILE_MODES):
+    "torch-compile" is Inductor's default, "torch-compile-cg" adds CUDA graphs
+    (reduce-overhead; GPU only). Under CUDA graphs a graph's outputs live in memory the
+    next replay overwrites: each step starts with `cudagraph_mark_step_begin`, and the
+    loss handed out is a clone. Compilation happens at the first call of each graph (the
+    first warm-up step)."""
+
+    def __init__(self, config: ModelConfig, tokens: np.ndarray, *, device: str, dtype: str, seed: int,
+                 weights: torch_impl.TransformerLM | None = None, optimizer: str = "foreach",
+                 backend: str = "torch-compile") -> None:
+        if backend not in COMPILE_MODES:
+            raise ValueError(f"unknown compiled backend {backend!r}; choose one of {', '.join(COMPILE_MODES)}")
+        reason = unavailable(backend, torch.device(device).type)
+        if reason:
+            raise ValueError(reason)
+        super().__init__(config, tokens, device=device, dtype=dtype, seed=seed, weights=weights, optimizer=optimizer)
+        self.backend = backend
+        self.cudagraphs = COMPILE_MODES[backend] == "reduce-overhead"
+        self._loss_of = torch.compile(self._loss_of, mode=COMPILE_MODES[backend])
+        self._logits_of = torch.compile(self._logits_of, mode=COMPILE_MODES[backend])
+
+    def forward(self, *, grad: bool = True) -> torch.Tensor:
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        loss = super().forward(grad=grad)
+        return loss.clone() if self.cudagraphs else loss
+
+    def logits(self) -> np.ndarray:
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        return super().logits()

@@ -85,7 +85,7 @@ _AUTOTUNING = (r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|RepeatBuffer
                r"|BufferComparator")
 
 # ATen ops that only move, view or cast data (Inductor's names for them).
-_COPY_OPS = (r"_to_copy|_unsafe_view|view|clone|t|transpose|permute|expand|slice|select|unsqueeze|squeeze"
+_COPY_OPS = (r"_to_copy|_unsafe_view|view|clone|t|transpose|permute|expand|slice|select|unbind|unsqueeze|squeeze"
              r"|cat|stack|copy_?")
 
 # Inductor's Triton kernels, after the name-says-it-all patterns above them in

@@ -87,7 +87,7 @@ def profile_command(
     backend: str, output: str | Path, program: Sequence[str], nsys: str | None = None
 ) -> list[str]:
     """The `nsys profile` argv that runs `program` and writes ``<output>.nsys-rep``."""
-    if backend not in BACKENDS:
+    if backend.split("-")[0] not in BACKENDS:  # torch-compile[-cg] take torch's flags
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     return [
         find_nsys(nsys),

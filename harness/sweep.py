@@ -1,6 +1,6 @@
 """Sweep models x context lengths x batches x backends x dtypes, one `harness.run` subprocess per cell.
 
-    python -m harness.sweep --model small,medium --ctx 128,256,512 [--batch 4,8,16,32] \
+    python -m harness.sweep --model small,medium --ctx 128,256,512 [--batch 4,8,16,32] \\
         [--backend torch,torch-compile,jax]
         [--dtype fp32,bf16] [--nsys] [--warmup-study] [--resume] [--gpus 0,1] [--out results/<sweep>/]
     python -m harness.sweep --render results/<sweep>/

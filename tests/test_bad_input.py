@@ -162,7 +162,7 @@ def test_parity_is_skipped_when_every_backend_ran_out_of_memory(tmp_path, capsys
 @pytest.mark.slow
 def test_ctrl_c_during_compare_keeps_what_finished(tmp_path) -> None:
     out = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.compare", "--ctx", "16", "--device", "cpu",
+    proc = subprocess.Popen([sys.executable, "-m", "harness.compare", "--ctx", "16", "--device", "cpu", "--backend", "torch,jax",
                              "--warmup", "0", "--steps", "1", "--out", str(out)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, umask=0o022)
     seen = []

@@ -31,6 +31,8 @@ def build_parser():
                    help="the harness.run result JSON per file, in order (its forward time goes into answer (a))")
     p.add_argument("--require", action="append", default=[], metavar="RANGE", help="range name that must be present")
     p.add_argument("--top", type=positive_int, default=TOP_N, help="kernels listed per phase")
+    p.add_argument("--no-plot", action="store_true", help="skip kernels.png (drawing it takes about as long as the "
+                                                            "analysis itself)")
     p.add_argument("--attribution", choices=ATTRIBUTIONS, default="auto",
                    help="kernels to ranges by execution interval, by launch call (CUPTI correlation), or auto: "
                         "execution where ranges end in synchronizations, else launch")
@@ -49,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         bds, answer_sets = breakdown_files(args.files, args.label, args.harness_json, args.require, args.nsys_bin,
                                            args.attribution, args.force)
-        paths = write_report(args.out, bds, answer_sets, args.top)
+        paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot)
     except ProfileError as exc:
         return fail(str(exc))
     print("\n".join(str(p) for p in paths.values()))

@@ -263,12 +263,10 @@ def write_csv(path: Path, bds: Sequence[Breakdown]) -> None:
 def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
     """Stacked category bars per profile x phase (left) and each profile's top kernels of
     its step (right)."""
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: no GUI backend, and half the import time
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 1 + len(bds), figsize=(7 + 6 * len(bds), 6), squeeze=False)
+    fig = Figure(figsize=(7 + 6 * len(bds), 6))
+    axes = fig.subplots(1, 1 + len(bds), squeeze=False)
     ax = axes[0][0]
     bars = [(f"{bd.label}\n{ph}", p) for bd in bds for ph, p in bd.phases.items()]
     bottom = [0.0] * len(bars)
@@ -291,20 +289,21 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
         ax.set_title(f"{bd.label}: top kernels ({p.phase})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
-                 top_n: int = TOP_N, stem: str = "kernels") -> dict[str, Path]:
-    """Write ``<stem>.md``, ``.csv``, ``.json`` and ``.png`` into `out_dir`; return their paths."""
+                 top_n: int = TOP_N, stem: str = "kernels", png: bool = True) -> dict[str, Path]:
+    """Write ``<stem>.md``, ``.csv``, ``.json`` and (with `png`) ``.png`` into `out_dir`;
+    return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     answer_sets = answer_sets or [answers(bd) for bd in bds]
-    paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", "png")}
+    paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", *(("png",) if png else ()))}
     paths["md"].write_text(render_markdown(bds, answer_sets, top_n))
     write_csv(paths["csv"], bds)
     # The profile's file name only: where it lay (often a temp folder) says nothing.
     doc = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]
     paths["json"].write_text(json.dumps(doc, indent=1, default=str))
-    plot(paths["png"], bds, top_n)
+    if png:
+        plot(paths["png"], bds, top_n)
     return paths

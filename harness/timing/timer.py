@@ -4,8 +4,10 @@ What it guards against, and how:
 - Python's cyclic garbage collector. With the models' host objects alive, a full
   (generation 2) collection takes ~200 ms and lands inside whichever phase allocates
   the object that triggers it (it made one JAX backward step 10x its median on an H100).
-  Measured steps therefore run with the collector off, after a collection and
-  `gc.freeze()` at the end of warm-up; it is switched back on after the loop.
+  Measured steps therefore run with the automatic collector off, after a collection and
+  `gc.freeze()` at the end of warm-up, and the timer collects between steps, untimed:
+  device buffers held by reference cycles (JAX's vjp residuals are) must still be freed
+  every step, or a large step runs out of memory within a few steps.
 - Steps that stand out anyway: each phase call's interval is kept with the host events
   (collections, compilations) recorded during it (`EventLog`), so an outlier step is
   listed with its cause rather than folded into the figures.
@@ -116,6 +118,7 @@ class Timer:
                     self.times.setdefault(outer, []).append((t1 - t0) * 1e3)
                     self.intervals.setdefault(outer, []).append((t0, t1))
                 self.losses.append({"loop": label, "step": steps_before, "loss": float(self.last_loss)})
+                gc.collect()  # between steps, untimed; cheap once warm-up's objects are frozen
 
     def causes(self, name: str, index: int) -> list[str]:
         """The host events recorded during measured call `index` of `name`."""
@@ -136,12 +139,14 @@ class Timer:
                     self.step(phases, False, outer)
                 instrumented.append((time.perf_counter() - t0) * 1e3 / n)
                 s.sync()
+                gc.collect()
                 t0 = time.perf_counter()
                 out = None
                 for _ in range(n):
                     out = s.plain_step()
                 s.sync(out)
                 plain.append((time.perf_counter() - t0) * 1e3 / n)
+                gc.collect()
         ratios = [i / p for i, p in zip(instrumented, plain)]
         rec = {"instrumented_step_ms": statistics.median(instrumented), "plain_step_ms": statistics.median(plain),
                "round_ratios": ratios, "rounds": OVERHEAD_ROUNDS, "steps_per_round": n,

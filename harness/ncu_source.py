@@ -5,13 +5,8 @@
     ncu -i prof.ncu-rep --page source --print-source sass --csv > sass.csv
     python -m harness.ncu_source sass.csv [--top 25] [--out summary.md]
 
-`read_source` returns each profiled kernel's SASS instructions with how many
-times warps executed them and the warp-state samples that landed on them, by
-reason. `loops` groups consecutive instructions that ran equally often, as a
-loop body's instructions do: in a warp-specialized kernel that separates the
-producer's loop, whose waits overlap the consumers' work, from the consumers'
-loop, whose waits are the kernel's time. Analysis returns data; rendering is
-separate. (`python -m harness.ncu` summarizes a details export instead.)
+The analysis is `harness.attention.ncu_source` (its docstring says what it finds); this
+entry point parses the options and prints or writes the summary.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_compare_runs_torch_compile_beside_eager_torch_and_jax(compare_run, indu
     assert summary["parity"]["tolerances"]["torch-compile"] == COMPILE_TOLERANCES["fp32"]
     assert "torch-compile/torch" in proc.stdout
     report = (out / "tiny-ctx32-fp32-cpu" / "report.md").read_text()
-    assert "torch-compile ms (median ± std)" in report and "**torch-compile**" in report
+    assert "torch-compile ms (median, p10-p90)" in report and "**torch-compile**" in report
     assert os.listdir(out / "cache" / "inductor" / "fxgraph")  # Inductor's FX graph cache went to --compile-cache
 
 
@@ -104,9 +104,11 @@ def test_compare_default_skips_what_cannot_run_here(monkeypatch, capsys):
     ("harness.run", ["--backend", "torch-compile-cg"],
      "error: --backend torch-compile-cg replays CUDA graphs and needs --device cuda; on CPU use torch-compile"),
     ("harness.compare", ["--backend", "torch-inductor"],
-     "error: unknown backend 'torch-inductor'; choose one of torch, torch-compile, torch-compile-cg, jax"),
+     "error: argument --backend: unknown backend 'torch-inductor'; choose one of torch, torch-compile, "
+     "torch-compile-cg, jax (see python -m harness.compare --help)"),
     ("harness.run", ["--backend", "torch-compile", "--optimizer", "adam"],
-     "error: unknown optimizer 'adam'; choose one of foreach, foreach-compiled, loop"),
+     "error: argument --optimizer: unknown optimizer 'adam'; choose one of foreach, foreach-compiled, loop "
+     "(see python -m harness.run --help)"),
     ("harness.run", ["--backend", "torch-compile", "--annotate-attention"],
      "error: --annotate-attention synchronizes inside attention, which a compiled graph cannot hold; "
      "use --backend torch"),

@@ -123,7 +123,8 @@ def test_compare_folder_names_its_backends(tmp_path) -> None:
     """A folder written by harness.compare's own writer: FOLDER:BACKEND and FOLDER alone."""
     runs = {"torch": json.loads(TORCH.read_text()), "jax": json.loads(JAX.read_text())}
     args = argparse.Namespace(model="small", ctx=128, batch=4, dtype="fp32", attention="naive", mode="train",
-                              device="cuda", warmup=2, steps=3, seed=0, profiler=None)
+                              device="cuda", warmup=2, steps=3, seed=0, profiler=None,
+                              optimizer="foreach")
     folder = write_results(summarize_compare(args, runs, None), str(tmp_path), "small-ctx128")
     assert [r.label for r in resolve(folder)] == ["small-ctx128:torch", "small-ctx128:jax"]
     d = diff_runs(resolve_one(f"{folder}:torch"), resolve_one(f"{folder}:jax"))

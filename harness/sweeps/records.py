@@ -140,8 +140,8 @@ def prepare(out_dir: str, opts: dict, axes: dict, resume: bool, warmup_study: bo
                          "or name the sweep folder with --out")
     if exists:
         sweep = load_sweep(out_dir)
-        differ = [f"--{k.replace('_', '-')} {sweep['options'].get(k)} (now {opts[k]})" for k in FIXED
-                  if sweep["options"].get(k) != opts[k]]
+        differ = [f"--{k.replace('_', '-')} {sweep['options'].get(k)} (now {opts.get(k)})" for k in FIXED
+                  if sweep["options"].get(k) != opts.get(k)]
         if differ:
             raise UsageError(f"{out_dir} was run with {', '.join(differ)}; resume with the same options")
         old = {**sweep["axes"], "batches": sweep_batches(sweep)}

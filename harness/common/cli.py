@@ -77,24 +77,22 @@ def comma_list(parse: Callable[[str], object]) -> Callable[[str], list]:
     return parse_list
 
 
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number <= 0:
-        raise UsageError(f"expected a positive integer, got {value!r}")
-    return number
+def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = minimum - 1
+        if number < minimum:
+            raise UsageError(f"expected a {what} integer, got {value!r}")
+        return number
+
+    parse.__name__ = f"{what.replace('-', '_')}_int"
+    return parse
 
 
-def non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise UsageError(f"expected a non-negative integer, got {value!r}")
-    return number
+positive_int = _int_at_least(1, "positive")
+non_negative_int = _int_at_least(0, "non-negative")
 
 
 def non_negative_float(value: str) -> float:

@@ -1,6 +1,6 @@
-"""AdamW step time: the per-parameter loop against the foreach implementation, one run.
+"""AdamW step time: the per-parameter loop against the foreach and fused implementations, one run.
 
-    python -m harness.bench_optimizer --model large --device cuda [--variants loop,foreach,foreach-compiled]
+    python -m harness.bench_optimizer --model large --device cuda [--variants loop,foreach,foreach-compiled,fused]
 
 Prints each variant's median step time, achieved bandwidth (and its share of the GPU's
 datasheet HBM bandwidth) and speed-up over the loop; `--out` writes the JSON.

@@ -1,4 +1,4 @@
-"""harness.bench_optimizer: the loop and the foreach AdamW timed on a model's parameters."""
+"""harness.bench_optimizer: the loop, foreach and fused AdamW timed on a model's parameters."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from harness.timing.flops import optimizer_bytes
 
 def test_bench_optimizer_on_cpu(tmp_path, capsys) -> None:
     out = tmp_path / "opt.json"
-    assert bench_optimizer.main(["--model", "tiny", "--device", "cpu", "--variants", "loop,foreach",
+    assert bench_optimizer.main(["--model", "tiny", "--device", "cpu", "--variants", "loop,foreach,fused",
                                  "--warmup", "1", "--steps", "2", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert set(doc["variants"]) == {"loop", "foreach"}
+    assert set(doc["variants"]) == {"loop", "foreach", "fused"}
     assert doc["bytes_per_step"] == optimizer_bytes(get_config("tiny"))
     loop, foreach = doc["variants"]["loop"], doc["variants"]["foreach"]
     assert loop["speedup_over_loop"] == 1.0 and len(loop["times_ms"]) == 2
@@ -27,7 +27,7 @@ def test_bench_optimizer_on_cpu(tmp_path, capsys) -> None:
 
 def test_bench_optimizer_rejects_unknown_variant(capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
-        bench_optimizer.main(["--model", "tiny", "--device", "cpu", "--variants", "fused"])
+        bench_optimizer.main(["--model", "tiny", "--device", "cpu", "--variants", "adam"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "variant" in err and "loop, foreach, foreach-compiled" in err and "Traceback" not in err
+    assert "variant" in err and "loop, foreach, foreach-compiled, fused" in err and "Traceback" not in err

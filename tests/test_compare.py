@@ -107,7 +107,7 @@ def test_compare_default_skips_what_cannot_run_here(monkeypatch, capsys):
      "error: argument --backend: unknown backend 'torch-inductor'; choose one of torch, torch-compile, "
      "torch-compile-cg, jax (see python -m harness.compare --help)"),
     ("harness.run", ["--backend", "torch-compile", "--optimizer", "adam"],
-     "error: argument --optimizer: unknown optimizer 'adam'; choose one of foreach, foreach-compiled, loop "
+     "error: argument --optimizer: unknown optimizer 'adam'; choose one of foreach, foreach-compiled, fused, loop "
      "(see python -m harness.run --help)"),
     ("harness.run", ["--backend", "torch-compile", "--annotate-attention"],
      "error: --annotate-attention synchronizes inside attention, which a compiled graph cannot hold; "

@@ -22,7 +22,7 @@ DTYPES = ("fp32", "tf32", "bf16")
 MODES = ("forward", "forward-backward", "train")
 DEVICES = ("cuda", "cpu")
 # The torch backends' AdamW: torch_impl.AdamW foreach, the same under torch.compile, the per-parameter loop.
-OPTIMIZERS = ("foreach", "foreach-compiled", "loop")
+OPTIMIZERS = ("foreach", "foreach-compiled", "fused", "loop")
 
 
 class UsageError(argparse.ArgumentTypeError):
@@ -152,7 +152,9 @@ def add_backend(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
 
 def add_optimizer(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", type=choice("optimizer", OPTIMIZERS), default="foreach",
-                        help=f"the torch backends' AdamW: {', '.join(OPTIMIZERS)} (JAX runs jax_impl.adamw)")
+                        help="the torch backends' AdamW (torch_impl.AdamW): foreach (torch._foreach_* ops), "
+                             "foreach-compiled (the same under torch.compile), fused (torch's fused AdamW kernel "
+                             "driven to compute ours), loop (per parameter); JAX runs jax_impl.adamw")
 
 
 def add_device(parser: argparse.ArgumentParser, default: str | None = None) -> None:

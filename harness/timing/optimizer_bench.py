@@ -1,5 +1,5 @@
 """AdamW step time on a model's parameters: the per-parameter loop against the foreach
-implementation (and the compiled foreach), measured in the same run.
+implementation, the compiled foreach and the fused kernel, measured in the same run.
 
 Each variant gets its own copy of the parameters with fixed gradients; after warm-up
 the variants take their timed steps in rotating rounds (so drift falls on all of
@@ -17,7 +17,7 @@ from harness.config import ModelConfig
 from harness.timing.flops import optimizer_bytes
 
 VARIANTS = {"loop": {"foreach": False}, "foreach": {"foreach": True},
-            "foreach-compiled": {"foreach": True, "compile": True}}
+            "foreach-compiled": {"foreach": True, "compile": True}, "fused": {"fused": True}}
 
 
 def bench_optimizer(config: ModelConfig, device: str, variants: list[str], warmup: int = 3,

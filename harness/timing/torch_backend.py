@@ -50,7 +50,8 @@ def make_optimizer(params, optimizer: str) -> torch_impl.AdamW:
     """torch_impl.AdamW as `--optimizer` names it (one of OPTIMIZERS)."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-    return torch_impl.AdamW(params, foreach=optimizer != "loop", compile=optimizer == "foreach-compiled")
+    return torch_impl.AdamW(params, foreach=optimizer != "loop", compile=optimizer == "foreach-compiled",
+                            fused=optimizer == "fused")
 
 
 def inductor_cpu_compiler() -> str | None:

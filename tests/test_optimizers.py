@@ -354,3 +354,12 @@ def test_fused_falls_back_to_foreach_where_the_rewrite_cannot_go(lr, weight_deca
     grads = [np.full(7, 0.1 * t - 0.1) for t in range(3)]
     ref = list(published_adamw(theta.numpy(), grads, lr, (0.9, 0.999), 1e-8, weight_decay))[-1]
     assert np.allclose(a_fused.double().numpy(), ref, rtol=1e-6, atol=1e-12)
+
+
+def test_optimizer_option_names_the_implementation():
+    from harness.common.cli import OPTIMIZERS
+    from harness.timing.torch_backend import make_optimizer
+
+    opts = {name: make_optimizer([torch.nn.Parameter(torch.ones(1))], name) for name in OPTIMIZERS}
+    assert {name: (o.foreach, o.compiled, o.fused) for name, o in opts.items()} == {"foreach": (True, False, False), "foreach-compiled": (True, True, False),
+                     "fused": (True, False, True), "loop": (False, False, False)}

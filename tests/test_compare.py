@@ -66,7 +66,7 @@ def test_compare_runs_torch_compile_beside_eager_torch_and_jax(compare_run, indu
     summary = json.loads((out / "tiny-ctx32-fp32-cpu" / "summary.json").read_text())
     assert list(summary["runs"]) == ["torch", "torch-compile", "jax"] and summary["reference"] == "torch"
     compiled, eager = summary["runs"]["torch-compile"], summary["runs"]["torch"]
-    assert compiled["status"] == "ok" and compiled["options"]["optimizer"] == "foreach"
+    assert compiled["status"] == "ok" and compiled["options"]["optimizer"] == "fused"
     assert "Inductor" in compiled["precision"] and "fused_step" not in compiled["phases"]
     # the same weights, batch and program: the same first loss to float32 reordering
     assert compiled["loss"]["first"] == pytest.approx(eager["loss"]["first"], rel=1e-6)
@@ -233,3 +233,22 @@ def test_profile_fallback_with_attention_ranges_feeds_the_kernel_report(tmp_path
         assert e["flops_per_call"]["attn_scores"] == 2 * 1 * 2 * 32 * 32 * 64  # 2*B*H*T^2*Dh
         assert all(ms > 0 for ms in e["ms_per_step"].values())
     assert "## Kernel breakdown" in (folder / "report.md").read_text()
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch-compile", "jax"])
+def test_nsys_compare_wraps_each_backend_in_nsys_profile(tmp_path, monkeypatch, backend):
+    """compare --nsys runs harness.run under `nsys profile` (JAX with XLA's NVTX domain
+    excluded); a fake nsys stands in, the command it is given is what is checked."""
+    fake = tmp_path / "nsys"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    seen = []
+    monkeypatch.setattr(compare_lib, "_stream", lambda program, env: (seen.append(program), (1, ""))[1])
+    args = parse_args(compare.build_parser(), ["--model", "tiny", "--ctx", "8", "--nsys", "--nsys-bin", str(fake)])
+    args.profiler, args.fail_in, args.compile_cache = "nsys", None, str(tmp_path / "cache")
+    doc, profile = compare_lib.run_backend(backend, args, str(tmp_path))
+    assert doc["status"] == "error" and profile is None
+    (program,) = seen
+    assert program[:2] == [str(fake), "profile"] and "harness.run" in program
+    assert program[program.index("--backend") + 1] == backend
+    assert ("--nvtx-domain-exclude=TSL" in program) == (backend == "jax")

@@ -151,7 +151,7 @@ def add_backend(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
 
 
 def add_optimizer(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--optimizer", type=choice("optimizer", OPTIMIZERS), default="foreach",
+    parser.add_argument("--optimizer", type=choice("optimizer", OPTIMIZERS), default="fused",
                         help="the torch backends' AdamW (torch_impl.AdamW): foreach (torch._foreach_* ops), "
                              "foreach-compiled (the same under torch.compile), fused (torch's fused AdamW kernel "
                              "driven to compute ours), loop (per parameter); JAX runs jax_impl.adamw")

@@ -96,7 +96,7 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
         program += ["--fail-in", args.fail_in.split(":")[1]]
     profile = None
     if args.profiler == "nsys":
-        from harness.trace.profile import profile_command
+        from harness.trace.nsys import profile_command
 
         stem = os.path.join(workdir, f"{backend}")
         program, profile = profile_command(backend, stem, program, args.nsys_bin), stem + ".nsys-rep"

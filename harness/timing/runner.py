@@ -48,7 +48,7 @@ class RunOptions:
     annotate_attention: bool = False
     profile: str | None = None  # write a framework-profiler trace here
     fail_in: str | None = None  # fault injection for tests: raise an OOM in this phase
-    optimizer: str = "foreach"  # the torch backends' AdamW: one of harness.common.cli.OPTIMIZERS
+    optimizer: str = "fused"  # the torch backends' AdamW: one of harness.common.cli.OPTIMIZERS
 
 
 # Every phase a result document may hold, in report order.

@@ -102,7 +102,7 @@ class TorchSession:
     backend = "torch"
 
     def __init__(self, config: ModelConfig, tokens: np.ndarray, *, device: str, dtype: str, seed: int,
-                 weights: torch_impl.TransformerLM | None = None, optimizer: str = "foreach") -> None:
+                 weights: torch_impl.TransformerLM | None = None, optimizer: str = "fused") -> None:
         set_matmul_precision(dtype)
         self.device = torch.device(device)
         self.dtype = dtype
@@ -203,7 +203,7 @@ class TorchCompileSession(TorchSession):
     first warm-up step)."""
 
     def __init__(self, config: ModelConfig, tokens: np.ndarray, *, device: str, dtype: str, seed: int,
-                 weights: torch_impl.TransformerLM | None = None, optimizer: str = "foreach",
+                 weights: torch_impl.TransformerLM | None = None, optimizer: str = "fused",
                  backend: str = "torch-compile") -> None:
         if backend not in COMPILE_MODES:
             raise ValueError(f"unknown compiled backend {backend!r}; choose one of {', '.join(COMPILE_MODES)}")

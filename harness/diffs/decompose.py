@@ -136,7 +136,9 @@ class Diff:
 
     @property
     def step(self) -> PhaseDiff | None:
-        return self.phase("step") or (self.phases[-1] if self.phases else None)
+        """The whole step: JAX's fused step where a side has one (the step JAX users run,
+        compared with torch's step as `harness.compare` does), else the split step."""
+        return self.phase("fused_step") or self.phase("step") or (self.phases[-1] if self.phases else None)
 
 
 def _get(doc: dict | None, path: tuple[str, ...]) -> object:

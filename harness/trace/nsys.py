@@ -22,6 +22,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from harness.trace.profile import (
     Range,
     label_from_path,
 )
-from harness.trace.sqlite_load import ParallelReader, read_columns
+from harness.trace.sqlite_load import ParallelReader
 
 # --cuda-graph-trace=node: XLA replays steps as CUDA graphs, which nsys otherwise records
 # as one graph-level event each, hiding every kernel of the measured steps.
@@ -239,34 +240,32 @@ def _ranges(db: sqlite3.Connection, tables: set[str]) -> list[Range]:
 
 def _api(reader: ParallelReader, tables: set[str]) -> Callable[[], list[ApiStat]]:
     """Start counting calls and time of each CUDA API function (``CUPTI_ACTIVITY_KIND_RUNTIME``);
-    the result is sorted by total time. Each rowid range is summed by function id on its
-    thread (a GROUP BY would sort every record); names are looked up for the few ids."""
+    the result is sorted by total time. Each rowid range is grouped by function id on its
+    thread (SQLite's sort keeps memory bounded, where the range's columns as text would not);
+    names are looked up for the few ids."""
     if "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
         return lambda: []
 
-    def part(db: sqlite3.Connection, rowids: str) -> tuple[np.ndarray, ...]:
-        name, duration = read_columns(db, "CUPTI_ACTIVITY_KIND_RUNTIME", ["nameId", "end - start"], rowids)
-        return _sum_by_id(name, np.ones(len(name)), duration)
-    parts = reader.per_range("CUPTI_ACTIVITY_KIND_RUNTIME", part)
+    parts = reader.per_range("CUPTI_ACTIVITY_KIND_RUNTIME", lambda db, rowids: db.execute(
+        "SELECT nameId, COUNT(*), COALESCE(SUM(end - start), 0) FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+        f"WHERE {rowids} GROUP BY nameId").fetchall())
 
     def result() -> list[ApiStat]:
-        ids, count, total = _sum_by_id(*(np.concatenate(col) for col in zip(*(p.result() for p in parts))))
-        names = dict(reader.db.execute(f"SELECT id, value FROM StringIds WHERE id IN ({','.join(map(str, ids))})"))
+        count: dict[int, int] = defaultdict(int)
+        total: dict[int, int] = defaultdict(int)
+        for part in parts:
+            for i, n, ns in part.result():
+                count[i] += n
+                total[i] += ns
+        names = dict(reader.db.execute(f"SELECT id, value FROM StringIds WHERE id IN ({','.join(map(str, count))})"))
         out = []
-        for i, n, ns in zip(ids.tolist(), count.tolist(), total.tolist()):
+        for i in sorted(count):
             if i in names:
                 name = re.sub(r"_v\d+$", "", names[i])
                 group = next((g for g, rx in API_GROUPS if rx.search(name)), "other")
-                out.append(ApiStat(name, group, n, ns))
+                out.append(ApiStat(name, group, count[i], total[i]))
         return sorted(out, key=lambda a: -a.total_ns)
     return result
-
-
-def _sum_by_id(ids: np.ndarray, *values: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(distinct ids ascending, then the sum of each of `values` per id)."""
-    uniq, index = np.unique(ids, return_inverse=True)
-    # float64 sums of integers are exact below 2**53 (104 days in ns)
-    return uniq, *(np.bincount(index, v, len(uniq)).round().astype(np.int64) for v in values)
 
 
 def _missing_kernels(reader: ParallelReader, tables: set[str]) -> Callable[[], tuple[int, int]]:

@@ -5,8 +5,8 @@ over a million CUDA API records. Fetched row by row, each value becomes a Python
 under the GIL, which takes longer than the whole analysis. Here SQLite does the
 conversion instead: a column comes back as one ``group_concat`` string, built inside
 ``sqlite3_step`` (which releases the GIL) and parsed by NumPy. A table is read as rowid
-ranges, one query each, on a pool of ``os.cpu_count()`` threads, each with its own
-read-only connection; on one core the same code runs serially. Ranges are concatenated
+ranges, one query each, on a pool of ``os.cpu_count()`` threads (at most `MAX_WORKERS`),
+each with its own read-only connection; on one core the same code runs serially. Ranges are concatenated
 in rowid order, so the result is the same as one query over the whole table.
 """
 
@@ -29,6 +29,9 @@ T = TypeVar("T")
 # larger ones hold long strings (about 20 bytes a value) in memory at once.
 MIN_RANGE_ROWS = 20_000
 MAX_RANGE_ROWS = 1_000_000
+# Each thread holds its own connection, page cache and allocator arena: beyond a few
+# threads memory grows while the reads (a fraction of the analysis by then) barely shrink.
+MAX_WORKERS = 8
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -44,7 +47,7 @@ class ParallelReader:
 
     def __init__(self, path: Path, workers: int | None = None) -> None:
         self.path = path
-        self.workers = max(1, workers or os.cpu_count() or 1)
+        self.workers = max(1, workers or min(os.cpu_count() or 1, MAX_WORKERS))
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()

@@ -91,7 +91,7 @@ class ParallelReader:
     def columns(self, table: str, exprs: Sequence[str], where: str = "1") -> Callable[[], list[np.ndarray]]:
         """Start reading the integer expressions `exprs` over the rows of `table` that match
         `where`; the returned function waits and gives one int64 array per expression."""
-        parts = self.per_range(table, lambda db, rowids: read_columns(db, table, exprs, f"{rowids} AND ({where})"))
+        parts = self.per_range(table, lambda db, rowids: _read_columns(db, table, exprs, f"{rowids} AND ({where})"))
 
         def result() -> list[np.ndarray]:
             done = [f.result() for f in parts]
@@ -101,7 +101,7 @@ class ParallelReader:
         return result
 
 
-def read_columns(db: sqlite3.Connection, table: str, exprs: Sequence[str], where: str) -> list[np.ndarray]:
+def _read_columns(db: sqlite3.Connection, table: str, exprs: Sequence[str], where: str) -> list[np.ndarray]:
     """The integer expressions `exprs` over the rows of `table` matching `where`, one int64
     array each (in this thread)."""
     sql = f"SELECT COUNT(*), {', '.join(f'group_concat({e})' for e in exprs)} FROM {table} WHERE {where}"

@@ -112,9 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     h, hp = result["harness"], result["harness_png"]
     uncached, modules = uncached_modules()
     if uncached:
+        why = "PYTHONDONTWRITEBYTECODE is set" if sys.flags.dont_write_bytecode else "their folders are not writable"
         print(f"note: {uncached} of the {modules} Python modules harness.report imports have no cached bytecode and "
-              "cannot get one here (PYTHONDONTWRITEBYTECODE is set, or their folders are not writable): every run "
-              "compiles them, and the times below include that, as every run of a user's would here")
+              f"cannot get one here ({why}): every run compiles them, and the times below include that, as every "
+              "run of a user's would here")
     print(f"harness.report --no-plot (analysis, md/csv/json): median {h['median_s']:.3f} s over {args.repeat} "
           f"runs, peak RSS {h['peak_rss_mib']:.0f} MiB (includes the interpreter and imports)")
     print(f"harness.report (with kernels.png): median {hp['median_s']:.3f} s, peak RSS {hp['peak_rss_mib']:.0f} MiB")

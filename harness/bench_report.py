@@ -1,14 +1,17 @@
-"""Time `harness.report`'s analysis against `nsys stats`' kernel summary on the same profile.
+"""Time `harness.report` against `nsys stats`' kernel summary on the same profile.
 
     python -m harness.bench_report PROFILE [--nsys-bin BIN] [--repeat N]
 
-The baseline is `nsys stats --report cuda_gpu_kern_sum --format csv` (a subprocess, as a
-user runs it); the harness side is what `harness.report` does: load, breakdown, answers
-and render into a temporary folder, in a fresh interpreter per run so imports count.
-An ``.nsys-rep`` is exported to SQLite first, so both read the same file. Prints the
-median wall time of each over `--repeat` runs, the peak RSS of each (each child's own
-``ru_maxrss``), and the ratio harness/nsys. Without nsys it says so in one line and
-times the harness alone.
+Both run as a user runs them, each in a fresh process: `nsys stats --report
+cuda_gpu_kern_sum --format csv` and `python -m harness.report PROFILE --no-plot` (and once
+more with kernels.png), writing into a temporary folder. An ``.nsys-rep`` is exported to
+SQLite first, so both read the same file. One untimed run of each comes first (both then
+find the file in the page cache); the timed runs are interleaved, so drifts of the machine
+hit both alike. Prints the median wall time of each over `--repeat` runs, the peak RSS of
+each (each child's own ``ru_maxrss``), and the ratio harness/nsys. Where Python cannot
+cache the bytecode of the modules the report imports (``PYTHONDONTWRITEBYTECODE``, or
+folders it cannot write), every run compiles them; the benchmark measures that as it is
+and says so. Without nsys it says so in one line and times the harness alone.
 """
 
 from __future__ import annotations
@@ -26,14 +29,14 @@ from harness.common.cli import add_nsys_bin, fail, make_parser, parse_args, posi
 from harness.trace.nsys import export_sqlite, find_nsys
 from harness.trace.profile import ProfileError
 
-# One harness run in a fresh interpreter.
-_HARNESS = """
-import sys, tempfile
-from harness.trace.breakdown import answers, breakdown, load_profile
-from harness.trace.render import write_report
-bd = breakdown(load_profile(sys.argv[1]))
-with tempfile.TemporaryDirectory() as out:
-    write_report(out, [bd], [answers(bd)], png=sys.argv[2] == "png")
+# The modules `harness.report` imports that Python compiles from source in every run:
+# loaded from a .py whose cached bytecode file is still missing after the import.
+_UNCACHED = """
+import os, sys
+import harness.report
+mods = [m.__spec__ for m in list(sys.modules.values()) if getattr(m, "__spec__", None) is not None
+        and m.__spec__.cached and (m.__spec__.origin or "").endswith(".py")]
+print(sum(not os.path.exists(s.cached) for s in mods), len(mods))
 """
 
 
@@ -60,6 +63,14 @@ def _timed(cmd: Sequence[str]) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024
 
 
+def uncached_modules() -> tuple[int, int]:
+    """(modules `harness.report` imports that are compiled from source in every run, all it
+    imports from source files), measured in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", _UNCACHED], capture_output=True, text=True, check=True).stdout
+    uncached, total = out.split()
+    return int(uncached), int(total)
+
+
 def bench(profile: Path, repeat: int, nsys_bin: str | None) -> dict[str, dict[str, float]]:
     """Median wall time and peak RSS of the nsys baseline (if nsys is found) and the harness."""
     try:
@@ -70,21 +81,23 @@ def bench(profile: Path, repeat: int, nsys_bin: str | None) -> dict[str, dict[st
         if nsys is None:
             raise ProfileError(f"{profile}: an .nsys-rep needs nsys to export it; pass its .sqlite export")
         profile = export_sqlite(profile, nsys)
-    runs: dict[str, list[tuple[float, float]]] = {"harness": [], "harness_png": []}
-    if nsys:
-        runs["nsys"] = []
-    for _ in range(repeat):  # interleaved, so drifts of the machine hit both alike
+    with tempfile.TemporaryDirectory() as out:
+        report = [sys.executable, "-m", "harness.report", str(profile), "--out", out]
+        cmds = {"harness": [*report, "--no-plot"], "harness_png": report}
         if nsys:
-            cmd = [nsys, "stats", "--report", "cuda_gpu_kern_sum", "--format", "csv", "--force-export", "false",
-                   str(profile)]
-            runs["nsys"].append(_timed(cmd))
-        runs["harness"].append(_timed([sys.executable, "-c", _HARNESS, str(profile), "tables"]))
-        runs["harness_png"].append(_timed([sys.executable, "-c", _HARNESS, str(profile), "png"]))
+            cmds["nsys"] = [nsys, "stats", "--report", "cuda_gpu_kern_sum", "--format", "csv", "--force-export",
+                            "false", str(profile)]
+        runs: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
+        for i in range(repeat + 1):  # the first round untimed
+            for name, cmd in cmds.items():
+                timed = _timed(cmd)
+                if i:
+                    runs[name].append(timed)
     peak = lambda rs: max(r[1] for r in rs)  # noqa: E731
-    out = {k: {"median_s": statistics.median(r[0] for r in rs), "peak_rss_mib": peak(rs)} for k, rs in runs.items()}
+    result = {k: {"median_s": statistics.median(r[0] for r in rs), "peak_rss_mib": peak(rs)} for k, rs in runs.items()}
     if nsys is None:
-        out["nsys"] = {}
-    return out
+        result["nsys"] = {}
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -97,6 +110,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProfileError as exc:
         return fail(str(exc))
     h, hp = result["harness"], result["harness_png"]
+    uncached, modules = uncached_modules()
+    if uncached:
+        why = "PYTHONDONTWRITEBYTECODE is set" if sys.flags.dont_write_bytecode else "their folders are not writable"
+        print(f"note: {uncached} of the {modules} Python modules harness.report imports have no cached bytecode and "
+              f"cannot get one here ({why}): every run compiles them, and the times below include that, as every "
+              "run of a user's would here")
     print(f"harness.report --no-plot (analysis, md/csv/json): median {h['median_s']:.3f} s over {args.repeat} "
           f"runs, peak RSS {h['peak_rss_mib']:.0f} MiB (includes the interpreter and imports)")
     print(f"harness.report (with kernels.png): median {hp['median_s']:.3f} s, peak RSS {hp['peak_rss_mib']:.0f} MiB")

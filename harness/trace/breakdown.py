@@ -29,6 +29,7 @@ wall time of the ranges themselves.
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
@@ -221,8 +222,8 @@ def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray
     return PhaseStats(key, root, len(instances), occurrences, sum(walls.values()) / n, float(total),
                       float(np.count_nonzero(kinds == KERNEL)) / n, categories, stats,
                       float(np.count_nonzero((kinds == MEMCPY) | (kinds == MEMSET))) / n,
-                      float(np.median([per_inst.get(i, 0.0) for i in instances])) if instances else 0.0,
-                      float(np.median([walls.get(i, 0) for i in instances])) if instances else 0.0)
+                      float(statistics.median([per_inst.get(i, 0.0) for i in instances])) if instances else 0.0,
+                      float(statistics.median([walls.get(i, 0) for i in instances])) if instances else 0.0)
 
 
 def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto") -> Breakdown:
@@ -264,7 +265,7 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     for insts in instances.values():
         if len(insts) >= 2:  # names that ran only in the first steady instance are no per-step work
             head = measured & (kroot == insts[0])
-            later = np.unique(kt.name[measured & np.isin(kroot, insts[1:])])
+            later = kt.name[measured & np.isin(kroot, insts[1:])]
             only_first |= head & ~np.isin(kt.name, later)
     measured &= ~only_first
     phases = _phases(ranges, parents, root, warm, first, kt, np.flatnonzero(measured), inner, kroot, cats, rule)

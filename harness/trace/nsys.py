@@ -16,14 +16,14 @@ Reading uses these tables of the SQLite export (missing optional tables are skip
 from __future__ import annotations
 
 import gzip
-import itertools
 import os
 import re
 import shutil
 import sqlite3
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,7 @@ from harness.trace.profile import (
     Range,
     label_from_path,
 )
+from harness.trace.sqlite_load import ParallelReader
 
 # --cuda-graph-trace=node: XLA replays steps as CUDA graphs, which nsys otherwise records
 # as one graph-level event each, hiding every kernel of the measured steps.
@@ -141,25 +142,24 @@ def _diagnostics(db: sqlite3.Connection, tables: set[str]) -> list[str]:
     return out
 
 
-def _int_rows(db: sqlite3.Connection, sql: str, width: int) -> np.ndarray:
-    """The rows of `sql` (`width` integer columns, no NULLs) as an int64 array of shape (n, width),
-    streamed from the cursor without a Python object per row kept."""
-    flat = np.fromiter(itertools.chain.from_iterable(db.execute(sql)), np.int64)
-    return flat.reshape(-1, width)
-
-
-def _launches(db: sqlite3.Connection, tables: set[str]) -> np.ndarray:
-    """(process, correlationId, globalTid, start) of every API call that puts work on the GPU,
-    sorted by (process, correlationId): the launch side of the CUPTI correlation."""
+def _launches(reader: ParallelReader, tables: set[str]) -> Callable[[], np.ndarray]:
+    """Start reading (process, correlationId, globalTid, start) of every API call that puts
+    work on the GPU; the result is sorted by (process, correlationId): the launch side of the
+    CUPTI correlation."""
     if "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
-        return np.empty((0, 4), np.int64)
-    ids = [str(i) for i, in db.execute(
+        return lambda: np.empty((0, 4), np.int64)
+    ids = [str(i) for i, in reader.db.execute(
         "SELECT id FROM StringIds WHERE value LIKE 'cu%Launch%' OR value LIKE 'cu%Memcpy%' "
         "OR value LIKE 'cu%Memset%' OR value LIKE 'cu%Graph%Launch%'")]
-    rows = _int_rows(db, "SELECT globalTid, correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME "
-                         f"WHERE nameId IN ({','.join(ids)})", 4)
-    rows[:, 0] >>= TID_PROCESS_SHIFT
-    return rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    pending = reader.columns("CUPTI_ACTIVITY_KIND_RUNTIME",
+                             [f"COALESCE(globalTid, {UNKNOWN})", "correlationId", "start"],
+                             f"nameId IN ({','.join(ids)}) AND correlationId IS NOT NULL")
+
+    def result() -> np.ndarray:
+        tid, correlation, start = pending()
+        rows = np.stack([tid >> TID_PROCESS_SHIFT, correlation, tid, start], axis=1)
+        return rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    return result
 
 
 def _match(launches: np.ndarray, process: np.ndarray | None, correlation: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -182,32 +182,42 @@ def _match(launches: np.ndarray, process: np.ndarray | None, correlation: np.nda
     return thread, start
 
 
-def _kernels(db: sqlite3.Connection, tables: set[str]) -> KernelTable:
-    """Kernels, memcpys, memsets and whole-graph records as columns, names fetched once each."""
+def _kernels(reader: ParallelReader, tables: set[str]) -> Callable[[], KernelTable]:
+    """Start reading kernels, memcpys, memsets and whole-graph records; the result is their
+    table, names fetched once each."""
+    db = reader.db
     kcols = _columns(db, "CUPTI_ACTIVITY_KIND_KERNEL")
     name_col = "demangledName" if "demangledName" in kcols else "shortName"
-    launches = _launches(db, tables)
-    blocks, names_sql = [], {"CUPTI_ACTIVITY_KIND_KERNEL": f"{name_col}"}
+    launches = _launches(reader, tables)
+    pending, names_sql = [], {"CUPTI_ACTIVITY_KIND_KERNEL": f"{name_col}"}
     for table, kind in (("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL), ("CUPTI_ACTIVITY_KIND_MEMCPY", MEMCPY),
                         ("CUPTI_ACTIVITY_KIND_MEMSET", MEMSET), ("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", GRAPH)):
         if table not in tables:
             continue
         pid = "globalPid" in _columns(db, table)
         # a negative name id marks the kind of a record without a name; string ids are >= 0
-        rows = _int_rows(db, f"SELECT {names_sql.get(table, -1 - kind)}, start, end, deviceId, streamId, "
-                             f"COALESCE(correlationId, -1), {'globalPid' if pid else 0} FROM {table}", 7)
-        thread, start = _match(launches, rows[:, 6] >> TID_PROCESS_SHIFT if pid else None, rows[:, 5])
-        blocks.append((kind, rows, thread, start))
-    rows = np.concatenate([b[1] for b in blocks])
-    kinds = np.concatenate([np.full(len(b[1]), b[0], np.int8) for b in blocks])
-    ids, index = np.unique(rows[:, 0], return_inverse=True)
-    wanted = ",".join(str(int(i)) for i in ids[ids >= 0])
-    strings = dict(db.execute(f"SELECT id, value FROM StringIds WHERE id IN ({wanted})"))
-    special = {-1 - MEMCPY: "[CUDA memcpy]", -1 - MEMSET: "[CUDA memset]", -1 - GRAPH: GRAPH_NAME}
-    names = [special.get(int(i)) or strings.get(int(i), f"<string {int(i)}>") for i in ids]
-    col = lambda i: np.ascontiguousarray(rows[:, i])  # noqa: E731
-    return KernelTable(names, index.astype(np.int32), col(1), col(2), kinds, col(3), col(4),
-                       np.concatenate([b[2] for b in blocks]), np.concatenate([b[3] for b in blocks]), col(5))
+        cols = reader.columns(table, [str(names_sql.get(table, -1 - kind)), "start", "end", "deviceId", "streamId",
+                                      f"COALESCE(correlationId, {UNKNOWN})", "globalPid" if pid else "0"])
+        pending.append((kind, pid, cols))
+
+    def result() -> KernelTable:
+        launch = launches()
+        blocks = []
+        for kind, pid, cols in pending:
+            name, start, end, device, stream, correlation, gpid = cols()
+            thread, launched = _match(launch, gpid >> TID_PROCESS_SHIFT if pid else None, correlation)
+            blocks.append((np.full(len(name), kind, np.int8), name, start, end, device, stream, thread, launched,
+                           correlation))
+        kinds, name, start, end, device, stream, thread, launched, correlation = (
+            np.concatenate(col) for col in zip(*blocks))
+        ids, index = np.unique(name, return_inverse=True)
+        wanted = ",".join(str(int(i)) for i in ids[ids >= 0])
+        strings = dict(db.execute(f"SELECT id, value FROM StringIds WHERE id IN ({wanted})"))
+        special = {-1 - MEMCPY: "[CUDA memcpy]", -1 - MEMSET: "[CUDA memset]", -1 - GRAPH: GRAPH_NAME}
+        names = [special.get(int(i)) or strings.get(int(i), f"<string {int(i)}>") for i in ids]
+        return KernelTable(names, index.astype(np.int32), start, end, kinds, device, stream, thread, launched,
+                           correlation)
+    return result
 
 
 def _ranges(db: sqlite3.Connection, tables: set[str]) -> list[Range]:
@@ -228,34 +238,55 @@ def _ranges(db: sqlite3.Connection, tables: set[str]) -> list[Range]:
                   key=lambda r: r.start)
 
 
-def _api(db: sqlite3.Connection, tables: set[str]) -> list[ApiStat]:
-    """Count and total time of each CUDA API function (``CUPTI_ACTIVITY_KIND_RUNTIME``)."""
+def _api(reader: ParallelReader, tables: set[str]) -> Callable[[], list[ApiStat]]:
+    """Start counting calls and time of each CUDA API function (``CUPTI_ACTIVITY_KIND_RUNTIME``);
+    the result is sorted by total time. Each rowid range is grouped by function id on its
+    thread (SQLite's sort keeps memory bounded, where the range's columns as text would not);
+    names are looked up for the few ids."""
     if "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
-        return []
-    rows = db.execute("SELECT s.value, COUNT(*), SUM(r.end - r.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
-                      "JOIN StringIds s ON r.nameId = s.id GROUP BY r.nameId")
-    out = []
-    for name, count, total in rows:
-        name = re.sub(r"_v\d+$", "", name)
-        group = next((g for g, rx in API_GROUPS if rx.search(name)), "other")
-        out.append(ApiStat(name, group, int(count), int(total or 0)))
-    return sorted(out, key=lambda a: -a.total_ns)
+        return lambda: []
+
+    parts = reader.per_range("CUPTI_ACTIVITY_KIND_RUNTIME", lambda db, rowids: db.execute(
+        "SELECT nameId, COUNT(*), COALESCE(SUM(end - start), 0) FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+        f"WHERE {rowids} GROUP BY nameId").fetchall())
+
+    def result() -> list[ApiStat]:
+        count: dict[int, int] = defaultdict(int)
+        total: dict[int, int] = defaultdict(int)
+        for part in parts:
+            for i, n, ns in part.result():
+                count[i] += n
+                total[i] += ns
+        names = dict(reader.db.execute(f"SELECT id, value FROM StringIds WHERE id IN ({','.join(map(str, count))})"))
+        out = []
+        for i in sorted(count):
+            if i in names:
+                name = re.sub(r"_v\d+$", "", names[i])
+                group = next((g for g, rx in API_GROUPS if rx.search(name)), "other")
+                out.append(ApiStat(name, group, count[i], total[i]))
+        return sorted(out, key=lambda a: -a.total_ns)
+    return result
 
 
-def _missing_kernels(db: sqlite3.Connection, tables: set[str]) -> tuple[int, int]:
-    """(kernel launch calls, those without a kernel record): lost records show as the second."""
+def _missing_kernels(reader: ParallelReader, tables: set[str]) -> Callable[[], tuple[int, int]]:
+    """Start counting (kernel launch calls, those without a kernel record): lost records show as
+    the second."""
     if not {"CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"} <= tables:
-        return 0, 0
-    launches, missing = db.execute(
+        return lambda: (0, 0)
+    pending = reader.query(
         "SELECT COUNT(*), SUM(NOT EXISTS (SELECT 1 FROM CUPTI_ACTIVITY_KIND_KERNEL k "
         "WHERE k.correlationId = r.correlationId)) FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
         "JOIN StringIds s ON r.nameId = s.id WHERE s.value LIKE '%LaunchKernel%' "
-        "OR s.value LIKE 'cuLaunch%'").fetchone()
-    return int(launches or 0), int(missing or 0)
+        "OR s.value LIKE 'cuLaunch%'")
+
+    def result() -> tuple[int, int]:
+        launches, missing = pending.result()[0]
+        return int(launches or 0), int(missing or 0)
+    return result
 
 
-def _open_sqlite(path: Path, tmp: Path) -> sqlite3.Connection:
-    """Open the export read-only; a gzipped one is unpacked into `tmp` first."""
+def _unpack(path: Path, tmp: Path) -> Path:
+    """The SQLite file of the export `path`; a gzipped one is unpacked into `tmp` first."""
     if path.suffix == ".gz":
         target = tmp / "profile.sqlite"
         try:
@@ -269,28 +300,29 @@ def _open_sqlite(path: Path, tmp: Path) -> sqlite3.Connection:
         if f.read(len(_SQLITE_MAGIC)) != _SQLITE_MAGIC:
             raise ProfileError(f"{path}: not an SQLite file; pass an .nsys-rep, or its export "
                                "from `nsys export --type sqlite`")
-    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    return path
 
 
 def read_sqlite(path: str | Path, label: str | None = None, force: bool = False) -> Profile:
     """Read an nsys SQLite export (``.sqlite`` or ``.sqlite.gz``) into a `Profile`.
 
-    When nsys's importer reported errors, the profile is refused only if kernel records
-    are actually missing (kernel launches without a kernel); `force` reads it anyway."""
+    The large tables are read on a pool of threads (`harness.trace.sqlite_load`) while this
+    thread reads the small ones. When nsys's importer reported errors, the profile is refused
+    only if kernel records are actually missing (kernel launches without a kernel); `force`
+    reads it anyway."""
     path = Path(path)
-    with tempfile.TemporaryDirectory() as tmp:
-        db = _open_sqlite(path, Path(tmp))
-        try:
-            tables = _tables(db)
-            if not tables & {"StringIds", "TARGET_INFO_SESSION_START_TIME", "NVTX_EVENTS"}:
-                raise ProfileError(f"{path}: SQLite, but not an nsys export (no nsys tables)")
-            diagnostics = _diagnostics(db, tables)
-            launches, missing = _missing_kernels(db, tables) if diagnostics else (0, 0)
-            kernels = _kernels(db, tables) if "CUPTI_ACTIVITY_KIND_KERNEL" in tables else None
-            ranges = _ranges(db, tables)
-            api = _api(db, tables)
-        finally:
-            db.close()
+    with tempfile.TemporaryDirectory() as tmp, ParallelReader(_unpack(path, Path(tmp))) as reader:
+        tables = _tables(reader.db)
+        if not tables & {"StringIds", "TARGET_INFO_SESSION_START_TIME", "NVTX_EVENTS"}:
+            raise ProfileError(f"{path}: SQLite, but not an nsys export (no nsys tables)")
+        diagnostics = _diagnostics(reader.db, tables)
+        # the longest reads first: the pool takes them in order
+        pending_missing = _missing_kernels(reader, tables) if diagnostics else lambda: (0, 0)
+        pending_api = _api(reader, tables)
+        pending_kernels = _kernels(reader, tables) if "CUPTI_ACTIVITY_KIND_KERNEL" in tables else lambda: None
+        ranges = _ranges(reader.db, tables)
+        launches, missing = pending_missing()
+        kernels, api = pending_kernels(), pending_api()
     tsl = "for JAX profile with --nvtx-domain-exclude=TSL (XLA's NVTX domain breaks the importer)"
     if kernels is None or not len(kernels):
         raise ProfileError(

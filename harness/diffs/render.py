@@ -59,7 +59,7 @@ def sentences(d: Diff) -> list[str]:
     """The headline of the step and its three largest causes."""
     p = d.step
     if p is None:
-        return ["The runs have no phase in common."]
+        return ["The runs have no phase in common.", *layer_sentences(d.layers)]
     out = [_headline(d, p)]
     causes = [part.name for part in sorted(p.parts, key=lambda x: -abs(x.delta_ms))[:CAUSES]]
     out += [(c := _cause(p, name))[0].upper() + c[1:] for name in causes]

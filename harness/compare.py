@@ -37,6 +37,7 @@ from harness.common.cli import (
     select_platform,
 )
 from harness.common.results import dir_problem
+from harness.run import add_layer_ranges, layer_ranges_problem
 from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
 from harness.timing.torch_backend import choose_backends
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="copy the raw profiles (and nsys's SQLite exports) into DIR")
     p.add_argument("--annotate-attention", action="store_true",
                    help="NVTX ranges inside naive attention (attribution runs: adds syncs)")
+    add_layer_ranges(p)
     p.add_argument("--compile-cache", metavar="DIR",
                    help="persistent compile caches shared by the processes, kept for later runs: JAX's in DIR, "
                         "torch-compile's Inductor and Triton caches in DIR/inductor, DIR/triton "
@@ -97,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem := dir_problem(args.out, "--out"):
             raise UsageError(problem)
         args.profiler = profiler(args)
+        if args.layer_ranges:
+            for backend in args.backend:
+                if problem := layer_ranges_problem(backend):
+                    print(f"compare: {problem}; {backend} runs without them", file=sys.stderr)
         device = expected_device(args)
         existing = os.path.join(args.out, result_dir_name(args, device)) if device else None
         if existing and os.path.exists(existing) and not args.overwrite:

@@ -26,7 +26,9 @@ from harness.common.cli import (
     add_steps,
     fail,
     make_parser,
+    non_negative_int,
     parse_args,
+    positive_int,
     select_platform,
 )
 from harness.common.results import file_problem, write_json
@@ -48,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--annotate-attention", action="store_true",
                    help="NVTX ranges attn_scores/attn_softmax/attn_values inside naive attention "
                         "(synchronizes inside the forward; JAX then runs op by op)")
+    add_layer_ranges(p)
+    p.add_argument("--wide-layer", type=non_negative_int, default=None, metavar="I",
+                   help="plant a wide block for attribution tests: block I's FFN is --wide-factor times d_ff "
+                        "(None: all blocks alike)")
+    p.add_argument("--wide-factor", type=positive_int, default=8, metavar="F",
+                   help="how much wider the FFN of --wide-layer is")
     p.add_argument("--profile", metavar="PATH",
                    help="record the run with the framework's own profiler (torch: a .json trace; "
                         "jax: a trace directory) for harness.report, where nsys is not available")
@@ -56,9 +64,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_layer_ranges(p: argparse.ArgumentParser) -> None:
+    """--layer-ranges, shared with harness.compare."""
+    p.add_argument("--layer-ranges", action="store_true",
+                   help="record each block's and sub-module's work for a per-layer breakdown under nsys: NVTX "
+                        "ranges from module hooks (torch eager; no synchronizations, overhead measured and "
+                        "reported), named scopes (jax)")
+
+
+def layer_ranges_problem(backend: str) -> str | None:
+    """Why --layer-ranges cannot run with `backend`, or None."""
+    if backend in ("torch-compile", "torch-compile-cg"):
+        return (f"--layer-ranges with --backend {backend}: module hooks would break the compiled graph at every "
+                "layer (no fusion across layers, another program than the one timed); use --backend torch or jax")
+    return None
+
+
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     fields = {f.name for f in dataclasses.fields(RunOptions)}
-    return RunOptions(**{k: v for k, v in vars(args).items() if k in fields})
+    opts = {k: v for k, v in vars(args).items() if k in fields}
+    if args.wide_layer is None:
+        opts["wide_factor"] = 1
+    return RunOptions(**opts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,6 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError("--annotate-attention synchronizes inside attention, which a compiled graph cannot "
                              "hold; use --backend torch")
         choose_backends([args.backend], (), args.device, "run")
+        if args.layer_ranges and (problem := layer_ranges_problem(args.backend)):
+            raise UsageError(problem)
+        if args.wide_layer is not None:
+            from harness.config import get_config
+
+            try:
+                get_config(args.model, wide_layer=args.wide_layer, wide_factor=args.wide_factor)
+            except ValueError as exc:
+                raise UsageError(f"--wide-layer: {exc}") from None
         if args.fail_in is not None and args.fail_in not in FAULT_PHASES:
             raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")
         if args.out and (problem := file_problem(args.out, "--out")):

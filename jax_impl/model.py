@@ -122,11 +122,11 @@ class SwiGLU(nnx.Module):
 
 
 class TransformerBlock(nnx.Module):
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, index: int, *, rngs: nnx.Rngs):
         self.ln1 = RMSNorm(config.d_model, config.norm_eps)
         self.attn = CausalSelfAttention(config, rngs=rngs)
         self.ln2 = RMSNorm(config.d_model, config.norm_eps)
-        self.ffn = SwiGLU(config.d_model, config.d_ff, rngs=rngs)
+        self.ffn = SwiGLU(config.d_model, config.layer_d_ff(index), rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = x + self.attn(self.ln1(x))
@@ -137,7 +137,7 @@ class TransformerLM(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.token_embeddings = Embedding(config.vocab_size, config.d_model, rngs=rngs)
-        self.layers = nnx.List([TransformerBlock(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.layers = nnx.List([TransformerBlock(config, i, rngs=rngs) for i in range(config.num_layers)])
         self.ln_final = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = Linear(config.d_model, config.vocab_size, rngs=rngs)
 

@@ -120,12 +120,12 @@ class SwiGLU(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, index: int):
         super().__init__()
         self.ln1 = RMSNorm(config.d_model, config.norm_eps)
         self.attn = CausalSelfAttention(config)
         self.ln2 = RMSNorm(config.d_model, config.norm_eps)
-        self.ffn = SwiGLU(config.d_model, config.d_ff)
+        self.ffn = SwiGLU(config.d_model, config.layer_d_ff(index))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attn(self.ln1(x))
@@ -137,7 +137,7 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.config = config
         self.token_embeddings = Embedding(config.vocab_size, config.d_model)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(TransformerBlock(config, i) for i in range(config.num_layers))
         self.ln_final = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = Linear(config.d_model, config.vocab_size)
 

@@ -9,6 +9,9 @@ With a profile on both sides the gap is split into
    kernel-launch calls per step and the host time per call where the export has them;
 2. GPU time per category group (`GROUPS`), with the kernels that moved most in each;
 
+and, where both runs recorded layers, the forward's and backward's GPU time per layer
+and per kind of layer (`harness.diffs.layers`), a second view of the same kernels;
+
 and the residual, whole - parts, is what the profile's means do not account for in the
 timer's medians (step-to-step noise, the profiler's own cost). The kernel count per
 group says whether the same work ran as fewer kernels (fusion); GEMMs are listed by
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from harness.common.hardware import hbm_tbps, peak_tflops
 from harness.config import ModelConfig
 from harness.diffs.inputs import PhaseProfile, Run
+from harness.diffs.layers import LayerPhase, diff_layers
 from harness.timing.flops import optimizer_bytes, phase_flops
 from harness.trace.kernels import Category
 
@@ -130,6 +134,7 @@ class Diff:
     phases: list[PhaseDiff]
     notes: list[str]
     schema: str = SCHEMA
+    layers: list[LayerPhase] = field(default_factory=list)  # per phase, where both runs recorded layers
 
     def phase(self, name: str) -> PhaseDiff | None:
         return next((p for p in self.phases if p.phase == name), None)
@@ -317,7 +322,9 @@ def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
         if run.phases is None:
             notes.append(f"{run.label}: no profile; only the phase-level gap")
     phases = [_phase_diff(a, b, pair) for pair in _pairs(a, b)]
-    return Diff(a.label, b.label, fields, phases, notes)
+    if bool(a.layers) != bool(b.layers):
+        notes.append(f"{(b if a.layers else a).label}: no layer ranges recorded; no per-layer table")
+    return Diff(a.label, b.label, fields, phases, notes, layers=diff_layers(a.layers, b.layers))
 
 
 def regression(diff: Diff, pct: float) -> str | None:

@@ -59,6 +59,7 @@ class Run:
     doc: dict | None  # the harness.run document
     phases: dict[str, PhaseProfile] | None = None  # from a profile; None without one
     notes: list[str] = field(default_factory=list)
+    layers: dict[str, dict[str, float]] | None = None  # phase -> canonical layer -> ns per step, where recorded
 
 
 def _gemm_fields(info: object) -> dict | None:
@@ -86,14 +87,15 @@ def _load_json(path: Path) -> dict:
         raise InputError(f"{path}: not readable as JSON ({exc})") from None
 
 
-def _profile_phases(path: Path, nsys_bin: str | None) -> dict[str, PhaseProfile]:
+def _profile_phases(path: Path, nsys_bin: str | None) -> tuple[dict[str, PhaseProfile], dict | None]:
+    """The phases of a profile's breakdown, and its layers (None where it recorded none)."""
     try:
         bd = breakdown(load_profile(path, nsys_bin=nsys_bin))
     except ProfileError as exc:
         raise InputError(str(exc)) from None
     sqlite = path.with_suffix(".sqlite") if path.name.endswith(".nsys-rep") else path
     launches = launches_per_phase(sqlite) if sqlite.exists() else {}
-    return {name: _phase(p, launches.get(name)) for name, p in bd.phases.items()}
+    return {name: _phase(p, launches.get(name)) for name, p in bd.phases.items()}, bd.layers or None
 
 
 def _stem(path: Path) -> str:
@@ -110,16 +112,19 @@ def _from_compare(folder: Path, backend: str | None) -> list[Run]:
     runs = summary.get("runs", {})
     if backend is not None and backend not in runs:
         raise InputError(f"{folder}:{backend}: no such backend; the folder holds {', '.join(runs) or 'none'}")
-    kernels = {}
+    kernels, layers = {}, {}
     if (folder / "kernels.json").exists():
-        kernels = {bd["label"]: bd["phases"] for bd in _load_json(folder / "kernels.json")}
+        bds = _load_json(folder / "kernels.json")
+        kernels = {bd["label"]: bd["phases"] for bd in bds}
+        layers = {bd["label"]: bd.get("layers") for bd in bds}
     out = []
     for name in [backend] if backend else list(runs):
         doc = runs[name]
         if doc.get("status") != "ok":
             raise InputError(f"{folder}:{name}: the run failed ({(doc.get('error') or {}).get('message', '?')})")
         phases = {k: _phase(p) for k, p in kernels[name].items()} if name in kernels else None
-        out.append(Run(f"{folder.name}:{name}", f"{folder}:{name}", doc, phases))
+        out.append(Run(f"{folder.name}:{name}", f"{folder}:{name}", doc, phases,
+                       layers=layers.get(name) or doc.get("layers")))
     return out
 
 
@@ -151,15 +156,17 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
         beside = stem.with_name(stem.name + HARNESS_SUFFIX)
         doc = _run_doc(beside) if beside.exists() else None
         notes = [] if doc else [f"{path.name}: no {beside.name} beside it; times from the profile's ranges"]
-        return [Run(_stem(path), text, doc, _profile_phases(path, nsys_bin), notes)]
+        phases, layers = _profile_phases(path, nsys_bin)
+        return [Run(_stem(path), text, doc, phases, notes, layers)]
     if path.name.endswith(".json"):
         doc = _load_json(path)
         if doc.get("schema") == COMPARE_SCHEMA:
             return _from_compare(path.parent, None)
         doc = _run_doc(path)
         profile = next((p for s in PROFILE_SUFFIXES if (p := stem.with_name(stem.name + s)).exists()), None)
-        phases = _profile_phases(profile, nsys_bin) if profile and path.name.endswith(HARNESS_SUFFIX) else None
-        return [Run(_stem(path), text, doc, phases)]
+        phases, layers = (_profile_phases(profile, nsys_bin) if profile and path.name.endswith(HARNESS_SUFFIX)
+                          else (None, None))
+        return [Run(_stem(path), text, doc, phases, layers=layers or doc.get("layers"))]
     raise InputError(f"{path}: not a run; name a compare folder[:backend], a harness.run JSON, "
                      "or a profile (.nsys-rep, .sqlite[.gz])")
 

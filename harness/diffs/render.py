@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.common.tables import markdown_table
 from harness.diffs.decompose import HOST, Diff, PhaseDiff, Throughput
+from harness.diffs.layers import LayerPhase, layer_sentences
 
 CAUSES = 3
 
@@ -58,7 +59,7 @@ def sentences(d: Diff) -> list[str]:
     """The headline of the step and its three largest causes."""
     p = d.step
     if p is None:
-        return ["The runs have no phase in common."]
+        return ["The runs have no phase in common.", *layer_sentences(d.layers)]
     out = [_headline(d, p)]
     causes = [part.name for part in sorted(p.parts, key=lambda x: -abs(x.delta_ms))[:CAUSES]]
     out += [(c := _cause(p, name))[0].upper() + c[1:] for name in causes]
@@ -67,7 +68,14 @@ def sentences(d: Diff) -> list[str]:
         share = abs(p.residual_ms) / abs(p.gap_ms) if p.gap_ms else 0.0
         out.append(f"Unexplained: {p.residual_ms:+.3f} ms ({share:.1%} of the gap), the profile's means "
                    "against the timer's medians.")
-    return out
+    return out + layer_sentences(d.layers)
+
+
+def _layer_lines(lp: LayerPhase) -> list[str]:
+    rows = lambda xs: [[x.name, _ms(x.a_ms), _ms(x.b_ms), f"{x.delta_ms:+.3f}"] for x in xs]  # noqa: E731
+    return [f"## {lp.phase} by layer (GPU ms per step)", "",
+            *markdown_table(["kind", "A ms", "B ms", "B - A ms"], rows(lp.kinds)), "",
+            *markdown_table(["layer", "A ms", "B ms", "B - A ms"], rows(lp.layers)), ""]
 
 
 def _phase_lines(p: PhaseDiff) -> list[str]:
@@ -109,6 +117,8 @@ def render_markdown(d: Diff) -> str:
     lines += ["", *(f"- note: {n}" for n in d.notes), ""] if d.notes else [""]
     for p in d.phases:
         lines += _phase_lines(p)
+    for lp in d.layers:
+        lines += _layer_lines(lp)
     return "\n".join(lines)
 
 
@@ -118,6 +128,10 @@ def to_json(d: Diff) -> dict:
         pd["gap_ms"] = p.gap_ms
         for part, jd in zip(p.parts, pd["parts"]):
             jd["delta_ms"] = part.delta_ms
+    for lp, jd in zip(d.layers, doc["layers"]):
+        for key in ("layers", "kinds"):
+            for row, jr in zip(getattr(lp, key), jd[key]):
+                jr["delta_ms"] = row.delta_ms
     return {"schema": doc.pop("schema"), **doc}
 
 

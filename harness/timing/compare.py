@@ -92,6 +92,8 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
                "--optimizer", args.optimizer]
     if args.annotate_attention:
         program.append("--annotate-attention")
+    if getattr(args, "layer_ranges", False) and backend not in ("torch-compile", "torch-compile-cg"):
+        program.append("--layer-ranges")
     if args.fail_in and args.fail_in.split(":")[0] == backend:
         program += ["--fail-in", args.fail_in.split(":")[1]]
     profile = None
@@ -316,6 +318,9 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
 
             try:
                 kernels = kernel_breakdown(profiles, work, args)
+                for backend, bd in zip(profiles, kernels[0]):
+                    if bd.layers:  # the per-layer time joins the run's document
+                        runs[backend]["layers"] = bd.layers
             except ProfileError as exc:
                 summary["kernel_breakdown_error"] = str(exc)
             if args.keep_profiles:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
+import statistics
 import time
 from collections.abc import Callable
 
@@ -22,7 +24,7 @@ from harness.common.stats import cell, summarize
 from harness.config import ModelConfig, backend_attention, get_config
 from harness.timing.events import EventLog
 from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
-from harness.timing.timer import PhaseFailure, Timer
+from harness.timing.timer import OVERHEAD_ROUNDS, OVERHEAD_STEPS, PhaseFailure, Timer, collector_paused
 
 SCHEMA = "harness.run/1"
 PHASES = {
@@ -49,8 +51,13 @@ class RunOptions:
     profile: str | None = None  # write a framework-profiler trace here
     fail_in: str | None = None  # fault injection for tests: raise an OOM in this phase
     optimizer: str = "fused"  # the torch backends' AdamW: one of harness.common.cli.OPTIMIZERS
+    layer_ranges: bool = False  # NVTX ranges per block and sub-module (torch eager)
+    wide_layer: int | None = None  # a planted wide block (ModelConfig.wide_layer), for attribution tests
+    wide_factor: int = 1
 
 
+JAX_LAYERS = ("jax.named_scope per block and sub-module in jax_impl: metadata of the compiled program, joined "
+              "to the kernels afterwards; nothing is added to the step")
 # Every phase a result document may hold, in report order.
 PHASE_ORDER = ("forward", "backward", "optimizer", "step", "fused_step")
 FAULT_PHASES = ("forward", "backward", "optimizer", "fused_step")
@@ -103,7 +110,8 @@ def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | N
 
 def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) -> dict:
     """Build, warm up and time one backend; returns the result document (status ok or failed)."""
-    config = get_config(opts.model, attention=opts.attention)
+    config = get_config(opts.model, attention=opts.attention, wide_layer=opts.wide_layer,
+                        wide_factor=opts.wide_factor)
     result = {"schema": SCHEMA, "status": "ok", "error": None, "options": dataclasses.asdict(opts),
               "config": dataclasses.asdict(config), "num_params": config.num_params,
               "flops_formula": FORMULA, "warnings": []}
@@ -120,6 +128,9 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
             setup_ms = (time.perf_counter() - t0) * 1e3
             result["precision"] = _precision(opts)
             timer = Timer(session, opts, lambda m: progress(f"[{opts.backend}] {m}"), events, fault)
+            layers = LayerRanges(session) if opts.layer_ranges and opts.backend != "jax" else None
+            if opts.layer_ranges and opts.backend == "jax":
+                result["layer_ranges"] = {"overhead_ratio": None, "method": JAX_LAYERS}
             with _instrumented(opts):
                 timer.loop("split step", PHASES[opts.mode])
                 if opts.backend == "jax" and opts.mode == "train":
@@ -130,6 +141,9 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
                 phase = "overhead check"
                 fused = opts.backend == "jax"
                 overhead = timer.overhead(("fused_step",) if fused else PHASES[opts.mode], None if fused else "step")
+            if layers is not None:
+                phase = "layer ranges overhead check"
+                result["layer_ranges"] = layers.overhead(timer, PHASES[opts.mode])
         except PhaseFailure as exc:
             return _failed(result, exc.phase, exc.cause, opts)
         except Exception as exc:
@@ -166,6 +180,51 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
     if overhead and overhead.get("flag"):
         result["warnings"].append(f"instrumentation overhead: {overhead['flag']}")
     return result
+
+
+class LayerRanges:
+    """The layer ranges of a torch session (`harness.timing.ranges.install_layer_ranges`),
+    on from construction; `overhead` measures what they cost."""
+
+    def __init__(self, session) -> None:
+        from harness.timing.ranges import install_layer_ranges
+
+        self.session, self.install = session, install_layer_ranges
+        self.handles = install_layer_ranges(session.layer_modules())
+
+    def _set(self, on: bool) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = self.install(self.session.layer_modules()) if on else []
+
+    def overhead(self, timer: Timer, phases: tuple[str, ...]) -> dict:
+        """Steps with layer ranges against the same steps without, like with like: the
+        timer's instrumented steps (phase ranges, a sync after each phase) in interleaved
+        rounds of the same number of steps, which of the two goes first alternating by
+        round, with the collector paused; the ratio of the medians of the round means.
+        The steps run under `warmup` ranges, so a profile keeps them out of its figures.
+        The ranges are off afterwards."""
+        n = max(1, min(timer.opts.steps, OVERHEAD_STEPS))
+        means: dict[bool, list[float]] = {True: [], False: []}
+        with collector_paused():
+            for r in range(OVERHEAD_ROUNDS):
+                timer.progress(f"layer ranges round {r + 1}/{OVERHEAD_ROUNDS}: {n} steps with, {n} without")
+                for on in (True, False) if r % 2 == 0 else (False, True):
+                    self._set(on)
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        timer.step(phases, False, "step")
+                    means[on].append((time.perf_counter() - t0) * 1e3 / n)
+                    gc.collect()
+        self._set(False)
+        with_ms, without_ms = statistics.median(means[True]), statistics.median(means[False])
+        return {"overhead_ratio": with_ms / without_ms, "with_ms": with_ms, "without_ms": without_ms,
+                "round_ratios": [a / b for a, b in zip(means[True], means[False])], "rounds": OVERHEAD_ROUNDS,
+                "steps_per_round": n,
+                "method": (f"NVTX ranges per block and sub-module from module hooks (forward and backward, no "
+                           f"synchronization); {n} timed steps with them vs {n} without, in {OVERHEAD_ROUNDS} "
+                           "interleaved rounds (order alternating); medians of the round means"),
+                "note": "the phase times of this run were measured with the layer ranges on"}
 
 
 def _loss_record(losses: list[dict]) -> dict:
@@ -254,6 +313,9 @@ def format_result(doc: dict) -> str:
     if doc.get("overhead"):
         lines.append(f"instrumentation overhead: {doc['overhead']['ratio']:.3f}x plain steps "
                      f"(rounds {min(doc['overhead']['round_ratios']):.3f}-{max(doc['overhead']['round_ratios']):.3f})")
+    if (layers := doc.get("layer_ranges")) and layers.get("overhead_ratio"):
+        lines.append(f"layer ranges: {layers['overhead_ratio']:.3f}x the step without them "
+                     f"(rounds {min(layers['round_ratios']):.3f}-{max(layers['round_ratios']):.3f})")
     lines += [f"warning: {w}" for w in doc.get("warnings", [])]
     return "\n".join(lines)
 

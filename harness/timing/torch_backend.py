@@ -34,6 +34,14 @@ COMPILED_PRECISION = {dtype: f"{text}; compiled by Inductor, which fuses pointwi
 COMPILE_MODES = {"torch-compile": "default", "torch-compile-cg": "reduce-overhead"}
 
 
+class Loss(torch.nn.Module):
+    """torch_impl's cross-entropy as a module, so the harness can hang the `loss` layer
+    range on it like on the model's own modules."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch_impl.cross_entropy_loss(logits, targets)
+
+
 def init_model(config: ModelConfig, seed: int) -> torch_impl.TransformerLM:
     """The reference initialisation both backends start from: torch_impl on CPU with `seed`."""
     torch.manual_seed(seed)
@@ -110,6 +118,7 @@ class TorchSession:
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         batch = torch.from_numpy(tokens).to(self.device)
         self.inputs, self.targets = batch[:, :-1], batch[:, 1:]
+        self.loss = Loss()
         self._loss: torch.Tensor | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -124,11 +133,18 @@ class TorchSession:
 
     def _loss_of(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with self.autocast():
-            return torch_impl.cross_entropy_loss(self.model(inputs), targets)
+            return self.loss(self.model(inputs), targets)
 
     def _logits_of(self, inputs: torch.Tensor) -> torch.Tensor:
         with self.autocast():
             return self.model(inputs).float()
+
+    def layer_modules(self) -> dict[str, torch.nn.Module]:
+        """The modules that get layer ranges (`harness.timing.ranges.layer_paths`), by path, and `loss`."""
+        from harness.timing.ranges import layer_paths
+
+        modules = dict(self.model.named_modules())
+        return {**{path: modules[path] for path in layer_paths(modules)}, "loss": self.loss}
 
     # -- phases ---------------------------------------------------------------------
     def forward(self, *, grad: bool = True) -> torch.Tensor:

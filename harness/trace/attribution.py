@@ -63,9 +63,10 @@ def by_execution(kernels: KernelTable, ranges: Sequence[Range]) -> np.ndarray:
     return inner
 
 
-def by_launch(kernels: KernelTable, ranges: Sequence[Range]) -> np.ndarray:
+def by_launch(kernels: KernelTable, ranges: Sequence[Range], any_thread: bool = True) -> np.ndarray:
     """Innermost range containing each kernel's launch call, on the launching thread first,
-    else on any thread of its process (-1: no range, or launch not recorded)."""
+    else (with `any_thread`) on any thread of its process (-1: no range, or launch not
+    recorded)."""
     known = np.flatnonzero((kernels.launch != UNKNOWN) & (kernels.thread != UNKNOWN))
     order = known[np.argsort(kernels.launch[known], kind="stable")]
     at, thread = kernels.launch[order], kernels.thread[order]
@@ -81,7 +82,7 @@ def by_launch(kernels: KernelTable, ranges: Sequence[Range]) -> np.ndarray:
             own[lo:hi][thread[lo:hi] == r.thread] = i
             same_process[lo:hi][process[lo:hi] == r.thread >> TID_PROCESS_SHIFT] = i
     inner = np.full(len(kernels), -1, np.int64)
-    inner[order] = np.where(own >= 0, own, same_process)
+    inner[order] = np.where(own >= 0, own, same_process) if any_thread else own
     return inner
 
 

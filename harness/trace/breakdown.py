@@ -41,6 +41,7 @@ from harness.trace import attribution as attr
 from harness.trace import framework_profile, nsys
 from harness.trace.answers import answers, attention_flops, harness_metadata
 from harness.trace.kernels import PHASE_RULES, Category, classify, decode_gemm
+from harness.trace.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals
 from harness.trace.profile import (
     ATTENTION_RANGES,
     KERNEL,
@@ -226,15 +227,22 @@ def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray
                       float(statistics.median([walls.get(i, 0) for i in instances])) if instances else 0.0)
 
 
-def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto") -> Breakdown:
+def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto",
+              labels: np.ndarray | None = None) -> Breakdown:
     """Attribute `profile`'s kernels to phases (see module docstring) and summarise them.
 
     `require` names ranges that must appear (e.g. ``("forward",)``); a missing one raises
-    `ProfileError`.  `attribution`: "auto", "execution" or "launch".
+    `ProfileError`.  `attribution`: "auto", "execution" or "launch".  Layer ranges
+    (``layer:...``) are no phases: they give each kernel its layer (`harness.trace.layers`),
+    and the breakdown's `layers` holds the forward's and backward's time per layer;
+    `labels` gives the per-kernel layers instead (JAX's, from XLA's metadata).
     """
     if attribution not in ATTRIBUTIONS:
         raise ProfileError(f"--attribution {attribution!r}: choose one of {', '.join(ATTRIBUTIONS)}")
-    kt, ranges = profile.kernels, profile.ranges
+    kt = profile.kernels
+    ranges = [r for r in profile.ranges if not r.name.startswith(LAYER_RANGE_PREFIX)]
+    if labels is None and len(ranges) < len(profile.ranges):
+        labels = layer_labels(kt, profile.ranges)
     names = {r.name for r in ranges}
     missing = [n for n in require if n not in names]
     if missing:
@@ -277,10 +285,25 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
                         "(the program does not synchronize at range ends); tables attribute by "
                         f"{'launch' if mode == 'launch' else 'execution interval (--attribution execution)'}")
     bucket = lambda mask: _bucket(kt, mask, inner, ranges)  # noqa: E731
+    layers = {} if labels is None else layer_totals(kt, _layer_phases(ranges, root, warm, first), labels)
     return Breakdown(profile.label, profile.source, profile.path, phases, bucket(kwarm & ~tune), bucket(tune),
                      bucket(none), [*warnings, *_warnings(phases)], list(profile.notes),
                      bucket(kfirst & ~tune & ~none & ~kwarm), bucket(only_first), mode, reason, outside, moved,
-                     steady_rule, list(profile.api))
+                     steady_rule, list(profile.api), layers)
+
+
+LAYER_PHASES = ("forward", "backward")
+
+
+def _layer_phases(ranges: Sequence[Range], root: np.ndarray, warm: np.ndarray,
+                  first: set[int]) -> dict[str, list[Range]]:
+    """The measured `forward` and `backward` ranges of the `step` roots: where layers are counted."""
+    out: dict[str, list[Range]] = {name: [] for name in LAYER_PHASES}
+    for i, r in enumerate(ranges):
+        if r.name in out and root[i] >= 0 and not warm[i] and root[i] not in first \
+                and ranges[root[i]].name == "step":
+            out[r.name].append(r)
+    return {name: insts for name, insts in out.items() if insts}
 
 
 def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm: np.ndarray, first: set[int],

@@ -204,6 +204,15 @@ def _left_out(bd: Breakdown) -> list[str]:
     return out
 
 
+def _layers(bd: Breakdown, n: int) -> list[str]:
+    """The layers that took most GPU time per phase, with their share of the phase."""
+    rows = []
+    for phase, layers in bd.layers.items():
+        total = sum(layers.values())
+        rows += [[phase, name, _ms(ns), f"{ns / total:.1%}" if total else "-"] for name, ns in list(layers.items())[:n]]
+    return markdown_table(["phase", "layer", "GPU ms", "share of phase"], rows)
+
+
 def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
                     top_n: int = TOP_N, title: str = "Kernel breakdown") -> str:
     """The report as markdown; `answer_sets` default to `answers(bd)` for each breakdown."""
@@ -233,6 +242,8 @@ def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None
         out += [f"## {bd.label}: top kernels", ""]
         for phase, p in bd.phases.items():
             out += [f"### {phase}", "", *_top(p, top_n), ""]
+        if bd.layers:
+            out += [f"### {bd.label}: top layers", "", *_layers(bd, top_n), ""]
         if gemm := _gemms(bd):
             out += [f"### {bd.label}: GEMM kernels decoded", "", _caption(bd), "", *gemm, ""]
         if bd.api:

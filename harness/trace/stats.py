@@ -73,3 +73,4 @@ class Breakdown:
     moved_share: float | None = None  # kernel time whose range differs between the two rules
     steady_rule: str = ""  # which instances the per-step figures average, in words
     api: list[ApiStat] = field(default_factory=list)
+    layers: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> canonical layer -> ns per step

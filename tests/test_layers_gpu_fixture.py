@@ -1,0 +1,53 @@
+"""Layer attribution on real nsys captures of `harness.run --layer-ranges` (torch eager,
+tiny, bf16; tests/data/layers/capture_torch.sh): the per-layer sums are the phase kernel
+totals, the planted wide block tops forward and backward, and the diff of the planted run
+against the plain one names that layer first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.diffs.decompose import diff_runs
+from harness.diffs.inputs import resolve_one
+from harness.diffs.layers import largest_moves
+from harness.trace.breakdown import breakdown, load_profile
+from harness.trace.layers import OUTSIDE
+
+DATA = Path(__file__).parent / "data" / "layers"
+PLAIN, PLANTED = (DATA / f"torch_tiny_layers_{name}.harness.json" for name in ("plain", "planted"))
+WIDE = "layers.1.ffn"
+
+pytestmark = pytest.mark.skipif(not all(p.exists() and p.with_name(p.name.replace(".harness.json", ".sqlite.gz"))
+                                        .exists() for p in (PLAIN, PLANTED)), reason="fixture not captured yet")
+
+
+def _breakdown(run: Path):
+    return breakdown(load_profile(run.with_name(run.name.replace(".harness.json", ".sqlite.gz"))))
+
+
+@pytest.mark.parametrize("run", [PLAIN, PLANTED], ids=["plain", "planted"])
+def test_layer_sums_equal_the_phase_kernel_totals(run: Path) -> None:
+    bd = _breakdown(run)
+    assert set(bd.layers) == {"forward", "backward"}
+    for phase, layers in bd.layers.items():
+        assert sum(layers.values()) == pytest.approx(bd.phases[phase].gpu_ns_per_step, rel=1e-9)
+        # Most kernels sit in a canonical layer: the residual adds and the like stay a minority.
+        assert layers.get(OUTSIDE, 0.0) < 0.5 * sum(layers.values()), phase
+    doc = json.loads(run.read_text())
+    assert doc["layer_ranges"]["overhead_ratio"] > 0
+
+
+def test_planted_wide_block_is_the_top_layer() -> None:
+    bd = _breakdown(PLANTED)
+    for phase, layers in bd.layers.items():
+        named = {k: v for k, v in layers.items() if k != OUTSIDE}
+        assert max(named, key=named.get) == WIDE, (phase, named)
+
+
+def test_diff_of_planted_against_plain_names_the_wide_layer_first() -> None:
+    d = diff_runs(resolve_one(PLAIN), resolve_one(PLANTED))
+    phase, row = largest_moves(d.layers)[0]
+    assert row.name == WIDE and row.delta_ms > 0

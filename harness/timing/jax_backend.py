@@ -6,9 +6,16 @@ fused step (value_and_grad and update in one `jit`) is timed beside it, since XL
 fuse and schedule across the phase boundaries there.
 
 `JaxSession` has the methods and signatures of `harness.timing.torch_backend.TorchSession`.
+
+Layer attribution (`layer_ranges`) adds nothing to the step: the model's `jax.named_scope`s
+are always on and only label the HLO's metadata. What a profile needs to map kernels to
+layers is the optimized HLO of each jitted phase, which `write_hlo` writes after the timed
+loops (`harness.trace.hlo_join` joins it to the kernels).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +37,9 @@ PRECISION = {
         "float32 master weights, gradients and AdamW state"
     ),
 }
+LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, always on: the step runs the same "
+                "executables); kernels joined to the optimized HLO schedule of each jitted phase, written beside the "
+                "result as <name>.hlo/<phase>.txt")
 
 
 def set_matmul_precision(dtype: str) -> None:
@@ -57,9 +67,10 @@ class JaxSession:
     backend = "jax"
 
     def __init__(self, config: ModelConfig, tokens: np.ndarray, *, device: str, dtype: str, seed: int,
-                 weights=None) -> None:
+                 weights=None, layer_ranges: bool = False) -> None:
         set_matmul_precision(dtype)
         self.dtype = dtype
+        self.layer_ranges = layer_ranges
         self.device = jax.devices("gpu" if device == "cuda" else "cpu")[0]
         model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(seed))
         if weights is not None:
@@ -82,7 +93,9 @@ class JaxSession:
 
     def _loss_fn(self, params, inputs, targets):
         model = nnx.merge(self.graphdef, compute_params(params, self.dtype))
-        return jax_impl.cross_entropy_loss(model(inputs), targets)
+        logits = model(inputs)
+        with jax.named_scope("loss"):
+            return jax_impl.cross_entropy_loss(logits, targets)
 
     def _apply_update(self, params, opt_state, grads):
         updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -123,6 +136,34 @@ class JaxSession:
     def plain_step(self) -> jax.Array:
         """forward + backward + optimizer with no ranges: one fused jitted step."""
         return self.fused_step()
+
+    # -- layer attribution ----------------------------------------------------------
+    def optimized_hlo(self) -> dict[str, str]:
+        """XLA's optimized HLO text of each jitted phase, by phase name (the range names).
+
+        Lowered from abstract arguments (the backward's `jax.vjp` residuals come from
+        `jax.eval_shape`), so nothing runs on the device; compiling reuses the process's
+        autotuning results, so the schedule is the one the timed steps ran."""
+        spec = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)  # noqa: E731
+        args = (self.state, self.inputs, self.targets)
+        vjp = jax.eval_shape(self._fwd, *args)[1]
+        lowered = {
+            "forward": self._fwd.lower(*args),
+            "backward": self._bwd.lower(vjp),
+            "optimizer": self._update.lower(spec(self.state), spec(self.opt_state), spec(self.state)),
+            "fused_step": self._fused.lower(spec(self.state), spec(self.opt_state), self.inputs, self.targets),
+        }
+        return {phase: low.compile().as_text() for phase, low in lowered.items()}
+
+    def write_hlo(self, directory: str | Path) -> dict[str, str]:
+        """Write `optimized_hlo` as `directory`/<phase>.txt; returns phase -> path."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = {}
+        for phase, text in self.optimized_hlo().items():
+            (directory / f"{phase}.txt").write_text(text)
+            paths[phase] = str(directory / f"{phase}.txt")
+        return paths
 
     # -- memory ---------------------------------------------------------------------
     def reset_peak_memory(self) -> None:

@@ -1,0 +1,341 @@
+"""JAX kernels to model layers: a profile's kernels joined to XLA's optimized HLO schedule.
+
+The JAX model labels its ops with `jax.named_scope` (``layers.3``/``attn``...), which XLA
+keeps as each HLO instruction's ``metadata={op_name="jit(f)/jvp(layers.3)/attn/dot_general"}``.
+A kernel in a profile carries no op_name, and names alone join almost nothing: XLA names
+a fusion's kernel after the fusion, but identical fusions share one kernel named after
+the first of them (the instruction's ``deduplicated_name``), and cuBLAS/cuDNN calls run
+library kernels with the library's names. So the join follows the schedule:
+
+- `parse_hlo` reads the optimized HLO text (``compiled.as_text()``): computations, and
+  per instruction its name, opcode, fusion kind, custom-call target, called computations,
+  op_name, ``deduplicated_name`` and ``scheduling_name``.
+- `schedule` lists the entry computation in execution order (the module is scheduled),
+  inlining ``call``s (XLA's command buffers are outlined computations) and async
+  wrappers. Each fusion is an *anchor*: its kernel bears its (deduplicated) name with
+  '.' as '_'. Library calls (custom-calls, cuDNN/cuBLAS fusions), copies and control flow
+  are *gap* items. A fusion's layer is the most common canonical layer among its fused
+  instructions' op_names (the first on ties), since XLA fuses across scope boundaries.
+- `join_kernels` walks one phase's kernels in start order: an anchor-named kernel matches
+  the next anchor of that name within `WINDOW` anchors (or one skipped within the last
+  `WINDOW`: concurrent graph nodes may start out of order); a kernel that is none goes to
+  the gap items between its neighbouring matched anchors, only where that is unambiguous
+  (one layer among the candidates, or one kernel per candidate). Everything else stays
+  unjoined: it is labelled "(outside layers)" and lowers the reported coverage, which is
+  never made up by guessing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness.trace.kernels import is_autotuning
+from harness.trace.layers import canonical_layer
+from harness.trace.profile import KERNEL, MEMCPY, MEMSET, KernelTable, Range
+
+OUTSIDE = "(outside layers)"
+WINDOW = 8  # anchors a kernel may skip ahead (or look back) to find its own
+# Ops that launch nothing on the GPU (aliases, metadata, the second half of async pairs).
+SILENT_OPS = frozenset({
+    "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "add-dependency",
+    "opt-barrier", "partition-id", "replica-id", "domain", "get-dimension-size", "iota",
+})
+INLINED_OPS = frozenset({"call", "async-start"})
+COPY_OPS = frozenset({"copy", "copy-start"})
+HEAVY_OPS = frozenset({"dot", "convolution", "custom-call"})
+# Fusions that run a library (cuDNN, cuBLAS through a custom fusion) rather than a kernel
+# of their own name.
+LIBRARY_FUSION = re.compile(r'"kind"\s*:\s*"(__cudnn\$\w+|__custom_fusion|dynamic_address_computation)"')
+HOW_NONE, HOW_ANCHOR, HOW_GAP, HOW_IGNORED = 0, 1, 2, 3
+
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.*?)\s(?P<op>[a-z][\w\-]*)\(")
+_ATTRS = {
+    "op_name": re.compile(r'\bop_name="((?:[^"\\]|\\.)*)"'),
+    "deduplicated_name": re.compile(r'\bdeduplicated_name="([^"]*)"'),
+    "scheduling_name": re.compile(r'\bscheduling_name="([^"]*)"'),
+    "fusion_kind": re.compile(r"\bkind=(k\w+)"),
+    "custom_call_target": re.compile(r'\bcustom_call_target="([^"]*)"'),
+}
+_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|branch_computations)=\{?([%\w.\-, ]+)\}?")
+_TRANSFORM = re.compile(r"^[\w\-]+\((.*)\)$")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One HLO instruction as the optimized text prints it."""
+
+    name: str
+    opcode: str
+    op_name: str | None = None
+    fusion_kind: str | None = None  # kLoop, kInput, kOutput, kCustom
+    custom_call_target: str | None = None
+    calls: tuple[str, ...] = ()  # computations it calls (fused, applied, wrapped)
+    deduplicated_name: str | None = None
+    scheduling_name: str | None = None
+    library: bool = False  # a fusion that runs a library's kernels (cuDNN...)
+
+
+@dataclass
+class HloModule:
+    name: str
+    scheduled: bool
+    entry: str
+    computations: dict[str, list[Instruction]]  # in printed (for a scheduled module: execution) order
+
+
+@dataclass(frozen=True)
+class ScheduleItem:
+    """One GPU-launching instruction of the schedule, with the layer its work belongs to."""
+
+    instruction: Instruction
+    kind: str  # "anchor" (a fusion), "call" (library or control flow), "copy"
+    layer: str  # canonical layer, or OUTSIDE
+    kernel_names: frozenset[str] = frozenset()  # anchors: the names its kernel may bear
+
+
+def parse_hlo(text: str) -> HloModule:
+    """The computations and instructions of an HLO module's text (``compiled.as_text()``)."""
+    header = re.search(r"^HloModule\s+([\w.\-]+)(.*)$", text, re.MULTILINE)
+    if header is None:
+        raise ValueError("not HLO text: no `HloModule` line; pass XLA's optimized HLO "
+                         "(`jitted.lower(...).compile().as_text()`)")
+    computations: dict[str, list[Instruction]] = {}
+    entry, current = None, None
+    for line in text.splitlines():
+        if current is None:
+            if m := _COMPUTATION.match(line):
+                current = computations.setdefault(m.group(2), [])
+                entry = m.group(2) if m.group(1) else entry
+            continue
+        if line.strip() == "}":
+            current = None
+        elif m := _INSTRUCTION.match(line):
+            current.append(_instruction(m.group("name"), m.group("op"), line[m.end():]))
+    if entry is None:
+        raise ValueError(f"HLO module {header.group(1)}: no ENTRY computation")
+    return HloModule(header.group(1), "is_scheduled=true" in header.group(2), entry, computations)
+
+
+def _instruction(name: str, opcode: str, rest: str) -> Instruction:
+    found = {key: (m.group(1) if (m := rx.search(rest)) else None) for key, rx in _ATTRS.items()}
+    if found["op_name"] is not None:
+        found["op_name"] = found["op_name"].replace('\\"', '"')
+    calls = tuple(c.strip().lstrip("%") for m in _CALLS.finditer(rest) for c in m.group(1).split(",") if c.strip())
+    return Instruction(name, opcode, calls=calls, library=bool(opcode == "fusion" and LIBRARY_FUSION.search(rest)),
+                       **found)
+
+
+def scope_path(op_name: str) -> str:
+    """An op_name's scope path with JAX's transform wrappers peeled off:
+    ``jit(f)/transpose(jvp(layers.3))/attn/dot_general`` -> ``f/layers.3/attn/dot_general``."""
+    parts = []
+    for part in op_name.split("/"):
+        while m := _TRANSFORM.match(part):
+            part = m.group(1)
+        parts.append(part)
+    return "/".join(parts)
+
+
+def op_layer(op_name: str | None) -> str | None:
+    """The canonical layer an op_name's scopes name, None if none."""
+    return canonical_layer(scope_path(op_name)) if op_name else None
+
+
+def instruction_layer(module: HloModule, instr: Instruction) -> str:
+    """The layer of an instruction's work: for a fusion, the most common layer among the
+    op_names of the instructions it fuses (nested fusions included; the first on ties),
+    counting only its matmuls where it has any (they are where its time goes), else its
+    own op_name's; OUTSIDE where none names one."""
+    counts: Counter[str] = Counter()
+    heavy: Counter[str] = Counter()
+    stack, seen = list(instr.calls), set()
+    while stack:
+        comp = stack.pop(0)
+        if comp in seen or comp not in module.computations:
+            continue
+        seen.add(comp)
+        for inner in module.computations[comp]:
+            if (layer := op_layer(inner.op_name)) is not None:
+                counts[layer] += 1
+                heavy[layer] += inner.opcode in HEAVY_OPS
+            stack.extend(inner.calls)
+    counts = +heavy or counts  # unary + drops zero counts
+    if counts:
+        return counts.most_common(1)[0][0]  # Counter keeps first-seen order among equals
+    return op_layer(instr.op_name) or OUTSIDE
+
+
+def kernel_name(hlo_name: str) -> str:
+    """The name XLA gives a fusion's kernel: the instruction's name with '.' and '-' as '_'."""
+    return re.sub(r"[.\-]", "_", hlo_name)
+
+
+def schedule(module: HloModule) -> list[ScheduleItem]:
+    """The GPU-launching instructions of the entry computation in execution order."""
+    if not module.scheduled:
+        raise ValueError(f"HLO module {module.name} is not scheduled: pass the optimized HLO after compilation")
+    items: list[ScheduleItem] = []
+
+    def walk(comp: str) -> None:
+        for instr in module.computations.get(comp, []):
+            if instr.opcode in SILENT_OPS or instr.opcode.endswith("-done") or instr.opcode.endswith("-update"):
+                continue
+            if instr.opcode in INLINED_OPS:
+                for called in instr.calls:
+                    walk(called)
+                continue
+            layer = instruction_layer(module, instr)
+            if instr.opcode == "fusion" and not instr.library:
+                names = {kernel_name(instr.deduplicated_name or instr.name), kernel_name(instr.name)}
+                items.append(ScheduleItem(instr, "anchor", layer, frozenset(names)))
+            else:
+                items.append(ScheduleItem(instr, "copy" if instr.opcode in COPY_OPS else "call", layer))
+
+    walk(module.entry)
+    return items
+
+
+@dataclass
+class PhaseJoin:
+    """One phase instance's kernels, labelled: `labels[i]` is kernel i's layer, `how[i]`
+    says how it was joined (HOW_ANCHOR, HOW_GAP; HOW_NONE unjoined, HOW_IGNORED not
+    computation: autotuning, memset), `item[i]` its schedule item (-1: none)."""
+
+    labels: list[str]
+    how: np.ndarray
+    item: np.ndarray
+
+
+def _strip_suffix(name: str) -> str:
+    return re.sub(r"_\d+$", "", name)
+
+
+def join_kernels(names: Sequence[str], kinds: Sequence[int], items: Sequence[ScheduleItem]) -> PhaseJoin:
+    """Label one phase instance's kernels (`names`, `kinds` as KernelTable.kind, in start
+    order) from the schedule `items` of the module that ran them."""
+    n = len(names)
+    how, item = np.full(n, HOW_NONE, np.int8), np.full(n, -1, np.int64)
+    anchors = [i for i, it in enumerate(items) if it.kind == "anchor"]
+    anchor_names = frozenset().union(*(items[i].kernel_names for i in anchors)) if anchors else frozenset()
+
+    def own_name(k: int) -> str | None:
+        if names[k] in anchor_names:
+            return names[k]
+        base = _strip_suffix(names[k])
+        return base if base in anchor_names else None
+
+    nxt, pending = 0, []
+    for k in range(n):
+        if kinds[k] == MEMSET or is_autotuning(names[k]):
+            how[k] = HOW_IGNORED
+            continue
+        if kinds[k] != KERNEL or (name := own_name(k)) is None:
+            continue
+        hit = next((a for a in pending if name in items[anchors[a]].kernel_names), None)
+        if hit is not None:
+            pending.remove(hit)
+        else:
+            hit = next((a for a in range(nxt, min(nxt + WINDOW, len(anchors)))
+                        if name in items[anchors[a]].kernel_names), None)
+            if hit is None:
+                continue
+            pending.extend(range(nxt, hit))
+            nxt = hit + 1
+        pending = [a for a in pending if a >= nxt - WINDOW]
+        how[k], item[k] = HOW_ANCHOR, anchors[hit]
+    _fill_gaps(names, kinds, items, anchor_names, how, item)
+    labels = [items[i].layer if i >= 0 else OUTSIDE for i in item]
+    return PhaseJoin(labels, how, item)
+
+
+def _fill_gaps(names: Sequence[str], kinds: Sequence[int], items: Sequence[ScheduleItem], anchor_names: frozenset,
+               how: np.ndarray, item: np.ndarray) -> None:
+    """Give the kernels between two matched anchors to the gap items between them, where
+    unambiguous: memcpys to copies, other kernels to calls; one kernel per item in order,
+    or, where the counts differ (a library call may launch several kernels), all to the
+    items of one layer."""
+    matched = np.flatnonzero(how == HOW_ANCHOR)
+    bounds = [-1, *matched.tolist(), len(names)]
+    for left, right in zip(bounds[:-1], bounds[1:]):
+        lo = item[left] + 1 if left >= 0 else 0
+        hi = item[right] if right < len(names) else len(items)
+        between = [k for k in range(left + 1, right) if how[k] == HOW_NONE
+                   and names[k] not in anchor_names and _strip_suffix(names[k]) not in anchor_names]
+        for kind, item_kind in ((MEMCPY, "copy"), (KERNEL, "call")):
+            ks = [k for k in between if kinds[k] == kind]
+            cands = [i for i in range(lo, hi) if items[i].kind == item_kind]
+            if not ks or not cands:
+                continue
+            if len(ks) == len(cands):
+                chosen = cands
+            elif len({items[i].layer for i in cands}) == 1:
+                chosen = [cands[0]] * len(ks)
+            else:
+                continue
+            for k, i in zip(ks, chosen):
+                how[k], item[k] = HOW_GAP, i
+
+
+@dataclass
+class LayerJoin:
+    """Every kernel of a profile labelled with its layer (OUTSIDE where none or unjoined),
+    and per phase the share of its GPU time the join labelled (`coverage`) and the share
+    that is not computation (`ignored`: autotuning, memsets)."""
+
+    labels: np.ndarray  # object array, one label per kernel of the KernelTable
+    coverage: dict[str, float]
+    ignored: dict[str, float]
+
+
+def kernels_in(table: KernelTable, r: Range) -> np.ndarray:
+    """Indices of the kernels that ran inside range `r`, in start order (the harness ends
+    every phase with a device synchronization, so its GPU work runs inside its range)."""
+    lo, hi = np.searchsorted(table.start, r.start, "left"), np.searchsorted(table.start, r.end, "right")
+    idx = np.arange(lo, hi)
+    return idx[table.end[lo:hi] <= r.end]
+
+
+def label_kernels(table: KernelTable, phase_ranges: Mapping[str, Sequence[Range]],
+                  schedules: Mapping[str, Sequence[ScheduleItem]]) -> LayerJoin:
+    """Join each phase instance's kernels to its phase's schedule (`schedules[phase]`)."""
+    labels = np.full(len(table), OUTSIDE, dtype=object)
+    coverage, ignored = {}, {}
+    dur = table.duration
+    for phase, ranges in phase_ranges.items():
+        if phase not in schedules:
+            raise ValueError(f"no optimized HLO for phase {phase!r}: have {', '.join(sorted(schedules)) or 'none'}")
+        total = joined = skipped = 0
+        for r in ranges:
+            idx = kernels_in(table, r)
+            join = join_kernels([table.name_of(i) for i in idx], table.kind[idx], schedules[phase])
+            labels[idx] = join.labels
+            total += int(dur[idx].sum())
+            joined += int(dur[idx][(join.how == HOW_ANCHOR) | (join.how == HOW_GAP)].sum())
+            skipped += int(dur[idx][join.how == HOW_IGNORED].sum())
+        coverage[phase] = joined / total if total else 0.0
+        ignored[phase] = skipped / total if total else 0.0
+    return LayerJoin(labels, coverage, ignored)
+
+
+def hlo_dir(path: str | Path) -> Path:
+    """The folder of optimized HLO beside a result or profile: ``X.hlo`` for ``X.json``,
+    ``X.harness.json``, ``X.nsys-rep`` or ``X.sqlite.gz``."""
+    path = Path(path)
+    return path.with_name(path.name.split(".")[0] + ".hlo")
+
+
+def load_schedules(directory: str | Path) -> dict[str, list[ScheduleItem]]:
+    """The schedule of every ``<phase>.txt`` in an HLO folder written by the JAX session."""
+    directory = Path(directory)
+    files = sorted(directory.glob("*.txt"))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no optimized HLO (<phase>.txt); record the run with "
+                                "`harness.run --backend jax --layer-ranges`")
+    return {f.stem: schedule(parse_hlo(f.read_text())) for f in files}

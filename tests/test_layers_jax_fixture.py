@@ -1,0 +1,73 @@
+"""JAX layer attribution on a real profile: kernels of `harness.run --backend jax
+--layer-ranges` under nsys joined to the optimized HLO that run wrote.
+
+Fixture (tests/data/layers/, captured by tests/data/layers/capture_jax.sh on a GPU):
+jax_layers.sqlite.gz, jax_layers.harness.json, jax_layers.hlo/<phase>.txt.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.trace.hlo_join import OUTSIDE, hlo_dir, kernels_in, label_kernels, load_schedules
+from harness.trace.nsys import read_sqlite
+
+DATA = Path(__file__).parent / "data" / "layers"
+SQLITE = DATA / "jax_layers.sqlite.gz"
+PHASES = ("forward", "backward")
+pytestmark = pytest.mark.skipif(not SQLITE.exists(), reason="fixture not captured yet (tests/data/layers/capture_jax.sh)")
+
+
+@pytest.fixture(scope="module")
+def captured():
+    profile = read_sqlite(SQLITE)
+    steps = [r for r in profile.ranges if r.name == "step"]
+    # the measured steps' phases (warm-up phases hold compilation and autotuning)
+    ranges = {phase: [r for r in profile.ranges if r.name == phase
+                      and any(s.start <= r.start and r.end <= s.end for s in steps)] for phase in PHASES}
+    assert all(len(v) == len(steps) > 0 for v in ranges.values())
+    join = label_kernels(profile.kernels, ranges, load_schedules(hlo_dir(SQLITE)))
+    doc = json.loads((DATA / "jax_layers.harness.json").read_text())
+    return profile, ranges, join, doc
+
+
+def test_coverage_of_each_phase(captured) -> None:
+    _, _, join, _ = captured
+    for phase in PHASES:
+        assert join.coverage[phase] >= 0.95, f"{phase}: {join.coverage[phase]:.1%} of GPU time joined"
+
+
+def test_per_layer_sums_equal_phase_totals(captured) -> None:
+    profile, ranges, join, doc = captured
+    kt = profile.kernels
+    num_layers = doc["config"]["num_layers"]
+    vocabulary = {OUTSIDE, "token_embeddings", "ln_final", "lm_head", "loss",
+                  *(f"layers.{i}.{p}" for i in range(num_layers) for p in ("ln1", "attn", "ln2", "ffn"))}
+    for phase in PHASES:
+        idx = np.concatenate([kernels_in(kt, r) for r in ranges[phase]])
+        per_layer: dict[str, int] = defaultdict(int)
+        for i in idx:
+            per_layer[join.labels[i]] += int(kt.duration[i])
+        assert set(per_layer) <= vocabulary
+        assert sum(per_layer.values()) == int(kt.duration[idx].sum())
+        assert per_layer[OUTSIDE] < 0.25 * sum(per_layer.values())
+
+
+def test_planted_wide_layer_is_the_top_layer(captured) -> None:
+    profile, ranges, join, doc = captured
+    wide = next((v for k, v in doc["config"].items() if "wide" in k and isinstance(v, int)), None)
+    if wide is None:
+        pytest.skip("the fixture's model has no planted wide layer")
+    kt = profile.kernels
+    blocks: dict[int, int] = defaultdict(int)
+    for phase in PHASES:
+        for i in np.concatenate([kernels_in(kt, r) for r in ranges[phase]]):
+            if m := re.match(r"layers\.(\d+)\.", join.labels[i]):
+                blocks[int(m.group(1))] += int(kt.duration[i])
+    assert max(blocks, key=blocks.get) == wide

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from harness.common.cli import (
     UsageError,
     add_backend,
+    add_data_parallel,
     add_mode,
     add_model_args,
     add_optimizer,
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_steps(p)
     add_mode(p)
     add_optimizer(p)
+    add_data_parallel(p)
     add_out(p, "write the result document here", metavar="PATH.json")
     p.add_argument("--compile-cache", metavar="DIR",
                    help="persistent compile caches in DIR, kept for later runs: JAX's, and torch-compile's "
@@ -75,6 +77,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")
         if args.out and (problem := file_problem(args.out, "--out")):
             raise UsageError(problem)
+        if args.data_parallel > 1:
+            from harness.timing.distributed import check_devices
+
+            if args.annotate_attention:
+                raise UsageError("--annotate-attention synchronizes inside attention, which stalls the other ranks; "
+                                 "drop it or use --data-parallel 1")
+            check_devices(args.backend, args.device, args.data_parallel)
     except UsageError as exc:
         return fail(str(exc))
     if args.compile_cache:
@@ -82,10 +91,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.environ.update(compile_cache_env(args.compile_cache))
     progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    doc = run(options_from_args(args), progress)
+    opts = options_from_args(args)
+    if opts.data_parallel > 1:
+        from harness.timing.distributed import run_data_parallel
+
+        doc = run_data_parallel(opts, progress, quiet=args.quiet)
+    else:
+        doc = run(opts, progress)
     if args.out:
         write_json(args.out, doc)
     print(format_result(doc))
+    if opts.data_parallel > 1 and doc["status"] == "ok":
+        from harness.timing.distributed import format_data_parallel
+
+        print("\n".join(format_data_parallel(doc)))
     return 0 if doc["status"] == "ok" else 3
 
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from harness.common.cli import (
     UsageError,
     add_backend,
+    add_data_parallel,
     add_mode,
     add_model_args,
     add_nsys_bin,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_steps(p)
     add_mode(p)
     add_optimizer(p)
+    add_data_parallel(p)
     add_out(p, "parent folder of the result folder", default="results", metavar="DIR")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing result folder of the same name (without it, compare refuses to start)")
@@ -94,6 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         select_platform(args)
         args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "compare")
+        if args.data_parallel > 1:
+            from harness.timing.distributed import check_devices
+
+            for backend in args.backend:
+                check_devices(backend, args.device, args.data_parallel)
         if problem := dir_problem(args.out, "--out"):
             raise UsageError(problem)
         args.profiler = profiler(args)

@@ -176,3 +176,16 @@ def test_dying_rank_ends_the_run_and_names_it(tmp_path: Path) -> None:
     assert "FAILED: rank 1 was killed by SIGKILL" in proc.stdout
     assert "Traceback" not in proc.stdout
     assert _processes_mentioning(str(tmp_path)) == []
+
+
+def test_compare_runs_the_other_backend_after_a_dying_rank(tmp_path: Path) -> None:
+    env = _env(XFPROF_DP_KILL_RANK="0:SIGTERM", XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")
+    proc = _harness(["harness.compare", *TINY, "--backend", "torch,jax", "--mode", "forward", "--data-parallel",
+                     "2", "--no-parity", "--out", str(tmp_path)], env, timeout=150)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    (folder,) = tmp_path.iterdir()
+    assert folder.name.startswith("tiny-ctx16-fp32-ddp2-")
+    runs = json.loads((folder / "summary.json").read_text())["runs"]
+    assert runs["torch"]["status"] == "error"
+    assert runs["torch"]["error"]["message"].startswith("rank 0 was killed by SIGTERM")
+    assert runs["jax"]["status"] == "ok" and runs["jax"]["data_parallel"]["global_batch"] == 4

@@ -92,6 +92,8 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
                "--optimizer", args.optimizer]
     if args.annotate_attention:
         program.append("--annotate-attention")
+    if getattr(args, "data_parallel", 1) > 1:
+        program += ["--data-parallel", str(args.data_parallel), "--parallel", args.parallel]
     if args.fail_in and args.fail_in.split(":")[0] == backend:
         program += ["--fail-in", args.fail_in.split(":")[1]]
     profile = None
@@ -191,6 +193,7 @@ def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: d
         "ok": all(r.get("status") == "ok" for r in runs.values()) and bool(parity and parity.get("ok")),
         "options": {k: getattr(args, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
                                                   "warmup", "steps", "seed", "optimizer")},
+        "data_parallel": {"n": getattr(args, "data_parallel", 1), "parallel": getattr(args, "parallel", "ddp")},
         "reference": reference,
         "device": device,
         "runs": runs,
@@ -212,10 +215,12 @@ def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
     names the folder (a failed GPU run is not filed as a CPU one)."""
     attention = "" if args.attention == "naive" else f"-{args.attention}"
     profiled = "-profiled" if args.profiler else ""
+    n = getattr(args, "data_parallel", 1)
+    parallel = f"-{args.parallel}{n}" if n > 1 else ""
     if device is None:
         device = args.device
     slug = gpu_slug(device if device != "cpu" else None)
-    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{slug}{profiled}"
+    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}{parallel}-{slug}{profiled}"
 
 
 def _free_name(root: str, name: str) -> str:

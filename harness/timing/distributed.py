@@ -19,6 +19,7 @@ import collections
 import copy
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,11 +51,13 @@ def rank_path(path: str, rank: int) -> str:
 
 
 def check_devices(backend: str, device: str, n: int) -> None:
-    """UsageError unless `n` devices are there for `backend` on `device` (torch on CPU: any
-    number of gloo processes). Initialises JAX's backend for JAX: call after `select_platform`."""
+    """UsageError unless `n` devices are there for `backend` on `device`: CUDA devices (as
+    torch counts them, without creating a context or starting JAX's GPU client, which would
+    take memory from the runs), JAX's host devices on CPU (its XLA_FLAGS flag), or for torch
+    on CPU any number of gloo processes."""
     if n == 1 or (backend != "jax" and device == "cpu"):
         return
-    if backend != "jax":
+    if device == "cuda":
         import torch
 
         have = torch.cuda.device_count()
@@ -62,15 +65,11 @@ def check_devices(backend: str, device: str, n: int) -> None:
             raise UsageError(f"--data-parallel {n}: only {have} CUDA device(s) are visible; use --data-parallel "
                              f"{have} or fewer, or make more visible (CUDA_VISIBLE_DEVICES)")
         return
-    import jax
-
-    have = len(jax.devices("gpu" if device == "cuda" else "cpu"))
-    if have >= n:
-        return
-    if device == "cpu":
+    found = re.search(rf"{HOST_DEVICES_FLAG}=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    have = int(found.group(1)) if found else 1
+    if have < n:
         raise UsageError(f"--data-parallel {n}: JAX sees {have} CPU device(s); set "
                          f"XLA_FLAGS={HOST_DEVICES_FLAG}={n} (before the process starts) or lower --data-parallel")
-    raise UsageError(f"--data-parallel {n}: JAX sees only {have} GPU(s); use --data-parallel {have} or fewer")
 
 
 def free_port() -> int:

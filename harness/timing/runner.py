@@ -73,7 +73,7 @@ def make_session(opts: RunOptions, config: ModelConfig):
 
     Data-parallel: the global batch is the one a one-device run of `data_parallel x batch`
     trains on; JAX shards it over its devices, a torch rank takes its rows and wraps its
-    model (`harness.timing.rank.distribute`)."""
+    model (`harness.timing.torch_parallel.distribute`)."""
     from harness.timing.tokens import make_tokens
     from harness.timing.torch_backend import init_model
 
@@ -90,7 +90,7 @@ def make_session(opts: RunOptions, config: ModelConfig):
     from harness.timing.torch_backend import TorchCompileSession, TorchSession
 
     if n > 1:
-        from harness.timing.rank import world
+        from harness.timing.torch_parallel import world
 
         rank = world()[0]
         tokens = tokens[rank * opts.batch:(rank + 1) * opts.batch]
@@ -99,7 +99,7 @@ def make_session(opts: RunOptions, config: ModelConfig):
     else:
         session = TorchCompileSession(config, tokens, **common, optimizer=opts.optimizer, backend=opts.backend)
     if n > 1:
-        from harness.timing.rank import distribute
+        from harness.timing.torch_parallel import distribute
 
         distribute(session, opts.parallel, opts.optimizer)
     return session

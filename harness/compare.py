@@ -116,6 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Interrupted as exc:
         return fail(str(exc), 130)
     print(format_table(summary))
+    if summary.get("overlap"):
+        from harness.trace.overlap import format_overlap
+
+        for backend, analysis in summary["overlap"].items():
+            print(f"{backend}: communication hidden under compute, per rank and device\n{format_overlap(analysis)}",
+                  end="")
     print(f"wrote {path}")
     if any(r.get("status") != "ok" for r in summary["runs"].values()):
         return 3

@@ -22,6 +22,7 @@ from harness.common.cli import (
     add_data_parallel,
     add_mode,
     add_model_args,
+    add_nsys_bin,
     add_optimizer,
     add_out,
     add_steps,
@@ -43,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_mode(p)
     add_optimizer(p)
     add_data_parallel(p)
+    p.add_argument("--nsys-ranks", metavar="STEM",
+                   help="torch with --data-parallel: run each rank under nsys profile, writing "
+                        "STEM.rank<r>.nsys-rep (None: no profile; for JAX's one process wrap harness.run in nsys)")
+    add_nsys_bin(p)
     add_out(p, "write the result document here", metavar="PATH.json")
     p.add_argument("--compile-cache", metavar="DIR",
                    help="persistent compile caches in DIR, kept for later runs: JAX's, and torch-compile's "
@@ -84,6 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError("--annotate-attention synchronizes inside attention, which stalls the other ranks; "
                                  "drop it or use --data-parallel 1")
             check_devices(args.backend, args.device, args.data_parallel)
+        if args.nsys_ranks and (args.data_parallel == 1 or args.backend == "jax"):
+            raise UsageError("--nsys-ranks profiles torch's ranks of --data-parallel 2 or more; for one process "
+                             "run nsys profile around harness.run")
+        if args.nsys_ranks:
+            from harness.trace.nsys import find_nsys
+            from harness.trace.profile import ProfileError
+
+            try:
+                find_nsys(args.nsys_bin)
+            except ProfileError as exc:
+                raise UsageError(f"--nsys-ranks: {exc}") from exc
     except UsageError as exc:
         return fail(str(exc))
     if args.compile_cache:
@@ -93,9 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     opts = options_from_args(args)
     if opts.data_parallel > 1:
-        from harness.timing.distributed import run_data_parallel
+        from harness.timing.distributed import nsys_per_rank, run_data_parallel
 
-        doc = run_data_parallel(opts, progress, quiet=args.quiet)
+        wrap = nsys_per_rank(args.backend, args.nsys_ranks, args.nsys_bin) if args.nsys_ranks else None
+        doc = run_data_parallel(opts, progress, quiet=args.quiet, wrap=wrap)
     else:
         doc = run(opts, progress)
     if args.out:

@@ -65,11 +65,29 @@ def _assert_parity(one: tuple[float, dict, float], two: tuple[float, dict]) -> N
     assert moved > 1e-4  # the step changed the weights by far more than the tolerance
 
 
+# Stands in for nsys: writes the report it is asked for and runs the program (its first
+# argument after `profile` that is no flag), so the test sees each rank wrapped on its own.
+FAKE_NSYS = """#!{python}
+import os, sys
+args = sys.argv[2:]
+at = next(i for i, a in enumerate(args) if not a.startswith("-"))
+out = next(a.split("=", 1)[1] for a in args[:at] if a.startswith("--output="))
+with open(out + ".nsys-rep", "w") as f:
+    f.write(" ".join(args[at:]))
+os.execv(args[at], args[at:])
+"""
+
+
 def test_torch_two_gloo_ranks_end_to_end(tmp_path: Path) -> None:
-    out = tmp_path / "dp.json"
+    out, nsys = tmp_path / "dp.json", tmp_path / "nsys"
+    nsys.write_text(FAKE_NSYS.format(python=sys.executable))
+    nsys.chmod(0o755)
     proc = _harness(["harness.run", "--backend", "torch", *TINY, "--data-parallel", "2", "--quiet",
-                     "--out", str(out)], _env(TORCH_SYMM_MEM_DISABLE_MULTICAST="1", XFPROF_SENTINEL="kept"))
+                     "--out", str(out), "--nsys-ranks", str(tmp_path / "torch"), "--nsys-bin", str(nsys)],
+                    _env(TORCH_SYMM_MEM_DISABLE_MULTICAST="1", XFPROF_SENTINEL="kept"))
     assert proc.returncode == 0, proc.stderr[-2000:]
+    for rank in (0, 1):  # one report per rank, each around that rank's worker
+        assert (tmp_path / f"torch.rank{rank}.nsys-rep").read_text().endswith(f"spec.json {rank}")
     doc = json.loads(out.read_text())
     dp = doc["data_parallel"]
     assert (dp["n"], dp["parallel"], dp["global_batch"]) == (2, "ddp", 4)

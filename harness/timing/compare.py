@@ -27,6 +27,7 @@ import time
 
 from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
 from harness.config import backend_attention
+from harness.timing.distributed import rank_path
 from harness.timing.runner import PHASE_ORDER
 
 SCHEMA = "harness.compare/1"
@@ -97,7 +98,12 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
     if args.fail_in and args.fail_in.split(":")[0] == backend:
         program += ["--fail-in", args.fail_in.split(":")[1]]
     profile = None
-    if args.profiler == "nsys":
+    ranks = getattr(args, "data_parallel", 1) > 1 and backend != "jax"  # torch ranks: one profile each
+    if args.profiler == "nsys" and ranks:
+        stem = os.path.join(workdir, backend)
+        program += ["--nsys-ranks", stem, *(["--nsys-bin", args.nsys_bin] if args.nsys_bin else [])]
+        profile = rank_path(stem, 0) + ".nsys-rep"
+    elif args.profiler == "nsys":
         from harness.trace.profile import profile_command
 
         stem = os.path.join(workdir, f"{backend}")
@@ -105,6 +111,7 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
     elif args.profiler == "framework":
         profile = os.path.join(workdir, "jax-trace" if backend == "jax" else f"{backend}-trace.json")
         program += ["--profile", profile]
+        profile = rank_path(profile, 0) if ranks else profile
     start = time.perf_counter()
     code, tail = _stream(program, subprocess_env(args))
     print(f"[{backend}] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -131,6 +138,19 @@ def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Name
 
     return breakdown_files(list(profiles.values()), list(profiles),
                            [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=args.nsys_bin)
+
+
+def communication_overlap(profiles: dict[str, str], args: argparse.Namespace) -> dict[str, dict]:
+    """Per backend, communication hidden under compute and exposed, per rank (torch: every
+    rank's profile beside rank 0's) or per device (JAX's one profile)."""
+    from harness.trace.overlap import rank_profiles
+
+    out = {}
+    for backend, first in profiles.items():
+        paths = [first.replace(".rank0.", f".rank{r}.") for r in range(args.data_parallel)] \
+            if ".rank0." in first else [first]
+        out[backend] = rank_profiles([p for p in paths if os.path.exists(p)], args.nsys_bin)
+    return out
 
 
 def run_parity(args: argparse.Namespace, workdir: str, backends: list[str]) -> dict:
@@ -321,6 +341,8 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
 
             try:
                 kernels = kernel_breakdown(profiles, work, args)
+                if getattr(args, "data_parallel", 1) > 1:
+                    summary["overlap"] = communication_overlap(profiles, args)
             except ProfileError as exc:
                 summary["kernel_breakdown_error"] = str(exc)
             if args.keep_profiles:

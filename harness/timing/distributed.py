@@ -129,10 +129,12 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def launch(options: dict, job: str, workdir: str, n: int, progress: bool = True) -> None:
+def launch(options: dict, job: str, workdir: str, n: int, progress: bool = True,
+           wrap: Callable[[int, list[str]], list[str]] | None = None) -> None:
     """Run `n` ranks of `harness.timing.rank` on `job` ("run" or "parity") with `options`
     (RunOptions as a dict) in `workdir`; return when all exited 0, else raise RankFailure
-    after stopping the others. Rank 0's progress lines pass through when `progress`."""
+    after stopping the others. Rank 0's progress lines pass through when `progress`.
+    `wrap(rank, argv)`: the command that runs a rank's argv (a profiler around it)."""
     spec = os.path.join(workdir, "spec.json")
     with open(spec, "w") as f:
         json.dump({"options": options, "job": job, "quiet": not progress}, f)
@@ -148,9 +150,10 @@ def launch(options: dict, job: str, workdir: str, n: int, progress: bool = True)
 
     try:
         for rank in range(n):
-            procs.append(subprocess.Popen([sys.executable, "-m", "harness.timing.rank", spec, str(rank)],
-                                          env=worker_env(n, rank, port), stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True, start_new_session=True))
+            argv = [sys.executable, "-m", "harness.timing.rank", spec, str(rank)]
+            procs.append(subprocess.Popen(wrap(rank, argv) if wrap else argv, env=worker_env(n, rank, port),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True))
         readers = [threading.Thread(target=pump, args=(r, p.stderr), daemon=True) for r, p in enumerate(procs)]
         for t in readers:
             t.start()
@@ -225,10 +228,19 @@ def _failed_doc(opts, exc: RankFailure) -> dict:
             "options": options, "warnings": [], "env": environment()}
 
 
-def run_data_parallel(opts, progress: Callable[[str], None] = lambda m: None, quiet: bool = False) -> dict:
+def nsys_per_rank(backend: str, stem: str, nsys_bin: str | None) -> Callable[[int, list[str]], list[str]]:
+    """A `launch` wrap that runs rank r under `nsys profile`, writing `stem.rank<r>.nsys-rep`."""
+    from harness.trace.nsys import profile_command
+
+    return lambda rank, argv: profile_command(backend, rank_path(stem, rank), argv, nsys_bin)
+
+
+def run_data_parallel(opts, progress: Callable[[str], None] = lambda m: None, quiet: bool = False,
+                      wrap: Callable[[int, list[str]], list[str]] | None = None) -> dict:
     """The result document of a data-parallel run (`opts.data_parallel` devices): rank 0's
     document with `data_parallel` (per-rank medians, spread, global step figures) and
-    `ranks` (every rank's phases), or a failed document naming the rank that ended it."""
+    `ranks` (every rank's phases), or a failed document naming the rank that ended it.
+    `wrap`: see `launch` (torch only; JAX runs in this process)."""
     import dataclasses
 
     from harness.timing.runner import run
@@ -242,7 +254,7 @@ def run_data_parallel(opts, progress: Callable[[str], None] = lambda m: None, qu
         return doc
     with tempfile.TemporaryDirectory(prefix="dp-") as work:
         try:
-            launch(dataclasses.asdict(opts), "run", work, opts.data_parallel, progress=not quiet)
+            launch(dataclasses.asdict(opts), "run", work, opts.data_parallel, progress=not quiet, wrap=wrap)
         except RankFailure as exc:
             return _failed_doc(opts, exc)
         docs = []

@@ -138,12 +138,13 @@ def rank_analysis(profiles: dict[int, Profile]) -> dict:
 
 
 def rank_profiles(paths: Sequence[str | Path], nsys_bin: str | None = None) -> dict:
-    """Load per-rank profiles (the rank read from each name) and analyse them together."""
+    """Load per-rank profiles (the rank read from each name; a lone profile without one is
+    rank 0, as JAX's one process over every device) and analyse them together."""
     from harness.trace.breakdown import load_profile
 
     by_rank = {}
     for path in paths:
-        rank = rank_of(path)
+        rank = 0 if len(paths) == 1 and not RANK_FILE.search(Path(path).name) else rank_of(path)
         if rank in by_rank:
             raise ProfileError(f"{path}: a second profile of rank {rank}")
         by_rank[rank] = load_profile(path, f"rank{rank}", nsys_bin)

@@ -97,8 +97,15 @@ class RankFailure(Exception):
         self.rank, self.status = rank, status
 
 
+# A rank's error that reports a peer's failure, not its own.
+_PEER_FAILED = re.compile(r"peer|remote worker|connection (?:closed|reset)|communicator was aborted|watchdog"
+                          r"|broken pipe", re.IGNORECASE)
+
+
 def _cause(rank: int, code: int, workdir: str, tail: collections.deque) -> tuple[str, str, int]:
-    """(status, message, priority) of a failed rank; lower priority = more likely the root cause."""
+    """(status, message, priority) of a failed rank; lower priority = more likely the root
+    cause: a signal, then the rank's own error, then an exit status, then an error that
+    says a peer went away."""
     doc_path = os.path.join(workdir, f"rank{rank}.json")
     if code < 0:
         name = signal.Signals(-code).name
@@ -108,9 +115,10 @@ def _cause(rank: int, code: int, workdir: str, tail: collections.deque) -> tuple
         with open(doc_path) as f:
             doc = json.load(f)
         if doc.get("status") not in (None, "ok"):
-            return doc["status"], f"rank {rank}: {doc['error']['message']}", 1
-    last = next((line for line in reversed(tail) if line.strip()), "no output")
-    return "error", f"rank {rank} exited with code {code}: {last.strip()[:300]}", 2
+            message = doc["error"]["message"]
+            return doc["status"], f"rank {rank}: {message}", 3 if _PEER_FAILED.search(message) else 1
+    last = next((line for line in reversed(tail) if line.strip()), "no output").strip()[:300]
+    return "error", f"rank {rank} exited with code {code}: {last}", 3 if _PEER_FAILED.search(last) else 2
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -165,15 +173,18 @@ def launch(options: dict, job: str, workdir: str, n: int, progress: bool = True,
                 and any(p.returncode for p in procs):
             time.sleep(0.05)
     finally:
+        stopped = {r for r, p in enumerate(procs) if p.poll() is None}  # alive at the end: the launcher's doing
         _stop(procs)
     for t in readers:
         t.join(timeout=GRACE_S)
-    failures = [(*_cause(r, p.returncode, workdir, tails[r]), r) for r, p in enumerate(procs) if p.returncode]
+    failures = [(*_cause(r, p.returncode, workdir, tails[r]), r) for r, p in enumerate(procs)
+                if p.returncode and r not in stopped]
     if failures:
         status, message, _, rank = min(failures, key=lambda f: (f[2], f[3]))
-        others = [f"rank {r}" for *_, r in failures if r != rank]
-        if others:
-            message += f" ({', '.join(others)} failed after it; the rest were stopped)"
+        after = [f"rank {r} failed after it" for *_, r in failures if r != rank]
+        after += [f"rank {r} was stopped" for r in sorted(stopped)]
+        if after:
+            message += f" ({'; '.join(after)})"
         raise RankFailure(rank, message, status)
 
 

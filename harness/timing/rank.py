@@ -8,8 +8,9 @@ CPU), takes one device (cuda:LOCAL_RANK), and runs the job the spec names on its
 of the global batch: "run" (the timed run of `harness.timing.runner`, its document
 written to `<dir>/rank<r>.json`) or "parity" (one optimizer step; rank 0 writes the
 global-mean loss and the full parameters to `<dir>/parity.npz`). Exit status 3 when the
-rank's run failed. `XFPROF_DP_KILL_RANK=r:SIGNAL` makes rank r kill itself with SIGNAL once
-the group is up (to test that the launcher ends the run and names the rank).
+rank's run failed. `XFPROF_DP_KILL_RANK=r:SIGNAL` makes rank r kill itself with SIGNAL
+(`r:exit`: exit with status 1) once the group is up, to test that the launcher ends the
+run and names the rank.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ KILL_HOOK = "XFPROF_DP_KILL_RANK"
 
 
 def _kill_if_asked(rank: int) -> None:
-    asked = os.environ.get(KILL_HOOK, "")
-    if asked.split(":")[0] == str(rank):
-        os.kill(os.getpid(), getattr(signal, asked.split(":")[1] if ":" in asked else "SIGKILL"))
+    target, _, how = os.environ.get(KILL_HOOK, "").partition(":")
+    if target != str(rank):
+        return
+    if how == "exit":
+        raise SystemExit(f"{KILL_HOOK} asked rank {rank} to exit")
+    os.kill(os.getpid(), getattr(signal, how or "SIGKILL"))
 
 
 def _parity_step(opts, config) -> tuple[float, dict[str, np.ndarray]]:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from harness.common.cli import (
     UsageError,
     add_backend,
+    add_data_parallel,
     add_mode,
     add_model_args,
     add_nsys_bin,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_steps(p)
     add_mode(p)
     add_optimizer(p)
+    add_data_parallel(p)
     add_out(p, "parent folder of the result folder", default="results", metavar="DIR")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing result folder of the same name (without it, compare refuses to start)")
@@ -96,6 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         select_platform(args)
         args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "compare")
+        if args.data_parallel > 1:
+            from harness.timing.distributed import check_devices
+
+            for backend in args.backend:
+                check_devices(backend, args.device, args.data_parallel)
         if problem := dir_problem(args.out, "--out"):
             raise UsageError(problem)
         args.profiler = profiler(args)
@@ -115,6 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Interrupted as exc:
         return fail(str(exc), 130)
     print(format_table(summary))
+    if summary.get("overlap"):
+        from harness.trace.overlap import format_overlap
+
+        for backend, analysis in summary["overlap"].items():
+            print(f"{backend}: communication hidden under compute, per rank and device\n{format_overlap(analysis)}",
+                  end="")
     print(f"wrote {path}")
     if any(r.get("status") != "ok" for r in summary["runs"].values()):
         return 3

@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from harness.common.cli import (
     UsageError,
     add_backend,
+    add_data_parallel,
     add_mode,
     add_model_args,
+    add_nsys_bin,
     add_optimizer,
     add_out,
     add_steps,
@@ -43,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_steps(p)
     add_mode(p)
     add_optimizer(p)
+    add_data_parallel(p)
+    p.add_argument("--nsys-ranks", metavar="STEM",
+                   help="torch with --data-parallel: run each rank under nsys profile, writing "
+                        "STEM.rank<r>.nsys-rep (None: no profile; for JAX's one process wrap harness.run in nsys)")
+    add_nsys_bin(p)
     add_out(p, "write the result document here", metavar="PATH.json")
     p.add_argument("--compile-cache", metavar="DIR",
                    help="persistent compile caches in DIR, kept for later runs: JAX's, and torch-compile's "
@@ -111,6 +118,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")
         if args.out and (problem := file_problem(args.out, "--out")):
             raise UsageError(problem)
+        if args.data_parallel > 1:
+            from harness.timing.distributed import check_devices
+
+            if args.annotate_attention:
+                raise UsageError("--annotate-attention synchronizes inside attention, which stalls the other ranks; "
+                                 "drop it or use --data-parallel 1")
+            check_devices(args.backend, args.device, args.data_parallel)
+        if args.nsys_ranks and (args.data_parallel == 1 or args.backend == "jax"):
+            raise UsageError("--nsys-ranks profiles torch's ranks of --data-parallel 2 or more; for one process "
+                             "run nsys profile around harness.run")
+        if args.nsys_ranks:
+            from harness.trace.nsys import find_nsys
+            from harness.trace.profile import ProfileError
+
+            try:
+                find_nsys(args.nsys_bin)
+            except ProfileError as exc:
+                raise UsageError(f"--nsys-ranks: {exc}") from exc
     except UsageError as exc:
         return fail(str(exc))
     if args.compile_cache:
@@ -118,10 +143,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.environ.update(compile_cache_env(args.compile_cache))
     progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    doc = run(options_from_args(args), progress)
+    opts = options_from_args(args)
+    if opts.data_parallel > 1:
+        from harness.timing.distributed import nsys_per_rank, run_data_parallel
+
+        wrap = nsys_per_rank(args.backend, args.nsys_ranks, args.nsys_bin) if args.nsys_ranks else None
+        doc = run_data_parallel(opts, progress, quiet=args.quiet, wrap=wrap)
+    else:
+        doc = run(opts, progress)
     if args.out:
         write_json(args.out, doc)
     print(format_result(doc))
+    if opts.data_parallel > 1 and doc["status"] == "ok":
+        from harness.timing.distributed import format_data_parallel
+
+        print("\n".join(format_data_parallel(doc)))
     return 0 if doc["status"] == "ok" else 3
 
 

@@ -12,7 +12,7 @@ import pytest
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
 ENTRY_POINTS = ("run", "compare", "parity", "report", "sweep", "bench_attention", "attention_targets",
                 "tune_attention", "attention_once", "ncu", "ncu_source", "memory_model", "diff", "bench_report",
-                "bench_optimizer")
+                "bench_optimizer", "scaling")
 MAX_LINES = 400
 
 

@@ -23,6 +23,8 @@ MODES = ("forward", "forward-backward", "train")
 DEVICES = ("cuda", "cpu")
 # The torch backends' AdamW: torch_impl.AdamW foreach, the same under torch.compile, the per-parameter loop.
 OPTIMIZERS = ("foreach", "foreach-compiled", "fused", "loop")
+# Data-parallel flavours: torch DDP or FSDP2; JAX parameters replicated or sharded to match.
+PARALLEL = ("ddp", "fsdp")
 
 
 class UsageError(argparse.ArgumentTypeError):
@@ -188,6 +190,18 @@ def add_model_args(parser: argparse.ArgumentParser, *, ctx_default: int | None =
     add_attention(parser)
     add_device(parser)
     add_seed(parser)
+
+
+def add_data_parallel(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
+    """--data-parallel N (devices; --batch stays per device) and --parallel ddp|fsdp."""
+    parser.add_argument("--data-parallel", type=_one_or_many(positive_int, many), default=[1] if many else 1,
+                        metavar="N" + (",N..." if many else ""),
+                        help=("comma-separated device counts, " if many else "devices: ") +
+                             "torch starts one process per device (NCCL on cuda, gloo on cpu), JAX shards the "
+                             "batch over N devices of one process; --batch is per device (global batch N x batch)")
+    parser.add_argument("--parallel", type=choice("parallel", PARALLEL), default="ddp",
+                        help=f"{', '.join(PARALLEL)}: torch DistributedDataParallel or FSDP2 fully_shard; JAX "
+                             "parameters replicated or sharded along their first axis N divides")
 
 
 def add_nsys_bin(parser: argparse.ArgumentParser) -> None:

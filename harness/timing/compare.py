@@ -27,6 +27,7 @@ import time
 
 from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
 from harness.config import backend_attention
+from harness.timing.distributed import rank_path
 from harness.timing.runner import PHASE_ORDER
 
 SCHEMA = "harness.compare/1"
@@ -94,10 +95,17 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
         program.append("--annotate-attention")
     if getattr(args, "layer_ranges", False) and backend not in ("torch-compile", "torch-compile-cg"):
         program.append("--layer-ranges")
+    if getattr(args, "data_parallel", 1) > 1:
+        program += ["--data-parallel", str(args.data_parallel), "--parallel", args.parallel]
     if args.fail_in and args.fail_in.split(":")[0] == backend:
         program += ["--fail-in", args.fail_in.split(":")[1]]
     profile = None
-    if args.profiler == "nsys":
+    ranks = getattr(args, "data_parallel", 1) > 1 and backend != "jax"  # torch ranks: one profile each
+    if args.profiler == "nsys" and ranks:
+        stem = os.path.join(workdir, backend)
+        program += ["--nsys-ranks", stem, *(["--nsys-bin", args.nsys_bin] if args.nsys_bin else [])]
+        profile = rank_path(stem, 0) + ".nsys-rep"
+    elif args.profiler == "nsys":
         from harness.trace.nsys import profile_command
 
         stem = os.path.join(workdir, f"{backend}")
@@ -105,6 +113,7 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
     elif args.profiler == "framework":
         profile = os.path.join(workdir, "jax-trace" if backend == "jax" else f"{backend}-trace.json")
         program += ["--profile", profile]
+        profile = rank_path(profile, 0) if ranks else profile
     start = time.perf_counter()
     code, tail = _stream(program, subprocess_env(args))
     print(f"[{backend}] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -131,6 +140,19 @@ def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Name
 
     return breakdown_files(list(profiles.values()), list(profiles),
                            [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=args.nsys_bin)
+
+
+def communication_overlap(profiles: dict[str, str], args: argparse.Namespace) -> dict[str, dict]:
+    """Per backend, communication hidden under compute and exposed, per rank (torch: every
+    rank's profile beside rank 0's) or per device (JAX's one profile)."""
+    from harness.trace.overlap import rank_profiles
+
+    out = {}
+    for backend, first in profiles.items():
+        paths = [first.replace(".rank0.", f".rank{r}.") for r in range(args.data_parallel)] \
+            if ".rank0." in first else [first]
+        out[backend] = rank_profiles([p for p in paths if os.path.exists(p)], args.nsys_bin)
+    return out
 
 
 def run_parity(args: argparse.Namespace, workdir: str, backends: list[str]) -> dict:
@@ -193,6 +215,7 @@ def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: d
         "ok": all(r.get("status") == "ok" for r in runs.values()) and bool(parity and parity.get("ok")),
         "options": {k: getattr(args, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
                                                   "warmup", "steps", "seed", "optimizer")},
+        "data_parallel": {"n": getattr(args, "data_parallel", 1), "parallel": getattr(args, "parallel", "ddp")},
         "reference": reference,
         "device": device,
         "runs": runs,
@@ -214,10 +237,12 @@ def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
     names the folder (a failed GPU run is not filed as a CPU one)."""
     attention = "" if args.attention == "naive" else f"-{args.attention}"
     profiled = "-profiled" if args.profiler else ""
+    n = getattr(args, "data_parallel", 1)
+    parallel = f"-{args.parallel}{n}" if n > 1 else ""
     if device is None:
         device = args.device
     slug = gpu_slug(device if device != "cpu" else None)
-    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}-{slug}{profiled}"
+    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}{parallel}-{slug}{profiled}"
 
 
 def _free_name(root: str, name: str) -> str:
@@ -321,6 +346,8 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
                 for backend, bd in zip(profiles, kernels[0]):
                     if bd.layers:  # the per-layer time joins the run's document
                         runs[backend]["layers"] = bd.layers
+                if getattr(args, "data_parallel", 1) > 1:
+                    summary["overlap"] = communication_overlap(profiles, args)
             except ProfileError as exc:
                 summary["kernel_breakdown_error"] = str(exc)
             if args.keep_profiles:

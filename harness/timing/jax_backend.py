@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import jax_impl
 from harness.config import ModelConfig
@@ -40,6 +42,18 @@ PRECISION = {
 LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, always on: the step runs the same "
                 "executables); kernels joined to the optimized HLO schedule of each jitted phase, written beside the "
                 "result as <name>.hlo/<phase>.txt")
+
+
+def shard_params(params, mesh: Mesh):
+    """Per-parameter shardings for FSDP-style JAX: each parameter split along its first
+    axis whose length the mesh's `data` axis divides, replicated where none does."""
+    n = mesh.shape["data"]
+
+    def spec(p):
+        axis = next((i for i, d in enumerate(p.shape) if d % n == 0), None)
+        return NamedSharding(mesh, P(*[None] * axis, "data") if axis is not None else P())
+
+    return jax.tree_util.tree_map(spec, params)
 
 
 def set_matmul_precision(dtype: str) -> None:
@@ -62,24 +76,37 @@ class JaxSession:
     """Model state, optimizer state and one token batch on a device, each phase jitted.
 
     `weights`: a torch_impl model whose weights are copied in (the shared initialisation);
-    None keeps Flax's own initialisation from `seed`."""
+    None keeps Flax's own initialisation from `seed`. `data_parallel` > 1: the first N
+    devices form a mesh with one `data` axis, the batch is sharded along it, parameters and
+    optimizer state are replicated (`parallel` "ddp") or sharded (`shard_params`, "fsdp"),
+    and the same jitted functions run under those shardings (XLA inserts the collectives)."""
 
     backend = "jax"
 
     def __init__(self, config: ModelConfig, tokens: np.ndarray, *, device: str, dtype: str, seed: int,
-                 weights=None, layer_ranges: bool = False) -> None:
+                 weights=None, data_parallel: int = 1, parallel: str = "ddp",
+                 layer_ranges: bool = False) -> None:
         set_matmul_precision(dtype)
         self.dtype = dtype
         self.layer_ranges = layer_ranges
-        self.device = jax.devices("gpu" if device == "cuda" else "cpu")[0]
+        devices = jax.devices("gpu" if device == "cuda" else "cpu")
+        self.device = devices[0]
+        params_at = batch_at = self.device
         model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(seed))
         if weights is not None:
             torch_to_jax(weights, model)
         self.graphdef, params = nnx.split(model, nnx.Param)
-        self.state = jax.device_put(params, self.device)
+        if data_parallel > 1:
+            mesh = Mesh(np.array(devices[:data_parallel]), ("data",))
+            batch_at = NamedSharding(mesh, P("data"))
+            params_at = shard_params(params, mesh) if parallel == "fsdp" else NamedSharding(mesh, P())
+        self.state = jax.device_put(params, params_at)
         self.tx = jax_impl.adamw()
-        self.opt_state = jax.device_put(self.tx.init(self.state), self.device)
-        batch = jax.device_put(jnp.asarray(tokens, dtype=jnp.int32), self.device)
+        # The moments follow the parameters' shardings (zeros_like keeps them).
+        self.opt_state = self.tx.init(self.state)
+        if parallel != "fsdp":
+            self.opt_state = jax.device_put(self.opt_state, params_at)
+        batch = jax.device_put(jnp.asarray(tokens, dtype=jnp.int32), batch_at)
         self.inputs, self.targets = batch[:, :-1], batch[:, 1:]
         self._vjp = None
         self._grads = None

@@ -54,6 +54,8 @@ class RunOptions:
     layer_ranges: bool = False  # NVTX ranges per block and sub-module (torch eager)
     wide_layer: int | None = None  # a planted wide block (ModelConfig.wide_layer), for attribution tests
     wide_factor: int = 1
+    data_parallel: int = 1  # devices; --batch is per device, the global batch data_parallel x batch
+    parallel: str = "ddp"  # torch: ddp or fsdp; jax: parameters replicated (ddp) or sharded (fsdp)
 
 
 JAX_LAYERS = ("jax.named_scope per block and sub-module in jax_impl: metadata of the compiled program, joined "
@@ -74,11 +76,16 @@ def _simulated_oom(backend: str) -> BaseException:
 
 
 def make_session(opts: RunOptions, config: ModelConfig):
-    """The backend's session on the shared token batch and the shared torch_impl weights."""
+    """The backend's session on the shared token batch and the shared torch_impl weights.
+
+    Data-parallel: the global batch is the one a one-device run of `data_parallel x batch`
+    trains on; JAX shards it over its devices, a torch rank takes its rows and wraps its
+    model (`harness.timing.torch_parallel.distribute`)."""
     from harness.timing.tokens import make_tokens
     from harness.timing.torch_backend import init_model
 
-    tokens = make_tokens(config.vocab_size, opts.batch, opts.ctx, opts.seed)
+    n = opts.data_parallel
+    tokens = make_tokens(config.vocab_size, opts.batch * n, opts.ctx, opts.seed)
     # Both backends start from these weights. They do not depend on the attention
     # kernel; torch has no Pallas kernel, so they come from torch's counterpart.
     weights = init_model(dataclasses.replace(config, attention=backend_attention("torch", config.attention)), opts.seed)
@@ -86,12 +93,23 @@ def make_session(opts: RunOptions, config: ModelConfig):
     if opts.backend == "jax":
         from harness.timing.jax_backend import JaxSession
 
-        return JaxSession(config, tokens, **common)
+        return JaxSession(config, tokens, **common, data_parallel=n, parallel=opts.parallel)
     from harness.timing.torch_backend import TorchCompileSession, TorchSession
 
+    if n > 1:
+        from harness.timing.torch_parallel import world
+
+        rank = world()[0]
+        tokens = tokens[rank * opts.batch:(rank + 1) * opts.batch]
     if opts.backend == "torch":
-        return TorchSession(config, tokens, **common, optimizer=opts.optimizer)
-    return TorchCompileSession(config, tokens, **common, optimizer=opts.optimizer, backend=opts.backend)
+        session = TorchSession(config, tokens, **common, optimizer=opts.optimizer)
+    else:
+        session = TorchCompileSession(config, tokens, **common, optimizer=opts.optimizer, backend=opts.backend)
+    if n > 1:
+        from harness.timing.torch_parallel import distribute
+
+        distribute(session, opts.parallel, opts.optimizer)
+    return session
 
 
 def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | None,
@@ -150,10 +168,13 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
             return _failed(result, phase, exc, opts)
 
     device_name = session.device_name()
+    # The batch and devices this process steps: JAX drives every data-parallel device.
+    devices = opts.data_parallel if opts.backend == "jax" else 1
     peak_tf = peak_tflops(device_name, opts.dtype)
-    flops = phase_flops(config, opts.batch, opts.ctx)
+    peak_tf = peak_tf * devices if peak_tf else None
+    flops = phase_flops(config, opts.batch * devices, opts.ctx)
     flops["step"] = sum(flops[p] for p in PHASES[opts.mode])
-    tokens = opts.batch * opts.ctx
+    tokens = opts.batch * devices * opts.ctx
     phases = {}
     for name, times in timer.times.items():
         extra = None

@@ -84,6 +84,12 @@ class Category(str, Enum):
 _AUTOTUNING = (r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|RepeatBufferKernel|xla_\w*comparison"
                r"|BufferComparator")
 
+# NCCL's kernels (ncclDevKernel_*, ncclKernel_*), XLA's and torch's own collective kernels
+# and thunks (all-reduce, reduce-scatter, all-gather, all-to-all, collective-permute), gloo
+# on CPU. "all" must not end a word ("small_reduce"), nor "reduce" be a fusion's kind.
+_COLLECTIVES = (r"nccl|gloo|(?:^|[^a-z])all[-_]?(?:reduce|gather|to[-_]?all)|reduce[-_]?scatter"
+                r"|collective[-_]?permute|(?:one|two)[-_]?shot|c10d::")
+
 # ATen ops that only move, view or cast data (Inductor's names for them).
 _COPY_OPS = (r"_to_copy|_unsafe_view|view|clone|t|transpose|permute|expand|slice|select|unbind|unsqueeze|squeeze"
              r"|cat|stack|copy_?")
@@ -103,7 +109,7 @@ INDUCTOR_PATTERNS: tuple[tuple[Category, str], ...] = (
 PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.AUTOTUNING, _AUTOTUNING),
     (Category.GRAPH, r"^\[CUDA graph"),
-    (Category.COMMUNICATION, r"nccl"),
+    (Category.COMMUNICATION, _COLLECTIVES),
     (Category.ATTENTION, r"flash|fmha|sdpa|attention|mha_"),
     (Category.SOFTMAX, r"softmax"),
     (Category.NORM, r"rms_?norm|layer_?norm|RowwiseMoments|group_norm|batch_norm"),

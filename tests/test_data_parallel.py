@@ -1,0 +1,211 @@
+"""Data-parallel runs on CPU: torch over 2 gloo processes, JAX over 2 host devices.
+
+Parity: the 2-device step against the 1-device step on the same weights and the same
+global batch. The 2-device gradient is the mean of two per-shard means (gloo sums them,
+DDP/FSDP divide by 2; XLA inserts an all-reduce) where the 1-device one is a single mean
+over the batch: the same numbers summed in another order, so float32 rounding is all that
+differs. Loss: rtol 1e-6. Parameters after one AdamW step: atol 1e-5, since the first
+AdamW update is lr * g / (|g| + eps), which turns a rounding difference of a gradient
+component near eps into an update difference up to lr-sized; measured ~3e-6."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.timing import distributed
+from harness.timing.distributed import SAFE_ENV, parity_step
+from harness.timing.runner import RunOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--model", "tiny", "--ctx", "16", "--batch", "2", "--warmup", "1", "--steps", "2", "--device", "cpu"]
+HOST_2 = "--xla_force_host_platform_device_count=2"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in SAFE_ENV and k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return {**env, **extra}
+
+
+def _harness(args: list[str], env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _one_device_step(opts: RunOptions) -> tuple[float, dict, float]:
+    """Loss and parameters after one step of the one-device run on the global batch, and
+    how far that step moved the parameters (largest change)."""
+    from harness.config import get_config
+    from harness.timing.runner import make_session
+
+    single = dataclasses.replace(opts, batch=opts.batch * opts.data_parallel, data_parallel=1)
+    session = make_session(single, get_config(opts.model))
+    before = session.params()
+    loss = session.forward()
+    session.backward()
+    session.optimizer_step()
+    after = session.params()
+    return float(loss), after, max(float(np.max(np.abs(after[k] - before[k]))) for k in after)
+
+
+def _assert_parity(one: tuple[float, dict, float], two: tuple[float, dict]) -> None:
+    (loss1, p1, moved), (loss2, p2) = one, two
+    assert p1.keys() == p2.keys()
+    np.testing.assert_allclose(loss2, loss1, rtol=1e-6)
+    for name in p1:
+        np.testing.assert_allclose(p2[name], p1[name], rtol=0, atol=1e-5, err_msg=name)
+    assert moved > 1e-4  # the step changed the weights by far more than the tolerance
+
+
+# Stands in for nsys: writes the report it is asked for and runs the program (its first
+# argument after `profile` that is no flag), so the test sees each rank wrapped on its own.
+FAKE_NSYS = """#!{python}
+import os, sys
+args = sys.argv[2:]
+at = next(i for i, a in enumerate(args) if not a.startswith("-"))
+out = next(a.split("=", 1)[1] for a in args[:at] if a.startswith("--output="))
+with open(out + ".nsys-rep", "w") as f:
+    f.write(" ".join(args[at:]))
+os.execv(args[at], args[at:])
+"""
+
+
+def test_torch_two_gloo_ranks_end_to_end(tmp_path: Path) -> None:
+    out, nsys = tmp_path / "dp.json", tmp_path / "nsys"
+    nsys.write_text(FAKE_NSYS.format(python=sys.executable))
+    nsys.chmod(0o755)
+    proc = _harness(["harness.run", "--backend", "torch", *TINY, "--data-parallel", "2", "--quiet",
+                     "--out", str(out), "--nsys-ranks", str(tmp_path / "torch"), "--nsys-bin", str(nsys)],
+                    _env(TORCH_SYMM_MEM_DISABLE_MULTICAST="1", XFPROF_SENTINEL="kept"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for rank in (0, 1):  # one report per rank, each around that rank's worker
+        assert (tmp_path / f"torch.rank{rank}.nsys-rep").read_text().endswith(f"spec.json {rank}")
+    doc = json.loads(out.read_text())
+    dp = doc["data_parallel"]
+    assert (dp["n"], dp["parallel"], dp["global_batch"]) == (2, "ddp", 4)
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    # every rank ran the NVLink-multicast switches: set by the launcher or inherited
+    assert dp["environment"] == SAFE_ENV
+    medians = [r["phases"]["step"]["median_ms"] for r in doc["ranks"]]
+    assert dp["step_ms"] == max(medians)
+    assert dp["spread"]["step"]["straggler"] == pytest.approx(max(medians) / min(medians))
+    assert dp["tokens_per_s"] == pytest.approx(2 * 2 * 16 / (max(medians) / 1e3))
+    assert "straggler" in proc.stdout and "global batch 4" in proc.stdout
+    # both ranks trained on different rows of the global batch
+    assert doc["ranks"][0]["loss"]["first"] != doc["ranks"][1]["loss"]["first"]
+
+
+def test_worker_environment_keeps_every_variable(monkeypatch) -> None:
+    monkeypatch.setenv("XFPROF_SENTINEL", "kept")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    monkeypatch.delenv("NVSHMEM_DISABLE_NVLS", raising=False)
+    env = distributed.worker_env(2, 1, 12345)
+    assert env["XFPROF_SENTINEL"] == "kept"
+    assert {k: env[k] for k in SAFE_ENV} == SAFE_ENV
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("1", "2", "12345")
+    assert set(os.environ) <= set(env)
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_torch_two_ranks_match_one_device(parallel: str) -> None:
+    opts = RunOptions(backend="torch", model="tiny", ctx=16, batch=2, data_parallel=2, parallel=parallel)
+    _assert_parity(_one_device_step(opts), parity_step(opts))
+
+
+JAX_SCRIPT = """
+import json, numpy as np
+from harness.timing.distributed import parity_step
+from harness.timing.runner import RunOptions
+from tests.test_data_parallel import _one_device_step
+out = {}
+opts = RunOptions(backend="jax", model="tiny", ctx=16, batch=2, data_parallel=2)
+l1, p1, moved = _one_device_step(opts)
+for parallel in ("ddp", "fsdp"):
+    l2, p2 = parity_step(RunOptions(**{**opts.__dict__, "parallel": parallel}))
+    out[parallel] = {"loss": [l1, l2], "max_abs": max(float(np.max(np.abs(p1[k] - p2[k]))) for k in p1),
+                     "moved": moved, "same_keys": p1.keys() == p2.keys()}
+print(json.dumps(out))
+"""
+
+
+def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
+    env = _env(XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")
+    out = tmp_path / "jax.json"
+    proc = _harness(["harness.run", "--backend", "jax", *TINY, "--data-parallel", "2", "--quiet", "--out",
+                     str(out)], env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["data_parallel"]["global_batch"] == 4
+    assert doc["data_parallel"]["step_ms"] == doc["phases"]["step"]["median_ms"]
+    assert doc["phases"]["step"]["tokens_per_s"] == pytest.approx(4 * 16 / (doc["phases"]["step"]["median_ms"] / 1e3))
+    proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for parallel, r in json.loads(proc.stdout.splitlines()[-1]).items():
+        assert r["same_keys"], parallel
+        np.testing.assert_allclose(r["loss"][1], r["loss"][0], rtol=1e-6, err_msg=parallel)
+        assert r["max_abs"] < 1e-5 < 1e-4 < r["moved"], parallel
+
+
+def test_jax_without_host_devices_is_one_line() -> None:
+    proc = _harness(["harness.run", "--backend", "jax", *TINY, "--data-parallel", "2"], _env(JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "--data-parallel 2" in lines[0] and "XLA_FLAGS=--xla_force_host_platform_device_count=2" in lines[0]
+
+
+def test_more_ranks_than_gpus_is_one_line(monkeypatch) -> None:
+    import torch
+
+    from harness.common.cli import UsageError
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(UsageError, match=r"--data-parallel 4: only 2 CUDA device\(s\).*--data-parallel 2"):
+        distributed.check_devices("torch", "cuda", 4)
+    distributed.check_devices("torch", "cuda", 2)
+    distributed.check_devices("torch", "cpu", 8)  # gloo: any number of processes
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_dying_rank_ends_the_run_and_names_it(tmp_path: Path) -> None:
+    env = _env(XFPROF_DP_KILL_RANK="1:SIGKILL", TMPDIR=str(tmp_path))
+    proc = _harness(["harness.run", "--backend", "torch", *TINY, "--data-parallel", "2", "--quiet"], env,
+                    timeout=90)
+    assert proc.returncode == 3
+    assert "FAILED: rank 1 was killed by SIGKILL" in proc.stdout
+    assert "Traceback" not in proc.stdout
+    assert _processes_mentioning(str(tmp_path)) == []
+
+
+def test_compare_runs_the_other_backend_after_a_dying_rank(tmp_path: Path) -> None:
+    # rank 1 exits; rank 0, waiting in a collective, is stopped by the launcher and not blamed
+    env = _env(XFPROF_DP_KILL_RANK="1:exit", XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")
+    proc = _harness(["harness.compare", *TINY, "--backend", "torch,jax", "--mode", "forward", "--data-parallel",
+                     "2", "--no-parity", "--out", str(tmp_path)], env, timeout=150)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    (folder,) = tmp_path.iterdir()
+    assert folder.name.startswith("tiny-ctx16-fp32-ddp2-")
+    runs = json.loads((folder / "summary.json").read_text())["runs"]
+    assert runs["torch"]["status"] == "error"
+    message = runs["torch"]["error"]["message"]
+    assert message.startswith("rank 1 exited with code 1: XFPROF_DP_KILL_RANK asked rank 1 to exit (rank 0 ")
+    assert runs["jax"]["status"] == "ok" and runs["jax"]["data_parallel"]["global_batch"] == 4

@@ -1,0 +1,114 @@
+"""Communication/computation overlap on hand-made kernel tables, counted by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.trace.kernels import Category, classify
+from harness.trace.overlap import (
+    covered_measure,
+    format_overlap,
+    overlap,
+    rank_analysis,
+    rank_of,
+    union,
+)
+from harness.trace.profile import Kernel, KernelTable, Profile, ProfileError, Range
+
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
+EW = "vectorized_elementwise_kernel"
+COMPUTE, COMM = 7, 13  # streams
+
+
+@pytest.mark.parametrize("name", [NCCL, "ncclKernel_AllGather_RING_LL_Sum_int8_t", "all-reduce-start",
+                                  "reduce-scatter.3", "loop_all_gather_fusion", "OneShotAllReduceKernel"])
+def test_collectives_are_communication(name: str) -> None:
+    assert classify(name) is Category.COMMUNICATION
+
+
+@pytest.mark.parametrize("name", ["input_reduce_fusion", "small_reduce_kernel", "reduce_kernel<512>"])
+def test_reductions_stay_reductions(name: str) -> None:
+    assert classify(name) is Category.REDUCTION
+
+
+def test_union_merges_overlapping_intervals() -> None:
+    s, e = union(np.array([10, 0, 3, 20, 25]), np.array([12, 5, 4, 30, 26]))
+    assert s.tolist() == [0, 10, 20] and e.tolist() == [5, 12, 30]
+
+
+def test_covered_measure_by_hand() -> None:
+    a = union(np.array([0, 10, 40]), np.array([8, 20, 50]))
+    b = union(np.array([5, 15, 45, 60]), np.array([12, 18, 47, 70]))
+    # [0,8)&[5,12) = 3, [10,20)&([5,12) + [15,18)) = 2 + 3, [40,50)&[45,47) = 2, [60,70): no a
+    assert covered_measure(a, b) == 10
+    assert covered_measure(b, a) == 10
+    assert covered_measure(a, union(np.array([]), np.array([]))) == 0
+
+
+def _table() -> KernelTable:
+    k = [
+        # device 0: compute [0,10) [12,20); NCCL [5,15) on its own stream: hidden 5 + 3, exposed 2
+        Kernel(GEMM, 0, 10, 0, COMPUTE), Kernel(EW, 12, 20, 0, COMPUTE), Kernel(NCCL, 5, 15, 0, COMM),
+        # a collective on the compute stream itself ([40,50) beside compute [40,50) of the same
+        # stream, which a real trace never shows): nothing to hide under, all exposed
+        Kernel(NCCL, 40, 50, 0, COMPUTE), Kernel(EW, 40, 50, 0, COMPUTE),
+        # a memcpy overlapping the NCCL kernel is not compute
+        Kernel("[CUDA memcpy]", 14, 15, 0, 20),
+        # device 1: NCCL [0,4) and [2,6) (one stream: union [0,6)), compute [1,3) on two
+        # streams and [5,9): hidden [1,3) + [5,6) = 3 of 6
+        Kernel(NCCL, 0, 4, 1, COMM), Kernel(NCCL, 2, 6, 1, COMM), Kernel(GEMM, 1, 3, 1, COMPUTE),
+        Kernel(GEMM, 1, 2, 1, 8), Kernel(EW, 5, 9, 1, COMPUTE),
+        # device 2: no communication at all
+        Kernel(GEMM, 0, 5, 2, COMPUTE),
+    ]
+    return KernelTable.from_kernels([Kernel(x.name, x.start * 1_000_000, x.end * 1_000_000, x.device, x.stream)
+                                     for x in k])
+
+
+def test_overlap_by_hand() -> None:
+    by_device = {d["device"]: d for d in overlap(_table())}
+    assert by_device[0]["communication_ms"] == 20  # [5,15) on COMM + [40,50) on COMPUTE
+    assert by_device[0]["hidden_ms"] == 8
+    assert by_device[0]["exposed_ms"] == 12
+    assert by_device[1]["communication_ms"] == 6 and by_device[1]["hidden_ms"] == 3
+    assert by_device[1]["hidden_share"] == 0.5
+    assert by_device[2] == {"device": 2, "communication_ms": 0, "hidden_ms": 0, "exposed_ms": 0,
+                            "hidden_share": None}
+
+
+def test_only_measured_steps_count() -> None:
+    ms = 1_000_000
+    # one measured step [0,16): device 0's NCCL [5,15) and compute in it; [40,50) is outside
+    ranges = [Range("warmup", -100 * ms, -1), Range("step", 0, 16 * ms)]
+    d0 = next(d for d in overlap(_table(), ranges) if d["device"] == 0)
+    assert (d0["communication_ms"], d0["hidden_ms"]) == (10, 5)  # [12,20) ends after the step: left out
+
+
+def test_rank_analysis_spread_and_totals() -> None:
+    ms = 1_000_000
+
+    def profile(step_ms: list[int], nccl_ms: int) -> Profile:
+        ranges, t = [], 0
+        for s in step_ms:
+            ranges += [Range("step", t, t + s * ms), Range("forward", t, t + ms)]
+            t += s * ms + ms
+        kernels = [Kernel(GEMM, 0, 10 * ms, 0, COMPUTE), Kernel(NCCL, 8 * ms, (8 + nccl_ms) * ms, 0, COMM)]
+        return Profile("p", "rank", "nsys", kernels, ranges)
+
+    a = rank_analysis({1: profile([12, 14, 30], 4), 0: profile([11, 12, 13], 2)})
+    assert [r["rank"] for r in a["ranks"]] == [0, 1]
+    assert a["ranks"][1]["phases_ms"]["step"] == 14  # the median
+    assert a["spread"]["step"]["straggler"] == pytest.approx(14 / 12)
+    # rank 0: 2 ms of NCCL all under the GEMM; rank 1: 4 ms, 2 hidden
+    assert (a["communication_ms"], a["hidden_ms"], a["exposed_ms"]) == (6, 4, 2)
+    text = format_overlap(a)
+    assert "2.000 ms exposed (33.3%)" in text and len(text.splitlines()) == 4
+
+
+def test_rank_of_per_rank_names() -> None:
+    assert rank_of("out/torch.rank3.nsys-rep") == 3
+    assert rank_of("trace.rank0.json") == 0
+    with pytest.raises(ProfileError, match=r"name\.rank<N>\.<ext>"):
+        rank_of("torch.nsys-rep")

@@ -36,6 +36,7 @@ from harness.common.cli import (
 from harness.common.results import file_problem, write_json
 from harness.timing.runner import FAULT_PHASES, RunOptions, format_result, run
 from harness.timing.torch_backend import choose_backends
+from harness.trace.hlo_join import hlo_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +93,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     opts = {k: v for k, v in vars(args).items() if k in fields}
     if args.wide_layer is None:
         opts["wide_factor"] = 1
+    if args.layer_ranges and args.backend == "jax" and args.out:
+        opts["hlo_dir"] = str(hlo_dir(args.out))  # the report joins kernels to layers through it
     return RunOptions(**opts)
 
 

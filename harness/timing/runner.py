@@ -56,6 +56,7 @@ class RunOptions:
     wide_factor: int = 1
     data_parallel: int = 1  # devices; --batch is per device, the global batch data_parallel x batch
     parallel: str = "ddp"  # torch: ddp or fsdp; jax: parameters replicated (ddp) or sharded (fsdp)
+    hlo_dir: str | None = None  # jax with layer_ranges: write the phases' optimized HLO here
 
 
 JAX_LAYERS = ("jax.named_scope per block and sub-module in jax_impl: metadata of the compiled program, joined "
@@ -93,7 +94,8 @@ def make_session(opts: RunOptions, config: ModelConfig):
     if opts.backend == "jax":
         from harness.timing.jax_backend import JaxSession
 
-        return JaxSession(config, tokens, **common, data_parallel=n, parallel=opts.parallel)
+        return JaxSession(config, tokens, **common, data_parallel=n, parallel=opts.parallel,
+                          layer_ranges=opts.layer_ranges)
     from harness.timing.torch_backend import TorchCompileSession, TorchSession
 
     if n > 1:
@@ -162,6 +164,8 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
             if layers is not None:
                 phase = "layer ranges overhead check"
                 result["layer_ranges"] = layers.overhead(timer, PHASES[opts.mode])
+            if opts.layer_ranges and opts.backend == "jax" and opts.hlo_dir:
+                result["layer_ranges"]["hlo"] = session.write_hlo(opts.hlo_dir)
         except PhaseFailure as exc:
             return _failed(result, exc.phase, exc.cause, opts)
         except Exception as exc:

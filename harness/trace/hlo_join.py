@@ -40,6 +40,7 @@ from harness.trace.layers import canonical_layer
 from harness.trace.profile import KERNEL, MEMCPY, MEMSET, KernelTable, Range
 
 OUTSIDE = "(outside layers)"
+POSITIONAL_AGREEMENT = 0.98  # share of fusion kernels bearing their instruction's name family
 WINDOW = 8  # anchors a kernel may skip ahead (or look back) to find its own
 # Ops that launch nothing on the GPU (aliases, metadata, the second half of async pairs).
 SILENT_OPS = frozenset({
@@ -221,9 +222,39 @@ def _strip_suffix(name: str) -> str:
     return re.sub(r"_\d+$", "", name)
 
 
+def _family(name: str) -> str:
+    """A kernel or instruction name without its numeric suffix, '.' as '_' (XLA names a
+    reused fusion kernel after whichever identical fusion it compiled first)."""
+    return _strip_suffix(kernel_name(name))
+
+
+def _positional(names: Sequence[str], kinds: Sequence[int], items: Sequence[ScheduleItem]) -> PhaseJoin | None:
+    """One kernel per schedule item, in order: the common case of a phase run on one stream
+    without command buffers reordering it. Accepted when the counts agree and nearly every
+    fusion's kernel bears its instruction's name family; an item whose kernel does not stays
+    unjoined. None when the sequence does not line up (the name matcher then decides)."""
+    if len(names) != len(items) or not items:
+        return None
+    fused = [i for i, it in enumerate(items) if it.kind == "anchor"]
+    agree = np.array([kinds[i] == KERNEL and (names[i] in items[i].kernel_names
+                      or _family(names[i]) == _family(items[i].instruction.name)) for i in fused], bool)
+    if fused and agree.mean() < POSITIONAL_AGREEMENT:
+        return None
+    how = np.array([HOW_GAP if it.kind != "anchor" else HOW_ANCHOR for it in items], np.int8)
+    how[np.array(fused, np.int64)[~agree]] = HOW_NONE
+    ignored = np.array([kinds[i] == MEMSET or is_autotuning(names[i]) for i in range(len(names))], bool)
+    how[ignored] = HOW_IGNORED
+    joined = (how == HOW_ANCHOR) | (how == HOW_GAP)
+    labels = [it.layer if ok else OUTSIDE for it, ok in zip(items, joined)]
+    return PhaseJoin(labels, how, np.where(joined, np.arange(len(items)), -1))
+
+
 def join_kernels(names: Sequence[str], kinds: Sequence[int], items: Sequence[ScheduleItem]) -> PhaseJoin:
     """Label one phase instance's kernels (`names`, `kinds` as KernelTable.kind, in start
-    order) from the schedule `items` of the module that ran them."""
+    order) from the schedule `items` of the module that ran them: position by position
+    where the sequence lines up (`_positional`), else by fusion names within a window."""
+    if (exact := _positional(names, kinds, items)) is not None:
+        return exact
     n = len(names)
     how, item = np.full(n, HOW_NONE, np.int8), np.full(n, -1, np.int64)
     anchors = [i for i, it in enumerate(items) if it.kind == "anchor"]

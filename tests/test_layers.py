@@ -220,32 +220,21 @@ def test_diff_tables_layers_and_kinds_and_names_the_largest_moves() -> None:
     assert diff_runs(a, _run("C", {})).layers == []
 
 
-def _layer_wall_ms(events) -> dict[str, float]:
-    return {name.removeprefix("layer:"): (t1 - t0) / 1e6 for name, _, t0, t1 in _intervals(events)}
-
-
-def test_planted_wide_block_is_the_most_expensive_layer_on_cpu(monkeypatch) -> None:
-    """On a CPU every op finishes before the next starts, so a layer range's wall time is
-    its layer's compute time: the planted wide FFN must top both phases, by a margin."""
+def test_planted_wide_block_widens_one_ffn_in_both_frameworks() -> None:
+    """--wide-layer 1 --wide-factor 16 widens block 1's FFN only, the same in both model
+    files, and the parameter count follows; the GPU fixtures (tests/data/layers/) check
+    that the attribution finds it."""
     config = get_config("tiny", wide_layer=1, wide_factor=16)
     model = torch_impl.TransformerLM(config)
     assert model.layers[1].ffn.w1.weight.shape == (512 * 16, 128) and model.layers[0].ffn.w1.weight.shape == (512, 128)
     assert sum(p.numel() for p in model.parameters()) == config.num_params
-    session, rec = _session(monkeypatch, wide_layer=1, wide_factor=16)
-    totals = {"forward": {}, "backward": {}}
-    for _ in range(3):
-        n = len(rec.events)
-        session.forward()
-        m = len(rec.events)
-        session.backward()
-        for phase, events in (("forward", rec.events[n:m]), ("backward", rec.events[m:])):
-            for name, ms in _layer_wall_ms(events).items():
-                if name in CANONICAL:
-                    totals[phase][name] = totals[phase].get(name, 0.0) + ms
-    for phase, per_layer in totals.items():
-        ranked = sorted(per_layer, key=per_layer.get, reverse=True)
-        assert ranked[0] == "layers.1.ffn", (phase, per_layer)
-        assert per_layer["layers.1.ffn"] > 3 * per_layer["layers.0.ffn"], (phase, per_layer)
+    from flax import nnx
+
+    import jax_impl
+
+    jmodel = jax_impl.TransformerLM(config, rngs=nnx.Rngs(0))
+    assert jmodel.layers[1].ffn.w1.weight.value.shape == (512 * 16, 128)
+    assert jmodel.layers[0].ffn.w1.weight.value.shape == (512, 128)
 
 
 def test_wide_block_converts_to_jax_and_bad_knobs_are_refused(capsys) -> None:

@@ -100,7 +100,12 @@ class CausalSelfAttention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         scale = 1.0 / math.sqrt(self.d_head)
         if self.attention == "fused":
-            y = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True)
+            # implementation=None means XLA's composite attention (the scores materialized),
+            # not a fused kernel: ask for cuDNN's flash attention where it runs, as torch's
+            # SDPA picks its flash kernel.
+            cudnn = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+            y = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
+                                             implementation="cudnn" if cudnn else None)
         elif self.attention == "pallas":
             from pallas_kernels import flash_attention
 

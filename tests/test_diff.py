@@ -38,11 +38,15 @@ def test_parts_add_up_to_the_gap_with_a_small_residual(small) -> None:
     times = {p: json.loads(p.read_text())["phases"]["step"]["times_ms"] for p in (TORCH, JAX)}
     assert step.gap_ms == pytest.approx(statistics.median(times[JAX]) - statistics.median(times[TORCH]))
     assert step.gap_ms == pytest.approx(-40.441, abs=1e-3)
-    assert sum(p.delta_ms for p in step.parts) + step.residual_ms == pytest.approx(step.gap_ms)
+    # The parts decompose the gap of the timer's means (the profile's figures are means over
+    # the same steps); the residual is what they leave.
+    mean_gap = statistics.fmean(times[JAX]) - statistics.fmean(times[TORCH])
+    assert step.decomposed_gap_ms == pytest.approx(mean_gap)
+    assert sum(p.delta_ms for p in step.parts) + step.residual_ms == pytest.approx(mean_gap)
     # The profile's parts explain the timer's gap to within 5% on every phase of these runs.
     for phase in small.phases:
-        assert abs(phase.residual_ms) < 0.07 * abs(phase.gap_ms), phase.phase
-    assert abs(step.residual_ms) < 0.02 * abs(step.gap_ms)
+        assert abs(phase.residual_ms) < 0.05 * abs(phase.decomposed_gap_ms), phase.phase
+    assert abs(step.residual_ms) < 0.02 * abs(step.decomposed_gap_ms)
     # GPU groups against the breakdown computed here: their sum is each side's GPU time.
     bds = [breakdown(load_profile(p.with_name(p.name.replace(".harness.json", ".sqlite.gz")))) for p in (TORCH, JAX)]
     gpu = [p for p in step.parts if p.name != HOST]

@@ -64,6 +64,7 @@ class Timing:
     p90_ms: float
     std_ms: float
     n: int
+    mean_ms: float
 
 
 @dataclass
@@ -125,6 +126,12 @@ class PhaseDiff:
     def gap_ms(self) -> float:
         return self.b_ms - self.a_ms
 
+    @property
+    def decomposed_gap_ms(self) -> float:
+        """The gap the parts decompose: of the timer's means where both sides have them (the
+        profile's per-step figures are means over the same measured steps), else `gap_ms`."""
+        return self.b.mean_ms - self.a.mean_ms if self.a and self.b else self.gap_ms
+
 
 @dataclass
 class Diff:
@@ -166,7 +173,7 @@ def timing(run: Run, phase: str) -> Timing | None:
         return None
     xs = p["times_ms"]
     return Timing(statistics.median(xs), _quantile(xs, 0.1), _quantile(xs, 0.9),
-                  statistics.stdev(xs) if len(xs) > 1 else 0.0, len(xs))
+                  statistics.stdev(xs) if len(xs) > 1 else 0.0, len(xs), statistics.fmean(xs))
 
 
 def check_match(a: Run, b: Run) -> dict[str, tuple]:
@@ -298,7 +305,7 @@ def _phase_diff(a: Run, b: Run, pair: tuple[str, str, str]) -> PhaseDiff:
     out.parts = [Part(HOST, (pa.range_ns - pa.gpu_ns) / 1e6, (pb.range_ns - pb.gpu_ns) / 1e6)]
     out.parts += [Part(g, ga[g], gb[g], ka[g], kb[g], _movers(pa, pb, g))
                   for g, _ in GROUPS if ga[g] or gb[g]]
-    out.residual_ms = out.gap_ms - sum(p.delta_ms for p in out.parts)
+    out.residual_ms = out.decomposed_gap_ms - sum(p.delta_ms for p in out.parts)
     out.a_kernels, out.b_kernels = pa.kernels, pb.kernels
     out.launches = {side: lp for side, p in (("a", pa), ("b", pb)) if (lp := _launches(p))}
     out.gemms = {"a": _gemm_choices(pa), "b": _gemm_choices(pb)}

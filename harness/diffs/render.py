@@ -65,9 +65,11 @@ def sentences(d: Diff) -> list[str]:
     out += [(c := _cause(p, name))[0].upper() + c[1:] for name in causes]
     out += [f"{line[0].upper()}{line[1:]}." for t in p.throughput if t.what not in causes and (line := _bound(t))]
     if p.residual_ms is not None:
-        share = abs(p.residual_ms) / abs(p.gap_ms) if p.gap_ms else 0.0
-        out.append(f"Unexplained: {p.residual_ms:+.3f} ms ({share:.1%} of the gap), the profile's means "
-                   "against the timer's medians.")
+        gap = p.decomposed_gap_ms
+        share = abs(p.residual_ms) / abs(gap) if gap else 0.0
+        what = ("the gap of the timer's means, which the profile's per-step figures (means over the "
+                f"same steps) decompose; the medians' gap is {p.gap_ms:+.3f} ms" if p.a and p.b else "the gap")
+        out.append(f"Unexplained: {p.residual_ms:+.3f} ms ({share:.1%} of {gap:+.3f} ms, {what}).")
     return out + layer_sentences(d.layers)
 
 
@@ -88,7 +90,11 @@ def _phase_lines(p: PhaseDiff) -> list[str]:
     rows = [[x.name, _ms(x.a_ms), _ms(x.b_ms), f"{x.delta_ms:+.3f}", _num(x.a_kernels), _num(x.b_kernels)]
             for x in p.parts]
     rows.append(["residual", "", "", f"{p.residual_ms:+.3f}", "", ""])
-    rows.append(["whole", _ms(p.a_ms), _ms(p.b_ms), f"{p.gap_ms:+.3f}", _num(p.a_kernels), _num(p.b_kernels)])
+    if p.a and p.b:  # the parts decompose the means' gap; the medians' gap is the headline
+        rows.append(["whole (timer mean)", _ms(p.a.mean_ms), _ms(p.b.mean_ms), f"{p.decomposed_gap_ms:+.3f}",
+                     _num(p.a_kernels), _num(p.b_kernels)])
+    rows.append(["whole" + (" (timer median)" if p.a and p.b else ""), _ms(p.a_ms), _ms(p.b_ms),
+                 f"{p.gap_ms:+.3f}", "" if p.a and p.b else _num(p.a_kernels), "" if p.a and p.b else _num(p.b_kernels)])
     lines += ["", *markdown_table(["part", "A ms", "B ms", "B - A ms", "A kernels", "B kernels"], rows)]
     movers = [[x.name, m.name[:90], _ms(m.a_ms), _ms(m.b_ms), f"{m.b_ms - m.a_ms:+.3f}", _num(m.a_calls),
                _num(m.b_calls)] for x in p.parts for m in x.movers]
@@ -126,6 +132,7 @@ def to_json(d: Diff) -> dict:
     doc = asdict(d)
     for p, pd in zip(d.phases, doc["phases"]):
         pd["gap_ms"] = p.gap_ms
+        pd["decomposed_gap_ms"] = p.decomposed_gap_ms
         for part, jd in zip(p.parts, pd["parts"]):
             jd["delta_ms"] = part.delta_ms
     for lp, jd in zip(d.layers, doc["layers"]):
@@ -146,16 +153,17 @@ def plot_waterfall(d: Diff, path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     steps = [(x.name, x.delta_ms) for x in p.parts] + [("residual", p.residual_ms or 0.0)]
+    a_ms, b_ms = (p.a.mean_ms, p.b.mean_ms) if p.a and p.b else (p.a_ms, p.b_ms)  # what the parts add up to
     fig, ax = plt.subplots(figsize=(1.1 * (len(steps) + 2) + 2, 4.5))
-    ax.bar(0, p.a_ms, color="0.5")
-    level = p.a_ms
+    ax.bar(0, a_ms, color="0.5")
+    level = a_ms
     for i, (_, delta) in enumerate(steps, start=1):
         ax.bar(i, delta, bottom=level, color="tab:red" if delta > 0 else "tab:green")
         level += delta
-    ax.bar(len(steps) + 1, p.b_ms, color="0.5")
+    ax.bar(len(steps) + 1, b_ms, color="0.5")
     labels = [f"A\n{d.a_label}", *(n for n, _ in steps), f"B\n{d.b_label}"]
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(f"ms per {p.phase}")
+    ax.set_ylabel(f"ms per {p.phase}" + (" (timer mean)" if p.a and p.b else ""))
     ax.set_title(f"{p.phase}: {p.a_ms:.2f} -> {p.b_ms:.2f} ms")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

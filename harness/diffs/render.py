@@ -93,8 +93,9 @@ def _phase_lines(p: PhaseDiff) -> list[str]:
     if p.a and p.b:  # the parts decompose the means' gap; the medians' gap is the headline
         rows.append(["whole (timer mean)", _ms(p.a.mean_ms), _ms(p.b.mean_ms), f"{p.decomposed_gap_ms:+.3f}",
                      _num(p.a_kernels), _num(p.b_kernels)])
+    counts = ["", ""] if p.a and p.b else [_num(p.a_kernels), _num(p.b_kernels)]
     rows.append(["whole" + (" (timer median)" if p.a and p.b else ""), _ms(p.a_ms), _ms(p.b_ms),
-                 f"{p.gap_ms:+.3f}", "" if p.a and p.b else _num(p.a_kernels), "" if p.a and p.b else _num(p.b_kernels)])
+                 f"{p.gap_ms:+.3f}", *counts])
     lines += ["", *markdown_table(["part", "A ms", "B ms", "B - A ms", "A kernels", "B kernels"], rows)]
     movers = [[x.name, m.name[:90], _ms(m.a_ms), _ms(m.b_ms), f"{m.b_ms - m.a_ms:+.3f}", _num(m.a_calls),
                _num(m.b_calls)] for x in p.parts for m in x.movers]

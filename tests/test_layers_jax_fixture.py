@@ -15,7 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.trace.hlo_join import OUTSIDE, hlo_dir, kernels_in, label_kernels, load_schedules
+from harness.trace.hlo_join import (
+    HOW_IGNORED,
+    OUTSIDE,
+    hlo_dir,
+    join_kernels,
+    kernels_in,
+    label_kernels,
+    load_schedules,
+)
 from harness.trace.nsys import read_sqlite
 
 DATA = Path(__file__).parent / "data" / "layers"
@@ -37,15 +45,28 @@ def captured():
     return profile, ranges, join, doc
 
 
-# What the join reaches on this fixture (92.9% and 83.1% of GPU time): the rest are
-# kernels of reused fusions whose order the join cannot place; they stay unlabelled.
-COVERAGE = {"forward": 0.9, "backward": 0.8}
+# What the join reaches on this fixture: every kernel, reused fusions' kernels included.
+COVERAGE = {"forward": 1.0, "backward": 1.0}
 
 
 def test_coverage_of_each_phase(captured) -> None:
     _, _, join, _ = captured
     for phase in PHASES:
         assert join.coverage[phase] >= COVERAGE[phase], f"{phase}: {join.coverage[phase]:.1%} of GPU time joined"
+
+
+def test_each_kernel_joins_its_own_instruction(captured) -> None:
+    """This capture ran one stream, so its kernels are its schedule's launches in order, one
+    each: kernel i must join instruction i, whatever name a reused fusion's kernel bears."""
+    profile, ranges, _, _ = captured
+    kt, schedules = profile.kernels, load_schedules(hlo_dir(SQLITE))
+    for phase in PHASES:
+        for r in ranges[phase]:
+            idx = kernels_in(kt, r)
+            assert len(idx) == len(schedules[phase])
+            join = join_kernels([kt.name_of(i) for i in idx], kt.kind[idx], schedules[phase])
+            assert not np.any(join.how == HOW_IGNORED)
+            assert np.array_equal(join.item, np.arange(len(idx))), phase
 
 
 def test_per_layer_sums_equal_phase_totals(captured) -> None:

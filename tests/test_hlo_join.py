@@ -4,6 +4,8 @@ kernel-to-schedule join on kernel sequences built from a real parsed schedule.""
 from __future__ import annotations
 
 import contextlib
+import itertools
+import random
 import re
 
 import jax
@@ -31,6 +33,7 @@ from harness.trace.hlo_join import (
 )
 from harness.trace.layers import canonical_layer
 from harness.trace.profile import KERNEL, MEMCPY, MEMSET, Kernel, KernelTable, Range
+from harness.trace.seq_align import WINDOW, align
 
 CONFIG = get_config("tiny")  # 2 layers
 LAYERS = {"token_embeddings", "ln_final", "lm_head", "loss",
@@ -159,8 +162,8 @@ def test_planted_mismatch_lowers_coverage_and_mislabels_nothing(schedules) -> No
     names, kinds, truth = _kernels(items)
     foreign = _anchor_between_anchors(items)
     names[foreign] = "mystery_kernel"  # a kernel the HLO knows nothing of
-    far = next(i for i in range(len(items)) if items[i].kind == "anchor" and i > foreign + 3 * hlo_join.WINDOW)
-    moved = next(i for i in range(len(items)) if items[i].kind == "anchor" and i > far + 3 * hlo_join.WINDOW
+    far = next(i for i in range(len(items)) if items[i].kind == "anchor" and i > foreign + 3 * WINDOW)
+    moved = next(i for i in range(len(items)) if items[i].kind == "anchor" and i > far + 3 * WINDOW
                  and kernel_name(items[i].instruction.name) not in items[far].kernel_names)
     names[moved] = names[far]  # an anchor's name, far from where that anchor runs
     join = join_kernels(names, kinds, items)
@@ -243,3 +246,85 @@ def test_hlo_files_written_and_read_back(tmp_path) -> None:
     assert {it.layer for it in loaded["backward"]} - {OUTSIDE} == LAYERS
     with pytest.raises(FileNotFoundError, match="--layer-ranges"):
         hlo_join.load_schedules(tmp_path)
+
+
+REUSE_HLO = """HloModule m, is_scheduled=true
+
+%t0 (p: bf16[4,8]) -> bf16[8,4] {
+  %p = bf16[4,8]{1,0} parameter(0)
+  ROOT %transpose.7 = bf16[8,4]{1,0} transpose(%p), dimensions={1,0}
+}
+
+%t1 (q: bf16[4,8]) -> bf16[8,4] {
+  %q = bf16[4,8]{1,0} parameter(0)
+  ROOT %transpose.9 = bf16[8,4]{1,0} transpose(%q), dimensions={1,0}, metadata={op_name="jit(f)/x"}
+}
+
+%n0 (r: bf16[4,8]) -> bf16[4,8] {
+  %r = bf16[4,8]{1,0} parameter(0)
+  ROOT %negate.1 = bf16[4,8]{1,0} negate(%r)
+}
+
+ENTRY %main (x: bf16[4,8]) -> bf16[4,8] {
+  %x = bf16[4,8]{1,0} parameter(0)
+  %wrapped_transpose = bf16[8,4]{1,0} fusion(%x), kind=kLoop, calls=%t0
+  %wrapped_transpose.1 = bf16[8,4]{1,0} fusion(%x), kind=kLoop, calls=%t1
+  %gemm_fusion_dot.75 = bf16[4,8]{1,0} fusion(%x), kind=kLoop, calls=%n0, metadata={op_name="jit(f)/jvp(layers.1)/attn/dot_general" deduplicated_name="gemm_fusion_dot.62"}
+  %gemm_fusion_dot.72 = bf16[4,8]{1,0} fusion(%x), kind=kLoop, calls=%n0, metadata={op_name="jit(f)/jvp(layers.1)/attn/dot_general" deduplicated_name="gemm_fusion_dot.62"}
+  %gemm_fusion_dot.62 = bf16[4,8]{1,0} fusion(%x), kind=kLoop, calls=%n0, metadata={op_name="jit(f)/jvp(layers.0)/attn/dot_general" deduplicated_name="gemm_fusion_dot.62"}
+  ROOT %wrapped_negate = bf16[4,8]{1,0} fusion(%x), kind=kLoop, calls=%n0
+}
+"""
+
+
+def test_reused_kernels_bear_any_name_of_their_class() -> None:
+    """XLA names a reused kernel after the first fusion of its class it emitted, here
+    gemm_fusion_dot.75 for all three of gemm_fusion_dot.62's class; fusions with identical
+    bodies and no deduplicated_name (the wrapped transposes) are reused alike."""
+    items = schedule(parse_hlo(REUSE_HLO))
+    dot_class = {"gemm_fusion_dot_62", "gemm_fusion_dot_72", "gemm_fusion_dot_75"}
+    assert [set(it.kernel_names) for it in items] == [{"wrapped_transpose", "wrapped_transpose_1"}] * 2 + \
+        [dot_class] * 3 + [{"wrapped_negate"}]  # same body as the dots', but another class
+    join = join_kernels(["wrapped_transpose", "wrapped_transpose", *["gemm_fusion_dot_75"] * 3, "wrapped_negate"],
+                        [KERNEL] * 6, items)
+    assert np.array_equal(join.item, np.arange(6))
+    assert join.labels[2:5] == ["layers.1.attn", "layers.1.attn", "layers.0.attn"]
+
+
+def test_a_missing_reused_kernel_leaves_its_run_unlabelled() -> None:
+    """Two anchors of one class in two layers and one kernel of it: which one ran is not
+    known between the same neighbours, and known where a neighbour sits between them."""
+    x = frozenset({"dot_fusion"})
+    a, b = _item("anchor", "layers.0.ln1", "loop_fusion.1"), _item("anchor", "layers.1.ln1", "loop_fusion.2")
+    x0 = ScheduleItem(Instruction("dot_fusion.1", "fusion"), "anchor", "layers.0.attn", x)
+    x1 = ScheduleItem(Instruction("dot_fusion.2", "fusion"), "anchor", "layers.1.attn", x)
+    kernels = ["loop_fusion_1", "dot_fusion", "loop_fusion_2"]
+    join = join_kernels(kernels, [KERNEL] * 3, [a, x0, x1, b])
+    assert join.labels == ["layers.0.ln1", OUTSIDE, "layers.1.ln1"] and join.how[1] == HOW_NONE
+    join = join_kernels(kernels, [KERNEL] * 3, [a, x0, b, x1])
+    assert join.labels == ["layers.0.ln1", "layers.0.attn", "layers.1.ln1"]
+
+
+def _optimal_matchings(accepts: list[np.ndarray], m: int) -> list[tuple[int, ...]]:
+    """Every longest order-preserving matching of kernels to anchors, by enumeration."""
+    found = []
+    for choice in itertools.product(*[[-1, *acc.tolist()] for acc in accepts]):
+        used = [a for a in choice if a >= 0]
+        if all(x < y for x, y in zip(used, used[1:])):
+            found.append(choice)
+    best = max(sum(a >= 0 for a in c) for c in found)
+    return [c for c in found if sum(a >= 0 for a in c) == best]
+
+
+def test_alignment_against_enumerated_matchings() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        n, m = rng.randint(1, 6), rng.randint(1, 6)
+        accepts = [np.array(sorted(rng.sample(range(m), rng.randint(0, min(m, 3)))), np.int64) for _ in range(n)]
+        optimal = _optimal_matchings(accepts, m)
+        one_layer = align(accepts, m, np.zeros(m, np.int64))
+        assert tuple(one_layer.tolist()) in optimal  # one longest matching, kept whole
+        per_anchor = align(accepts, m, np.arange(m))  # a layer per anchor: kept where all agree
+        for i in range(n):
+            anchors = {c[i] for c in optimal if c[i] >= 0}
+            assert per_anchor[i] in ({one_layer[i]} if len(anchors) == 1 else {-1})

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from harness.trace.hlo_join import (
+    HOW_IGNORED,
     HOW_NONE,
     OUTSIDE,
     hlo_dir,
@@ -45,15 +46,29 @@ def captured():
     return profile, ranges, join, doc
 
 
-# The fixture's phases run one kernel per schedule item on one stream, so the join is
-# positional and labels every kernel (the name matcher alone placed 92.9% and 83.1%).
-COVERAGE = {"forward": 0.99, "backward": 0.99}
+# The fixture's phases run one kernel per schedule item on one stream: every kernel joins
+# its own instruction (by position, and by alignment when the positions do not line up).
+COVERAGE = {"forward": 1.0, "backward": 1.0}
 
 
 def test_coverage_of_each_phase(captured) -> None:
     _, _, join, _ = captured
     for phase in PHASES:
         assert join.coverage[phase] >= COVERAGE[phase], f"{phase}: {join.coverage[phase]:.1%} of GPU time joined"
+
+
+def test_each_kernel_joins_its_own_instruction(captured) -> None:
+    """This capture ran one stream, so its kernels are its schedule's launches in order, one
+    each: kernel i must join instruction i, whatever name a reused fusion's kernel bears."""
+    profile, ranges, _, _ = captured
+    kt, schedules = profile.kernels, load_schedules(hlo_dir(SQLITE))
+    for phase in PHASES:
+        for r in ranges[phase]:
+            idx = kernels_in(kt, r)
+            assert len(idx) == len(schedules[phase])
+            join = join_kernels([kt.name_of(i) for i in idx], kt.kind[idx], schedules[phase])
+            assert not np.any(join.how == HOW_IGNORED)
+            assert np.array_equal(join.item, np.arange(len(idx))), phase
 
 
 def test_per_layer_sums_equal_phase_totals(captured) -> None:
@@ -94,7 +109,7 @@ def test_planted_wide_block_takes_the_most_time(captured) -> None:
 def test_positional_join_leaves_a_foreign_kernel_unjoined(captured) -> None:
     """One kernel renamed to a family no instruction has: the sequence still lines up, so the
     join stays positional, labels every other kernel as before and leaves that one unjoined;
-    one kernel fewer breaks the one-to-one order and the name matcher takes over."""
+    one kernel fewer breaks the one-to-one order and the alignment takes over."""
     profile, ranges, join, _ = captured
     kt = profile.kernels
     idx = kernels_in(kt, ranges["forward"][0])
@@ -107,5 +122,7 @@ def test_positional_join_leaves_a_foreign_kernel_unjoined(captured) -> None:
     others = [i for i in range(len(idx)) if i != fusion]
     assert [planted.labels[i] for i in others] == [join.labels[idx[i]] for i in others]
     assert (np.delete(planted.how, fusion) != HOW_NONE).all()
+    # one kernel fewer: the order no longer lines up one to one, the alignment takes over and
+    # places every remaining kernel as the positional join did
     shorter = join_kernels(names[:-1], kt.kind[idx][:-1], items)
-    assert (shorter.how == HOW_NONE).any()  # the windowed matcher cannot place every kernel
+    assert [shorter.labels[i] for i in others[:-1]] == [planted.labels[i] for i in others[:-1]]

@@ -4,29 +4,34 @@ The JAX model labels its ops with `jax.named_scope` (``layers.3``/``attn``...), 
 keeps as each HLO instruction's ``metadata={op_name="jit(f)/jvp(layers.3)/attn/dot_general"}``.
 A kernel in a profile carries no op_name, and names alone join almost nothing: XLA names
 a fusion's kernel after the fusion, but identical fusions share one kernel named after
-the first of them (the instruction's ``deduplicated_name``), and cuBLAS/cuDNN calls run
+the first of them it compiled (not necessarily their ``deduplicated_name``), and cuBLAS/cuDNN calls run
 library kernels with the library's names. So the join follows the schedule:
 
 - `parse_hlo` reads the optimized HLO text (``compiled.as_text()``): computations, and
   per instruction its name, opcode, fusion kind, custom-call target, called computations,
-  op_name, ``deduplicated_name`` and ``scheduling_name``.
+  op_name, ``deduplicated_name`` and ``scheduling_name``; per computation a digest of its
+  body without names and metadata, which identical fused computations share.
 - `schedule` lists the entry computation in execution order (the module is scheduled),
   inlining ``call``s (XLA's command buffers are outlined computations) and async
-  wrappers. Each fusion is an *anchor*: its kernel bears its (deduplicated) name with
-  '.' as '_'. Library calls (custom-calls, cuDNN/cuBLAS fusions), copies and control flow
-  are *gap* items. A fusion's layer is the most common canonical layer among its fused
-  instructions' op_names (the first on ties), since XLA fuses across scope boundaries.
-- `join_kernels` walks one phase's kernels in start order: an anchor-named kernel matches
-  the next anchor of that name within `WINDOW` anchors (or one skipped within the last
-  `WINDOW`: concurrent graph nodes may start out of order); a kernel that is none goes to
-  the gap items between its neighbouring matched anchors, only where that is unambiguous
-  (one layer among the candidates, or one kernel per candidate). Everything else stays
-  unjoined: it is labelled "(outside layers)" and lowers the reported coverage, which is
-  never made up by guessing.
+  wrappers. Each fusion is an *anchor*: its kernel bears the name (with '.' as '_') of
+  some fusion of its class, the one XLA compiled first: the fusions of one
+  ``deduplicated_name``, or, where none is recorded, those with identical fused
+  computations. Library calls (custom-calls, cuDNN/cuBLAS fusions), copies and control
+  flow are *gap* items. A fusion's layer is the most common canonical layer among its
+  fused instructions' op_names (the first on ties), since XLA fuses across scope boundaries.
+- `join_kernels` aligns one phase's anchor-named kernels, in start order, to the anchors
+  (`harness.trace.seq_align`: a longest order-preserving matching, exact where the order
+  is, with kernels that concurrency started out of order placed within a window); a
+  kernel that is none goes to the gap items between its neighbouring matched anchors,
+  only where that is unambiguous (one layer among the candidates, or one kernel per
+  candidate). Everything else stays unjoined: a kernel whose place two layers could
+  claim, or that fits nowhere, is labelled "(outside layers)" and lowers the reported
+  coverage, which is never made up by guessing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -38,10 +43,10 @@ import numpy as np
 from harness.trace.kernels import is_autotuning
 from harness.trace.layers import canonical_layer
 from harness.trace.profile import KERNEL, MEMCPY, MEMSET, KernelTable, Range
+from harness.trace.seq_align import align, repair
 
 OUTSIDE = "(outside layers)"
-POSITIONAL_AGREEMENT = 0.98  # share of fusion kernels bearing their instruction's name family
-WINDOW = 8  # anchors a kernel may skip ahead (or look back) to find its own
+POSITIONAL_AGREEMENT = 0.98  # share of fusion kernels bearing a name of their instruction's group
 # Ops that launch nothing on the GPU (aliases, metadata, the second half of async pairs).
 SILENT_OPS = frozenset({
     "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "add-dependency",
@@ -89,6 +94,7 @@ class HloModule:
     scheduled: bool
     entry: str
     computations: dict[str, list[Instruction]]  # in printed (for a scheduled module: execution) order
+    bodies: dict[str, str]  # per computation, a digest of its text without names and metadata
 
 
 @dataclass(frozen=True)
@@ -108,20 +114,40 @@ def parse_hlo(text: str) -> HloModule:
         raise ValueError("not HLO text: no `HloModule` line; pass XLA's optimized HLO "
                          "(`jitted.lower(...).compile().as_text()`)")
     computations: dict[str, list[Instruction]] = {}
-    entry, current = None, None
+    bodies: dict[str, str] = {}
+    entry, current, lines = None, None, []
     for line in text.splitlines():
         if current is None:
             if m := _COMPUTATION.match(line):
-                current = computations.setdefault(m.group(2), [])
-                entry = m.group(2) if m.group(1) else entry
+                current, lines = m.group(2), []
+                computations.setdefault(current, [])
+                entry = current if m.group(1) else entry
             continue
         if line.strip() == "}":
+            bodies[current] = _body_digest(lines, bodies)
             current = None
         elif m := _INSTRUCTION.match(line):
-            current.append(_instruction(m.group("name"), m.group("op"), line[m.end():]))
+            computations[current].append(_instruction(m.group("name"), m.group("op"), line[m.end():]))
+            lines.append(line)
     if entry is None:
         raise ValueError(f"HLO module {header.group(1)}: no ENTRY computation")
-    return HloModule(header.group(1), "is_scheduled=true" in header.group(2), entry, computations)
+    return HloModule(header.group(1), "is_scheduled=true" in header.group(2), entry, computations, bodies)
+
+
+def _body_digest(lines: list[str], bodies: Mapping[str, str]) -> str:
+    """What identical computations share: their instructions with metadata dropped, local
+    names as positions and called computations as their own digests."""
+    local: dict[str, str] = {}
+
+    def name(m: re.Match) -> str:
+        return local.get(m.group(1)) or bodies.get(m.group(1)) or m.group(0)
+
+    out = []
+    for line in lines:
+        line = line.split(", metadata=")[0]
+        local[_INSTRUCTION.match(line).group("name")] = f"%{len(local)}"
+        out.append(re.sub(r"%([\w.\-]+)", name, line.replace("ROOT ", "")))
+    return hashlib.blake2b("\n".join(out).encode(), digest_size=8).hexdigest()
 
 
 def _instruction(name: str, opcode: str, rest: str) -> Instruction:
@@ -194,17 +220,35 @@ def schedule(module: HloModule) -> list[ScheduleItem]:
                 continue
             layer = instruction_layer(module, instr)
             if instr.opcode == "fusion" and not instr.library:
-                # XLA reuses one compiled kernel for identical fusions and names it after the
-                # first of them, which need not be recorded as deduplicated_name: the name
-                # without its numeric suffix is allowed too (the order window keeps it local).
-                base = re.sub(r"\.\d+$", "", instr.name)
-                names = {kernel_name(instr.deduplicated_name or instr.name), kernel_name(instr.name), kernel_name(base)}
-                items.append(ScheduleItem(instr, "anchor", layer, frozenset(names)))
+                items.append(ScheduleItem(instr, "anchor", layer))
             else:
                 items.append(ScheduleItem(instr, "copy" if instr.opcode in COPY_OPS else "call", layer))
 
     walk(module.entry)
-    return items
+    return _with_kernel_names(module, items)
+
+
+def _with_kernel_names(module: HloModule, items: list[ScheduleItem]) -> list[ScheduleItem]:
+    """Each anchor with the names its kernel may bear. XLA compiles identical fusions once and
+    names the kernel after the first of them it emits, which need not be the instruction's
+    ``deduplicated_name``: any name of its class (the instructions deduplicated to one name,
+    and that name's own instruction) may appear. Fusions without one (wrapped transposes,
+    converts) are reused all the same within their family (same name without its numeric
+    suffix, same fusion kind)."""
+    anchors = [it.instruction for it in items if it.kind == "anchor"]
+    targets = {i.deduplicated_name for i in anchors if i.deduplicated_name}
+
+    def key(instr: Instruction) -> tuple:
+        if instr.deduplicated_name or instr.name in targets:
+            return "dedup", instr.deduplicated_name or instr.name
+        body = module.bodies.get(instr.calls[0]) if instr.calls else None
+        return ("body", body, instr.fusion_kind) if body else ("name", instr.name)
+
+    classes: dict[tuple, set[str]] = {}
+    for instr in anchors:
+        classes.setdefault(key(instr), set()).update(kernel_name(n) for n in (instr.name, instr.deduplicated_name) if n)
+    return [ScheduleItem(it.instruction, it.kind, it.layer, frozenset(classes[key(it.instruction)]))
+            if it.kind == "anchor" else it for it in items]
 
 
 @dataclass
@@ -222,22 +266,15 @@ def _strip_suffix(name: str) -> str:
     return re.sub(r"_\d+$", "", name)
 
 
-def _family(name: str) -> str:
-    """A kernel or instruction name without its numeric suffix, '.' as '_' (XLA names a
-    reused fusion kernel after whichever identical fusion it compiled first)."""
-    return _strip_suffix(kernel_name(name))
-
-
 def _positional(names: Sequence[str], kinds: Sequence[int], items: Sequence[ScheduleItem]) -> PhaseJoin | None:
     """One kernel per schedule item, in order: the common case of a phase run on one stream
     without command buffers reordering it. Accepted when the counts agree and nearly every
-    fusion's kernel bears its instruction's name family; an item whose kernel does not stays
-    unjoined. None when the sequence does not line up (the name matcher then decides)."""
+    fusion's kernel bears a name of its instruction's reuse group; an item whose kernel does
+    not stays unjoined. None when the sequence does not line up (the name matcher then decides)."""
     if len(names) != len(items) or not items:
         return None
     fused = [i for i, it in enumerate(items) if it.kind == "anchor"]
-    agree = np.array([kinds[i] == KERNEL and (names[i] in items[i].kernel_names
-                      or _family(names[i]) == _family(items[i].instruction.name)) for i in fused], bool)
+    agree = np.array([kinds[i] == KERNEL and names[i] in items[i].kernel_names for i in fused], bool)
     if fused and agree.mean() < POSITIONAL_AGREEMENT:
         return None
     how = np.array([HOW_GAP if it.kind != "anchor" else HOW_ANCHOR for it in items], np.int8)
@@ -252,40 +289,32 @@ def _positional(names: Sequence[str], kinds: Sequence[int], items: Sequence[Sche
 def join_kernels(names: Sequence[str], kinds: Sequence[int], items: Sequence[ScheduleItem]) -> PhaseJoin:
     """Label one phase instance's kernels (`names`, `kinds` as KernelTable.kind, in start
     order) from the schedule `items` of the module that ran them: position by position
-    where the sequence lines up (`_positional`), else by fusion names within a window."""
+    where the sequence lines up (`_positional`), else by aligning kernel names with the
+    schedule's fusions (`harness.trace.seq_align`)."""
     if (exact := _positional(names, kinds, items)) is not None:
         return exact
     n = len(names)
     how, item = np.full(n, HOW_NONE, np.int8), np.full(n, -1, np.int64)
-    anchors = [i for i, it in enumerate(items) if it.kind == "anchor"]
-    anchor_names = frozenset().union(*(items[i].kernel_names for i in anchors)) if anchors else frozenset()
-
-    def own_name(k: int) -> str | None:
-        if names[k] in anchor_names:
-            return names[k]
-        base = _strip_suffix(names[k])
-        return base if base in anchor_names else None
-
-    nxt, pending = 0, []
+    anchors = np.array([i for i, it in enumerate(items) if it.kind == "anchor"], np.int64)
+    posting: dict[str, list[int]] = {}
+    for a, i in enumerate(anchors):
+        for name in items[i].kernel_names:
+            posting.setdefault(name, []).append(a)
+    ks, accepts = [], []  # the kernels that bear an anchor's name, and the anchors accepting each
     for k in range(n):
         if kinds[k] == MEMSET or is_autotuning(names[k]):
             how[k] = HOW_IGNORED
-            continue
-        if kinds[k] != KERNEL or (name := own_name(k)) is None:
-            continue
-        hit = next((a for a in pending if name in items[anchors[a]].kernel_names), None)
-        if hit is not None:
-            pending.remove(hit)
-        else:
-            hit = next((a for a in range(nxt, min(nxt + WINDOW, len(anchors)))
-                        if name in items[anchors[a]].kernel_names), None)
-            if hit is None:
-                continue
-            pending.extend(range(nxt, hit))
-            nxt = hit + 1
-        pending = [a for a in pending if a >= nxt - WINDOW]
-        how[k], item[k] = HOW_ANCHOR, anchors[hit]
-    _fill_gaps(names, kinds, items, anchor_names, how, item)
+        elif kinds[k] == KERNEL and (own := posting.get(names[k], posting.get(_strip_suffix(names[k])))):
+            ks.append(k)
+            accepts.append(np.array(own, np.int64))
+    layer_of = np.unique([items[i].layer for i in anchors] or [""], return_inverse=True)[1]
+    matched = align(accepts, len(anchors), layer_of)
+    how[np.array(ks, np.int64)[matched >= 0]] = HOW_ANCHOR
+    item[np.array(ks, np.int64)[matched >= 0]] = anchors[matched[matched >= 0]]
+    _fill_gaps(names, kinds, items, frozenset(posting), how, item)
+    for k, a in zip(ks, repair(accepts, matched, len(anchors), layer_of)):
+        if a >= 0 and how[k] == HOW_NONE:
+            how[k], item[k] = HOW_ANCHOR, anchors[a]
     labels = [items[i].layer if i >= 0 else OUTSIDE for i in item]
     return PhaseJoin(labels, how, item)
 

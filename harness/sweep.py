@@ -1,14 +1,15 @@
 """Sweep models x context lengths x batches x backends x dtypes, one `harness.run` subprocess per cell.
 
     python -m harness.sweep --model small,medium --ctx 128,256,512 [--batch 4,8,16,32] \\
-        [--backend torch,torch-compile,jax]
+        [--backend torch,torch-compile,jax] [--data-parallel 1,2,4 [--parallel fsdp]]
         [--dtype fp32,bf16] [--nsys] [--warmup-study] [--resume] [--gpus 0,1] [--out results/<sweep>/]
     python -m harness.sweep --render results/<sweep>/
 
 Each finished cell appends one line to <out>/cells.jsonl (`harness.sweeps.records`), so an
 interrupted sweep continues with --resume without redoing any recorded cell; a resume may
 add axis values (it says which). The report's "best MFU" table gives, per backend and
-dtype, the cell (model, context, batch) with the highest step MFU. A cell that
+dtype, the cell (model, context, batch) with the highest step MFU; with --data-parallel
+the report adds the scaling table (`harness.timing.scaling`) over the device counts. A cell that
 runs out of memory, crashes, dies by a signal or passes --cell-timeout is recorded with
 its reason and the sweep goes on; the exit code is 3 when any cell of the sweep failed
 (0 otherwise, 2 for bad input). The report (report.md, cells.csv, plots) is rendered from
@@ -28,6 +29,7 @@ from harness.common.cli import (
     add_backend,
     add_batch,
     add_ctx,
+    add_data_parallel,
     add_device,
     add_dtype,
     add_mode,
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
     add_dtype(p, many=True)
     add_batch(p, many=True)
+    add_data_parallel(p, many=True)
     add_steps(p)
     add_attention(p)
     add_device(p)
@@ -133,15 +136,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "sweep")
         if args.gpus and args.device == "cpu":
             raise UsageError("--gpus runs cells on GPUs; drop it for --device cpu")
+        if args.gpus and max(args.data_parallel) > 1:
+            raise UsageError("--gpus runs one-GPU cells side by side; drop it with --data-parallel above 1")
+        from harness.timing.distributed import check_devices
+
+        for backend in args.backend:
+            check_devices(backend, args.device, max(args.data_parallel))
         opts = {k: getattr(args, k) for k in FIXED}
         opts["batch"] = args.batch[0]
         axes = {"models": args.model, "ctx": args.ctx, "batches": args.batch, "backends": args.backend,
-                "dtypes": args.dtype}
+                "dtypes": args.dtype, "data_parallel": args.data_parallel}
         sweep = prepare(args.out, opts, axes, args.resume, args.warmup_study)
     except UsageError as exc:
         return fail(str(exc))
     base = sweep["options"]["batch"]
-    cells = grid(args.model, args.ctx, args.backend, args.dtype, batches=args.batch, base_batch=base)
+    cells = grid(args.model, args.ctx, args.backend, args.dtype, batches=args.batch, base_batch=base,
+                 data_parallel=args.data_parallel)
     if args.warmup_study:
         cells += grid(args.model[:1], args.ctx[:1], args.backend, args.dtype[:1], warmup_study=True)
     try:

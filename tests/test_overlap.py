@@ -86,18 +86,19 @@ def test_only_measured_steps_count() -> None:
     assert (d0["communication_ms"], d0["hidden_ms"]) == (10, 5)  # [12,20) ends after the step: left out
 
 
-def test_rank_analysis_spread_and_totals() -> None:
+def _rank_profile(step_ms: list[int], nccl_ms: int) -> Profile:
+    """Steps of the given lengths; a 10 ms GEMM from 0 and NCCL from 8 ms on another stream."""
     ms = 1_000_000
+    ranges, t = [], 0
+    for s in step_ms:
+        ranges += [Range("step", t, t + s * ms), Range("forward", t, t + ms)]
+        t += s * ms + ms
+    kernels = [Kernel(GEMM, 0, 10 * ms, 0, COMPUTE), Kernel(NCCL, 8 * ms, (8 + nccl_ms) * ms, 0, COMM)]
+    return Profile("p", "rank", "nsys", kernels, ranges)
 
-    def profile(step_ms: list[int], nccl_ms: int) -> Profile:
-        ranges, t = [], 0
-        for s in step_ms:
-            ranges += [Range("step", t, t + s * ms), Range("forward", t, t + ms)]
-            t += s * ms + ms
-        kernels = [Kernel(GEMM, 0, 10 * ms, 0, COMPUTE), Kernel(NCCL, 8 * ms, (8 + nccl_ms) * ms, 0, COMM)]
-        return Profile("p", "rank", "nsys", kernels, ranges)
 
-    a = rank_analysis({1: profile([12, 14, 30], 4), 0: profile([11, 12, 13], 2)})
+def test_rank_analysis_spread_and_totals() -> None:
+    a = rank_analysis({1: _rank_profile([12, 14, 30], 4), 0: _rank_profile([11, 12, 13], 2)})
     assert [r["rank"] for r in a["ranks"]] == [0, 1]
     assert a["ranks"][1]["phases_ms"]["step"] == 14  # the median
     assert a["spread"]["step"]["straggler"] == pytest.approx(14 / 12)
@@ -112,3 +113,21 @@ def test_rank_of_per_rank_names() -> None:
     assert rank_of("trace.rank0.json") == 0
     with pytest.raises(ProfileError, match=r"name\.rank<N>\.<ext>"):
         rank_of("torch.nsys-rep")
+
+
+def test_compare_report_shows_the_overlap() -> None:
+    from harness.timing.compare_render import data_parallel_lines
+
+    analysis = rank_analysis({0: _rank_profile([11, 12, 13], 2), 1: _rank_profile([12, 14, 30], 4)})
+    dp = {"n": 2, "parallel": "ddp", "global_batch": 8, "step_ms": 14.0, "tokens_per_s": 1000.0, "note": "",
+          "ranks": [{"rank": 0}, {"rank": 1}],
+          "spread": {"step": {"min_ms": 12.0, "max_ms": 14.0, "straggler": 14 / 12, "slowest_rank": 1}}}
+    summary = {"runs": {"torch": {"status": "ok", "data_parallel": dp}}, "overlap": {"torch": analysis}}
+    text = "\n".join(data_parallel_lines(summary))
+    assert "global batch 8: step 14.000 ms" in text and "straggler 1.167x (slowest rank 1)" in text
+    # rank 1: 4 ms of NCCL from 8 ms, the GEMM ends at 10: 2 hidden, 2 exposed; rank 0 all hidden
+    assert "| torch | 1 | 0 | 4.000 | 2.000 | 2.000 | 50.0% |" in text
+    assert "| torch | 0 | 0 | 2.000 | 2.000 | 0.000 | 100.0% |" in text
+    assert "| **torch, all** |  |  | 6.000 | 4.000 | 2.000 | 66.7% |" in text
+    assert "Exposed share of the communication: torch 33.3%." in text
+    assert data_parallel_lines({"runs": {"torch": {"status": "ok"}}}) == []

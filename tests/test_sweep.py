@@ -548,3 +548,29 @@ def test_memory_plot_shows_the_measured_peaks(h200: dict) -> None:
     jax_points = dict(zip(lines["measured jax bf16"].get_xdata(), lines["measured jax bf16"].get_ydata()))
     fused = h200["records"]["large:1024:jax:bf16"]["result"]["phases"]["fused_step"]["peak_memory_bytes"]
     assert jax_points[1024] == pytest.approx(fused / 2**30)
+
+
+@pytest.mark.slow
+def test_data_parallel_axis_renders_the_scaling_table(tmp_path) -> None:
+    """torch on 1 and 2 gloo processes: one cell each, keyed by N, and the scaling table
+    worked out again here from the two records."""
+    out = str(tmp_path / "s")
+    code = sweep.main(["--model", "tiny", "--ctx", "16", "--batch", "1", "--backend", "torch", "--data-parallel",
+                       "1,2", "--device", "cpu", "--warmup", "0", "--steps", "2", "--out", out])
+    assert code == 0
+    records = {r["key"]: r for r in sweep_records.load_records(out)}
+    assert set(records) == {"tiny:16:torch:fp32", "tiny:16:torch:fp32:dp2"}
+    one, two = records["tiny:16:torch:fp32"]["result"], records["tiny:16:torch:fp32:dp2"]["result"]
+    assert "data_parallel" not in one and two["data_parallel"]["global_batch"] == 2
+    tps1 = 16 / (one["phases"]["step"]["median_ms"] / 1e3)
+    step2 = max(r["phases"]["step"]["median_ms"] for r in two["ranks"])
+    tps2 = 2 * 16 / (step2 / 1e3)
+    with open(os.path.join(out, "report.md")) as f:
+        report = f.read()
+    assert "## Scaling over devices" in report
+    assert _row(report, "torch", "tiny ctx 16 batch 1/device fp32 naive cpu", "ddp", "2", f"{step2:.3f}",
+                f"{tps2:.0f}", f"{100 * tps2 / (2 * tps1):.1f}%")
+    assert _row(report, "torch", "tiny ctx 16 batch 1/device fp32 naive cpu", "-", "1")
+    assert "| tiny | 16 | 2 |" in report  # the N column of the phase tables
+    with open(os.path.join(out, "cells.csv")) as f:
+        assert sorted(r["data_parallel"] for r in csv.DictReader(f)) == ["1", "2"]

@@ -19,6 +19,11 @@ their decoded precision, tile and transposes. Where the model config is known, G
 TFLOP/s is set against the dtype's dense peak and the optimizer's GB/s against HBM.
 
 A gap is inside the noise when the two runs' p10-p90 intervals overlap.
+
+With a data-parallel run on either side, communication (NCCL's kernels, XLA's
+collectives) is always one of the parts, zero where a side has none; where both runs
+carry overlap figures, the diff keeps each side's share of communication hidden under
+compute and exposed.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from harness.trace.kernels import Category
 
 SCHEMA = "harness.diff/1"
 PHASE_ORDER = ("forward", "backward", "optimizer", "step", "fused_step")
+COMMUNICATION = "communication"  # the group of NCCL's kernels and XLA's collectives
 # Report groups of harness.trace.kernels.Category, in the order tables list them.
 GROUPS: tuple[tuple[str, tuple[Category, ...]], ...] = (
     ("GEMM", (Category.GEMM,)),
@@ -43,7 +49,7 @@ GROUPS: tuple[tuple[str, tuple[Category, ...]], ...] = (
     ("reduction/norm/softmax", (Category.REDUCTION, Category.NORM, Category.SOFTMAX)),
     ("copy/cast", (Category.MEMORY,)),
     ("optimizer", (Category.OPTIMIZER,)),
-    ("communication", (Category.COMMUNICATION,)),
+    (COMMUNICATION, (Category.COMMUNICATION,)),
     ("other", (Category.OTHER, Category.AUTOTUNING)),
 )
 HOST = "host"
@@ -142,6 +148,9 @@ class Diff:
     notes: list[str]
     schema: str = SCHEMA
     layers: list[LayerPhase] = field(default_factory=list)  # per phase, where both runs recorded layers
+    # side ("a", "b") -> communication, hidden, exposed ms over the measured steps and the
+    # exposed share of the communication; only where both runs have overlap figures
+    overlap: dict[str, dict] = field(default_factory=dict)
 
     def phase(self, name: str) -> PhaseDiff | None:
         return next((p for p in self.phases if p.phase == name), None)
@@ -286,6 +295,19 @@ def _launches(p: PhaseProfile) -> dict | None:
     return {"per_step": p.launches.per_step, "us_per_launch": p.launches.ns_per_launch / 1e3} if p.launches else None
 
 
+def devices(run: Run) -> int:
+    """The devices of a run's step (`--data-parallel`; 1 without a document)."""
+    return int(_get(run.doc, ("data_parallel", "n")) or 1)
+
+
+def _overlap(run: Run) -> dict | None:
+    o = run.overlap
+    if not o or o.get("hidden_share") is None:
+        return None
+    return {"communication_ms": o["communication_ms"], "hidden_ms": o["hidden_ms"], "exposed_ms": o["exposed_ms"],
+            "exposed_share": 1 - o["hidden_share"]}
+
+
 def _phase_diff(a: Run, b: Run, pair: tuple[str, str, str]) -> PhaseDiff:
     name, phase_a, phase_b = pair
     ta, tb = timing(a, phase_a), timing(b, phase_b)
@@ -303,8 +325,9 @@ def _phase_diff(a: Run, b: Run, pair: tuple[str, str, str]) -> PhaseDiff:
         return out
     ga, gb, ka, kb = _group_ms(pa), _group_ms(pb), _group_kernels(pa), _group_kernels(pb)
     out.parts = [Part(HOST, (pa.range_ns - pa.gpu_ns) / 1e6, (pb.range_ns - pb.gpu_ns) / 1e6)]
+    parallel = max(devices(a), devices(b)) > 1
     out.parts += [Part(g, ga[g], gb[g], ka[g], kb[g], _movers(pa, pb, g))
-                  for g, _ in GROUPS if ga[g] or gb[g]]
+                  for g, _ in GROUPS if ga[g] or gb[g] or (parallel and g == COMMUNICATION)]
     out.residual_ms = out.decomposed_gap_ms - sum(p.delta_ms for p in out.parts)
     out.a_kernels, out.b_kernels = pa.kernels, pb.kernels
     out.launches = {side: lp for side, p in (("a", pa), ("b", pb)) if (lp := _launches(p))}
@@ -328,10 +351,14 @@ def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
     for run in (a, b):
         if run.phases is None:
             notes.append(f"{run.label}: no profile; only the phase-level gap")
+    if devices(a) != devices(b):
+        notes.append(f"A runs on {devices(a)} device(s), B on {devices(b)}, each with its --batch per device: "
+                     "B's step covers a global batch of another size")
     phases = [_phase_diff(a, b, pair) for pair in _pairs(a, b)]
     if bool(a.layers) != bool(b.layers):
         notes.append(f"{(b if a.layers else a).label}: no layer ranges recorded; no per-layer table")
-    return Diff(a.label, b.label, fields, phases, notes, layers=diff_layers(a.layers, b.layers))
+    overlap = {"a": oa, "b": ob} if (oa := _overlap(a)) and (ob := _overlap(b)) else {}
+    return Diff(a.label, b.label, fields, phases, notes, layers=diff_layers(a.layers, b.layers), overlap=overlap)
 
 
 def regression(diff: Diff, pct: float) -> str | None:

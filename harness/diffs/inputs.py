@@ -9,6 +9,10 @@ A run is named by
   ``X.sqlite`` or ``X.nsys-rep`` beside it;
 - a profile (``.nsys-rep``, ``.sqlite``, ``.sqlite.gz``), with ``X.harness.json`` beside
   it when there is one.
+
+A data-parallel run's overlap (communication hidden under compute, `harness.trace.overlap`)
+comes from the compare folder's summary, or from the profile where it has communication
+kernels (of a torch run, rank 0's profile).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 
 from harness.diffs.launches import Launches, launches_per_phase
 from harness.trace.breakdown import breakdown, load_profile
+from harness.trace.overlap import rank_analysis
 from harness.trace.profile import ProfileError
 
 RUN_SCHEMA = "harness.run/1"
@@ -60,6 +65,7 @@ class Run:
     phases: dict[str, PhaseProfile] | None = None  # from a profile; None without one
     notes: list[str] = field(default_factory=list)
     layers: dict[str, dict[str, float]] | None = None  # phase -> canonical layer -> ns per step, where recorded
+    overlap: dict | None = None  # `rank_analysis` totals, where the run has communication kernels
 
 
 def _gemm_fields(info: object) -> dict | None:
@@ -87,15 +93,19 @@ def _load_json(path: Path) -> dict:
         raise InputError(f"{path}: not readable as JSON ({exc})") from None
 
 
-def _profile_phases(path: Path, nsys_bin: str | None) -> tuple[dict[str, PhaseProfile], dict | None]:
-    """The phases of a profile's breakdown, and its layers (None where it recorded none)."""
+def _profile_phases(path: Path, nsys_bin: str | None) -> tuple[dict[str, PhaseProfile], dict | None, dict | None]:
+    """The phases of a profile's breakdown, its layers (None where it recorded none) and its
+    communication overlap (None without communication kernels)."""
     try:
-        bd = breakdown(load_profile(path, nsys_bin=nsys_bin))
+        profile = load_profile(path, nsys_bin=nsys_bin)
+        bd = breakdown(profile)
     except ProfileError as exc:
         raise InputError(str(exc)) from None
     sqlite = path.with_suffix(".sqlite") if path.name.endswith(".nsys-rep") else path
     launches = launches_per_phase(sqlite) if sqlite.exists() else {}
-    return {name: _phase(p, launches.get(name)) for name, p in bd.phases.items()}, bd.layers or None
+    overlap = rank_analysis({0: profile})
+    return ({name: _phase(p, launches.get(name)) for name, p in bd.phases.items()}, bd.layers or None,
+            overlap if overlap["communication_ms"] else None)
 
 
 def _stem(path: Path) -> str:
@@ -117,6 +127,7 @@ def _from_compare(folder: Path, backend: str | None) -> list[Run]:
         bds = _load_json(folder / "kernels.json")
         kernels = {bd["label"]: bd["phases"] for bd in bds}
         layers = {bd["label"]: bd.get("layers") for bd in bds}
+    overlaps = summary.get("overlap") or {}
     out = []
     for name in [backend] if backend else list(runs):
         doc = runs[name]
@@ -124,7 +135,7 @@ def _from_compare(folder: Path, backend: str | None) -> list[Run]:
             raise InputError(f"{folder}:{name}: the run failed ({(doc.get('error') or {}).get('message', '?')})")
         phases = {k: _phase(p) for k, p in kernels[name].items()} if name in kernels else None
         out.append(Run(f"{folder.name}:{name}", f"{folder}:{name}", doc, phases,
-                       layers=layers.get(name) or doc.get("layers")))
+                       layers=layers.get(name) or doc.get("layers"), overlap=overlaps.get(name)))
     return out
 
 
@@ -156,17 +167,17 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
         beside = stem.with_name(stem.name + HARNESS_SUFFIX)
         doc = _run_doc(beside) if beside.exists() else None
         notes = [] if doc else [f"{path.name}: no {beside.name} beside it; times from the profile's ranges"]
-        phases, layers = _profile_phases(path, nsys_bin)
-        return [Run(_stem(path), text, doc, phases, notes, layers)]
+        phases, layers, overlap = _profile_phases(path, nsys_bin)
+        return [Run(_stem(path), text, doc, phases, notes, layers, overlap)]
     if path.name.endswith(".json"):
         doc = _load_json(path)
         if doc.get("schema") == COMPARE_SCHEMA:
             return _from_compare(path.parent, None)
         doc = _run_doc(path)
         profile = next((p for s in PROFILE_SUFFIXES if (p := stem.with_name(stem.name + s)).exists()), None)
-        phases, layers = (_profile_phases(profile, nsys_bin) if profile and path.name.endswith(HARNESS_SUFFIX)
-                          else (None, None))
-        return [Run(_stem(path), text, doc, phases, layers=layers or doc.get("layers"))]
+        phases, layers, overlap = (_profile_phases(profile, nsys_bin)
+                                   if profile and path.name.endswith(HARNESS_SUFFIX) else (None, None, None))
+        return [Run(_stem(path), text, doc, phases, layers=layers or doc.get("layers"), overlap=overlap)]
     raise InputError(f"{path}: not a run; name a compare folder[:backend], a harness.run JSON, "
                      "or a profile (.nsys-rep, .sqlite[.gz])")
 

@@ -55,8 +55,20 @@ def _bound(t: Throughput) -> str | None:
             f"{t.a / t.a_bound:.0%} ({t.a:.1f} -> {t.b:.1f} {t.unit})")
 
 
+def _overlap_sentence(d: Diff) -> str | None:
+    """Each side's exposed share of its communication, where both runs have overlap figures."""
+    if not d.overlap:
+        return None
+    a, b = d.overlap["a"], d.overlap["b"]
+    return (f"Exposed communication: {b['exposed_share']:.1%} of B's communication kernel time is not hidden "
+            f"under compute against A's {a['exposed_share']:.1%} ({a['exposed_ms']:.3f} of "
+            f"{a['communication_ms']:.3f} ms -> {b['exposed_ms']:.3f} of {b['communication_ms']:.3f} ms, "
+            "summed over each profile's measured steps).")
+
+
 def sentences(d: Diff) -> list[str]:
-    """The headline of the step and its three largest causes."""
+    """The headline of the step, its three largest causes and, for data-parallel runs, the
+    exposed share of each side's communication."""
     p = d.step
     if p is None:
         return ["The runs have no phase in common.", *layer_sentences(d.layers)]
@@ -64,6 +76,8 @@ def sentences(d: Diff) -> list[str]:
     causes = [part.name for part in sorted(p.parts, key=lambda x: -abs(x.delta_ms))[:CAUSES]]
     out += [(c := _cause(p, name))[0].upper() + c[1:] for name in causes]
     out += [f"{line[0].upper()}{line[1:]}." for t in p.throughput if t.what not in causes and (line := _bound(t))]
+    if line := _overlap_sentence(d):
+        out.append(line)
     if p.residual_ms is not None:
         gap = p.decomposed_gap_ms
         share = abs(p.residual_ms) / abs(gap) if gap else 0.0

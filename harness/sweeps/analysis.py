@@ -10,8 +10,9 @@ from harness.common.cli import BACKENDS, DTYPES
 from harness.common.hardware import memory_mib
 from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict
-from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches
+from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
 from harness.timing.runner import PHASE_ORDER
+from harness.timing.scaling import scaling_rows
 
 DEFAULT_DEVICE_GB = 80
 MIB = 2**20
@@ -22,24 +23,27 @@ def _index(values: tuple | list, value: object) -> int:
 
 
 def _order(cell: dict) -> tuple:
-    return (_index(list(PRESETS), cell["model"]), cell["ctx"], cell.get("batch") or 0,
+    return (_index(list(PRESETS), cell["model"]), cell["ctx"], cell.get("batch") or 0, cell["data_parallel"],
             _index(DTYPES, cell["dtype"]), _index(BACKENDS, cell["backend"]), cell["warmup"] or 0)
 
 
 def sweep_cells(sweep: dict, records: list[dict]) -> list[dict]:
     """Every cell of the stored grid, in report order: its record, or status "not run".
-    Each cell's "batch" is filled in (cells at the base batch carry none in their key)."""
+    Each cell's "batch" and "data_parallel" are filled in (cells at the base batch and on
+    one device carry none in their key)."""
     a = sweep["axes"]
     by_key = {r["key"]: r for r in records}
     base = sweep["options"]["batch"]
-    cells = grid(a["models"], a["ctx"], a["backends"], a["dtypes"], batches=sweep_batches(sweep), base_batch=base)
+    cells = grid(a["models"], a["ctx"], a["backends"], a["dtypes"], batches=sweep_batches(sweep), base_batch=base,
+                 data_parallel=sweep_data_parallel(sweep))
     if sweep.get("warmup_study"):
         cells += grid(a["models"][:1], a["ctx"][:1], a["backends"], a["dtypes"][:1], warmup_study=True)
     keys = {c.key for c in cells}
     out = [by_key.get(c.key) or {"key": c.key, "cell": dataclasses.asdict(c), "status": "not run",
                                   "reason": None, "result": None, "profile": None} for c in cells]
     out += [r for r in records if r["key"] not in keys]  # recorded under an earlier grid
-    out = [{**r, "cell": {**r["cell"], "batch": r["cell"].get("batch") or base}} for r in out]
+    out = [{**r, "cell": {**r["cell"], "batch": r["cell"].get("batch") or base,
+                          "data_parallel": r["cell"].get("data_parallel") or 1}} for r in out]
     return sorted(out, key=lambda r: _order(r["cell"]))
 
 
@@ -66,13 +70,13 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
     """JAX over torch median per model x ctx x batch x dtype and phase; `fused_step` is
     JAX's fused step over torch's step. A value is None where either side has no number;
     `status` then says why, naming the side ("OOM (jax)", "not run (torch)")."""
-    index = {(r["model"], r["ctx"], r["batch"], r["dtype"], r["backend"]): r for r in rows}
+    index = {(r["model"], r["ctx"], r["batch"], r["data_parallel"], r["dtype"], r["backend"]): r for r in rows}
     out = []
-    for (model, ctx, batch, dtype, backend), t in index.items():
-        j = index.get((model, ctx, batch, dtype, "jax"))
+    for (model, ctx, batch, n, dtype, backend), t in index.items():
+        j = index.get((model, ctx, batch, n, dtype, "jax"))
         if backend != "torch" or j is None:
             continue
-        row = {"model": model, "ctx": ctx, "batch": batch, "dtype": dtype,
+        row = {"model": model, "ctx": ctx, "batch": batch, "data_parallel": n, "dtype": dtype,
                "status": _pair_status({"torch": t, "jax": j})}
         for name in PHASE_ORDER:
             tp = t["step" if name == "fused_step" else name]
@@ -112,12 +116,12 @@ def bound_notes(rows: list[dict]) -> list[dict]:
     series: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["bwd_over_fwd"] is not None:
-            series.setdefault((r["backend"], r["dtype"], r["model"], r["batch"]), []).append(r)
+            series.setdefault((r["backend"], r["dtype"], r["model"], r["batch"], r["data_parallel"]), []).append(r)
     notes = []
-    for (backend, dtype, model, batch), rs in series.items():
+    for (backend, dtype, model, batch, n), rs in series.items():
         rs = sorted(rs, key=lambda r: r["ctx"])
         cross = next((r["ctx"] for r in rs if r["bwd_over_fwd"] >= 1.5), None)
-        notes.append({"backend": backend, "dtype": dtype, "model": model, "batch": batch,
+        notes.append({"backend": backend, "dtype": dtype, "model": model, "batch": batch, "data_parallel": n,
                       "ratios": [(r["ctx"], r["bwd_over_fwd"]) for r in rs], "reaches_1_5x_at": cross,
                       "first": bound_label(rs[0]["bwd_over_fwd"]), "last": bound_label(rs[-1]["bwd_over_fwd"])})
     return notes
@@ -162,7 +166,7 @@ def memory_rows(rows: list[dict], attention: str, device_bytes: int) -> list[dic
     out = []
     for r in rows:
         pred = predict(get_config(r["model"], attention=attention), r["batch"], r["ctx"], r["dtype"])["peaks"]
-        row = {k: r[k] for k in ("model", "ctx", "batch", "backend", "dtype", "status", "key")}
+        row = {k: r[k] for k in ("model", "ctx", "batch", "data_parallel", "backend", "dtype", "status", "key")}
         for name in ("forward", "backward", "optimizer", "step"):
             measured = measured_peak(r, name)
             row[name] = {"measured": measured, "predicted": pred[name],
@@ -174,13 +178,13 @@ def memory_rows(rows: list[dict], attention: str, device_bytes: int) -> list[dic
 
 def speedup_rows(rows: list[dict]) -> list[dict]:
     """fp32 median over the other dtype's, per model x ctx x batch x backend and phase."""
-    index = {(r["model"], r["ctx"], r["batch"], r["backend"], r["dtype"]): r for r in rows}
+    index = {(r["model"], r["ctx"], r["batch"], r["data_parallel"], r["backend"], r["dtype"]): r for r in rows}
     out = []
-    for (model, ctx, batch, backend, dtype), r in index.items():
-        base = index.get((model, ctx, batch, backend, "fp32"))
+    for (model, ctx, batch, n, backend, dtype), r in index.items():
+        base = index.get((model, ctx, batch, n, backend, "fp32"))
         if dtype == "fp32" or base is None:
             continue
-        row = {"model": model, "ctx": ctx, "batch": batch, "backend": backend, "dtype": dtype,
+        row = {"model": model, "ctx": ctx, "batch": batch, "data_parallel": n, "backend": backend, "dtype": dtype,
                "status": _pair_status({"fp32": base, dtype: r})}
         for name in PHASE_ORDER:
             row[name] = base[name]["median_ms"] / r[name]["median_ms"] if base[name] and r[name] else None
@@ -251,6 +255,15 @@ def kernel_rows(cells: list[dict], out_dir: str) -> list[dict]:
     return rows
 
 
+def scaling(cells: list[dict]) -> list[dict]:
+    """The scaling table's rows (`harness.timing.scaling`) over the main cells that finished;
+    empty unless some ran on more than one device."""
+    main = [c for c in cells if c["cell"]["warmup"] is None and c["status"] == "ok" and c.get("result")]
+    if not any(c["cell"]["data_parallel"] > 1 for c in main):
+        return []
+    return scaling_rows([c["result"] for c in main])
+
+
 def analyze(out_dir: str, device_memory_gb: float | None = None) -> dict:
     """Everything the report shows, as data."""
     sweep = load_sweep(out_dir)
@@ -261,6 +274,7 @@ def analyze(out_dir: str, device_memory_gb: float | None = None) -> dict:
     return {
         "sweep": sweep, "cells": cells, "phases": rows, "ratios": ratio_rows(rows), "bound_notes": bound_notes(rows),
         "batches": sorted({r["batch"] for r in rows}), "best": best_rows(rows),
+        "data_parallel": sorted({r["data_parallel"] for r in rows}), "scaling": scaling(cells),
         "memory": memory_rows(rows, opts["attention"], device_bytes),
         "device_memory": {"bytes": device_bytes, "source": device_source},
         "speedups": speedup_rows(rows), "warmup": warmup_rows(cells),

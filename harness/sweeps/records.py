@@ -7,7 +7,8 @@ says which axis values a resume adds to the grid.
 
 Batch is an axis: the sweep's first batch is its base batch (`options["batch"]`), whose
 cells keep the key "model:ctx:backend:dtype" of sweeps from before the axis existed; a
-cell at another batch N is keyed "model:ctx:backend:dtype:bN".
+cell at another batch N is keyed "model:ctx:backend:dtype:bN". The device count of
+`--data-parallel` is an axis the same way: N = 1 keeps the key, N > 1 adds ":dpN".
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ CELL_SCHEMA = "harness.sweep.cell/1"
 CELLS_FILE, SWEEP_FILE = "cells.jsonl", "sweep.json"
 WARMUP_STUDY = (0, 1, 2, 5)
 # Options every cell of one sweep folder must share (a resume with other values would mix them).
-FIXED = ("warmup", "steps", "attention", "mode", "device", "nsys", "optimizer")
-AXES = ("models", "ctx", "batches", "backends", "dtypes")
+FIXED = ("warmup", "steps", "attention", "mode", "device", "nsys", "optimizer", "parallel")
+FIXED_DEFAULTS = {"parallel": "ddp"}  # what a sweep from before an option ran with
+AXES = ("models", "ctx", "batches", "backends", "dtypes", "data_parallel")
 FAILED = ("oom", "error", "crashed", "timeout")
 
 
@@ -39,29 +41,39 @@ class Cell:
     dtype: str
     warmup: int | None = None  # set only in a warm-up study; else the sweep's --warmup
     batch: int | None = None  # set only off the sweep's base batch
+    data_parallel: int | None = None  # devices, set only above 1
 
     @property
     def key(self) -> str:
-        """"model:ctx:backend:dtype", plus ":b<batch>" off the base batch and ":w<warmup>"
-        for a warm-up study cell."""
+        """"model:ctx:backend:dtype", plus ":b<batch>" off the base batch, ":dp<N>" on N > 1
+        devices and ":w<warmup>" for a warm-up study cell."""
         key = f"{self.model}:{self.ctx}:{self.backend}:{self.dtype}"
         key += "" if self.batch is None else f":b{self.batch}"
+        key += "" if self.data_parallel is None else f":dp{self.data_parallel}"
         return key if self.warmup is None else f"{key}:w{self.warmup}"
 
 
 def grid(models: Iterable[str], ctxs: Iterable[int], backends: Iterable[str], dtypes: Iterable[str],
-         warmup_study: bool = False, batches: Iterable[int] = (), base_batch: int | None = None) -> list[Cell]:
-    """Cells in run order: model, then context, batch, dtype and backend innermost. A batch
-    equal to `base_batch` (or no `batches` at all) is the sweep's base batch."""
+         warmup_study: bool = False, batches: Iterable[int] = (), base_batch: int | None = None,
+         data_parallel: Iterable[int] = ()) -> list[Cell]:
+    """Cells in run order: model, then context, batch, device count, dtype and backend
+    innermost. A batch equal to `base_batch` (or no `batches` at all) is the sweep's base
+    batch; no `data_parallel` is one device."""
     warmups = WARMUP_STUDY if warmup_study else (None,)
     sizes = [None if b == base_batch else b for b in batches] or [None]
-    return [Cell(m, c, b, d, w, n)
-            for m, c, n, d, b, w in itertools.product(models, ctxs, sizes, dtypes, backends, warmups)]
+    devices = [None if n == 1 else n for n in data_parallel] or [None]
+    return [Cell(m, c, b, d, w, n, dp)
+            for m, c, n, dp, d, b, w in itertools.product(models, ctxs, sizes, devices, dtypes, backends, warmups)]
 
 
 def sweep_batches(sweep: dict) -> list[int]:
     """The batch axis of a sweep (sweeps from before the axis: the one batch of its options)."""
     return sweep["axes"].get("batches") or [sweep["options"]["batch"]]
+
+
+def sweep_data_parallel(sweep: dict) -> list[int]:
+    """The device-count axis of a sweep (sweeps from before the axis: one device)."""
+    return sweep["axes"].get("data_parallel") or [1]
 
 
 def cell_record(cell: Cell, status: str, reason: str | None, doc: dict | None, *, exit_code: int | None,
@@ -140,11 +152,11 @@ def prepare(out_dir: str, opts: dict, axes: dict, resume: bool, warmup_study: bo
                          "or name the sweep folder with --out")
     if exists:
         sweep = load_sweep(out_dir)
-        differ = [f"--{k.replace('_', '-')} {sweep['options'].get(k)} (now {opts.get(k)})" for k in FIXED
-                  if sweep["options"].get(k) != opts.get(k)]
+        was, now = ({k: o.get(k, FIXED_DEFAULTS.get(k)) for k in FIXED} for o in (sweep["options"], opts))
+        differ = [f"--{k.replace('_', '-')} {was[k]} (now {now[k]})" for k in FIXED if was[k] != now[k]]
         if differ:
             raise UsageError(f"{out_dir} was run with {', '.join(differ)}; resume with the same options")
-        old = {**sweep["axes"], "batches": sweep_batches(sweep)}
+        old = {**sweep["axes"], "batches": sweep_batches(sweep), "data_parallel": sweep_data_parallel(sweep)}
         added = {k: [x for x in v if x not in old[k]] for k, v in axes.items()}
         if any(added.values()):
             log(f"[sweep] --resume adds to the grid of {out_dir}: "

@@ -5,7 +5,8 @@ A cell without a number is never shown as one: "OOM" (the run recorded an out-of
 "failed" (an error, crash, signal or timeout; the reasons are listed at the end), "not run"
 (not yet recorded), "-" (the phase does not exist for that cell, e.g. fused_step in torch).
 A ratio of two cells names the side without a number ("OOM (jax)", "not run (bf16)").
-Tables get a batch column when the sweep has more than one batch.
+Tables get a batch column when the sweep has more than one batch, and a devices column
+(N, `--data-parallel`; the batch is per device) when it has more than one device count.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from harness.common.tables import markdown_table
 from harness.sweeps.analysis import STATUS_TEXT, bound_label
 from harness.sweeps.plots import GIB, groups, plot_memory, plot_phase_bars, plot_time_vs_ctx
 from harness.timing.runner import PHASE_ORDER
+from harness.timing.scaling import format_scaling
 
 
 def status_text(status: str) -> str:
@@ -52,11 +54,13 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _size_header(data: dict) -> list[str]:
-    return ["model", "ctx", *(["batch"] if len(data["batches"]) > 1 else [])]
+    return ["model", "ctx", *(["batch"] if len(data["batches"]) > 1 else []),
+            *(["N"] if len(data["data_parallel"]) > 1 else [])]
 
 
 def _size(r: dict, data: dict) -> list[str]:
-    return [r["model"], str(r["ctx"]), *([str(r["batch"])] if len(data["batches"]) > 1 else [])]
+    return [r["model"], str(r["ctx"]), *([str(r["batch"])] if len(data["batches"]) > 1 else []),
+            *([str(r["data_parallel"])] if len(data["data_parallel"]) > 1 else [])]
 
 
 def _phases_present(rows: list[dict], candidates: tuple[str, ...] = PHASE_ORDER) -> list[str]:
@@ -92,6 +96,7 @@ def section_bound(data: dict) -> list[str]:
         where = (f"reaches 1.5x at ctx {n['reaches_1_5x_at']}" if n["reaches_1_5x_at"] is not None
                  else "stays below 1.5x over the contexts measured")
         batch = f" batch {n['batch']}" if len(data["batches"]) > 1 else ""
+        batch += f" N {n['data_parallel']}" if len(data["data_parallel"]) > 1 else ""
         out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; {where} "
                    f"({n['first']} -> {n['last']})")
     return out + [""]
@@ -120,6 +125,12 @@ def section_best(data: dict) -> list[str]:
              f"{b['tokens_per_s']:,.0f}" if b["tokens_per_s"] else "-"] for b in data["best"]]
     return out + _table(["backend", "dtype", "model", "ctx", "batch", "step range", "step MFU", "TFLOP/s",
                          "tokens/s"], rows)
+
+
+def section_scaling(data: dict) -> list[str]:
+    if not data["scaling"]:
+        return []
+    return ["## Scaling over devices", "", format_scaling(data["scaling"])]
 
 
 def section_memory(data: dict) -> list[str]:
@@ -227,10 +238,11 @@ def render_markdown(data: dict, plots: list[str]) -> str:
              f"warm-up {o['warmup']}, measured steps {o['steps']}; cells: "
              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), ""]
     lines += section_environment(data)
-    for section in (section_times, section_bound, section_throughput, section_best, section_memory, section_speedups,
-                    section_warmup, section_kernels, section_failed):
+    for section in (section_times, section_bound, section_throughput, section_best, section_scaling, section_memory,
+                    section_speedups, section_warmup, section_kernels, section_failed):
         lines += section(data)
-    lines += ["## Plots", "", *(f"![{p}]({p})" for p in plots), ""]
+    one = f"Cells on {data['data_parallel'][0]} device(s) only." if len(data["data_parallel"]) > 1 else ""
+    lines += ["## Plots", "", *([one, ""] if one else []), *(f"![{p}]({p})" for p in plots), ""]
     return "\n".join(lines)
 
 
@@ -240,7 +252,7 @@ def csv_rows(data: dict) -> list[dict]:
     memory = {r["key"]: r for r in data["memory"]}
     out = []
     for r in data["phases"]:
-        row = {k: r[k] for k in ("key", "model", "ctx", "batch", "backend", "dtype", "status")}
+        row = {k: r[k] for k in ("key", "model", "ctx", "batch", "data_parallel", "backend", "dtype", "status")}
         row["reason"] = r["reason"] or ""
         for p in PHASE_ORDER:
             ph = r[p] or {}
@@ -257,8 +269,11 @@ def csv_rows(data: dict) -> list[dict]:
 
 def write_report(data: dict, out_dir: str) -> list[str]:
     """Write report.md, cells.csv and the plots into `out_dir`; returns the file names."""
+    # The plots draw one device count, the smallest; the tables and the scaling table hold all.
+    n = data["data_parallel"][0] if data["data_parallel"] else 1
+    one = {**data, **{k: [r for r in data[k] if r["data_parallel"] == n] for k in ("phases", "memory")}}
     plots = [name for name, plot in (("time_vs_ctx.png", plot_time_vs_ctx), ("phases.png", plot_phase_bars),
-                                     ("memory.png", plot_memory)) if plot(data, os.path.join(out_dir, name))]
+                                     ("memory.png", plot_memory)) if plot(one, os.path.join(out_dir, name))]
     rows = csv_rows(data)
     with open(os.path.join(out_dir, "cells.csv"), "w", newline="") as f:
         if rows:

@@ -30,6 +30,8 @@ def cell_command(cell: Cell, opts: dict, out_json: str, fail_in: str | None = No
            "--ctx", str(cell.ctx), "--batch", str(batch), "--dtype", cell.dtype, "--attention", attention,
            "--device", opts["device"], "--mode", opts["mode"], "--warmup", str(warmup), "--steps", str(opts["steps"]),
            "--optimizer", opts["optimizer"], "--out", out_json]
+    if cell.data_parallel:
+        cmd += ["--data-parallel", str(cell.data_parallel), "--parallel", opts.get("parallel", "ddp")]
     return cmd + (["--fail-in", fail_in] if fail_in else [])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from harness.common.stats import cell
 from harness.common.tables import markdown_table
+from harness.timing.distributed import format_data_parallel
 from harness.timing.runner import outlier_lines
 
 
@@ -96,6 +97,44 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _share(x: float | None) -> str:
+    return f"{100 * x:.1f}%" if x is not None else "-"
+
+
+def data_parallel_lines(summary: dict) -> list[str]:
+    """The data-parallel section of report.md: each run's global step and per-rank spread,
+    then, from a profiled run, per backend, rank and device the communication kernel time,
+    the part hidden under compute on other streams and the exposed rest (`summary["overlap"]`,
+    from `harness.trace.overlap`). Empty for a one-device comparison."""
+    runs = {b: r for b, r in summary["runs"].items() if r.get("status") == "ok" and r.get("data_parallel")}
+    if not runs and not summary.get("overlap"):
+        return []
+    out = ["## Data parallel", ""]
+    for backend, r in runs.items():
+        first, *rest = format_data_parallel(r)
+        out += [f"- **{backend}**: {first}", *(f"  - {line.strip()}" for line in rest)]
+    out.append("")
+    overlap = summary.get("overlap") or {}
+    if not overlap:
+        return out
+    rows = []
+    for backend, a in overlap.items():
+        for r in a["ranks"]:
+            rows += [[backend, r["rank"], d["device"], f"{d['communication_ms']:.3f}", f"{d['hidden_ms']:.3f}",
+                      f"{d['exposed_ms']:.3f}", _share(d["hidden_share"])] for d in r["overlap"]]
+        rows.append([f"**{backend}, all**", "", "", f"{a['communication_ms']:.3f}", f"{a['hidden_ms']:.3f}",
+                     f"{a['exposed_ms']:.3f}", _share(a["hidden_share"])])
+    out += ["### Communication hidden under compute", ""]
+    out += markdown_table(["backend", "rank", "device", "communication ms", "hidden ms", "exposed ms", "hidden"], rows)
+    exposed = "; ".join(f"{b} {_share(1 - a['hidden_share'])}" for b, a in overlap.items()
+                        if a["hidden_share"] is not None)
+    out += ["", "Communication kernels (NCCL's, XLA's collectives) summed over the measured steps of each rank's "
+            "profile: hidden is the part of a stream's communication that runs while compute kernels run on "
+            "the device's other streams, exposed the rest, which the step waits for."
+            + (f" Exposed share of the communication: {exposed}." if exposed else ""), ""]
+    return out
+
+
 def render_markdown(summary: dict) -> str:
     o = summary["options"]
     runs = summary["runs"]
@@ -116,6 +155,7 @@ def render_markdown(summary: dict) -> str:
     notes = _notes(summary)
     if notes:
         out += ["## Overhead, outliers and warnings", ""] + [f"- {n}" for n in notes] + [""]
+    out += data_parallel_lines(summary)
     out += ["## Parity", "", parity_verdict(summary["parity"]), ""]
     if summary["parity"] and summary["parity"].get("ok") is not None:
         out += [f"Tolerance table against eager torch ({o['dtype']}), {backend}: "

@@ -3,9 +3,9 @@
 The JAX model labels its ops with `jax.named_scope` (``layers.3``/``attn``...), which XLA
 keeps as each HLO instruction's ``metadata={op_name="jit(f)/jvp(layers.3)/attn/dot_general"}``.
 A kernel in a profile carries no op_name, and names alone join almost nothing: XLA names
-a fusion's kernel after the fusion, but identical fusions share one kernel named after
-the first of them it compiled (not necessarily their ``deduplicated_name``), and cuBLAS/cuDNN calls run
-library kernels with the library's names. So the join follows the schedule:
+a fusion's kernel after the fusion, but identical fusions share one kernel named after the
+first of them it compiled, and library calls run kernels with the library's names. So the
+join follows the schedule:
 
 - `parse_hlo` reads the optimized HLO text (``compiled.as_text()``): computations, and
   per instruction its name, opcode, fusion kind, custom-call target, called computations,
@@ -19,9 +19,10 @@ library kernels with the library's names. So the join follows the schedule:
   computations. Library calls (custom-calls, cuDNN/cuBLAS fusions), copies and control
   flow are *gap* items. A fusion's layer is the most common canonical layer among its
   fused instructions' op_names (the first on ties), since XLA fuses across scope boundaries.
-- `join_kernels` aligns one phase's anchor-named kernels, in start order, to the anchors
-  (`harness.trace.seq_align`: a longest order-preserving matching, exact where the order
-  is, with kernels that concurrency started out of order placed within a window); a
+- `join_kernels` maps kernels to items position by position where the phase ran exactly
+  one kernel per item (checked by the anchors' names); otherwise it aligns the kernels, in
+  start order, to the anchors (`harness.trace.seq_align`: a longest order-preserving
+  matching, kernels that concurrency started out of order placed within a window); a
   kernel that is none goes to the gap items between its neighbouring matched anchors,
   only where that is unambiguous (one layer among the candidates, or one kernel per
   candidate). Everything else stays unjoined: a kernel whose place two layers could
@@ -267,10 +268,9 @@ def _strip_suffix(name: str) -> str:
 
 
 def _positional(names: Sequence[str], kinds: Sequence[int], items: Sequence[ScheduleItem]) -> PhaseJoin | None:
-    """One kernel per schedule item, in order: the common case of a phase run on one stream
-    without command buffers reordering it. Accepted when the counts agree and nearly every
-    fusion's kernel bears a name of its instruction's reuse group; an item whose kernel does
-    not stays unjoined. None when the sequence does not line up (the name matcher then decides)."""
+    """One kernel per schedule item, in order (a phase run on one stream), when the counts
+    agree and nearly every fusion's kernel bears a name of its reuse group; an item whose
+    kernel does not stays unjoined. None when the sequence does not line up."""
     if len(names) != len(items) or not items:
         return None
     fused = [i for i, it in enumerate(items) if it.kind == "anchor"]
@@ -279,11 +279,10 @@ def _positional(names: Sequence[str], kinds: Sequence[int], items: Sequence[Sche
         return None
     how = np.array([HOW_GAP if it.kind != "anchor" else HOW_ANCHOR for it in items], np.int8)
     how[np.array(fused, np.int64)[~agree]] = HOW_NONE
-    ignored = np.array([kinds[i] == MEMSET or is_autotuning(names[i]) for i in range(len(names))], bool)
-    how[ignored] = HOW_IGNORED
+    how[np.array([k == MEMSET or is_autotuning(n) for n, k in zip(names, kinds)], bool)] = HOW_IGNORED
     joined = (how == HOW_ANCHOR) | (how == HOW_GAP)
-    labels = [it.layer if ok else OUTSIDE for it, ok in zip(items, joined)]
-    return PhaseJoin(labels, how, np.where(joined, np.arange(len(items)), -1))
+    return PhaseJoin([it.layer if ok else OUTSIDE for it, ok in zip(items, joined)], how,
+                     np.where(joined, np.arange(len(items)), -1))
 
 
 def join_kernels(names: Sequence[str], kinds: Sequence[int], items: Sequence[ScheduleItem]) -> PhaseJoin:
@@ -362,16 +361,14 @@ def kernels_in(table: KernelTable, r: Range) -> np.ndarray:
     """Indices of the kernels that ran inside range `r`, in start order (the harness ends
     every phase with a device synchronization, so its GPU work runs inside its range)."""
     lo, hi = np.searchsorted(table.start, r.start, "left"), np.searchsorted(table.start, r.end, "right")
-    idx = np.arange(lo, hi)
-    return idx[table.end[lo:hi] <= r.end]
+    return np.arange(lo, hi)[table.end[lo:hi] <= r.end]
 
 
 def label_kernels(table: KernelTable, phase_ranges: Mapping[str, Sequence[Range]],
                   schedules: Mapping[str, Sequence[ScheduleItem]]) -> LayerJoin:
     """Join each phase instance's kernels to its phase's schedule (`schedules[phase]`)."""
     labels = np.full(len(table), OUTSIDE, dtype=object)
-    coverage, ignored = {}, {}
-    dur = table.duration
+    coverage, ignored, dur = {}, {}, table.duration
     for phase, ranges in phase_ranges.items():
         if phase not in schedules:
             raise ValueError(f"no optimized HLO for phase {phase!r}: have {', '.join(sorted(schedules)) or 'none'}")
@@ -391,14 +388,12 @@ def label_kernels(table: KernelTable, phase_ranges: Mapping[str, Sequence[Range]
 def hlo_dir(path: str | Path) -> Path:
     """The folder of optimized HLO beside a result or profile: ``X.hlo`` for ``X.json``,
     ``X.harness.json``, ``X.nsys-rep`` or ``X.sqlite.gz``."""
-    path = Path(path)
-    return path.with_name(path.name.split(".")[0] + ".hlo")
+    return Path(path).with_name(Path(path).name.split(".")[0] + ".hlo")
 
 
 def load_schedules(directory: str | Path) -> dict[str, list[ScheduleItem]]:
     """The schedule of every ``<phase>.txt`` in an HLO folder written by the JAX session."""
-    directory = Path(directory)
-    files = sorted(directory.glob("*.txt"))
+    files = sorted(Path(directory).glob("*.txt"))
     if not files:
         raise FileNotFoundError(f"{directory}: no optimized HLO (<phase>.txt); record the run with "
                                 "`harness.run --backend jax --layer-ranges`")

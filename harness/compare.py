@@ -2,6 +2,7 @@
 report side by side.
 
     python -m harness.compare --model large --ctx 256 [--dtype bf16] [--attention fused] [--out results]
+    python -m harness.compare --render results/<folder>/
 
 By default torch, torch-compile and jax (--backend chooses; torch-compile is skipped, with
 a line saying why, on a CPU without the C++ compiler Inductor needs). Each backend runs
@@ -12,7 +13,9 @@ and phases.png. A result folder of that name already there is refused before any
 runs (--overwrite replaces it; another --out keeps both). Ctrl-C keeps the finished
 backends' results and a partial summary in <name>-interrupted/ and says so. Exit status:
 0 all good, 1 parity failed, 3 a run failed, 4 the kernel breakdown failed, 2 bad input,
-130 interrupted.
+130 interrupted. --render FOLDER runs nothing: it writes report.md and phases.png of an
+existing result folder again from its summary.json with today's code, upgrading a document
+written before the robust statistics (library: `harness.timing.upgrade`).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.compare", __doc__)
-    add_model_args(p)
+    add_model_args(p, ctx_required=False)  # not needed with --render
     add_backend(p, many=True)
     p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
     add_steps(p)
@@ -73,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="persistent compile caches shared by the processes, kept for later runs: JAX's in DIR, "
                         "torch-compile's Inductor and Triton caches in DIR/inductor, DIR/triton "
                         "(None: temporary ones for this comparison)")
+    p.add_argument("--render", metavar="FOLDER",
+                   help="run nothing: write report.md and phases.png of the result folder FOLDER again from its "
+                        "summary.json (an old document is upgraded, the original kept as summary-original.json)")
     p.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # "backend:phase", for tests
     return p
 
@@ -93,9 +99,25 @@ def profiler(args: argparse.Namespace) -> str | None:
     return "nsys"
 
 
+def render(folder: str) -> int:
+    """--render: the folder's report again from its summary.json; 2 with one line for a bad folder."""
+    from harness.timing.upgrade import RenderError, rerender
+
+    try:
+        written = rerender(folder)
+    except RenderError as exc:
+        return fail(str(exc))
+    print(f"wrote {', '.join(written)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    if args.render:
+        return render(args.render)
     try:
+        if args.ctx is None:
+            raise UsageError("--ctx is required (or --render FOLDER to re-render a result folder)")
         select_platform(args)
         args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "compare")
         if args.data_parallel > 1:

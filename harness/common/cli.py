@@ -119,9 +119,10 @@ def add_model(parser: argparse.ArgumentParser, *, many: bool = False, default: s
                         help=f"{what} of harness/config.py: {', '.join(PRESETS)}")
 
 
-def add_ctx(parser: argparse.ArgumentParser, *, many: bool = False, default: int | None = None) -> None:
+def add_ctx(parser: argparse.ArgumentParser, *, many: bool = False, default: int | None = None,
+            required: bool = True) -> None:
     parser.add_argument("--ctx", type=_one_or_many(positive_int, many), default=default,
-                        required=default is None and not many,
+                        required=required and default is None and not many,
                         help="context lengths, comma-separated" if many else "context length (tokens per sequence)")
 
 
@@ -181,10 +182,12 @@ def add_mode(parser: argparse.ArgumentParser) -> None:
                         help=f"phases of a step: {', '.join(MODES)}")
 
 
-def add_model_args(parser: argparse.ArgumentParser, *, ctx_default: int | None = None, batch_default: int = 4) -> None:
-    """The model-and-batch options of run, compare and parity."""
+def add_model_args(parser: argparse.ArgumentParser, *, ctx_default: int | None = None, batch_default: int = 4,
+                   ctx_required: bool = True) -> None:
+    """The model-and-batch options of run, compare and parity; `ctx_required=False` for a
+    tool that checks --ctx itself (compare, which does without it under --render)."""
     add_model(parser)
-    add_ctx(parser, default=ctx_default)
+    add_ctx(parser, default=ctx_default, required=ctx_required)
     add_batch(parser, batch_default)
     add_dtype(parser)
     add_attention(parser)

@@ -191,10 +191,10 @@ def parity_or_skip(args: argparse.Namespace, runs: dict[str, dict], workdir: str
     return run_parity(args, workdir, backends)
 
 
-def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: dict | None) -> dict:
-    """The compare document: the runs, the phase table with each backend's time over the
-    first backend's (`ratios`), and the parity verdict. In the `fused_step` row the torch
-    backends, which have no fused step, stand with their (only) step."""
+def phase_table(runs: dict[str, dict]) -> list[dict]:
+    """One row per phase: each backend's phase record and its median over the first
+    backend's (`ratios`). In the `fused_step` row the torch backends, which have no fused
+    step, stand with their (only) step."""
     table = []
     phases = [p for p in PHASE_ORDER
               if any(p in r.get("phases", {}) for r in runs.values())]
@@ -208,6 +208,13 @@ def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: d
         row["ratios"] = {b: row[b]["median_ms"] / ref["median_ms"] if ref and row[b] else None
                          for b in runs if b != reference}
         table.append(row)
+    return table
+
+
+def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: dict | None) -> dict:
+    """The compare document: the runs, the phase table (`phase_table`) and the parity verdict."""
+    table = phase_table(runs)
+    reference = next(iter(runs), None)
     ok_runs = [r for r in runs.values() if r.get("status") == "ok"]
     device = ok_runs[0]["env"].get("device") if ok_runs else None
     return {

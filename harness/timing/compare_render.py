@@ -145,13 +145,25 @@ def render_markdown(summary: dict) -> str:
         out += ["**Failed runs** (no timings are shown for them):", ""] + [f"- {f}" for f in failures] + [""]
     rows = table_rows(summary)
     out += markdown_table(rows[0], rows[1:])
+    old = summary.get("rerendered")
+    gc = "" if old else ", the Python garbage collector paused"
+    causes = "" if old else " with their cause"
+    first = "" if old else (" Time to first step: building the model and its state on the device, then the first "
+                            "step (tracing, compilation, autotuning, first allocations).")
     out += ["", "Times are medians over measured steps after warm-up, each phase ended by a device "
-            "synchronization, the Python garbage collector paused; in brackets the 10th-90th percentile "
-            "of the steps (outlier steps are listed below with their cause). `step` is forward + backward + "
+            f"synchronization{gc}; in brackets the 10th-90th percentile "
+            f"of the steps (outlier steps are listed below{causes}). `step` is forward + backward + "
             "optimizer inside one NVTX range. JAX's `fused_step` (value_and_grad and AdamW update in one "
-            "jit) is compared with the torch backends' `step`. Ratios are times over the first backend's. "
-            "Time to first step: building the model and its state on "
-            "the device, then the first step (tracing, compilation, autotuning, first allocations).", ""]
+            f"jit) is compared with the torch backends' `step`. Ratios are times over the first backend's.{first}",
+            ""]
+    if old:
+        out += ["## Re-rendered from an older result document", "",
+                f"- Figures recomputed with today's code from the recorded step times, FLOPs and peaks. The "
+                f"document was {old['from_schema']} {old['from_format']}; the original is kept as "
+                f"`{old['original']}`.",
+                *(f"- {line[0].upper()}{line[1:]}." for line in [*old["dropped"].values(),
+                                                                *([old["kernels"]] if old.get("kernels") else [])]),
+                ""]
     notes = _notes(summary)
     if notes:
         out += ["## Overhead, outliers and warnings", ""] + [f"- {n}" for n in notes] + [""]
@@ -167,10 +179,11 @@ def render_markdown(summary: dict) -> str:
             continue
         ov = r.get("overhead")
         loss = r["loss"]
-        after = (f" (after {loss['first_after_steps']} and {loss['last_after_steps']} optimizer steps)"
-                 if "first_after_steps" in loss else "")
+        steps = "first_after_steps" in loss
+        after = f" (after {loss['first_after_steps']} and {loss['last_after_steps']} optimizer steps)" if steps else ""
         out += [f"- **{backend}** ({r['options']['attention']} attention): {r['precision']}.",
-                f"  Loss at the first/last measured split step: {loss['first']:.4f} / {loss['last']:.4f}{after}. "
+                f"  Loss at the first/last measured {'split ' if steps else ''}step: {loss['first']:.4f} / "
+                f"{loss['last']:.4f}{after}. "
                 f"Memory: {r['memory_note']}."]
         if ov:
             out.append(f"  Instrumentation overhead: {ov['compared']}: {ov['instrumented_step_ms']:.3f} ms vs "

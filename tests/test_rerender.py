@@ -1,0 +1,147 @@
+"""`python -m harness.compare --render FOLDER`: an existing result folder rendered again with
+today's code, old documents upgraded from their recorded step times."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from harness import compare
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A document of the old format as it was committed: one H200 comparison before the robust statistics.
+COMMITTED_OLD = os.path.join(ROOT, "results", "large-ctx256-bf16-h200", "summary-original.json")
+
+TORCH_BACKWARD = [61.0, 62.5, 60.8, 63.1, 61.9, 62.2, 88.0, 61.4, 62.0, 61.7]
+JAX_BACKWARD = [22.1, 21.9, 22.0, 22.3, 21.8, 22.2, 22.05, 21.95, 22.15, 216.3]  # the last step 10x the others
+FLOPS = 4_014_536_130_560
+PEAK = 989.4
+
+
+def _old_phase(times: list[float], flops: int = 0) -> dict:
+    t = np.asarray(times)
+    return {"mean_ms": float(t.mean()), "std_ms": float(t.std(ddof=1)), "median_ms": float(np.median(t)),
+            "min_ms": float(t.min()), "max_ms": float(t.max()), "n": len(times), "times_ms": times,
+            "tokens_per_s": 1.0, "flops": flops, "tflops": 1.0, "mfu": 0.5, "peak_memory_bytes": 2**30}
+
+
+def _old_run(backend: str, backward: list[float], overhead_ratio: float) -> dict:
+    return {"schema": "harness.run/1", "status": "ok", "error": None,
+            "options": {"backend": backend, "model": "large", "ctx": 256, "batch": 4, "dtype": "bf16",
+                        "attention": "naive", "mode": "train"},
+            "num_params": 969_411_840, "flops_formula": "backward = 2*forward", "precision": "bf16 matmuls",
+            "phases": {"backward": _old_phase(backward, FLOPS)},
+            "overhead": {"plain_step_ms": 41.0, "instrumented_step_ms": 41.0 * overhead_ratio,
+                         "compared": "median step vs mean of a plain loop", "ratio": overhead_ratio},
+            "loss": {"first": 6.3, "last": 5.5}, "peak_tflops": PEAK, "memory_note": "peak",
+            "env": {"device": "NVIDIA H200"}}
+
+
+def _old_summary() -> dict:
+    runs = {"torch": _old_run("torch", TORCH_BACKWARD, 1.0553), "jax": _old_run("jax", JAX_BACKWARD, 0.5952)}
+    table = [{"phase": "backward", "torch": runs["torch"]["phases"]["backward"],
+              "jax": runs["jax"]["phases"]["backward"]}]  # no "ratios": today's render_markdown fails on it
+    parity = {"ok": True, "tolerances": {"loss": 0.01},
+              "worst": {"loss": {"quantity": "loss", "tensor": "loss", "rel_err": 1e-5, "tol": 0.01}},
+              "reduced_batch": False}
+    return {"schema": "harness.compare/1", "ok": True,
+            "options": {"model": "large", "ctx": 256, "batch": 4, "dtype": "bf16", "attention": "naive",
+                        "mode": "train", "device": "cuda", "warmup": 5, "steps": 10, "seed": 0},
+            "device": "NVIDIA H200", "runs": runs, "table": table, "parity": parity, "env": {}, "plot": "phases.png"}
+
+
+def _cell(times: list[float]) -> str:
+    p10, med, p90 = np.percentile(np.asarray(times), [10, 50, 90])
+    return f"{med:.3f} ({p10:.3f}-{p90:.3f})"
+
+
+@pytest.fixture
+def old_folder(tmp_path):
+    folder = tmp_path / "large-ctx256-bf16-h200"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps(_old_summary(), indent=1))
+    return folder
+
+
+def test_old_document_is_rendered_with_recomputed_statistics(old_folder, capsys):
+    original = (old_folder / "summary.json").read_bytes()
+    assert compare.main(["--render", str(old_folder)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    report = (old_folder / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| backward"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    med_t, med_j = np.median(TORCH_BACKWARD), np.median(JAX_BACKWARD)
+    tflops_t, tflops_j = FLOPS / (med_t / 1e3) / 1e12, FLOPS / (med_j / 1e3) / 1e12
+    assert cells[1:] == [_cell(TORCH_BACKWARD), _cell(JAX_BACKWARD), f"{med_j / med_t:.2f}x",
+                         f"{tflops_t:.2f}", f"{tflops_j:.2f}", f"{100 * tflops_t / PEAK:.1f}%",
+                         f"{100 * tflops_j / PEAK:.1f}%", "1.00", "1.00"]
+    # The 10x last step is listed by index, not folded into a standard deviation; no cause is invented.
+    assert f"- jax: outlier: backward step 9: {JAX_BACKWARD[9]:.2f} ms ({JAX_BACKWARD[9] / med_j:.1f}x the median)\n" \
+        in report
+    assert "±" not in report
+    # The old overhead ratios are not printed as figures; the report says why, once.
+    assert "0.595" not in report and "1.055" not in report and "Instrumentation overhead:" not in report
+    assert report.count("instrumentation-overhead ratio of these runs is not shown") == 1
+    assert "Time to first step was not recorded" in report and "time to first step (s)" not in report
+    assert "garbage collector paused" not in report
+    upgraded = json.loads((old_folder / "summary.json").read_text())
+    assert upgraded["rerendered"]["from_schema"] == "harness.compare/1 with harness.run/1 runs"
+    assert upgraded["table"][0]["ratios"]["jax"] == pytest.approx(med_j / med_t)
+    rec = upgraded["runs"]["jax"]["phases"]["backward"]
+    assert rec["p90_ms"] == pytest.approx(np.percentile(JAX_BACKWARD, 90))
+    assert rec["mean_ms"] == pytest.approx(np.mean(JAX_BACKWARD)) and upgraded["runs"]["jax"]["overhead"] is None
+    assert (old_folder / "summary-original.json").read_bytes() == original
+    assert (old_folder / "phases.png").stat().st_size > 0
+
+
+def test_rendering_again_changes_nothing(old_folder):
+    assert compare.main(["--render", str(old_folder)]) == 0
+    first = {f: (old_folder / f).read_bytes() for f in ("report.md", "summary.json", "summary-original.json")}
+    assert compare.main(["--render", str(old_folder)]) == 0
+    assert {f: (old_folder / f).read_bytes() for f in first} == first
+
+
+def test_committed_old_document_renders(tmp_path):
+    """The real H200 document: the JAX backward that printed 22.017 ± 61.414 ms."""
+    with open(COMMITTED_OLD) as f:
+        old = json.load(f)
+    times = old["runs"]["jax"]["phases"]["backward"]["times_ms"]
+    shutil.copy(COMMITTED_OLD, tmp_path / "summary.json")
+    assert compare.main(["--render", str(tmp_path)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert f"| backward | {_cell(old['runs']['torch']['phases']['backward']['times_ms'])} | {_cell(times)} |" in report
+    assert "jax: outlier: backward step 9: 216.26 ms" in report
+    assert "61.414" not in report and "0.890" not in report and "ratio 1.055" not in report
+
+
+def test_kernel_breakdown_is_kept_from_kernels_md(old_folder):
+    (old_folder / "kernels.md").write_text("# Kernel breakdown\n\n- **torch**: `torch.sqlite`\n")
+    assert compare.main(["--render", str(old_folder)]) == 0
+    report = (old_folder / "report.md").read_text()
+    assert "## Kernel breakdown\n\n- **torch**: `torch.sqlite`" in report
+    assert "kernel breakdown below is kernels.md as the original run wrote it" in report
+
+
+@pytest.mark.parametrize("make", ["missing", "file", "empty", "not-json", "not-compare"])
+def test_bad_folder_is_one_line_naming_render(tmp_path, capsys, make):
+    folder = tmp_path / "folder"
+    if make == "file":
+        folder.write_text("x")
+    elif make != "missing":
+        folder.mkdir()
+        if make == "not-json":
+            (folder / "summary.json").write_text("{")
+        elif make == "not-compare":
+            (folder / "summary.json").write_text(json.dumps({"schema": "harness.sweep/1"}))
+    assert compare.main(["--render", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"error: --render {folder}: ") and "harness.compare" in err and "pass a result folder" in err
+
+
+def test_compare_without_ctx_names_ctx_and_render(capsys):
+    assert compare.main(["--model", "tiny", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: --ctx is required (or --render FOLDER to re-render a result folder)"

@@ -78,7 +78,7 @@ def test_old_document_is_rendered_with_recomputed_statistics(old_folder, capsys)
                          f"{tflops_t:.2f}", f"{tflops_j:.2f}", f"{100 * tflops_t / PEAK:.1f}%",
                          f"{100 * tflops_j / PEAK:.1f}%", "1.00", "1.00"]
     # The 10x last step is listed by index, not folded into a standard deviation; no cause is invented.
-    assert f"- jax: outlier: backward step 9: {JAX_BACKWARD[9]:.2f} ms ({JAX_BACKWARD[9] / med_j:.1f}x the median)\n" \
+    assert f"- jax: outlier: backward, measured step 9: {JAX_BACKWARD[9]:.2f} ms ({JAX_BACKWARD[9] / med_j:.1f}x the median)\n" \
         in report
     assert "±" not in report
     # The old overhead ratios are not printed as figures; the report says why, once.
@@ -112,7 +112,7 @@ def test_committed_old_document_renders(tmp_path):
     assert compare.main(["--render", str(tmp_path)]) == 0
     report = (tmp_path / "report.md").read_text()
     assert f"| backward | {_cell(old['runs']['torch']['phases']['backward']['times_ms'])} | {_cell(times)} |" in report
-    assert "jax: outlier: backward step 9: 216.26 ms" in report
+    assert "jax: outlier: backward, measured step 9: 216.26 ms" in report
     assert "61.414" not in report and "0.890" not in report and "ratio 1.055" not in report
 
 

@@ -347,6 +347,6 @@ def format_result(doc: dict) -> str:
 
 def outlier_lines(doc: dict) -> list[str]:
     """One line per outlier step of a result document: phase, index, time, cause."""
-    return [f"outlier: {name} step {o['index']}: {o['ms']:.2f} ms ({o['x_median']:.1f}x the median)"
+    return [f"outlier: {name}, measured step {o['index']}: {o['ms']:.2f} ms ({o['x_median']:.1f}x the median)"
             + (f": {'; '.join(o['causes'])}" if o.get("causes") else "")
             for name, p in doc.get("phases", {}).items() for o in p.get("outliers", [])]

@@ -42,7 +42,8 @@ def gz(src: Path, dst: Path) -> None:
 
 # Tables the reader does not use, dropped to keep the fixtures small.
 UNUSED_TABLES = ("PROFILER_OVERHEAD", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_CUDA_EVENT",
-                 "CUDA_GRAPH_EVENTS", "PROCESSES", "META_DATA_CAPTURE")
+                 "CUDA_GRAPH_EVENTS", "PROCESSES", "META_DATA_CAPTURE",
+                 "TARGET_INFO_SYSTEM_ENV", "ProcessStreams", "TARGET_INFO_PROCESS_ENV")  # the machine's environment
 
 
 def slim(sqlite: Path) -> None:
@@ -54,8 +55,23 @@ def slim(sqlite: Path) -> None:
             db.execute(f"DROP TABLE IF EXISTS {table}")
         db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId NOT IN "
                    "(SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL)")
+        scrub_paths(db, str(Path.cwd()))
     with sqlite3.connect(sqlite) as db:
         db.execute("VACUUM")
+
+
+def scrub_paths(db, root: str) -> None:
+    """Rewrite the capturing checkout's absolute path out of every text value (the process
+    environment and Python stacks nsys records carry it), so a fixture names no machine;
+    values may hold NULs, so they are read as bytes."""
+    tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()]
+    for table in tables:
+        for col in [r[1] for r in db.execute(f"PRAGMA table_info('{table}')")]:
+            rows = db.execute(f"SELECT rowid, CAST(\"{col}\" AS BLOB) FROM '{table}' WHERE typeof(\"{col}\") = 'text' "
+                              f"AND instr(CAST(\"{col}\" AS BLOB), CAST(? AS BLOB)) > 0", (root,)).fetchall()
+            for rowid, raw in rows:
+                text = bytes(raw).decode("utf-8").replace(root + "/", "").replace(root, ".")
+                db.execute(f"UPDATE '{table}' SET \"{col}\" = ? WHERE rowid = ?", (text, rowid))
 
 
 def run_annotated(argv: list[str]) -> int:

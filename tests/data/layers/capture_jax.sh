@@ -28,7 +28,8 @@ python -c "import sys; sys.path.insert(0, 'tests/data'); from capture_fixtures i
 gzip -9 -c "$work/$name.sqlite" > "$here/$name.sqlite.gz"
 cp "$work/$name.harness.json" "$here/"
 mkdir -p "$here/$name.hlo"
-cp "$work/$name.hlo/forward.txt" "$work/$name.hlo/backward.txt" "$here/$name.hlo/"
+sed "s#$PWD/##g" "$work/$name.hlo/forward.txt" > "$here/$name.hlo/forward.txt"
+sed "s#$PWD/##g" "$work/$name.hlo/backward.txt" > "$here/$name.hlo/backward.txt"
 for f in "$here/$name.sqlite.gz" "$here/$name.harness.json" "$here/$name.hlo"/*.txt; do
     size=$(stat -c %s "$f")
     if [ "$size" -gt 2000000 ]; then

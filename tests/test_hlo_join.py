@@ -4,6 +4,7 @@ kernel-to-schedule join on kernel sequences built from a real parsed schedule.""
 from __future__ import annotations
 
 import contextlib
+import json
 import itertools
 import random
 import re
@@ -328,3 +329,22 @@ def test_alignment_against_enumerated_matchings() -> None:
         for i in range(n):
             anchors = {c[i] for c in optimal if c[i] >= 0}
             assert per_anchor[i] in ({one_layer[i]} if len(anchors) == 1 else {-1})
+
+
+def test_jax_run_with_layer_ranges_writes_the_hlo_beside_its_result(tmp_path) -> None:
+    """harness.run --backend jax --layer-ranges --out X.json writes X.hlo/<phase>.txt, records
+    the folder by name (no absolute path), and the files parse into scheduled phases whose
+    fusions carry the model's layers."""
+    from harness import run
+
+    out = tmp_path / "jax_tiny.json"
+    code = run.main(["--backend", "jax", "--model", "tiny", "--ctx", "16", "--batch", "2", "--device", "cpu",
+                     "--warmup", "1", "--steps", "2", "--layer-ranges", "--quiet", "--out", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["layer_ranges"]["hlo"] == {"folder": "jax_tiny.hlo",
+                                         "phases": ["backward", "forward", "fused_step", "optimizer"]}
+    assert "hlo_dir" not in doc["options"] and str(tmp_path) not in out.read_text()
+    schedules = hlo_join.load_schedules(hlo_join.hlo_dir(out))
+    layers = {item.layer for item in schedules["forward"]}
+    assert {"token_embeddings", "layers.0.attn", "layers.1.ffn", "lm_head", "loss"} <= layers

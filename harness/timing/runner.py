@@ -15,6 +15,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from harness.common.cli import UsageError
 from harness.common.errors import describe_failure, is_oom
@@ -136,6 +137,7 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
               "config": dataclasses.asdict(config), "num_params": config.num_params,
               "flops_formula": FORMULA, "warnings": []}
     result["options"].pop("fail_in")
+    result["options"].pop("hlo_dir")  # where this process wrote, not how it ran
     if opts.warmup == 0:
         result["warnings"].append("--warmup 0: the first measured step includes compilation, autotuning and "
                                   "first allocations (see first_step_ms); use --warmup 2 or more for speed figures")
@@ -165,7 +167,9 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
                 phase = "layer ranges overhead check"
                 result["layer_ranges"] = layers.overhead(timer, PHASES[opts.mode])
             if opts.layer_ranges and opts.backend == "jax" and opts.hlo_dir:
-                result["layer_ranges"]["hlo"] = session.write_hlo(opts.hlo_dir)
+                # the folder's name beside the result (an absolute path would not survive a move)
+                written = session.write_hlo(opts.hlo_dir)
+                result["layer_ranges"]["hlo"] = {"folder": Path(opts.hlo_dir).name, "phases": sorted(written)}
         except PhaseFailure as exc:
             return _failed(result, exc.phase, exc.cause, opts)
         except Exception as exc:

@@ -4,8 +4,8 @@ kernel-to-schedule join on kernel sequences built from a real parsed schedule.""
 from __future__ import annotations
 
 import contextlib
-import json
 import itertools
+import json
 import random
 import re
 

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_impl
@@ -108,7 +109,9 @@ class Ops(TorchDispatchMode):
 
 def test_backward_ops_run_inside_their_module_s_range(monkeypatch) -> None:
     """The embedding's gradient (index_put) and every matmul of a layer's backward fall in
-    its range; the only ops outside a canonical layer are the residual adds."""
+    its range; a block's range holds no op of its own: the sum of a residual connection's
+    gradient with its norm's runs inside the norm's range, just before the norm's input
+    node (one add more than the norm's own backward has)."""
     session, rec = _session(monkeypatch)
     session.forward()
     n = len(rec.events)
@@ -126,9 +129,96 @@ def test_backward_ops_run_inside_their_module_s_range(monkeypatch) -> None:
     assert "aten.index_put.default" in where["token_embeddings"]
     assert where["lm_head"].count("aten.mm.default") == 2  # grad of input and of weight
     assert where["layers.1.ffn"].count("aten.mm.default") == 6
-    assert all(op == "aten.add.Tensor" for op in where["layers.0"] + where["layers.1"])  # residuals
+    assert "layers.0" not in where and "layers.1" not in where
+    for i in range(2):
+        for norm in ("ln1", "ln2"):
+            assert where[f"layers.{i}.{norm}"].count("aten.add.Tensor") == 2, (i, norm)
+    assert where["ln_final"].count("aten.add.Tensor") == 1  # its input has no other use
     assert "aten.nll_loss_backward.default" in where["loss"]
     assert None not in where
+
+
+def _graph_nodes(root) -> int:
+    """The number of autograd nodes reachable from `root`."""
+    seen, todo = set(), [root]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo += [n for n, _ in node.next_functions]
+    return len(seen)
+
+
+def _forward(session: TorchSession):
+    session.forward()
+    return session._loss.grad_fn
+
+
+def test_backward_ranges_add_no_autograd_node(monkeypatch) -> None:
+    """The ranges hook the nodes the forward makes anyway: the graph has as many nodes
+    with them as without (full backward hooks add an autograd function on each side of most modules)."""
+    monkeypatch.setattr(ranges, "nvtx", Recorder())
+    config = get_config("tiny")
+    session = TorchSession(config, make_tokens(config.vocab_size, 2, 32, 0), device="cpu", dtype="fp32", seed=0)
+    bare = _graph_nodes(_forward(session))
+    handles = ranges.install_layer_ranges(session.layer_modules())
+    assert _graph_nodes(_forward(session)) == bare > 50
+    for h in handles:
+        h.remove()
+    modules = session.layer_modules()
+    for module in modules.values():
+        module.register_full_backward_pre_hook(lambda *a: None)
+        module.register_full_backward_hook(lambda *a: None)
+    assert _graph_nodes(_forward(session)) > bare + len(modules)  # what full backward hooks add
+
+
+class _Twice(torch.nn.Module):
+    """Returns its child's output as its own; its child reads two activations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.child = _Pair()
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.child(a, b)
+
+
+class _Pair(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * self.w + b.exp()
+
+
+def test_shared_outputs_two_inputs_and_identities_nest(monkeypatch) -> None:
+    """A module returning its child's output opens before the child and closes after it; a
+    module with two inputs closes once both gradients are in; an identity module and a
+    module called without grad get forward ranges only."""
+    rec = Recorder()
+    monkeypatch.setattr(ranges, "nvtx", rec)
+    outer, ident = _Twice(), torch.nn.Identity()
+    ranges.install_layer_ranges({"outer": outer, "outer.child": outer.child, "ident": ident})
+    x = torch.ones(3, requires_grad=True)
+    a, b = x * 2, x * 3
+    with torch.no_grad():
+        outer(a, b)
+    out = ident(outer(a, b)).sum()
+    n = len(rec.events)
+    with Ops(rec):
+        out.backward()
+    events = [(kind, text) for _, kind, text, _ in rec.events[n:]]
+    names = [text.removeprefix("layer:") if kind == "push" else kind for kind, text in events if kind != "op"]
+    assert names == ["outer", "outer.child", "pop", "pop"]
+    assert [e[1] for e in rec.events[:n]].count("push") == 5  # outer and child twice, ident once
+    ops = [text for kind, text in events if kind == "op" and text != "aten.detach.default"]
+    pops = [i for i, (kind, _) in enumerate(events) if kind == "pop"]
+    assert pops[1] == pops[0] + 1
+    inside = [text for kind, text in events[:pops[0]] if kind == "op" and text != "aten.detach.default"]
+    assert inside[-3:] == ["aten.mul.Tensor"] * 3  # the child's: a's and w's gradients, exp's
+    assert ops[len(inside):] == ["aten.mul.Tensor", "aten.mul.Tensor", "aten.add.Tensor"]  # x*2's, x*3's, x's sum
+    _intervals([e for e in rec.events[n:] if e[1] != "op"])
 
 
 def test_canonical_layer_reads_both_frameworks_paths() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -82,47 +81,81 @@ def layer_paths(module_names: Iterable[str]) -> list[str]:
     return [n for n in module_names if canonical_layer(n) == n or _BLOCK.fullmatch(n)]
 
 
+class _NodeRanges:
+    """The pre-hook of one autograd node: first closes the ranges of the modules whose
+    backward ends there (each a one-element flag shared by the nodes of the module's
+    inputs: the first of them to run closes it), then opens those whose backward starts
+    there, outer first, arming the parameter count of a module that closes on its
+    parameters."""
+
+    __slots__ = ("closes", "opens")
+
+    def __init__(self) -> None:
+        self.closes: list[list[int]] = []
+        self.opens: list[tuple[str, dict | None]] = []
+
+    def __call__(self, *_grads) -> None:
+        for still_open in self.closes:
+            if still_open[0]:
+                still_open[0] = False
+                nvtx.pop_range()
+        for text, state in self.opens:
+            nvtx.push_range(text)
+            if state is not None:
+                state["params_left"] = len(state["params"])
+
+
+_NODE_RANGES = "_layer_node_ranges"  # the attribute of an activation tensor that holds its node's _NodeRanges
+
+
+def _node_ranges(t) -> _NodeRanges:
+    """The `_NodeRanges` of the node that made tensor `t`, registered on first use."""
+    hook = getattr(t, _NODE_RANGES, None)
+    if hook is None:
+        hook = _NodeRanges()
+        t.grad_fn.register_prehook(hook)
+        setattr(t, _NODE_RANGES, hook)
+    return hook
+
+
 def install_layer_ranges(modules: Mapping[str, Any]) -> list:
     """NVTX ranges `layer:<path>` around each module of `modules` (path -> torch module),
-    in the forward and in the backward, from hooks registered on the modules; returns the
-    hook handles (`.remove()` each to take the ranges off again). No synchronization:
-    kernels are attributed to the ranges by their launch (`harness.trace.layers`).
+    in the forward and in the backward; returns the hook handles (`.remove()` each to take
+    the ranges off again; the list grows where a hook is registered on first use). No
+    synchronization: kernels are attributed to the ranges by their launch
+    (`harness.trace.layers`).
 
     Forward: a forward pre-hook pushes, a forward hook pops, on the calling thread.
-    Backward: `register_full_backward_pre_hook` pushes and `register_full_backward_hook`
-    pops. Both run inside autograd's graph, on the thread that runs the backward
-    (autograd's device thread on a GPU), because torch implements them as an identity
-    function around the module's outputs (whose backward is the pre-hook: the gradient
-    reaching the module) and one around its inputs (the gradient leaving it). The engine
-    runs a node only once every gradient it needs is in, so a module's backward nodes run
-    between the two, and a module's range closes before a sibling's opens: the ranges nest
-    as the modules do. Tensor hooks on outputs and inputs would give the same order, but
-    need re-registering on every forward's tensors. Where no input of a module needs a
-    gradient (the embedding reads integer tokens), torch calls the full backward hook as
-    soon as the output's gradient arrives, before the module's own backward ran; such a
-    module's range closes instead when autograd has accumulated the gradient of its last
-    parameter (`register_post_accumulate_grad_hook`), the last step of its backward."""
-    # The embedding's case above, handled on purpose: torch's warning about it would repeat every step.
-    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
-                                              "respect to module outputs since no inputs require gradients")
-    handles = []
+
+    Backward: pre-hooks on the autograd nodes the forward made anyway, registered by the
+    forward hook, so they run on the thread that runs the backward (autograd's device
+    thread on a GPU) and add no node to the graph. A module's range opens before the node
+    that made its output, the first of its backward to run, and closes before the first
+    of the nodes that made its inputs runs. The engine runs a node only once every
+    gradient it needs is in, and of the nodes ready on a thread, the one made last in the
+    forward first; the module's nodes were all made after its inputs', so all of them run
+    between the two, and the ranges nest as the modules do. One hook per node does both: where a
+    module's input is another's output, the reader's range closes before the maker's
+    opens; where a module returns its child's output, the outer range opens first. The
+    summing of an input's gradients (a residual connection's share with the module's)
+    runs just before the node, inside the reading module's range.
+
+    Where no input of a module is an activation that needs a gradient (the embedding reads
+    integer tokens), the range closes instead when autograd has accumulated the gradient
+    of the module's last parameter (`register_post_accumulate_grad_hook`), the last step
+    of its backward. A module with neither, or whose output is not a tensor of its own
+    making (a tuple, its input), gets forward ranges only.
+
+    `register_full_backward_{pre_,}hook` would give the same order, but wraps every hooked
+    module's inputs and outputs in a Python autograd function on every forward, which costs
+    a launch-bound eager step tens of percent; here a module costs two forward hooks and
+    about one Python call in the backward."""
+    import torch
+
+    handles: list = []
     for path, module in modules.items():
         text = LAYER_RANGE_PREFIX + path
-        state = {"inputs_need_grad": True, "params_left": 0, "params": 0}
-        params = [p for p in module.parameters(recurse=True) if p.requires_grad]
-        state["params"] = len(params)
-
-        def forward_pre(mod, args, _text=text, _state=state):
-            _state["inputs_need_grad"] = any(getattr(a, "requires_grad", False) for a in args)
-            nvtx.push_range(_text)
-
-        def backward_pre(mod, grad_output, _text=text, _state=state):
-            _state["params_left"] = 0 if _state["inputs_need_grad"] else _state["params"]
-            nvtx.push_range(_text)
-
-        def backward_post(mod, grad_input, grad_output, _state=state):
-            if _state["inputs_need_grad"] or not _state["params_left"]:
-                nvtx.pop_range()
+        state = {"params": None, "params_left": 0}
 
         def accumulated(param, _state=state):
             if _state["params_left"]:
@@ -130,9 +163,26 @@ def install_layer_ranges(modules: Mapping[str, Any]) -> list:
                 if not _state["params_left"]:
                     nvtx.pop_range()
 
-        handles += [module.register_forward_pre_hook(forward_pre),
-                    module.register_forward_hook(lambda mod, args, out: nvtx.pop_range()),
-                    module.register_full_backward_pre_hook(backward_pre),
-                    module.register_full_backward_hook(backward_post)]
-        handles += [p.register_post_accumulate_grad_hook(accumulated) for p in params]
+        def forward_post(mod, args, out, _text=text, _state=state, _accumulated=accumulated):
+            nvtx.pop_range()
+            node = out.grad_fn if isinstance(out, torch.Tensor) else None
+            if node is None:
+                return
+            inputs = {id(a): a for a in args if isinstance(a, torch.Tensor) and a.grad_fn is not None}
+            if any(a is out or a.grad_fn is node for a in inputs.values()):
+                return
+            if inputs:
+                still_open = [True]
+                for a in inputs.values():
+                    _node_ranges(a).closes.append(still_open)
+                _node_ranges(out).opens.insert(0, (_text, None))
+                return
+            if _state["params"] is None:  # once: these hooks stay on the parameters
+                _state["params"] = [p for p in mod.parameters() if p.requires_grad]
+                handles.extend(p.register_post_accumulate_grad_hook(_accumulated) for p in _state["params"])
+            if _state["params"]:
+                _node_ranges(out).opens.insert(0, (_text, _state))
+
+        handles.extend([module.register_forward_pre_hook(lambda mod, args, _text=text: nvtx.push_range(_text)),
+                        module.register_forward_hook(forward_post)])
     return handles

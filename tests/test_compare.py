@@ -160,16 +160,38 @@ def test_bad_input_is_one_line_naming_the_choices(args, message):
 
 def test_simulated_oom_is_reported_and_the_other_backend_still_runs(tmp_path):
     proc = cli("harness.compare", "--model", "tiny", "--ctx", "16", "--batch", "1", "--warmup", "1", "--steps", "2",
-               "--device", "cpu", "--out", str(tmp_path), "--no-parity", "--fail-in", "jax:backward")
+               "--device", "cpu", "--out", str(tmp_path), "--no-parity", "--fail-in", "jax:optimizer")
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "jax: FAILED: out of memory in backward (model tiny, batch 1, ctx 16, fp32)" in proc.stdout
+    assert "jax: FAILED: out of memory in optimizer (model tiny, batch 1, ctx 16, fp32)" in proc.stdout
     summary = json.loads((tmp_path / "tiny-ctx16-fp32-cpu" / "summary.json").read_text())
     assert summary["ok"] is False
     assert summary["runs"]["jax"]["status"] == "oom" and "phases" not in summary["runs"]["jax"]
     assert summary["runs"]["torch"]["status"] == "ok"
     assert all(row["jax"] is None for row in summary["table"])  # no timing from the failed run
     report = (tmp_path / "tiny-ctx16-fp32-cpu" / "report.md").read_text()
-    assert "out of memory in backward" in report
+    assert "out of memory in optimizer" in report
+
+
+def test_jax_split_step_out_of_memory_still_times_the_fused_step(tmp_path):
+    """JAX's split step keeps the forward's residuals between two programs and can run out
+    of memory where the fused step fits: the run records the failure and times the fused
+    step alone; an out-of-memory in the fused step itself fails the run."""
+    out = tmp_path / "jax.json"
+    proc = cli("harness.run", "--backend", "jax", "--model", "tiny", "--ctx", "16", "--batch", "1", "--warmup", "1",
+               "--steps", "3", "--device", "cpu", "--fail-in", "backward", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "ok" and list(doc["phases"]) == ["fused_step"]
+    assert len(doc["phases"]["fused_step"]["times_ms"]) == 3
+    assert doc["split_step_failure"] == {"status": "oom", "phase": "backward",
+                                         "message": "out of memory in backward (model tiny, batch 1, ctx 16, fp32)"}
+    assert [x["loop"] for x in doc["loss"]["measured"]] == ["fused step"] * 3
+    first = doc["first_step"]
+    assert first["time_to_first_step_ms"] == pytest.approx(first["setup_ms"] + first["fused_step_ms"])
+    assert "split step: out of memory in backward" in proc.stdout
+    proc = cli("harness.run", "--backend", "jax", "--model", "tiny", "--ctx", "16", "--batch", "1", "--warmup", "1",
+               "--steps", "1", "--device", "cpu", "--fail-in", "fused_step", "--out", str(out))
+    assert proc.returncode != 0 and json.loads(out.read_text())["status"] == "oom"
 
 
 def test_result_folder_is_named_after_the_device():

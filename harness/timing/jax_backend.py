@@ -154,7 +154,7 @@ class JaxSession:
         return self.state
 
     def zero_grad(self) -> None:
-        self._grads = None
+        self._grads = self._vjp = None
 
     def fused_step(self) -> jax.Array:
         self.state, self.opt_state, loss = self._fused(self.state, self.opt_state, self.inputs, self.targets)

@@ -25,7 +25,7 @@ from harness.common.stats import cell, summarize
 from harness.config import ModelConfig, backend_attention, get_config
 from harness.timing.events import EventLog
 from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
-from harness.timing.timer import OVERHEAD_ROUNDS, OVERHEAD_STEPS, PhaseFailure, Timer, collector_paused
+from harness.timing.timer import OVERHEAD_ROUNDS, OVERHEAD_STEPS, PhaseFailure, Timer, collector_paused, overhead_flag
 
 SCHEMA = "harness.run/1"
 PHASES = {
@@ -215,6 +215,8 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
     )
     if overhead and overhead.get("flag"):
         result["warnings"].append(f"instrumentation overhead: {overhead['flag']}")
+    if (layers := result.get("layer_ranges")) and layers.get("flag"):
+        result["warnings"].append(f"layer ranges overhead: {layers['flag']}")
     return result
 
 
@@ -254,8 +256,10 @@ class LayerRanges:
                     gc.collect()
         self._set(False)
         with_ms, without_ms = statistics.median(means[True]), statistics.median(means[False])
+        ratios = [a / b for a, b in zip(means[True], means[False])]
+        flag = overhead_flag(with_ms / without_ms, ratios, "steps with layer ranges", "steps without")
         return {"overhead_ratio": with_ms / without_ms, "with_ms": with_ms, "without_ms": without_ms,
-                "round_ratios": [a / b for a, b in zip(means[True], means[False])], "rounds": OVERHEAD_ROUNDS,
+                **({"flag": flag} if flag else {}), "round_ratios": ratios, "rounds": OVERHEAD_ROUNDS,
                 "steps_per_round": n,
                 "method": (f"NVTX ranges per block and sub-module from module hooks (forward and backward, no "
                            f"synchronization); {n} timed steps with them vs {n} without, in {OVERHEAD_ROUNDS} "

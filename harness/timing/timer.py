@@ -153,14 +153,22 @@ class Timer:
                "compared": (f"{n} steps with ranges and a sync after each phase vs {n} plain steps (no ranges, "
                             f"one sync), in {OVERHEAD_ROUNDS} interleaved rounds; medians of the round means")}
         rec["ratio"] = rec["instrumented_step_ms"] / rec["plain_step_ms"]
-        if max(ratios) < 1:
-            rec["flag"] = (f"instrumented steps ran faster than plain ones in every round ({min(ratios):.3f}-"
-                           f"{max(ratios):.3f}x): not an overhead; the plain loop is being slowed by something "
-                           "the timer does not see")
-        elif rec["ratio"] < 1:
-            rec["flag"] = (f"ratio below 1 within the rounds' spread ({min(ratios):.3f}-{max(ratios):.3f}x): "
-                           "no measurable overhead")
+        if flag := overhead_flag(rec["ratio"], ratios, "instrumented steps", "plain ones"):
+            rec["flag"] = flag
         return rec
+
+
+def overhead_flag(ratio: float, ratios: list[float], measured: str, baseline: str) -> str | None:
+    """What an overhead ratio below 1 means, None for one of 1 or more: below 1 in every
+    round, the baseline loop is being slowed by something the timer does not see; below 1
+    only in the median, the overhead is inside the rounds' spread."""
+    spread = f"{min(ratios):.3f}-{max(ratios):.3f}x"
+    if max(ratios) < 1:
+        return (f"{measured} ran faster than {baseline} in every round ({spread}): not an overhead; the "
+                f"baseline loop is being slowed by something the timer does not see")
+    if ratio < 1:
+        return f"ratio below 1 within the rounds' spread ({spread}): no measurable overhead"
+    return None
 
 
 class PhaseFailure(Exception):

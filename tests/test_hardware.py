@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from harness.common import results
@@ -25,3 +26,14 @@ def test_nvidia_smi_line_is_parsed_by_field() -> None:
     # A field the driver cannot read is left out, not recorded as "[N/A]".
     assert "gpu_power_limit" not in results.parse_nvidia_smi("NVIDIA A10, 535.1, [N/A], 1695 MHz")
     assert results.parse_nvidia_smi("") == {}
+
+
+def test_settings_made_through_the_environment_are_recorded(monkeypatch) -> None:
+    for name in [k for k in os.environ if k.startswith(results.SETTINGS_PREFIXES)]:
+        monkeypatch.delenv(name)
+    assert "settings" not in results.environment()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=false")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.94")
+    monkeypatch.setenv("HOME_NOT_A_SETTING", "x")
+    assert results.environment()["settings"] == {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false",
+                                                 "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.94"}

@@ -146,8 +146,18 @@ def nvidia_smi() -> dict[str, str]:
     return parse_nvidia_smi(out)
 
 
+# Environment variables that change what a run measures (compiler flags, memory pools).
+SETTINGS_PREFIXES = ("XLA_", "JAX_", "TORCHINDUCTOR_", "TORCH_COMPILE", "PYTORCH_CUDA_ALLOC_CONF", "NCCL_")
+
+
+def settings() -> dict[str, str]:
+    """The environment variables set for this process that change what it measures."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(SETTINGS_PREFIXES)}
+
+
 def environment(extra: dict | None = None) -> dict:
-    """What produced a number: host, Python, git commit, command line, plus `extra`."""
+    """What produced a number: host, Python, git commit, command line, the settings made
+    through environment variables (`settings`, when any), plus `extra`."""
     env = {
         "host_platform": platform.platform(),
         "python": platform.python_version(),
@@ -155,6 +165,8 @@ def environment(extra: dict | None = None) -> dict:
         "command": command_line(),
         **nvidia_smi(),
     }
+    if variables := settings():
+        env["settings"] = variables
     env.update(extra or {})
     return env
 

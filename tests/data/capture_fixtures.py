@@ -56,8 +56,21 @@ def slim(sqlite: Path) -> None:
         db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId NOT IN "
                    "(SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL)")
         scrub_paths(db, str(Path.cwd()))
+        scrub_environment(db)
     with sqlite3.connect(sqlite) as db:
         db.execute("VACUUM")
+
+
+def scrub_environment(db) -> None:
+    """Empty the environment blocks nsys keeps as strings (NUL-separated NAME=value lists,
+    left behind by the dropped environment tables) and cut the export's own paths to their
+    file names: a fixture records what ran, not the machine it ran on."""
+    db.execute("UPDATE StringIds SET value = '' WHERE instr(CAST(value AS BLOB), X'00') > 0 "
+               "AND value GLOB '[A-Za-z_]*=*'")
+    tables = {t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "META_DATA_EXPORT" in tables:
+        for name, value in db.execute("SELECT name, value FROM META_DATA_EXPORT WHERE name LIKE '%PATH%'").fetchall():
+            db.execute("UPDATE META_DATA_EXPORT SET value = ? WHERE name = ?", (Path(value).name, name))
 
 
 def scrub_paths(db, root: str) -> None:

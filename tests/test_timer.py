@@ -14,7 +14,7 @@ import pytest
 from harness.common.stats import cell, outliers, summarize
 from harness.timing import runner
 from harness.timing.events import EventLog
-from harness.timing.timer import Timer
+from harness.timing.timer import Timer, overhead_flag
 
 
 class Cycle:
@@ -118,6 +118,16 @@ def test_overhead_like_with_like() -> None:
     with events:
         rec = timer.overhead(("fused_step",), None)
     assert rec["ratio"] < 1 and "faster than plain ones in every round" in rec["flag"]
+
+
+def test_overhead_flag_reads_a_ratio_below_one() -> None:
+    """Below 1 in every round: something slows the baseline; below 1 only in the median:
+    inside the spread; 1 or more: an overhead, no flag."""
+    every = overhead_flag(0.9, [0.88, 0.93], "steps with layer ranges", "steps without")
+    assert every.startswith("steps with layer ranges ran faster than steps without in every round (0.880-0.930x)")
+    assert overhead_flag(0.99, [0.95, 1.04], "a", "b") == \
+        "ratio below 1 within the rounds' spread (0.950-1.040x): no measurable overhead"
+    assert overhead_flag(1.0, [0.9, 1.1], "a", "b") is None and overhead_flag(1.2, [1.1, 1.3], "a", "b") is None
 
 
 def test_summary_is_robust() -> None:

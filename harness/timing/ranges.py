@@ -91,7 +91,7 @@ class _NodeRanges:
     __slots__ = ("closes", "opens")
 
     def __init__(self) -> None:
-        self.closes: list[list[int]] = []
+        self.closes: list[list[bool]] = []
         self.opens: list[tuple[str, dict | None]] = []
 
     def __call__(self, *_grads) -> None:
@@ -134,10 +134,10 @@ def install_layer_ranges(modules: Mapping[str, Any]) -> list:
     of the nodes that made its inputs runs. The engine runs a node only once every
     gradient it needs is in, and of the nodes ready on a thread, the one made last in the
     forward first; the module's nodes were all made after its inputs', so all of them run
-    between the two, and the ranges nest as the modules do. One hook per node does both: where a
-    module's input is another's output, the reader's range closes before the maker's
-    opens; where a module returns its child's output, the outer range opens first. The
-    summing of an input's gradients (a residual connection's share with the module's)
+    between the two, and the ranges nest as the modules do. One hook per node does both:
+    where a module's input is another's output, the reader's range closes before the
+    maker's opens; where a module returns its child's output, the outer range opens first.
+    The summing of an input's gradients (a residual connection's share with the module's)
     runs just before the node, inside the reading module's range.
 
     Where no input of a module is an activation that needs a gradient (the embedding reads

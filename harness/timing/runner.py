@@ -261,9 +261,10 @@ class LayerRanges:
         return {"overhead_ratio": with_ms / without_ms, "with_ms": with_ms, "without_ms": without_ms,
                 **({"flag": flag} if flag else {}), "round_ratios": ratios, "rounds": OVERHEAD_ROUNDS,
                 "steps_per_round": n,
-                "method": (f"NVTX ranges per block and sub-module from module hooks (forward and backward, no "
-                           f"synchronization); {n} timed steps with them vs {n} without, in {OVERHEAD_ROUNDS} "
-                           "interleaved rounds (order alternating); medians of the round means"),
+                "method": (f"NVTX ranges per block and sub-module from module hooks (forward) and pre-hooks on "
+                           f"the forward's autograd nodes (backward), no synchronization; {n} timed steps with "
+                           f"them vs {n} without, in {OVERHEAD_ROUNDS} interleaved rounds (order alternating); "
+                           "medians of the round means"),
                 "note": "the phase times of this run were measured with the layer ranges on"}
 
 

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.common.cli import add_nsys_bin, fail, make_parser, parse_args, positive_int
-from harness.trace.nsys import export_sqlite, find_nsys
 from harness.trace.profile import ProfileError
+from harness.trace.sources.nsys import export_sqlite, find_nsys
 
 # The modules `harness.report` imports that Python compiles from source in every run:
 # loaded from a .py whose cached bytecode file is still missing after the import.

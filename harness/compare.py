@@ -87,8 +87,8 @@ def profiler(args: argparse.Namespace) -> str | None:
     """"nsys", "framework" (--profile without nsys) or None; --nsys without nsys is a UsageError."""
     if not (args.nsys or args.profile):
         return None
-    from harness.trace.nsys import find_nsys
     from harness.trace.profile import ProfileError
+    from harness.trace.sources.nsys import find_nsys
 
     try:
         find_nsys(args.nsys_bin)
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc), 130)
     print(format_table(summary))
     if summary.get("overlap"):
-        from harness.trace.overlap import format_overlap
+        from harness.trace.analyses.overlap import format_overlap
 
         for backend, analysis in summary["overlap"].items():
             print(f"{backend}: communication hidden under compute, per rank and device\n{format_overlap(analysis)}",

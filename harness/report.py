@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from harness.common.cli import add_nsys_bin, add_out, fail, make_parser, parse_args, positive_int
-from harness.trace.breakdown import ATTRIBUTIONS, TOP_N, breakdown_files
+from harness.trace.analyses.breakdown import ATTRIBUTIONS, TOP_N, breakdown_files
 from harness.trace.profile import ProfileError
 from harness.trace.render import write_report
 

@@ -36,7 +36,7 @@ from harness.common.cli import (
 from harness.common.results import file_problem, write_json
 from harness.timing.runner import FAULT_PHASES, RunOptions, format_result, run
 from harness.timing.torch_backend import choose_backends
-from harness.trace.hlo_join import hlo_dir
+from harness.trace.analyses.hlo_join import hlo_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,8 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError("--nsys-ranks profiles torch's ranks of --data-parallel 2 or more; for one process "
                              "run nsys profile around harness.run")
         if args.nsys_ranks:
-            from harness.trace.nsys import find_nsys
             from harness.trace.profile import ProfileError
+            from harness.trace.sources.nsys import find_nsys
 
             try:
                 find_nsys(args.nsys_bin)

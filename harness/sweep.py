@@ -107,8 +107,8 @@ def check(args: argparse.Namespace) -> None:
     if args.fail_cell is not None and args.fail_cell.rpartition(":")[2] not in FAULT_PHASES:
         raise UsageError(f"--fail-cell {args.fail_cell!r}: end with :{', :'.join(FAULT_PHASES)}")
     if args.nsys:
-        from harness.trace.nsys import find_nsys
         from harness.trace.profile import ProfileError
+        from harness.trace.sources.nsys import find_nsys
 
         try:
             find_nsys(args.nsys_bin)

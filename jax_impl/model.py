@@ -135,7 +135,7 @@ class TransformerBlock(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         # Named scopes label the HLO ops' metadata (op_name) and nothing else; a profile's
-        # kernels are joined to layers through them (harness.trace.hlo_join).
+        # kernels are joined to layers through them (harness.trace.analyses.hlo_join).
         with jax.named_scope("ln1"):
             a = self.ln1(x)
         with jax.named_scope("attn"):

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from harness.timing import ranges
-from harness.trace import framework_profile
-from harness.trace.breakdown import answers, breakdown, load_profile
+from harness.trace.analyses.breakdown import answers, breakdown, load_profile
 from harness.trace.kernels import Category
-from harness.trace.nsys import find_nsys, profile_command
 from harness.trace.profile import KERNEL, ProfileError
+from harness.trace.sources import framework_profile
+from harness.trace.sources.nsys import find_nsys, profile_command
 
 DATA = Path(__file__).parent / "data"
 

@@ -18,7 +18,7 @@ from harness.diffs.decompose import GROUPS, HOST, diff_runs, regression
 from harness.diffs.inputs import resolve, resolve_one
 from harness.diffs.render import render
 from harness.timing.compare import summarize_compare, write_results
-from harness.trace.breakdown import breakdown, load_profile
+from harness.trace.analyses.breakdown import breakdown, load_profile
 
 DATA = Path(__file__).parent / "data"
 TORCH = DATA / "torch_small_train" / "torch_small_train.harness.json"

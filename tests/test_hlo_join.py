@@ -16,8 +16,8 @@ import pytest
 from harness.config import get_config
 from harness.timing.jax_backend import JaxSession
 from harness.timing.tokens import make_tokens
-from harness.trace import hlo_join
-from harness.trace.hlo_join import (
+from harness.trace.analyses import hlo_join
+from harness.trace.analyses.hlo_join import (
     HOW_ANCHOR,
     HOW_GAP,
     HOW_IGNORED,
@@ -32,9 +32,9 @@ from harness.trace.hlo_join import (
     schedule,
     scope_path,
 )
-from harness.trace.layers import canonical_layer
+from harness.trace.analyses.layers import canonical_layer
+from harness.trace.analyses.seq_align import WINDOW, align
 from harness.trace.profile import KERNEL, MEMCPY, MEMSET, Kernel, KernelTable, Range
-from harness.trace.seq_align import WINDOW, align
 
 CONFIG = get_config("tiny")  # 2 layers
 LAYERS = {"token_embeddings", "ln_final", "lm_head", "loss",

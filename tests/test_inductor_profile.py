@@ -1,6 +1,6 @@
 """Inductor's kernels in a real profile: a torch.compile training loop on an H100
 (tests/data/user_loops/compiled_loop.sqlite.gz, see the README there) loaded by
-`harness.trace.breakdown.load_profile`, each kernel family classified as its fused ops
+`harness.trace.analyses.breakdown.load_profile`, each kernel family classified as its fused ops
 say, with the expected counts taken from the SQLite export itself."""
 
 import fnmatch
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.trace.breakdown import load_profile
+from harness.trace.analyses.breakdown import load_profile
 from harness.trace.kernels import Category, classify
 
 FIXTURE = Path(__file__).parent / "data" / "user_loops" / "compiled_loop.sqlite.gz"

@@ -74,7 +74,7 @@ def test_decode_gemm_rejects_non_gemm_and_keeps_unknown_fields_empty() -> None:
 def _names(scenario: str) -> set[str]:
     from pathlib import Path
 
-    from harness.trace.nsys import read_sqlite
+    from harness.trace.sources.nsys import read_sqlite
 
     path = Path(__file__).parent / "data" / scenario / f"{scenario}.sqlite.gz"
     return set(read_sqlite(path).kernels.names)
@@ -106,7 +106,7 @@ def test_fixture_gemm_transposes_follow_the_linear_layer() -> None:
     dW need `nn` and `nt`, and only backward has `nt`."""
     from pathlib import Path
 
-    from harness.trace.breakdown import breakdown, load_profile
+    from harness.trace.analyses.breakdown import breakdown, load_profile
 
     path = Path(__file__).parent / "data" / "torch_small_train" / "torch_small_train.sqlite.gz"
     phases = breakdown(load_profile(path)).phases

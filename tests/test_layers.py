@@ -23,7 +23,7 @@ from harness.diffs.render import render_markdown, to_json
 from harness.timing import ranges
 from harness.timing.tokens import make_tokens
 from harness.timing.torch_backend import TorchSession
-from harness.trace.layers import OUTSIDE, canonical_layer, layer_kind, layer_labels, layer_totals
+from harness.trace.analyses.layers import OUTSIDE, canonical_layer, layer_kind, layer_labels, layer_totals
 from harness.trace.profile import Kernel, KernelTable, Range
 
 CANONICAL = {"token_embeddings", "ln_final", "lm_head", "loss",

@@ -13,8 +13,8 @@ import pytest
 from harness.diffs.decompose import diff_runs
 from harness.diffs.inputs import resolve_one
 from harness.diffs.layers import largest_moves
-from harness.trace.breakdown import breakdown, load_profile
-from harness.trace.layers import OUTSIDE
+from harness.trace.analyses.breakdown import breakdown, load_profile
+from harness.trace.analyses.layers import OUTSIDE
 
 DATA = Path(__file__).parent / "data" / "layers"
 PLAIN, PLANTED = (DATA / f"torch_tiny_layers_{name}.harness.json" for name in ("plain", "planted"))

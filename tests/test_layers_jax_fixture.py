@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.trace.hlo_join import (
+from harness.trace.analyses.hlo_join import (
     HOW_IGNORED,
     HOW_NONE,
     OUTSIDE,
@@ -25,7 +25,7 @@ from harness.trace.hlo_join import (
     label_kernels,
     load_schedules,
 )
-from harness.trace.nsys import read_sqlite
+from harness.trace.sources.nsys import read_sqlite
 
 DATA = Path(__file__).parent / "data" / "layers"
 SQLITE = DATA / "jax_layers.sqlite.gz"

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.trace.kernels import Category, classify
-from harness.trace.overlap import (
+from harness.trace.analyses.overlap import (
     covered_measure,
     format_overlap,
     overlap,
@@ -14,6 +13,7 @@ from harness.trace.overlap import (
     rank_of,
     union,
 )
+from harness.trace.kernels import Category, classify
 from harness.trace.profile import Kernel, KernelTable, Profile, ProfileError, Range
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"

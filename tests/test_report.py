@@ -10,7 +10,7 @@ import pytest
 
 from harness import report
 from harness.trace import render
-from harness.trace.breakdown import breakdown, load_profile
+from harness.trace.analyses.breakdown import breakdown, load_profile
 
 DATA = Path(__file__).parent / "data"
 TORCH = DATA / "torch_small_train" / "torch_small_train.sqlite.gz"

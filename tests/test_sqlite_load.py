@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.trace import nsys, sqlite_load
 from harness.trace.profile import GRAPH, KERNEL, MEMCPY, MEMSET, UNKNOWN, ProfileError
+from harness.trace.sources import nsys, sqlite_load
 
 DATA = Path(__file__).parent / "data"
 EXPORTS = sorted(DATA.glob("**/*.sqlite.gz"))

@@ -385,7 +385,7 @@ def test_csv_and_plots(rendered: dict) -> None:
 
 def test_kernel_rows_from_a_profile(tmp_path, monkeypatch) -> None:
     """--nsys cells: the breakdown of their profile (here a synthetic one) becomes shares."""
-    from harness.trace import breakdown
+    from harness.trace.analyses import breakdown
     from harness.trace.profile import Kernel, Profile, Range
 
     profile = Profile(path="p.sqlite", label="torch", source="nsys",

@@ -13,7 +13,7 @@ import pytest
 
 from harness import report
 from harness.trace import render
-from harness.trace.breakdown import breakdown, load_profile
+from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.kernels import Category
 from harness.trace.profile import Kernel, Profile, Range
 

@@ -10,7 +10,7 @@ A run is named by
 - a profile (``.nsys-rep``, ``.sqlite``, ``.sqlite.gz``), with ``X.harness.json`` beside
   it when there is one.
 
-A data-parallel run's overlap (communication hidden under compute, `harness.trace.overlap`)
+A data-parallel run's overlap (communication hidden under compute, `harness.trace.analyses.overlap`)
 comes from the compare folder's summary, or from the profile where it has communication
 kernels (of a torch run, rank 0's profile).
 """
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.diffs.launches import Launches, launches_per_phase
-from harness.trace.breakdown import breakdown, load_profile
-from harness.trace.overlap import rank_analysis
+from harness.trace.analyses.breakdown import breakdown, load_profile
+from harness.trace.analyses.overlap import rank_analysis
 from harness.trace.profile import ProfileError
 
 RUN_SCHEMA = "harness.run/1"

@@ -1,5 +1,5 @@
 """The gap by layer: where both runs recorded layers (`harness.run --layer-ranges` under
-nsys), each phase's GPU time per canonical layer (`harness.trace.layers`) for A and B,
+nsys), each phase's GPU time per canonical layer (`harness.trace.analyses.layers`) for A and B,
 B - A, and the same aggregated by kind (all attention, all FFNs, all norms, embedding,
 head, loss, outside the layers), so that a diff across frameworks reads "FFN: -12 ms"."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from harness.trace.layers import KINDS, OUTSIDE, layer_kind
+from harness.trace.analyses.layers import KINDS, OUTSIDE, layer_kind
 
 KIND_NAMES = {"embedding": "embedding", "attn": "attention", "ffn": "FFN", "norm": "norms", "head": "head",
               "loss": "loss", "outside": "outside layers"}

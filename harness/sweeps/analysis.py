@@ -230,7 +230,7 @@ def warmup_rows(cells: list[dict]) -> list[dict]:
 def kernel_rows(cells: list[dict], out_dir: str) -> list[dict]:
     """With --nsys: per cell the top forward kernel and category shares of forward and step,
     from `harness.breakdown`; `error` says why a profile could not be read."""
-    from harness.trace.breakdown import breakdown, load_profile
+    from harness.trace.analyses.breakdown import breakdown, load_profile
     from harness.trace.profile import ProfileError
 
     rows = []

@@ -118,7 +118,7 @@ def start_cell(cell: Cell, opts: dict, out_dir: str, *, timeout: float | None = 
     cmd = cell_command(cell, opts, os.path.join(out_dir, out_json), fail_in)
     report = os.path.join(out_dir, "runs", name) if opts["nsys"] else None
     if report:
-        from harness.trace.nsys import profile_command
+        from harness.trace.sources.nsys import profile_command
 
         cmd = profile_command(cell.backend, report, cmd, nsys_bin)
     if os.path.exists(os.path.join(out_dir, out_json)):
@@ -150,8 +150,8 @@ def run_cell(cell: Cell, opts: dict, out_dir: str, *, timeout: float | None = No
 
 
 def _export_profile(report: str, nsys_bin: str | None) -> str | None:
-    from harness.trace.nsys import export_sqlite
     from harness.trace.profile import ProfileError
+    from harness.trace.sources.nsys import export_sqlite
 
     try:
         return str(export_sqlite(f"{report}.nsys-rep", nsys_bin))

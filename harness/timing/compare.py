@@ -106,7 +106,7 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
         program += ["--nsys-ranks", stem, *(["--nsys-bin", args.nsys_bin] if args.nsys_bin else [])]
         profile = rank_path(stem, 0) + ".nsys-rep"
     elif args.profiler == "nsys":
-        from harness.trace.nsys import profile_command
+        from harness.trace.sources.nsys import profile_command
 
         stem = os.path.join(workdir, f"{backend}")
         program, profile = profile_command(backend, stem, program, args.nsys_bin), stem + ".nsys-rep"
@@ -136,7 +136,7 @@ def keep_profiles(profiles: dict[str, str], dest: str) -> None:
 
 def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Namespace) -> tuple[list, list]:
     """Kernel breakdowns and the answers (a)-(e), one per profiled backend."""
-    from harness.trace.breakdown import breakdown_files
+    from harness.trace.analyses.breakdown import breakdown_files
 
     return breakdown_files(list(profiles.values()), list(profiles),
                            [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=args.nsys_bin)
@@ -145,7 +145,7 @@ def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Name
 def communication_overlap(profiles: dict[str, str], args: argparse.Namespace) -> dict[str, dict]:
     """Per backend, communication hidden under compute and exposed, per rank (torch: every
     rank's profile beside rank 0's) or per device (JAX's one profile)."""
-    from harness.trace.overlap import rank_profiles
+    from harness.trace.analyses.overlap import rank_profiles
 
     out = {}
     for backend, first in profiles.items():

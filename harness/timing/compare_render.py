@@ -105,7 +105,7 @@ def data_parallel_lines(summary: dict) -> list[str]:
     """The data-parallel section of report.md: each run's global step and per-rank spread,
     then, from a profiled run, per backend, rank and device the communication kernel time,
     the part hidden under compute on other streams and the exposed rest (`summary["overlap"]`,
-    from `harness.trace.overlap`). Empty for a one-device comparison."""
+    from `harness.trace.analyses.overlap`). Empty for a one-device comparison."""
     runs = {b: r for b, r in summary["runs"].items() if r.get("status") == "ok" and r.get("data_parallel")}
     if not runs and not summary.get("overlap"):
         return []

@@ -241,7 +241,7 @@ def _failed_doc(opts, exc: RankFailure) -> dict:
 
 def nsys_per_rank(backend: str, stem: str, nsys_bin: str | None) -> Callable[[int, list[str]], list[str]]:
     """A `launch` wrap that runs rank r under `nsys profile`, writing `stem.rank<r>.nsys-rep`."""
-    from harness.trace.nsys import profile_command
+    from harness.trace.sources.nsys import profile_command
 
     return lambda rank, argv: profile_command(backend, rank_path(stem, rank), argv, nsys_bin)
 

@@ -10,7 +10,7 @@ fuse and schedule across the phase boundaries there.
 Layer attribution (`layer_ranges`) adds nothing to the step: the model's `jax.named_scope`s
 are always on and only label the HLO's metadata. What a profile needs to map kernels to
 layers is the optimized HLO of each jitted phase, which `write_hlo` writes after the timed
-loops (`harness.trace.hlo_join` joins it to the kernels).
+loops (`harness.trace.analyses.hlo_join` joins it to the kernels).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 import nvtx
 
-from harness.trace.layers import LAYER_RANGE_PREFIX, canonical_layer
+from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, canonical_layer
 
 _framework_annotation: Callable[[str], contextlib.AbstractContextManager] | None = None
 
@@ -77,7 +77,7 @@ def annotate_attention(attention_cls: type, sync: Callable[[object], None]) -> N
 
 def layer_paths(module_names: Iterable[str]) -> list[str]:
     """The module paths that get a layer range: each block (`layers.3`) and each module
-    whose path is a canonical layer name (`harness.trace.layers`)."""
+    whose path is a canonical layer name (`harness.trace.analyses.layers`)."""
     return [n for n in module_names if canonical_layer(n) == n or _BLOCK.fullmatch(n)]
 
 
@@ -123,7 +123,7 @@ def install_layer_ranges(modules: Mapping[str, Any]) -> list:
     in the forward and in the backward; returns the hook handles (`.remove()` each to take
     the ranges off again; the list grows where a hook is registered on first use). No
     synchronization: kernels are attributed to the ranges by their launch
-    (`harness.trace.layers`).
+    (`harness.trace.analyses.layers`).
 
     Forward: a forward pre-hook pushes, a forward hook pops, on the calling thread.
 

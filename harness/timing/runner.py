@@ -312,7 +312,7 @@ def _instrumented(opts: RunOptions):
                 stack.enter_context(jax.disable_jit())
         if opts.profile:
             from harness.timing.ranges import use_framework_annotations
-            from harness.trace import framework_profile
+            from harness.trace.sources import framework_profile
 
             use_framework_annotations("jax" if opts.backend == "jax" else "torch")
             recorder = framework_profile.jax_profiler if opts.backend == "jax" else framework_profile.torch_profiler

@@ -1,7 +1,7 @@
 """The profile data model every trace source converts to, and the range names the harness emits.
 
 A `Profile` is the kernels and annotation ranges of one profiled run, whichever tool
-recorded it (nsys, torch.profiler, jax.profiler); `harness.trace.breakdown` analyses it.
+recorded it (nsys, torch.profiler, jax.profiler); `harness.trace.analyses.breakdown` analyses it.
 """
 
 from __future__ import annotations

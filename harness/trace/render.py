@@ -7,7 +7,8 @@ are labelled by the backend named in each file name, or by ``--label``.
 
 From Python (e.g. the compare harness adding a section to its own report)::
 
-    from harness.trace import breakdown, render
+    from harness.trace.analyses import breakdown
+    from harness.trace import render
     bds = [breakdown.breakdown(breakdown.load_profile(p)) for p in paths]
     files = render.write_report(out_dir, bds)          # writes kernels.md/.csv/.json/.png
     section = render.render_markdown(bds)              # or just the markdown text
@@ -22,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.common.tables import markdown_table
-from harness.trace.breakdown import Breakdown, PhaseStats, answers
+from harness.trace.analyses.breakdown import Breakdown, PhaseStats, answers
 from harness.trace.kernels import Category
 
 TOP_N = 10

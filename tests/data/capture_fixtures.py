@@ -2,13 +2,13 @@
 
     NSYS=/path/to/nsys python tests/data/capture_fixtures.py OUT_DIR [cuda|cpu]
 
-nsys scenarios run `python -m harness.run` under `harness.trace.nsys.profile_command` and keep
+nsys scenarios run `python -m harness.run` under `harness.trace.sources.nsys.profile_command` and keep
 the gzipped SQLite export plus the harness's result JSON.  `*_attn` wraps the naive
 attention's three methods in `attn_scores`/`attn_softmax`/`attn_values` ranges (with a
 device sync at each end) before calling `harness.run.main`, as --annotate-attention would.
 `jax_tsl_included` leaves out --nvtx-domain-exclude=TSL on purpose: its export is the
 real failure (kernel records dropped).  `*_fallback` runs `harness.timing.runner.run` inside
-`harness.trace.framework_profile`'s profilers instead of nsys.  Everything lands in
+`harness.trace.sources.framework_profile`'s profilers instead of nsys.  Everything lands in
 OUT_DIR/fixtures.tar, rewritten after each scenario so a timeout keeps what finished.
 """
 
@@ -21,7 +21,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from harness.trace import framework_profile, nsys
+from harness.trace.sources import framework_profile, nsys
 
 WORK = Path("/tmp/fixtures")
 STEPS = ["--warmup", "2", "--steps", "3", "--quiet"]

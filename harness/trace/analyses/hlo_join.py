@@ -21,7 +21,7 @@ join follows the schedule:
   fused instructions' op_names (the first on ties), since XLA fuses across scope boundaries.
 - `join_kernels` maps kernels to items position by position where the phase ran exactly
   one kernel per item (checked by the anchors' names); otherwise it aligns the kernels, in
-  start order, to the anchors (`harness.trace.seq_align`: a longest order-preserving
+  start order, to the anchors (`harness.trace.analyses.seq_align`: a longest order-preserving
   matching, kernels that concurrency started out of order placed within a window); a
   kernel that is none goes to the gap items between its neighbouring matched anchors,
   only where that is unambiguous (one layer among the candidates, or one kernel per
@@ -41,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.trace.analyses.layers import canonical_layer
+from harness.trace.analyses.seq_align import align, repair
 from harness.trace.kernels import is_autotuning
-from harness.trace.layers import canonical_layer
 from harness.trace.profile import KERNEL, MEMCPY, MEMSET, KernelTable, Range
-from harness.trace.seq_align import align, repair
 
 OUTSIDE = "(outside layers)"
 POSITIONAL_AGREEMENT = 0.98  # share of fusion kernels bearing a name of their instruction's group
@@ -289,7 +289,7 @@ def join_kernels(names: Sequence[str], kinds: Sequence[int], items: Sequence[Sch
     """Label one phase instance's kernels (`names`, `kinds` as KernelTable.kind, in start
     order) from the schedule `items` of the module that ran them: position by position
     where the sequence lines up (`_positional`), else by aligning kernel names with the
-    schedule's fusions (`harness.trace.seq_align`)."""
+    schedule's fusions (`harness.trace.analyses.seq_align`)."""
     if (exact := _positional(names, kinds, items)) is not None:
         return exact
     n = len(names)

@@ -140,7 +140,7 @@ def rank_analysis(profiles: dict[int, Profile]) -> dict:
 def rank_profiles(paths: Sequence[str | Path], nsys_bin: str | None = None) -> dict:
     """Load per-rank profiles (the rank read from each name; a lone profile without one is
     rank 0, as JAX's one process over every device) and analyse them together."""
-    from harness.trace.breakdown import load_profile
+    from harness.trace.analyses.breakdown import load_profile
 
     by_rank = {}
     for path in paths:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from harness.trace import attribution as attr
+from harness.trace.analyses import attribution as attr
 from harness.trace.profile import KernelTable, Range
 
 LAYER_RANGE_PREFIX = "layer:"

@@ -1,8 +1,8 @@
 """Nsight Systems: the `nsys profile` command, SQLite export, and reading the export.
 
 The reader returns the profile model of `harness.trace.profile`, as the framework-profiler
-fallback (`harness.trace.framework_profile`) does, so both feed the same analysis
-(`harness.trace.breakdown`).
+fallback (`harness.trace.sources.framework_profile`) does, so both feed the same analysis
+(`harness.trace.analyses.breakdown`).
 
 Reading uses these tables of the SQLite export (missing optional tables are skipped):
 ``CUPTI_ACTIVITY_KIND_KERNEL`` (required), ``CUPTI_ACTIVITY_KIND_MEMCPY``/``MEMSET``,
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.trace.attribution import TID_PROCESS_SHIFT
+from harness.trace.analyses.attribution import TID_PROCESS_SHIFT
 from harness.trace.profile import (
     BACKENDS,
     GRAPH,
@@ -43,7 +43,7 @@ from harness.trace.profile import (
     Range,
     label_from_path,
 )
-from harness.trace.sqlite_load import ParallelReader
+from harness.trace.sources.sqlite_load import ParallelReader
 
 # --cuda-graph-trace=node: XLA replays steps as CUDA graphs, which nsys otherwise records
 # as one graph-level event each, hiding every kernel of the measured steps.
@@ -306,7 +306,7 @@ def _unpack(path: Path, tmp: Path) -> Path:
 def read_sqlite(path: str | Path, label: str | None = None, force: bool = False) -> Profile:
     """Read an nsys SQLite export (``.sqlite`` or ``.sqlite.gz``) into a `Profile`.
 
-    The large tables are read on a pool of threads (`harness.trace.sqlite_load`) while this
+    The large tables are read on a pool of threads (`harness.trace.sources.sqlite_load`) while this
     thread reads the small ones. When nsys's importer reported errors, the profile is refused
     only if kernel records are actually missing (kernel launches without a kernel); `force`
     reads it anyway."""

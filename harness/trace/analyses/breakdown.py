@@ -3,7 +3,7 @@
 Attribution
 -----------
 Every kernel gets its innermost range, by execution interval or by launch call
-(`harness.trace.attribution` says when each is sound); a range holds the kernels of its
+(`harness.trace.analyses.attribution` says when each is sound); a range holds the kernels of its
 own and of the ranges nested in it, so a phase's time is inclusive (``forward`` counts
 the kernels of ``attn_scores`` nested in it).  ``--attribution auto`` picks execution
 when the ranges end in synchronizations, i.e. when no more than `OUTSIDE_WARN_SHARE` of
@@ -37,12 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.trace import attribution as attr
-from harness.trace import framework_profile, nsys
-from harness.trace.answers import answers, attention_flops, harness_metadata
-from harness.trace.hlo_join import hlo_dir, label_kernels, load_schedules
+from harness.trace.analyses import attribution as attr
+from harness.trace.analyses.answers import answers, attention_flops, harness_metadata
+from harness.trace.analyses.hlo_join import hlo_dir, label_kernels, load_schedules
+from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
 from harness.trace.kernels import PHASE_RULES, Category, classify, decode_gemm
-from harness.trace.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
 from harness.trace.profile import (
     ATTENTION_RANGES,
     KERNEL,
@@ -56,6 +55,7 @@ from harness.trace.profile import (
     ProfileError,
     Range,
 )
+from harness.trace.sources import framework_profile, nsys
 from harness.trace.stats import Breakdown, Bucket, KernelStat, PhaseStats
 
 __all__ = ["Breakdown", "Bucket", "KernelStat", "PhaseStats", "answers", "attention_flops", "breakdown",
@@ -234,10 +234,10 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
 
     `require` names ranges that must appear (e.g. ``("forward",)``); a missing one raises
     `ProfileError`.  `attribution`: "auto", "execution" or "launch".  Layer ranges
-    (``layer:...``) are no phases: they give each kernel its layer (`harness.trace.layers`),
+    (``layer:...``) are no phases: they give each kernel its layer (`harness.trace.analyses.layers`),
     and the breakdown's `layers` holds the forward's and backward's time per layer;
     `labels` gives the per-kernel layers instead; `schedules` (phase -> the optimized HLO's
-    schedule, `harness.trace.hlo_join`) labels JAX's kernels through XLA's metadata.
+    schedule, `harness.trace.analyses.hlo_join`) labels JAX's kernels through XLA's metadata.
     """
     if attribution not in ATTRIBUTIONS:
         raise ProfileError(f"--attribution {attribution!r}: choose one of {', '.join(ATTRIBUTIONS)}")

@@ -56,6 +56,8 @@ def test_phase_rule_makes_update_kernels_optimizer() -> None:
     ("ampere_sgemm_128x64_tn", "sm80", "f32", "tn", "128x64"),
     ("cutlass_80_tensorop_s1688gemm_128x128_16x5_nt_align4", "sm80", "tf32", "nt", "128x128x16"),
     ("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x5_tn_align8", "sm80", "bf16", "tn", "64x64x64"),
+    # cuBLAS's sm75 fallback for bf16: the input type before the shape, not TF32 math
+    ("cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1", "sm75", "bf16", "tn", "128x128"),
     ("nvjet_tst_128x64_64x8_1x1_v_bz_coopA_TNT", "sm90", "bf16", "tn", "128x64"),
     ("nvjet_sm90_hss_64x8_64x16_1x1_h_bz_splitK_NNT", "sm90", "f16", "nn", "64x8"),
 ])

@@ -93,3 +93,38 @@ def test_cli_failures_are_one_line_exit_2(tmp_path: Path, capsys: pytest.Capture
 def test_cli_missing_range(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert report.main([str(TORCH), "--require", "fused_step", "--out", str(tmp_path)]) == 2
     assert "no range named 'fused_step'" in capsys.readouterr().err
+
+
+def test_memcpy_text_matches_the_tables(written: Path) -> None:
+    """JAX's forward ranks `[CUDA memcpy]` among its kernels and counts it in GPU ms: the
+    text must say so, not that copies are counted apart."""
+    md = (written / "kernels.md").read_text()
+    doc = json.loads((written / "kernels.json").read_text())
+    fwd = doc[1]["phases"]["forward"]
+    copies = [k for k in fwd["kernels"] if k["name"].startswith("[CUDA mem")]
+    assert copies and sum(fwd["categories"].values()) == pytest.approx(fwd["gpu_ns_per_step"])
+    assert "counted apart" not in md
+    assert "GPU ms = sum of the durations of the kernels, memcpys and memsets" in md
+
+
+def test_range_inferred_categories_are_listed_once(written: Path) -> None:
+    """One line per (profile, range, category), naming the kernels, not one per kernel and phase."""
+    md = (written / "kernels.md").read_text()
+    lines = [line for line in md.splitlines() if "inside `optimizer` are optimizer" in line]
+    assert len(lines) == len(set(lines)) and 1 <= len(lines) <= 2
+    assert not any("- ..." in line for line in md.splitlines())
+
+
+def test_gemm_caption_reads_each_transpose_on_its_own() -> None:
+    """Forward `nn` and `tn` together: not "weights stored [out, in]" for both."""
+    from harness.trace.kernels import decode_gemm
+    from harness.trace.stats import Breakdown, KernelStat, PhaseStats
+
+    names = ("cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_nn_align1",
+             "cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1")
+    kernels = [KernelStat(n, "gemm", 1.0, 1.0, 1.0, 0.5, decode_gemm(n)) for n in names]
+    fwd = PhaseStats("forward", "step", 1, 1, 2.0, 2.0, 2.0, {"gemm": 2.0}, kernels)
+    caption = render._caption(Breakdown("x", "nsys", "x", {"forward": fwd}, *[None] * 3, [], []))
+    assert "`nn` (weights stored [in, out], or P V)" in caption
+    assert "`tn` (weights stored [out, in], or Q K^T)" in caption
+    assert "i.e. weights stored" not in caption

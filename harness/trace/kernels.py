@@ -48,7 +48,8 @@ Name layouts decoded by `decode_gemm` (fields a name lacks stay ``None``):
   arch, ``<A><B>_<C><accumulate>_<scale>`` types, transpose, tile.
 - cuBLAS legacy: ``ampere_sgemm_128x64_tn``, ``sm80_xmma_gemm_f32f32_tf32f32_f32_nn_...``.
 - CUTLASS: ``cutlass_80_tensorop_s1688gemm_128x128_16x5_tt_align4`` (``s1688`` = TF32
-  tensor-core math; ``h16816`` f16; ``bf16_s16816`` bf16), ``cutlass3x_sm90_...``.
+  tensor-core math; ``h16816`` f16; an input type beside the shape is the math:
+  ``bf16_s1688gemm_bf16`` and ``bf16_s16816gemm`` are bf16), ``cutlass3x_sm90_...``.
 - cuBLASLt nvjet (Hopper): ``nvjet_[smXX_]tst_128x64_64x8_1x1_v_bz_coopA_TNT``: three
   type letters ``<inputs><accumulate><output>`` (``h`` f16, ``t`` bf16, ``s`` f32),
   CTA tile ``MxN``, and ``TN?``-style transposes (the first two letters).
@@ -194,11 +195,13 @@ def decode_gemm(name: str) -> GemmInfo | None:
         types = m.group(1)
         # "<A><B>_<C><compute>": the compute token (second group) is the math, e.g. tf32
         math = _math_of(types.split("_")[1]) or _math_of(types)
-    elif m := re.search(r"(?:^|_)([shd])(\d{3,5})gemm(?:_\w*?)?(?:_(bf16|f16))?_", name):
-        # CUTLASS: <accumulator letter><mma shape>gemm[_<input type>]; s1688/s1684 is TF32
-        types = f"{m.group(1)}{m.group(2)}gemm" + (f"_{m.group(3)}" if m.group(3) else "")
-        tf32 = m.group(1) == "s" and m.group(2) in ("1688", "1684")
-        math = m.group(3) or ("tf32" if tf32 else {"h": "f16", "d": "f64"}.get(m.group(1)))
+    elif m := re.search(r"(?:^|_)(?:(bf16|f16)_)?([shd])(\d{3,5})gemm(?:_(?:\w*?_)?(bf16|f16)(?=_))?", name):
+        # CUTLASS: [<input type>_]<accumulator letter><mma shape>gemm[_<input type>]; the input
+        # type, where named, is the math (bf16_s1688gemm_bf16: bf16 in, f32 accumulate);
+        # s1688/s1684 without one is TF32
+        types = m.group(0).strip("_")
+        tf32 = m.group(2) == "s" and m.group(3) in ("1688", "1684")
+        math = m.group(1) or m.group(4) or ("tf32" if tf32 else {"h": "f16", "d": "f64"}.get(m.group(2)))
     elif re.search(r"_(sgemm|hgemm|dgemm)", name):
         types = re.search(r"_(sgemm|hgemm|dgemm)", name).group(1)
         math = {"sgemm": "f32", "hgemm": "f16", "dgemm": "f64"}[types]

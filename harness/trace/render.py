@@ -76,13 +76,27 @@ def _phases(bds: Sequence[Breakdown]) -> list[str]:
     return seen
 
 
+def busy(bds: Sequence[Breakdown]) -> str:
+    """What the busy time of these profiles is: "GPU", "CPU" where every profile's kernels
+    are CPU ops (no GPU traced), "GPU or CPU" for a mix."""
+    cpu = {bd.cpu_ops for bd in bds}
+    return "CPU" if cpu == {True} else "GPU" if cpu == {False} else "GPU or CPU"
+
+
+def _unit(bds: Sequence[Breakdown]) -> str:
+    """The name of a profile's unit of work: ops where every profile is a CPU one."""
+    return "op" if all(bd.cpu_ops for bd in bds) else "kernel"
+
+
 def _summary(bds: Sequence[Breakdown]) -> list[str]:
     rows = []
+    metrics = [(f"{busy(bds)} ms/step", lambda p: _ms(p.gpu_ns_per_step)),
+               ("range ms/step", lambda p: _ms(p.range_ns_per_step)),
+               (f"{_unit(bds)}s/step", lambda p: f"{p.kernels_per_step:.1f}")]
+    if not all(bd.cpu_ops for bd in bds):  # a CPU profile has no copies of its own
+        metrics.append(("memcpys+memsets/step", lambda p: f"{p.copies_per_step:.1f}"))
     for phase in _phases(bds):
-        for metric, get in (("GPU ms/step", lambda p: _ms(p.gpu_ns_per_step)),
-                            ("range ms/step", lambda p: _ms(p.range_ns_per_step)),
-                            ("kernels/step", lambda p: f"{p.kernels_per_step:.1f}"),
-                            ("memcpys+memsets/step", lambda p: f"{p.copies_per_step:.1f}")):
+        for metric, get in metrics:
             rows.append([phase, metric, *(get(bd.phases[phase]) if phase in bd.phases else "-" for bd in bds)])
     return markdown_table(["phase", "metric", *(bd.label for bd in bds)], rows)
 
@@ -101,12 +115,12 @@ def _categories(bds: Sequence[Breakdown]) -> list[str]:
     return markdown_table(["phase", "category", *(bd.label for bd in bds)], rows)
 
 
-def _top(p: PhaseStats, n: int) -> list[str]:
+def _top(p: PhaseStats, n: int, unit: str = "kernel") -> list[str]:
     top = p.kernels[:n]
     rows = [[name, k.category + (f" (from `{k.inferred_from}` range)" if k.inferred_from else ""),
              f"{k.calls_per_step:.1f}", _ms(k.ns_per_step), f"{k.mean_ns / 1e3:.1f}", f"{k.share:.1%}"]
             for name, k in zip(short_names([k.name for k in top]), top)]
-    return markdown_table(["kernel", "category", "calls/step", "ms/step", "mean µs", "share"], rows)
+    return markdown_table([unit, "category", "calls/step", "ms/step", "mean µs", "share"], rows)
 
 
 def _gemms(bd: Breakdown) -> list[str]:
@@ -124,26 +138,29 @@ def _gemms(bd: Breakdown) -> list[str]:
 
 def _answer_lines(bd: Breakdown, ans: dict) -> list[str]:
     out = [f"### {bd.label}"]
+    unit = _unit([bd])
     if a := ans["a"]:
         timer = f", harness timer {a['reference_ms']:.3f} ms" if a["reference"] == "harness timer" else ""
-        out.append(f"- (a) forward, medians over {a['steps']} steps: kernels {a['kernel_ms']:.3f} ms, NVTX range "
-                   f"{a['range_ms']:.3f} ms{timer}; the {a['reference']} exceeds the kernels by "
-                   f"{a['difference_ms']:.3f} ms ({a['difference_pct']:.1f}%: launch gaps, host work, sync)")
+        reference = "range" if a["reference"] == "NVTX range" else a["reference"]
+        out.append(f"- (a) forward, medians over {a['steps']} steps: {unit}s {a['kernel_ms']:.3f} ms, range "
+                   f"{a['range_ms']:.3f} ms{timer}; the {reference} exceeds the {unit}s by "
+                   f"{a['difference_ms']:.3f} ms ({a['difference_pct']:.1f}%: "
+                   f"{'dispatch and Python between ops' if bd.cpu_ops else 'launch gaps, host work, sync'})")
     else:
         out.append("- (a)-(d): no `forward` range in this profile")
     if b := ans["b"]:
         if b["top_in_step"] is None:
             still = "no step range to compare with"
         elif b["top_in_step"]:
-            still = "it is also the top kernel of the full step"
+            still = f"it is also the top {unit} of the full step"
         else:
-            still = (f"over the full step the top kernel is `{short_name(b['step_top'], 60)}` "
+            still = (f"over the full step the top {unit} is `{short_name(b['step_top'], 60)}` "
                      f"({b['step_top_share']:.1%})")
-        out.append(f"- (b) top forward kernel: `{short_name(b['name'], 70)}` ({b['category']}, {b['share']:.1%} "
+        out.append(f"- (b) top forward {unit}: `{short_name(b['name'], 70)}` ({b['category']}, {b['share']:.1%} "
                    f"of forward, {b['calls_per_forward']:.1f} calls per forward); {still}")
     if ans["c"] is not None:
         listed = "; ".join(f"`{short_name(c['name'], 60)}` {c['category']} {c['share']:.1%}" for c in ans["c"])
-        out.append(f"- (c) non-GEMM kernels with >= 5% of forward: {listed or 'none'}")
+        out.append(f"- (c) non-GEMM {unit}s with >= 5% of forward: {listed or 'none'}")
     if d := ans["d"]:
         grew = [g for g in d["growth"] if g["step_share"] > g["forward_share"] + 0.005][:4]
         listed = ", ".join(f"{g['category']} {g['forward_share']:.1%} -> {g['step_share']:.1%}" for g in grew)
@@ -165,18 +182,23 @@ def _answer_lines(bd: Breakdown, ans: dict) -> list[str]:
     return out
 
 
+# What a forward GEMM's transpose says about the product it computes (see `_caption`).
+_FORWARD_TRANSPOSES = {"tn": "weights stored [out, in], or Q K^T",
+                       "nn": "weights stored [in, out], or P V"}
+
+
 def _caption(bd: Breakdown) -> str:
     """What the transposes in this profile's GEMM table say about its weight layout."""
     fwd = bd.phases.get("forward")
     seen = sorted({k.gemm.transpose for k in fwd.kernels if k.gemm and k.gemm.transpose}) if fwd else []
     base = ("Transposes are cuBLAS's column-major view of the row-major product: `nn.Linear` (weight "
             "[out, in], `Y = X W^T`) runs forward as `tn`, its backward as `nn` (dX) and `nt` (dW); a weight "
-            "stored [in, out] (Flax `Dense`, GPT-2's `Conv1D`: `Y = X W`) runs forward as `nn`.")
+            "stored [in, out] (Flax `Dense`, GPT-2's `Conv1D`: `Y = X W`) runs forward as `nn`; the attention "
+            "products run as `tn` (`Q K^T`) and `nn` (`P V`).")
     if not seen:
         return base + " The forward GEMMs here do not name a transpose."
-    layout = ("[out, in] (nn.Linear)" if "tn" in seen else "[in, out] (Dense/Conv1D) or attention products"
-              if "nn" in seen else "neither layout by itself")
-    return base + f" Forward GEMMs here: {', '.join(f'`{t}`' for t in seen)}, i.e. weights stored {layout}."
+    return base + " Forward GEMMs here: " + ", ".join(f"`{t}` ({_FORWARD_TRANSPOSES.get(t, 'neither layout')})"
+                                                      for t in seen) + "."
 
 
 def _api(bd: Breakdown) -> list[str]:
@@ -206,12 +228,13 @@ def _left_out(bd: Breakdown) -> list[str]:
 
 
 def _layers(bd: Breakdown, n: int) -> list[str]:
-    """The layers that took most GPU time per phase, with their share of the phase."""
+    """The layers that took most busy time (GPU, or CPU for CPU ops) per phase, with their
+    share of the phase."""
     rows = []
     for phase, layers in bd.layers.items():
         total = sum(layers.values())
         rows += [[phase, name, _ms(ns), f"{ns / total:.1%}" if total else "-"] for name, ns in list(layers.items())[:n]]
-    return markdown_table(["phase", "layer", "GPU ms", "share of phase"], rows)
+    return markdown_table(["phase", "layer", f"{busy([bd])} ms", "share of phase"], rows)
 
 
 def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
@@ -225,27 +248,40 @@ def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None
                 f"{next(iter(bd.phases.values())).steps} measured steps)",
                 f"  - steps: {bd.steady_rule}",
                 f"  - attribution: {bd.attribution_reason}{spill}"]
+    unit = _unit(bds)
+    if unit == "op":
+        what = ("CPU ms = sum of the self times of the ops attributed to the range (an op's duration less that "
+                "of the ops it calls, so no time counts twice); range ms = the range's own wall time.")
+    else:
+        what = (f"{busy(bds)} ms = sum of the durations of the kernels, memcpys and memsets attributed to the "
+                "range (each profile's attribution rule above), and every table ranks them together; range ms = "
+                "the range's own wall time; kernels/step counts kernels only, memcpys+memsets/step the copies.")
     out += ["", "Times are per measured step: a range's totals divided by the number of steps holding it "
-            "(mean over the steps; the steps are as listed above). GPU ms = sum of kernel durations "
-            "attributed to the range (each profile's attribution rule above); range ms = the range's own "
-            "wall time. Memcpys and memsets are counted apart from kernels.", ""]
+            f"(mean over the steps; the steps are as listed above). {what}", ""]
     out += ["## Per phase", "", *_summary(bds), "", "## Category shares", "", *_categories(bds), ""]
-    inferred = [f"- {bd.label}, {p.phase}: `{short_name(k.name, 60)}` is {k.category} because it runs inside "
-                f"`{k.inferred_from}` (by name: another category)"
-                for bd in bds for p in bd.phases.values() for k in p.kernels if k.inferred_from]
+    inferred: dict[tuple[str, str, str], dict[str, None]] = {}  # (label, range, category) -> names, in order
+    for bd in bds:
+        for p in bd.phases.values():
+            for k in (k for k in p.kernels if k.inferred_from):
+                inferred.setdefault((bd.label, k.inferred_from, k.category), {})[k.name] = None
     if inferred:
-        out += ["Categories inferred from the range a kernel runs in, not from its name:", "",
-                *inferred[:12], *(["- ..."] if len(inferred) > 12 else []), ""]
+        out += [f"Categories inferred from the range {unit}s run in, not from their names:", ""]
+        for (label, inside, category), names in inferred.items():
+            shown = ", ".join(f"`{n}`" for n in short_names(list(names)[:5], 50))
+            more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+            out.append(f"- {label}: {len(names)} {unit} name(s) inside `{inside}` are {category} (by name another "
+                       f"category): {shown}{more}")
+        out.append("")
     out += ["## Answers", ""]
     for bd, ans in zip(bds, answer_sets):
         out += [*_answer_lines(bd, ans), ""]
     for bd in bds:
-        out += [f"## {bd.label}: top kernels", ""]
+        out += [f"## {bd.label}: top {_unit([bd])}s", ""]
         for phase, p in bd.phases.items():
-            out += [f"### {phase}", "", *_top(p, top_n), ""]
+            out += [f"### {phase}", "", *_top(p, top_n, _unit([bd])), ""]
         if bd.layers:
             out += [f"### {bd.label}: top layers", "", *_layers(bd, top_n), ""]
-        if gemm := _gemms(bd):
+        if not bd.cpu_ops and (gemm := _gemms(bd)):  # CPU ops' names decode to nothing
             out += [f"### {bd.label}: GEMM kernels decoded", "", _caption(bd), "", *gemm, ""]
         if bd.api:
             out += [f"### {bd.label}: CUDA API calls (whole profile)", "", *_api(bd), ""]
@@ -288,8 +324,8 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
             ax.bar(range(len(bars)), vals, bottom=bottom, label=cat.value, color=CATEGORY_COLORS[cat])
             bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(range(len(bars)), [b for b, _ in bars], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("GPU ms per step")
-    ax.set_title("kernel time by category")
+    ax.set_ylabel(f"{busy(bds)} ms per step")
+    ax.set_title(f"{_unit(bds)} time by category")
     ax.legend(fontsize=7)
     for ax, bd in zip(axes[0][1:], bds):
         p = next(iter(bd.phases.values()))
@@ -298,7 +334,7 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
                 color=[CATEGORY_COLORS[Category(k.category)] for k in top])
         ax.set_yticks(range(len(top)), short_names([k.name for k in top], 45), fontsize=6)
         ax.set_xlabel("ms per step")
-        ax.set_title(f"{bd.label}: top kernels ({p.phase})")
+        ax.set_title(f"{bd.label}: top {_unit([bd])}s ({p.phase})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -74,3 +74,4 @@ class Breakdown:
     steady_rule: str = ""  # which instances the per-step figures average, in words
     api: list[ApiStat] = field(default_factory=list)
     layers: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> canonical layer -> ns per step
+    cpu_ops: bool = False  # CPU ops stand in for kernels: times are host times, not GPU times

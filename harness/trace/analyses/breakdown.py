@@ -297,9 +297,9 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
                      if c < 0.95]
     layers = {} if labels is None else layer_totals(kt, layer_ranges, labels)
     return Breakdown(profile.label, profile.source, profile.path, phases, bucket(kwarm & ~tune), bucket(tune),
-                     bucket(none), [*warnings, *_warnings(phases)], notes,
+                     bucket(none), [*warnings, *_warnings(phases, profile.cpu_ops)], notes,
                      bucket(kfirst & ~tune & ~none & ~kwarm), bucket(only_first), mode, reason, outside, moved,
-                     steady_rule, list(profile.api), layers)
+                     steady_rule, list(profile.api), layers, profile.cpu_ops)
 
 
 
@@ -356,9 +356,9 @@ def _whole_profile(profile: Profile) -> Breakdown:
             "(torch.cuda.nvtx.range_push/pop, jax.profiler.TraceAnnotation) around steps and phases "
             "for per-step figures")
     return Breakdown(profile.label, profile.source, profile.path, {WHOLE_PROFILE: whole}, Bucket(),
-                     _bucket(kt, tune, inner, []), Bucket(), _warnings({WHOLE_PROFILE: whole}),
+                     _bucket(kt, tune, inner, []), Bucket(), _warnings({WHOLE_PROFILE: whole}, profile.cpu_ops),
                      [note, *profile.notes], attribution="none", attribution_reason="no ranges",
-                     steady_rule="no ranges: the whole profile", api=list(profile.api))
+                     steady_rule="no ranges: the whole profile", api=list(profile.api), cpu_ops=profile.cpu_ops)
 
 
 _ORDER = (*STEP_RANGES, *PHASES, *ATTENTION_RANGES)
@@ -370,13 +370,14 @@ def _phase_order(key: tuple[str, str]) -> tuple[int, int, int, str]:
     return (rank(root), 0 if name == root else 1, rank(name), name)
 
 
-def _warnings(phases: dict[str, PhaseStats]) -> list[str]:
+def _warnings(phases: dict[str, PhaseStats], cpu_ops: bool = False) -> list[str]:
     out = []
     for p in phases.values():
         share = p.share(Category.OTHER)
         if share >= UNCLASSIFIED_WARN_SHARE:
             top = [k.name for k in p.kernels if k.category == Category.OTHER.value][:3]
-            out.append(f"{p.phase}: {share:.0%} of GPU time in unclassified kernels "
+            what = "CPU time in unclassified ops" if cpu_ops else "GPU time in unclassified kernels"
+            out.append(f"{p.phase}: {share:.0%} of {what} "
                        f"(e.g. {'; '.join(n[:80] for n in top)}); add a pattern to harness.trace.kernels.PATTERNS")
     return out
 

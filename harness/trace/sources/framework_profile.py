@@ -17,9 +17,12 @@ events of the ``/device:GPU:N`` planes' stream lines, ranges the host-plane even
 like the harness's ranges (the host plane holds every runtime event too).
 
 On a machine without a GPU there are no kernels; the loaders then take CPU work as
-"kernels" and say so in `Profile.notes`: torch's innermost ``cpu_op`` events (an op
-that calls other ops would count twice), and XLA's CPU thunks (host events carrying an
-``hlo_op`` stat).
+"kernels", mark the profile `cpu_ops` and say so in `Profile.notes`: each torch
+``cpu_op`` event by its self time (its duration less that of the ops it calls, the
+"self CPU" of torch.profiler's tables), and XLA's CPU thunks (host events carrying an
+``hlo_op`` stat).  Self time, not the innermost op: the op that does the work often calls
+others that do none (``aten::mm`` calls ``aten::resolve_conj``), and a caller's whole
+duration would count its callees twice.
 """
 
 from __future__ import annotations
@@ -79,14 +82,25 @@ def _read_json(path: Path) -> dict:
                            "framework_profile.torch_profiler or prof.export_chrome_trace") from None
 
 
-def _innermost(events: list[dict]) -> list[dict]:
-    """The events (one thread's, sorted by start) that contain no other event."""
-    leaves = []
+def _self_time_ops(events: list[dict]) -> list[Kernel]:
+    """One thread's ``cpu_op`` events (sorted by start, longest first on ties) as kernels
+    that last their self time: the op's duration less that of the ops nested directly in
+    it. Each starts where its op starts, so it lies inside the same ranges."""
+    self_us = [float(e["dur"]) for e in events]
+    stack: list[int] = []
     for i, e in enumerate(events):
-        nxt = events[i + 1] if i + 1 < len(events) else None
-        if nxt is None or nxt["ts"] >= e["ts"] + e["dur"]:
-            leaves.append(e)
-    return leaves
+        while stack and events[stack[-1]]["ts"] + events[stack[-1]]["dur"] <= e["ts"]:
+            stack.pop()
+        if stack:
+            self_us[stack[-1]] -= float(e["dur"])
+        stack.append(i)
+    return [Kernel(e["name"], _ns(e["ts"]), _ns(e["ts"]) + _ns(max(us, 0.0)), 0, int(e.get("tid", 0) or 0), None)
+            for e, us in zip(events, self_us)]
+
+
+def _ns(us: float | str) -> int:
+    """Trace times are µs; profiles keep ns."""
+    return int(round(float(us) * 1000))
 
 
 def load_torch_trace(path: str | Path, label: str | None = None,
@@ -101,11 +115,10 @@ def load_torch_trace(path: str | Path, label: str | None = None,
     if "traceEvents" not in trace:
         raise ProfileError(f"{path}: JSON without traceEvents: not a torch.profiler trace")
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    ns = lambda us: int(round(float(us) * 1000))  # noqa: E731  (trace times are µs)
 
     def kernel(e: dict) -> Kernel:
         args = e.get("args", {})
-        return Kernel(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), int(args.get("device", 0)),
+        return Kernel(e["name"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), int(args.get("device", 0)),
                       int(args.get("stream", e.get("tid", 0)) or 0), None)
 
     kernels = [kernel(e) for e in events if e.get("cat") in TORCH_GPU_CATEGORIES]
@@ -115,16 +128,17 @@ def load_torch_trace(path: str | Path, label: str | None = None,
         for e in events:
             if e.get("cat") == "cpu_op":
                 per_thread[(e.get("pid"), e.get("tid"))].append(e)
-        kernels = [kernel(e) for evs in per_thread.values()
-                   for e in _innermost(sorted(evs, key=lambda e: (e["ts"], -e["dur"])))]
-        notes.append(CPU_NOTE.format(what="ops (innermost cpu_op events)"))
-    ranges = [Range(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e.get("tid"))
+        kernels = [k for evs in per_thread.values()
+                   for k in _self_time_ops(sorted(evs, key=lambda e: (e["ts"], -e["dur"])))]
+        notes.append(CPU_NOTE.format(what="ops (each cpu_op event by its self time)"))
+    ranges = [Range(e["name"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), e.get("tid"))
               for e in events if e.get("cat") == "user_annotation" and e["name"] in range_names]
     if not kernels:
         raise ProfileError(f"{path}: the trace holds neither GPU kernels nor CPU ops; "
                            "was anything run inside the profiler's block?")
     return Profile(str(path), label or label_from_path(path), "torch.profiler",
-                   sorted(kernels, key=lambda k: k.start), sorted(ranges, key=lambda r: r.start), notes)
+                   sorted(kernels, key=lambda k: k.start), sorted(ranges, key=lambda r: r.start), notes,
+                   cpu_ops=bool(notes))
 
 
 def _xplane_file(path: Path) -> Path:
@@ -172,4 +186,5 @@ def load_jax_trace(path: str | Path, label: str | None = None,
         raise ProfileError(f"{xplane}: neither GPU kernels nor XLA CPU ops in the trace; was a "
                            "jitted computation run inside the profiler's block?")
     return Profile(str(xplane), label or label_from_path(path), "jax.profiler",
-                   sorted(kernels, key=lambda k: k.start), sorted(ranges, key=lambda r: r.start), notes)
+                   sorted(kernels, key=lambda k: k.start), sorted(ranges, key=lambda r: r.start), notes,
+                   cpu_ops=bool(notes))

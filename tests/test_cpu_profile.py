@@ -1,0 +1,101 @@
+"""The CPU breakdown from torch.profiler, on real traces of `harness.run --profile` on a CPU.
+
+Fixtures (tests/data/torch_cpu/, captured on a 2-core CPU machine with
+``python -m harness.run --backend torch --model {tiny,mini} --ctx 64 --device cpu
+--warmup 1 --steps 2 --profile torch_{tiny,mini}_cpu.json``): torch.profiler's Chrome
+traces, the trace's own path and host name blanked.  On a CPU, ATen ops nest
+(``aten::linear`` -> ``aten::matmul`` -> ``aten::mm`` -> ``aten::resolve_conj``), so
+which op's time counts decides what the report ranks first.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from harness.trace import render
+from harness.trace.analyses.breakdown import answers, breakdown, load_profile
+from harness.trace.kernels import Category
+
+DATA = Path(__file__).parent / "data" / "torch_cpu"
+MODELS = ("tiny", "mini")
+
+
+def trace(model: str) -> Path:
+    return DATA / f"torch_{model}_cpu.json.gz"
+
+
+def _events(model: str) -> tuple[list[dict], list[dict]]:
+    """The trace's cpu_op events and its `forward` ranges."""
+    events = [e for e in json.loads(gzip.decompress(trace(model).read_bytes()))["traceEvents"]
+              if e.get("ph") == "X" and "dur" in e]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    forwards = [e for e in events if e.get("cat") == "user_annotation" and e["name"] == "forward"]
+    return ops, forwards
+
+
+def _measured_forwards(ops: list[dict], forwards: list[dict]) -> list[dict]:
+    """The forward ranges of the measured steps: the trace's last two (one warm-up, two steps)."""
+    assert len(forwards) == 3
+    return sorted(forwards, key=lambda e: e["ts"])[1:]
+
+
+def _inside(e: dict, r: dict) -> bool:
+    return r["ts"] <= e["ts"] and e["ts"] + e["dur"] <= r["ts"] + r["dur"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_matmuls_come_first_on_a_cpu(model: str) -> None:
+    """aten::mm calls aten::resolve_conj: an innermost-op rule drops every matmul and ranks
+    the loss's log-softmax first; counted by self time, the matmuls lead."""
+    bd = breakdown(load_profile(trace(model)))
+    fwd, step = bd.phases["forward"], bd.phases["step"]
+    assert fwd.kernels[0].name == "aten::mm" and step.kernels[0].name == "aten::mm"
+    assert max(fwd.categories, key=fwd.categories.get) == Category.GEMM.value
+    assert max(step.categories, key=step.categories.get) == Category.GEMM.value
+    assert answers(bd)["b"]["name"] == "aten::mm"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_op_time_is_each_ops_self_time_counted_once(model: str) -> None:
+    """Per forward: the ops' summed time equals the wall time of the outermost ops (hand
+    count: nothing counted twice, nothing dropped); aten::mm's equals its events' durations
+    less their nested ops' (resolve_conj)."""
+    ops, forwards = _events(model)
+    measured = _measured_forwards(ops, forwards)
+    outer_us = mm_us = 0.0
+    for r in measured:
+        inside = [e for e in ops if _inside(e, r)]
+        by_thread: dict[object, list[dict]] = defaultdict(list)
+        for e in inside:
+            by_thread[e["tid"]].append(e)
+        for evs in by_thread.values():
+            outer_us += sum(e["dur"] for e in evs if not any(o is not e and _inside(e, o) and o["dur"] > e["dur"]
+                                                             for o in evs))
+        for mm in (e for e in inside if e["name"] == "aten::mm"):
+            nested = [e for e in inside if e is not mm and e["tid"] == mm["tid"] and _inside(e, mm)]
+            mm_us += mm["dur"] - sum(e["dur"] for e in nested)
+    bd = breakdown(load_profile(trace(model)))
+    fwd = bd.phases["forward"]
+    assert fwd.steps == 2
+    # each op's start and end are rounded to whole ns: at most 1 ns per op and step
+    assert fwd.gpu_ns_per_step == pytest.approx(outer_us * 1e3 / 2, abs=2 * fwd.kernels_per_step)
+    mm = next(k for k in fwd.kernels if k.name == "aten::mm")
+    assert mm.ns_per_step == pytest.approx(mm_us * 1e3 / 2, abs=2 * mm.calls_per_step * 2)
+
+
+def test_cpu_report_speaks_of_cpu_ops() -> None:
+    """No "GPU ms", no kernels, no copy counts and no GEMM decoding for CPU ops."""
+    bd = breakdown(load_profile(trace("tiny")))
+    assert bd.cpu_ops
+    md = render.render_markdown([bd])
+    assert "GPU ms" not in md and "GPU time in" not in md
+    assert "kernels/step" not in md and "top kernels" not in md and "| kernel |" not in md
+    assert "| step | CPU ms/step |" in md and "| step | ops/step |" in md
+    assert "memcpys" not in md and "GEMM kernels decoded" not in md
+    assert "- (b) top forward op: `aten::mm`" in md
+    assert render.busy([bd]) == "CPU"

@@ -16,7 +16,7 @@ import pytest
 from harness import diff as diff_cli
 from harness.diffs.decompose import GROUPS, HOST, diff_runs, regression
 from harness.diffs.inputs import resolve, resolve_one
-from harness.diffs.render import render
+from harness.diffs.render import plot_waterfall, render, render_markdown
 from harness.timing.compare import summarize_compare, write_results
 from harness.trace.analyses.breakdown import breakdown, load_profile
 
@@ -138,3 +138,64 @@ def test_compare_folder_names_its_backends(tmp_path) -> None:
     assert diff_cli.main([folder, "--out", str(tmp_path / "d")]) == 0
     assert (tmp_path / "d" / "diff.md").exists()
     assert diff_cli.main([f"{folder}:cuda", folder]) == 2
+
+
+def _medians(path: Path) -> dict[str, float]:
+    return {p: statistics.median(v["times_ms"]) for p, v in json.loads(path.read_text())["phases"].items()}
+
+
+def test_headline_gives_speed_as_a_ratio_and_time_saved_as_a_share(small) -> None:
+    """"4.14x faster (75.8% less time)", not the time saved called a speed-up."""
+    a, b = _medians(TORCH)["step"], _medians(JAX)["fused_step"]
+    headline = render_markdown(small).splitlines()[2]
+    assert f"{a / b:.2f}x faster ({(a - b) / a:.1%} less time, {a - b:.3f} ms)" in headline
+    assert "4.14x faster (75.8% less time" in headline
+    assert "per step (torch_small_train: step, jax_small_train: fused_step)" in headline
+
+
+def _jax_fused_slowed(tmp_path: Path, factor: float) -> Path:
+    """JAX's run with its fused step `factor` times slower (profile beside it, copied)."""
+    doc = json.loads(JAX.read_text())
+    fused = doc["phases"]["fused_step"]
+    fused["times_ms"] = [t * factor for t in fused["times_ms"]]
+    fused["median_ms"] *= factor
+    out = tmp_path / "jax_small_train.harness.json"
+    out.write_text(json.dumps(doc))
+    (tmp_path / "jax_small_train.sqlite.gz").symlink_to(JAX.with_name("jax_small_train.sqlite.gz"))
+    return out
+
+
+def test_the_faster_of_jax_s_split_and_fused_step_is_taken_and_named(small, tmp_path) -> None:
+    split, fused = _medians(JAX)["step"], _medians(JAX)["fused_step"]
+    assert fused < split and "JAX's fused step, the faster of its two" in render_markdown(small)
+    d = diff_runs(resolve_one(TORCH), resolve_one(_jax_fused_slowed(tmp_path, 2.0)))
+    assert (d.step.phase, d.step.b_phase) == ("step", "step")  # split 22.2 ms against fused 30.3 ms
+    assert d.step.b_ms == pytest.approx(split)
+    assert (f"JAX's split step, the faster of its two (jax_small_train: {split:.3f} ms against "
+            f"{2 * fused:.3f} ms for its fused step") in render_markdown(d)
+
+
+def test_gate_names_each_side_s_phase(capsys) -> None:
+    """JAX's fused step against torch's step: torch has no fused step to be slower in."""
+    assert diff_cli.main([str(JAX), str(TORCH), "--fail-if-slower", "20"]) == 1
+    err = capsys.readouterr().err
+    a, b = _medians(JAX)["fused_step"], _medians(TORCH)["step"]
+    assert f"{(b - a) / a * 100:.1f}% slower than jax_small_train in step (jax_small_train: fused_step, " \
+           "torch_small_train: step)" in err
+    assert "in fused_step" not in err
+
+
+def test_waterfall_title_and_axis_agree_and_nothing_is_clipped(small, tmp_path, monkeypatch) -> None:
+    from matplotlib.figure import Figure
+
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *args, **kwargs: drawn.append(fig))
+    assert plot_waterfall(small, tmp_path / "diff.png")
+    (ax,) = drawn[0].axes
+    a = statistics.fmean(json.loads(TORCH.read_text())["phases"]["step"]["times_ms"])
+    b = statistics.fmean(json.loads(JAX.read_text())["phases"]["fused_step"]["times_ms"])
+    assert ax.get_ylabel() == "ms per step (timer mean)"
+    assert ax.get_title().startswith(f"step (torch_small_train: step, jax_small_train: fused_step): {a:.2f} -> {b:.2f}"
+                                     " ms (timer means; medians")
+    tops = [bar.get_y() + bar.get_height() for bar in ax.patches] + [bar.get_y() for bar in ax.patches]
+    assert ax.get_ylim()[1] > max(tops) and ax.get_ylim()[0] <= min(tops)

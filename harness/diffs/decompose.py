@@ -157,9 +157,24 @@ class Diff:
 
     @property
     def step(self) -> PhaseDiff | None:
-        """The whole step: JAX's fused step where a side has one (the step JAX users run,
-        compared with torch's step as `harness.compare` does), else the split step."""
-        return self.phase("fused_step") or self.phase("step") or (self.phases[-1] if self.phases else None)
+        """The whole step: where a side has JAX's fused step beside its split step, the
+        faster of the two on that side (timer medians; the fused step on a tie), set against
+        the other side's step; else the split step."""
+        fused, split = self.phase("fused_step"), self.phase("step")
+        if fused and split:
+            return min((fused, split), key=lambda p: _fused_sides_ms(fused, p))
+        return fused or split or (self.phases[-1] if self.phases else None)
+
+
+def _fused_sides_ms(fused: PhaseDiff, p: PhaseDiff) -> float:
+    """`p`'s time on the sides that have a fused step (a missing time counts as infinite)."""
+    ms = [getattr(p, f"{side}_ms") for side in ("a", "b") if getattr(fused, f"{side}_phase") == "fused_step"]
+    return sum(x if x == x else float("inf") for x in ms)  # x != x: NaN
+
+
+def phase_words(p: PhaseDiff, a_label: str, b_label: str) -> str:
+    """The phase compared, naming each side's where they differ ("step (A: step, B: fused_step)")."""
+    return p.a_phase if p.a_phase == p.b_phase else f"step ({a_label}: {p.a_phase}, {b_label}: {p.b_phase})"
 
 
 def _get(doc: dict | None, path: tuple[str, ...]) -> object:
@@ -369,6 +384,7 @@ def regression(diff: Diff, pct: float) -> str | None:
         return None
     slower = step.gap_ms / step.a_ms * 100
     if slower > pct and step.in_noise is not True:
-        return (f"{diff.b_label} is {slower:.1f}% slower than {diff.a_label} in {step.phase} "
+        return (f"{diff.b_label} is {slower:.1f}% slower than {diff.a_label} in "
+                f"{phase_words(step, diff.a_label, diff.b_label)} "
                 f"({step.a_ms:.3f} -> {step.b_ms:.3f} ms median), more than {pct:g}% and beyond the noise")
     return None

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.common.tables import markdown_table
-from harness.diffs.decompose import HOST, Diff, PhaseDiff, Throughput
+from harness.diffs.decompose import HOST, Diff, PhaseDiff, Throughput, phase_words
 from harness.diffs.layers import LayerPhase, layer_sentences
 
 CAUSES = 3
@@ -22,14 +22,37 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
 
 
+def speed(a_ms: float, b_ms: float) -> str:
+    """B against A as a speed ratio and the time saved or added: "5.07x faster (80.3% less time)"."""
+    if not (a_ms > 0 and b_ms > 0) or a_ms == b_ms:
+        return "the same time" if a_ms == b_ms else "no ratio (a time is zero or missing)"
+    if b_ms < a_ms:
+        return f"{a_ms / b_ms:.2f}x faster ({(a_ms - b_ms) / a_ms:.1%} less time, {a_ms - b_ms:.3f} ms)"
+    return f"{b_ms / a_ms:.2f}x slower ({(b_ms - a_ms) / a_ms:.1%} more time, {b_ms - a_ms:.3f} ms)"
+
+
+def step_choice(d: Diff) -> str | None:
+    """Which of JAX's two steps `d.step` took, with both times; None where there was no choice."""
+    fused, split = d.phase("fused_step"), d.phase("step")
+    if not (fused and split):
+        return None
+    taken, other = (fused, split) if d.step is fused else (split, fused)
+    name = {id(fused): "fused step", id(split): "split step"}
+    times = "; ".join(f"{label}: {getattr(taken, f'{side}_ms'):.3f} ms against {getattr(other, f'{side}_ms'):.3f} ms"
+                      for side, label in (("a", d.a_label), ("b", d.b_label))
+                      if getattr(fused, f"{side}_phase") == "fused_step")
+    return (f"The step compared is JAX's {name[id(taken)]}, the faster of its two ({times} for its "
+            f"{name[id(other)]}, timer medians).")
+
+
 def _headline(d: Diff, p: PhaseDiff) -> str:
+    phase = phase_words(p, d.a_label, d.b_label)
     if not p.a_ms:
-        return f"{p.phase}: no time for A."
-    faster = "slower" if p.gap_ms > 0 else "faster"
+        return f"{phase}: no time for A."
     noise = {True: "inside the noise (the p10-p90 ranges overlap)", False: "beyond the noise",
              None: "noise unknown (no timer spread on one side)"}[p.in_noise]
-    return (f"B ({d.b_label}) takes {p.b_ms:.3f} ms per {p.phase} against A's ({d.a_label}) {p.a_ms:.3f} ms "
-            f"({p.whole}): {abs(p.gap_ms):.3f} ms ({abs(p.gap_ms) / p.a_ms:.1%}) {faster}, {noise}.")
+    return (f"B ({d.b_label}) takes {p.b_ms:.3f} ms per {phase} against A's ({d.a_label}) {p.a_ms:.3f} ms "
+            f"({p.whole}): {speed(p.a_ms, p.b_ms)}, {noise}.")
 
 
 def _cause(p: PhaseDiff, name: str) -> str:
@@ -72,7 +95,7 @@ def sentences(d: Diff) -> list[str]:
     p = d.step
     if p is None:
         return ["The runs have no phase in common.", *layer_sentences(d.layers)]
-    out = [_headline(d, p)]
+    out = [_headline(d, p), *filter(None, [step_choice(d)])]
     causes = [part.name for part in sorted(p.parts, key=lambda x: -abs(x.delta_ms))[:CAUSES]]
     out += [(c := _cause(p, name))[0].upper() + c[1:] for name in causes]
     out += [f"{line[0].upper()}{line[1:]}." for t in p.throughput if t.what not in causes and (line := _bound(t))]
@@ -171,15 +194,19 @@ def plot_waterfall(d: Diff, path: Path) -> bool:
     a_ms, b_ms = (p.a.mean_ms, p.b.mean_ms) if p.a and p.b else (p.a_ms, p.b_ms)  # what the parts add up to
     fig, ax = plt.subplots(figsize=(1.1 * (len(steps) + 2) + 2, 4.5))
     ax.bar(0, a_ms, color="0.5")
-    level = a_ms
+    level, levels = a_ms, [a_ms, b_ms]
     for i, (_, delta) in enumerate(steps, start=1):
         ax.bar(i, delta, bottom=level, color="tab:red" if delta > 0 else "tab:green")
         level += delta
+        levels.append(level)
     ax.bar(len(steps) + 1, b_ms, color="0.5")
     labels = [f"A\n{d.a_label}", *(n for n, _ in steps), f"B\n{d.b_label}"]
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(f"ms per {p.phase}" + (" (timer mean)" if p.a and p.b else ""))
-    ax.set_title(f"{p.phase}: {p.a_ms:.2f} -> {p.b_ms:.2f} ms")
+    means = bool(p.a and p.b)
+    ax.set_ylabel(f"ms per {p.a_phase if p.a_phase == p.b_phase else 'step'}" + (" (timer mean)" if means else ""))
+    ax.set_title(f"{phase_words(p, d.a_label, d.b_label)}: {a_ms:.2f} -> {b_ms:.2f} ms"
+                 + (f" (timer means; medians {p.a_ms:.2f} -> {p.b_ms:.2f})" if means else ""), fontsize=9)
+    ax.set_ylim(min(0.0, *levels) * 1.08, max(levels) * 1.08)  # the tallest bar's top in view
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -574,3 +574,62 @@ def test_data_parallel_axis_renders_the_scaling_table(tmp_path) -> None:
     assert "| tiny | 16 | 2 |" in report  # the N column of the phase tables
     with open(os.path.join(out, "cells.csv")) as f:
         assert sorted(r["data_parallel"] for r in csv.DictReader(f)) == ["1", "2"]
+
+
+def test_memory_table_reads_one_way_and_predicts_only_torch(h200: dict) -> None:
+    """Title and ratio column both measured over predicted; JAX rows carry no torch prediction."""
+    report = h200["report"]
+    section = report.split("## Peak memory (GiB): measured / predicted")[1].split("\n## ")[0]
+    assert "predicted/measured" not in section and "| step measured/predicted |" in section
+    torch_row = next(r for r in h200["data"]["memory"] if r["key"] == "large:256:torch:fp32")
+    line = _row(section, "large", "256", "torch", "fp32")
+    phases = h200["records"]["large:256:torch:fp32"]["result"]["phases"]
+    measured = max(phases[p]["peak_memory_bytes"] for p in ("forward", "backward", "optimizer"))
+    assert f"| {measured / torch_row['step']['predicted']:.2f}x |" in line
+    jax_line = _row(section, "large", "256", "jax", "fp32")
+    assert f"/ {torch_row['step']['predicted'] / 2**30:.3g} |" not in jax_line
+    assert jax_line.split(" | ")[-2:] == ["-", "- |"]  # no ratio, no fit
+
+
+def test_no_fit_against_a_made_up_device_memory_on_a_cpu(rendered: dict, tmp_path) -> None:
+    from harness.sweeps.render import section_memory
+
+    assert "fits (predicted)" not in rendered["report"] and "80 GiB" not in rendered["report"]
+    sized = analysis.analyze(rendered["out"], device_memory_gb=0.1)
+    assert "| fits (predicted) |" in "\n".join(section_memory(sized))
+
+
+def test_regime_note_says_throughout_for_one_regime(rendered: dict) -> None:
+    notes = [line for line in rendered["report"].splitlines() if "reaches 1.5x" in line or "stays below" in line]
+    assert notes and not any(re.search(r"\((\S[^>]*) -> \1\)", line) for line in notes)
+    note = next(n for n in rendered["data"]["bound_notes"] if (n["backend"], n["dtype"], n["model"]) ==
+                ("torch", "bf16", "mini"))
+    assert note["first"] != note["last"]
+    assert f"({note['first']} at ctx 16 -> {note['last']} at ctx 32)" in rendered["report"]
+    assert "(memory-bound throughout)" in rendered["report"]
+
+
+def test_memory_axis_starts_at_zero(rendered: dict) -> None:
+    from harness.sweeps import plots
+
+    fig = plots.memory_figure(rendered["data"])
+    for ax in fig.axes:
+        lo, hi = ax.get_ylim()
+        assert lo == 0 and hi >= max(y for line in ax.get_lines() for y in line.get_ydata())
+
+
+def test_time_colours_follow_the_backend_over_two_batches(rendered: dict) -> None:
+    import copy
+
+    from harness.sweeps import plots
+
+    data = copy.deepcopy(rendered["data"])
+    doubled = [{**r, "batch": 8} for r in data["phases"]]
+    data["phases"] += doubled
+    data["batches"] = [4, 8]
+    fig = plots.time_figure(data)
+    for ax in fig.axes:
+        colours: dict[str, set] = {}
+        for line in ax.get_lines():
+            colours.setdefault(line.get_label().split()[0], set()).add(line.get_color())
+        assert all(len(c) == 1 for c in colours.values()) and len(set.union(*colours.values())) == len(colours)

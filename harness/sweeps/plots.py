@@ -77,21 +77,27 @@ def value_axis(ax, values: list[float]) -> None:
 
 
 def time_figure(data: dict):
+    """Per model: step time against context, one colour per backend (the same in every
+    panel), one marker per dtype and batch, solid for the step and dashed for JAX's fused step."""
     rows = data["phases"]
     if not any(r["step"] for r in rows):
         return None
     models = _models(rows)
+    colours = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r["backend"] for r in rows))}
+    markers = {k: MARKERS[i % len(MARKERS)] for i, k in enumerate(dict.fromkeys((r["dtype"], r["batch"])
+                                                                                 for r in rows))}
     fig, axes = _subplots(len(models))
     for ax, model in zip(axes, models):
         mine = [r for r in rows if r["model"] == model]
         values = []
         for (backend, dtype, batch), rs in groups(mine, "backend", "dtype", "batch").items():
-            for phase, style in (("step", "-o"), ("fused_step", "--s")):
+            for phase, line in (("step", "-"), ("fused_step", "--")):
                 pts = [(r["ctx"], r[phase]["median_ms"]) for r in rs if r[phase]]
                 if pts:
                     values += [ms for _, ms in pts]
                     label = _label(backend, dtype, batch, data["batches"])
-                    ax.plot(*zip(*pts), style, label=label + (" fused" if phase == "fused_step" else ""))
+                    ax.plot(*zip(*pts), linestyle=line, marker=markers[dtype, batch], color=colours[backend],
+                            label=label + (" fused" if phase == "fused_step" else ""))
         ax.set(title=model, xlabel="context length", ylabel="step ms (median)")
         _ctx_axis(ax, mine)
         value_axis(ax, values)
@@ -132,7 +138,7 @@ def memory_figure(data: dict):
         for (dtype, batch), rs in groups(mine, "dtype", "batch").items():
             pts = sorted({(r["ctx"], r["step"]["predicted"] / GIB) for r in rs})
             suffix = f" b{batch}" if len(data["batches"]) > 1 else ""
-            ax.plot(*zip(*pts), "-", label=f"predicted {dtype}{suffix}")
+            ax.plot(*zip(*pts), "-", label=f"predicted (torch) {dtype}{suffix}")
         measured = groups([r for r in mine if r["step"]["measured"]], "backend", "dtype", "batch")
         for marker, ((backend, dtype, batch), rs) in zip(MARKERS * len(measured), measured.items()):
             pts = sorted((r["ctx"], r["step"]["measured"] / GIB) for r in rs)
@@ -142,6 +148,7 @@ def memory_figure(data: dict):
         if max(max(r["step"]["predicted"], r["step"]["measured"] or 0) for r in mine) / GIB > device / 4:
             ax.axhline(device, color="grey", linestyle=":", label="device memory")
         ax.set(title=model, xlabel="context length", ylabel="peak GiB (step)")
+        ax.set_ylim(bottom=0)  # peaks are sizes: from zero, so near-equal ones look near-equal
         _ctx_axis(ax, mine)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

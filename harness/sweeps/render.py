@@ -97,8 +97,10 @@ def section_bound(data: dict) -> list[str]:
                  else "stays below 1.5x over the contexts measured")
         batch = f" batch {n['batch']}" if len(data["batches"]) > 1 else ""
         batch += f" N {n['data_parallel']}" if len(data["data_parallel"]) > 1 else ""
-        out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; {where} "
-                   f"({n['first']} -> {n['last']})")
+        first, last = n["ratios"][0][0], n["ratios"][-1][0]
+        regime = (f"{n['first']} throughout" if n["first"] == n["last"]
+                  else f"{n['first']} at ctx {first} -> {n['last']} at ctx {last}")
+        out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; {where} ({regime})")
     return out + [""]
 
 
@@ -133,27 +135,48 @@ def section_scaling(data: dict) -> list[str]:
     return ["## Scaling over devices", "", format_scaling(data["scaling"])]
 
 
+def modelled(backend: str) -> bool:
+    """Whether `harness.memory_model` predicts this backend's memory: it models what eager
+    torch's autograd saves, so JAX (XLA's buffer assignment) has no prediction."""
+    return backend.startswith("torch")
+
+
+def fit_column(data: dict) -> bool:
+    """A fit column only against a real device's memory: not on a CPU, unless
+    --device-memory-gb names a size."""
+    return data["sweep"]["options"].get("device") != "cpu" or "--device-memory-gb" in data["device_memory"]["source"]
+
+
 def section_memory(data: dict) -> list[str]:
     dev = data["device_memory"]
+    fits = fit_column(data)
     out = ["## Peak memory (GiB): measured / predicted", "",
-           "Predicted by `harness.memory_model` (parameters, gradients, AdamW m and v in fp32; activations "
-           "saved for backward per layer; logits). Measured: the run's per-phase peak (torch: "
-           "max_memory_allocated; JAX: the process-wide high-water mark; none on CPU). "
-           f"Device memory for the fit column: {dev['source']}.", ""]
+           "Each cell is the measured peak / the predicted one. Predicted by `harness.memory_model` for the torch "
+           "backends (parameters, gradients, AdamW m and v in fp32; activations eager torch saves for backward "
+           "per layer; logits); it does not model JAX, whose rows show no prediction. Measured: the run's "
+           "per-phase peak (torch: max_memory_allocated; JAX: the process-wide high-water mark; none on CPU). "
+           + (f"Device memory for the fit column: {dev['source']}." if fits else
+              "No fit column: a CPU has no device memory to fit in (--device-memory-gb sets one)."), ""]
     phases = ("forward", "backward", "optimizer", "step")
 
     def pair(r: dict, p: str) -> str:
         m = r[p]
         measured = _gib(m["measured"]) if m["measured"] else status_text(r["status"]) if r["status"] != "ok" else "-"
-        return f"{measured} / {_gib(m['predicted'])}"
+        return f"{measured} / {_gib(m['predicted']) if modelled(r['backend']) else '-'}"
 
-    rows = [[*_size(r, data), r["backend"], r["dtype"], *(pair(r, p) for p in phases),
-             _x(r["step"]["predicted_over_measured"]) if r["step"]["predicted_over_measured"] else "-",
-             "yes" if r["predicted_fits"] else "**no**"] for r in data["memory"]]
-    out += _table([*_size_header(data), "backend", "dtype", *phases, "step predicted/measured",
-                   "fits (predicted)"], rows)
-    misses = [r for r in data["memory"] if (r["status"] == "oom") == r["predicted_fits"] and r["status"] in ("ok",
-                                                                                                             "oom")]
+    def ratio(r: dict) -> str:
+        over = r["step"]["predicted_over_measured"]
+        return _x(1 / over) if over and modelled(r["backend"]) else "-"
+
+    def fit(r: dict) -> list[str]:
+        return [("yes" if r["predicted_fits"] else "**no**") if modelled(r["backend"]) else "-"] if fits else []
+
+    rows = [[*_size(r, data), r["backend"], r["dtype"], *(pair(r, p) for p in phases), ratio(r), *fit(r)]
+            for r in data["memory"]]
+    out += _table([*_size_header(data), "backend", "dtype", *phases, "step measured/predicted",
+                   *(["fits (predicted)"] if fits else [])], rows)
+    misses = [r for r in data["memory"] if fits and modelled(r["backend"]) and r["status"] in ("ok", "oom")
+              and (r["status"] == "oom") == r["predicted_fits"]]
     if misses:
         out += ["Fit predictions contradicted by the run: " +
                 ", ".join(f"{r['key']} ({'OOM' if r['status'] == 'oom' else 'ran'})" for r in misses), ""]

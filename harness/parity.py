@@ -5,8 +5,9 @@
 Compares each backend's logits, loss, every gradient, and every parameter and parameter
 update after --steps AdamW steps with eager torch's by relative error against the
 tolerance tables of `harness.timing.parity`; exit status 1 when any tensor is over its
-bound. By default every backend that can run here is compared (torch-compile on CPU
-needs a C++ compiler, torch-compile-cg a GPU); the skipped ones are named on stderr.
+bound. By default every backend that can run here is compared: on a GPU all three, on a
+CPU jax and torch-compile (torch-compile-cg replays CUDA graphs, so it is no CPU backend);
+torch-compile on CPU needs a C++ compiler and, without one, is skipped with a line on stderr.
 """
 
 from __future__ import annotations
@@ -35,13 +36,18 @@ from harness.timing.parity import COMPARED, check_parity, format_table
 from harness.timing.torch_backend import choose_backends
 
 
+def default_backends(device: str) -> tuple[str, ...]:
+    """The backends compared when --backend is not given: the CUDA-graph one on a GPU only."""
+    return COMPARED if device == "cuda" else tuple(b for b in COMPARED if b != "torch-compile-cg")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.parity", __doc__)
     add_model_args(p, ctx_default=64, batch_default=2)
     p.add_argument("--steps", type=positive_int, default=5, help="AdamW steps before comparing parameters")
     p.add_argument("--backend", type=comma_list(choice("backend", COMPARED)), default=None,
                    help=f"comma-separated backends compared with eager torch: {', '.join(COMPARED)} "
-                        "(None: every one that can run here)")
+                        "(None: every one that can run here; torch-compile-cg on a GPU only)")
     add_out(p, "also write the result as JSON here", metavar="PATH.json")
     return p
 
@@ -50,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         select_platform(args)
-        args.backend = choose_backends(args.backend, COMPARED, args.device, "parity")
+        args.backend = choose_backends(args.backend, default_backends(args.device), args.device, "parity")
     except UsageError as exc:
         return fail(str(exc))
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU here

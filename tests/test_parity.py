@@ -104,3 +104,14 @@ def test_compiled_bounds_sit_inside_the_jax_bounds():
     for key, bound in COMPILE_TOLERANCES["fp32"].items():
         assert bound <= TOLERANCES["fp32"][key]
     assert tolerances("torch-compile-cg", "bf16") == TOLERANCES["bf16"] and tolerances("jax", "fp32") is TOLERANCES["fp32"]
+
+
+def test_cpu_default_backends_leave_out_the_cuda_graph_one(capsys):
+    """On a CPU nobody asked for torch-compile-cg, so parity neither runs it nor says it skips it."""
+    from harness import parity
+    from harness.timing.torch_backend import choose_backends
+
+    assert parity.default_backends("cuda") == ("jax", "torch-compile", "torch-compile-cg")
+    chosen = choose_backends(None, parity.default_backends("cpu"), "cpu", "parity")
+    assert "torch-compile-cg" not in chosen and "jax" in chosen
+    assert "torch-compile-cg" not in capsys.readouterr().err

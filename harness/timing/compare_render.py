@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from harness.common.stats import cell
 from harness.common.tables import markdown_table
 from harness.timing.distributed import format_data_parallel
@@ -28,6 +30,33 @@ def _ratio(x: float | None) -> str:
     return f"{x:.2f}x" if x else "-"
 
 
+def _on_cpu(summary: dict) -> bool:
+    return (summary.get("device") or summary["options"]["device"]) == "cpu"
+
+
+def precision_text(r: dict, cpu: bool) -> str:
+    """The run's precision in words; on a CPU without what only a GPU has (TF32, cuDNN)."""
+    if not cpu:
+        return r["precision"]
+    text = re.sub(r"\s*\([^)]*TF32[^)]*\)", "", r["precision"])
+    kept = [part for part in text.split("; ") if "TF32" not in part and "cuDNN" not in part]
+    tf32 = r["options"].get("dtype") == "tf32"
+    return "; ".join(kept + (["a CPU has no TF32: matmuls run in float32"] if tf32 else []))
+
+
+def _memory_text(r: dict) -> str:
+    """How the run measured its peak memory, or that it measured none."""
+    if any(p.get("peak_memory_bytes") for p in r["phases"].values()):
+        return f"Memory: {r['memory_note']}."
+    return "Memory: no peak measured (no device allocator on a CPU)." if r["env"].get("device") == "cpu" else \
+        "Memory: no peak recorded."
+
+
+def _ranks(r: dict | None) -> int:
+    """The ranks whose phases a run timed apart (torch data parallel); 1 otherwise."""
+    return len(((r or {}).get("data_parallel") or {}).get("ranks") or [None])
+
+
 def _failures(summary: dict) -> list[str]:
     return [f"{b}: FAILED: {r['error']['message']}" for b, r in summary["runs"].items() if r.get("status") != "ok"]
 
@@ -43,11 +72,50 @@ def parity_verdict(parity: dict | None) -> str:
     return f"{'PASS' if parity['ok'] else 'FAIL'}{batch}: worst relative errors {detail}"
 
 
+# A step whose p90 exceeds its p10 by more than this factor was timed on a machine busy with
+# other work: the backends did not run under the same conditions, so their ratios mislead.
+NOISY_SPREAD = 1.5
+
+
+def noise_warnings(summary: dict) -> list[str]:
+    """Why the ratios between backends are not to be trusted, one line per noisy run (a step
+    spread beyond `NOISY_SPREAD`, or instrumented steps faster than plain ones in every
+    overhead round), then the verdict; empty where every run timed steadily."""
+    lines = []
+    for backend, r in summary["runs"].items():
+        if r.get("status") != "ok":
+            continue
+        for name in ("step", "fused_step"):
+            p = r["phases"].get(name)
+            if p and p.get("p10_ms") and p["p90_ms"] > NOISY_SPREAD * p["p10_ms"]:
+                low, high = p.get("min_ms", p["p10_ms"]), p.get("max_ms", p["p90_ms"])
+                lines.append(f"{backend}: {name} times range {low:.1f}-{high:.1f} ms, p90 "
+                             f"{p['p90_ms'] / p['p10_ms']:.1f}x p10")
+        ov = r.get("overhead") or {}
+        if ov.get("round_ratios") and max(ov["round_ratios"]) < 1:
+            lines.append(f"{backend}: instrumented steps ran faster than plain ones in every overhead round")
+    if not lines:
+        return []
+    return [*lines, "the machine was busy or unsteady while this ran: the ratios between backends and the "
+                    "instrumentation overhead are not to be trusted; rerun on an idle machine"]
+
+
+def _drop_empty_groups(rows: list[list[str]], keep: int, size: int) -> list[list[str]]:
+    """`rows` without the groups of `size` columns (after the first `keep`) whose cells are
+    all "-": a figure no backend has (MFU off the peak table, memory on a CPU)."""
+    groups = [range(i, i + size) for i in range(keep, len(rows[0]), size)]
+    cols = [*range(keep), *(i for g in groups if any(r[i] != "-" for r in rows[1:] for i in g) for i in g)]
+    return [[r[i] for i in cols] for r in rows]
+
+
 def table_rows(summary: dict) -> list[list[str]]:
-    """Phase rows with a column per backend for each figure; ratios over the first backend."""
+    """Phase rows with a column per backend for each figure; ratios over the first backend.
+    A figure no backend has in any row (MFU off the peak table, memory on a CPU) is left out."""
     backends = list(summary["runs"])
     ref = backends[0] if backends else None
-    header = ["phase", *(f"{b} ms (median, p10-p90)" for b in backends), *(f"{b}/{ref}" for b in backends[1:]),
+    runs = summary["runs"]
+    who = {b: f"{b} rank 0" if _ranks(runs[b]) > 1 else b for b in backends}  # the others' step: data-parallel lines
+    header = ["phase", *(f"{who[b]} ms (median, p10-p90)" for b in backends), *(f"{b}/{ref}" for b in backends[1:]),
               *(f"{b} TFLOP/s" for b in backends), *(f"{b} MFU" for b in backends),
               *(f"{b} peak GiB" for b in backends)]
     rows = [header]
@@ -62,7 +130,7 @@ def table_rows(summary: dict) -> list[list[str]]:
         rows.append(["time to first step (s)", *(f"{x:.2f}" if x else "-" for x in ttfs),
                      *(_ratio(x / ttfs[0] if x and ttfs[0] else None) for x in ttfs[1:]),
                      *["-"] * (3 * len(backends))])
-    return rows
+    return _drop_empty_groups(rows, 1 + len(backends) + len(backends[1:]), len(backends))
 
 
 def _notes(summary: dict) -> list[str]:
@@ -89,6 +157,7 @@ def format_table(summary: dict) -> str:
     lines = [f"{o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} attention {o['attention']} "
              f"{o['mode']} on {summary.get('device') or o['device']}"]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines += [f"warning: {line}" for line in noise_warnings(summary)]
     lines += _failures(summary)
     lines += _notes(summary)
     lines.append(f"parity: {parity_verdict(summary['parity'])}")
@@ -145,6 +214,8 @@ def render_markdown(summary: dict) -> str:
         out += ["**Failed runs** (no timings are shown for them):", ""] + [f"- {f}" for f in failures] + [""]
     rows = table_rows(summary)
     out += markdown_table(rows[0], rows[1:])
+    if noisy := noise_warnings(summary):
+        out += ["", "**Warning: noisy timings.**", "", *(f"- {line}" for line in noisy)]
     old = summary.get("rerendered")
     gc = "" if old else ", the Python garbage collector paused"
     causes = "" if old else " with their cause"
@@ -181,10 +252,9 @@ def render_markdown(summary: dict) -> str:
         loss = r["loss"]
         steps = "first_after_steps" in loss
         after = f" (after {loss['first_after_steps']} and {loss['last_after_steps']} optimizer steps)" if steps else ""
-        out += [f"- **{backend}** ({r['options']['attention']} attention): {r['precision']}.",
+        out += [f"- **{backend}** ({r['options']['attention']} attention): {precision_text(r, _on_cpu(summary))}.",
                 f"  Loss at the first/last measured {'split ' if steps else ''}step: {loss['first']:.4f} / "
-                f"{loss['last']:.4f}{after}. "
-                f"Memory: {r['memory_note']}."]
+                f"{loss['last']:.4f}{after}. {_memory_text(r)}"]
         if ov:
             out.append(f"  Instrumentation overhead: {ov['compared']}: {ov['instrumented_step_ms']:.3f} ms vs "
                        f"{ov['plain_step_ms']:.3f} ms, ratio {ov['ratio']:.3f}.")
@@ -198,14 +268,19 @@ def render_markdown(summary: dict) -> str:
     ok = [r for r in runs.values() if r.get("status") == "ok"]
     if ok:
         r = ok[0]
-        out += ["", f"FLOPs: {r['flops_formula']}. Peak used for MFU: "
-                f"{r['peak_tflops'] if r['peak_tflops'] else 'none (device not in the peak table)'} TFLOP/s "
-                f"({o['dtype']}). Parameters: {r['num_params']:,}.", "", "## Environment", ""]
+        peak = (f"Peak used for MFU: {r['peak_tflops']} TFLOP/s ({o['dtype']})" if r["peak_tflops"] else
+                "No MFU: this device is not in the peak table (`harness/common/hardware.py`)")
+        out += ["", f"FLOPs: {r['flops_formula']}. {peak}. Parameters: {r['num_params']:,}.", "",
+                "## Environment", ""]
+        if command := (summary.get("env") or {}).get("command"):
+            out.append(f"- command: `{command}` (each backend ran `harness.run` in a subprocess, with the "
+                       "command listed beside it)")
         for backend, r in runs.items():
             if r.get("status") == "ok":
                 out.append(f"- {backend}: " + ", ".join(f"{k} {v}" for k, v in r["env"].items()))
     if summary.get("plot"):
-        out += ["", f"![phase times]({summary['plot']})"]
+        out += ["", "Phase times per backend: bars are the medians, whiskers the 10th-90th percentile of the steps.",
+                "", f"![phase times]({summary['plot']})"]
     if summary.get("kernel_breakdown_error"):
         out += ["", f"**Kernel breakdown failed**: {summary['kernel_breakdown_error']}"]
     if summary.get("kernel_breakdown"):
@@ -214,7 +289,9 @@ def render_markdown(summary: dict) -> str:
 
 
 def plot_phases(summary: dict, path: str) -> bool:
-    """Grouped bars of median phase time per backend, p10-p90 as error bars. False if nothing to plot."""
+    """Grouped bars of median phase time per backend, the 10th-90th percentile of the steps
+    as whiskers; a backend without a phase (torch has no fused_step) gets no bar in that
+    group, and each backend keeps its colour. False if nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -228,16 +305,22 @@ def plot_phases(summary: dict, path: str) -> bool:
     width = 0.8 / len(backends)
     for i, backend in enumerate(backends):
         ph = summary["runs"][backend]["phases"]
-        xs = [k + i * width for k in range(len(phases))]
-        med = [ph[p]["median_ms"] if p in ph else 0 for p in phases]
-        lo = [ph[p]["median_ms"] - ph[p].get("p10_ms", ph[p]["median_ms"]) if p in ph else 0 for p in phases]
-        hi = [ph[p].get("p90_ms", ph[p]["median_ms"]) - ph[p]["median_ms"] if p in ph else 0 for p in phases]
-        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=backend)
-    ax.set_xticks([k + width * (len(backends) - 1) / 2 for k in range(len(phases))], phases)
-    ax.set_ylabel("median time per step (ms)")
+        xs, med, lo, hi = [], [], [], []
+        for k, p in enumerate(phases):
+            if p not in ph:
+                continue
+            have = [b for b in backends if p in summary["runs"][b]["phases"]]  # centred on the group's own bars
+            xs.append(k + (have.index(backend) - (len(have) - 1) / 2) * width)
+            med.append(ph[p]["median_ms"])
+            lo.append(ph[p]["median_ms"] - ph[p].get("p10_ms", ph[p]["median_ms"]))
+            hi.append(ph[p].get("p90_ms", ph[p]["median_ms"]) - ph[p]["median_ms"])
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=backend, color=f"C{i}")
+    ax.set_xticks(range(len(phases)), phases)
+    ax.set_ylabel("time per step (ms)")
     o = summary["options"]
     device = summary.get("device") or o["device"]
-    ax.set_title(f"{o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} on {device}")
+    ax.set_title(f"{o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} on {device}\n"
+                 "bars: median of the steps; whiskers: 10th-90th percentile", fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -361,7 +361,10 @@ def format_result(doc: dict) -> str:
             f"{o['mode']} on {o['device']}")
     if doc["status"] != "ok":
         return f"{head}: FAILED: {doc['error']['message']}"
-    lines = [head, f"{'phase':<11} {'median ms (p10-p90)':>26} {'TFLOP/s':>8} {'MFU':>6} {'peak MiB':>9}"]
+    lines = [head]
+    if len((doc.get("data_parallel") or {}).get("ranks") or ()) > 1:  # each rank timed its own phases
+        lines.append("rank 0's phases (the data-parallel step below is the slowest rank's median):")
+    lines.append(f"{'phase':<11} {'median ms (p10-p90)':>26} {'TFLOP/s':>8} {'MFU':>6} {'peak MiB':>9}")
     for name, p in doc["phases"].items():
         tf = f"{p['tflops']:.2f}" if p["tflops"] else "-"
         mfu = f"{100 * p['mfu']:.1f}%" if p["mfu"] else "-"

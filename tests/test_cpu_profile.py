@@ -99,3 +99,37 @@ def test_cpu_report_speaks_of_cpu_ops() -> None:
     assert "memcpys" not in md and "GEMM kernels decoded" not in md
     assert "- (b) top forward op: `aten::mm`" in md
     assert render.busy([bd]) == "CPU"
+
+
+JAX_TRACE = Path(__file__).parent / "data" / "jax_cpu" / "jax_while_cpu.xplane.pb.gz"
+
+
+def test_xla_thunks_nested_in_a_while_thunk_count_once() -> None:
+    """tests/data/jax_cpu (capture_while.py there, run on the same CPU machine): a jitted
+    step whose matmuls run in a `fori_loop`. XLA's `while` thunk holds its body's thunks on
+    the same thread: per thread, the thunks' summed time must equal the wall time their
+    union covers (hand count from the raw trace), not the loop's time twice."""
+    from jax.profiler import ProfileData
+
+    from harness.trace.sources import framework_profile
+
+    data = ProfileData.from_serialized_xspace(gzip.decompress(JAX_TRACE.read_bytes()))
+    by_line: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for plane in (p for p in data.planes if p.name == "/host:CPU"):
+        for line_no, line in enumerate(plane.lines):
+            for e in line.events:
+                if any(k == "hlo_op" for k, _ in e.stats):
+                    by_line[line_no].append((int(e.start_ns), int(e.start_ns + e.duration_ns)))
+    union = nested = 0
+    for spans in by_line.values():
+        end = 0  # where the union so far ends
+        for s, e in sorted(spans):
+            nested += s < end
+            union += max(e - max(s, end), 0)
+            end = max(end, e)
+    assert nested >= 3 * 4 * 3  # three steps of four iterations of three thunks, each inside `while`
+    prof = framework_profile.load_jax_trace(JAX_TRACE)
+    assert prof.cpu_ops and "self time" in prof.notes[0]
+    assert int(prof.kernels.duration.sum()) == union
+    bd = breakdown(prof)
+    assert bd.phases["step"].kernels[0].name == "ynn_fusion"  # the matmul, not the loop around it

@@ -17,12 +17,12 @@ events of the ``/device:GPU:N`` planes' stream lines, ranges the host-plane even
 like the harness's ranges (the host plane holds every runtime event too).
 
 On a machine without a GPU there are no kernels; the loaders then take CPU work as
-"kernels", mark the profile `cpu_ops` and say so in `Profile.notes`: each torch
-``cpu_op`` event by its self time (its duration less that of the ops it calls, the
-"self CPU" of torch.profiler's tables), and XLA's CPU thunks (host events carrying an
-``hlo_op`` stat).  Self time, not the innermost op: the op that does the work often calls
-others that do none (``aten::mm`` calls ``aten::resolve_conj``), and a caller's whole
-duration would count its callees twice.
+"kernels", mark the profile `cpu_ops` and say so in `Profile.notes`: torch's ``cpu_op``
+events and XLA's CPU thunks (host events carrying an ``hlo_op`` stat), each by its self
+time (its duration less that of the ops nested in it, the "self CPU" of torch.profiler's
+tables; a ``while`` thunk holds its body's thunks).  Self time, not the innermost op: the
+op that does the work often calls others that do none (``aten::mm`` calls
+``aten::resolve_conj``), and a caller's whole duration would count its callees twice.
 """
 
 from __future__ import annotations
@@ -82,20 +82,27 @@ def _read_json(path: Path) -> dict:
                            "framework_profile.torch_profiler or prof.export_chrome_trace") from None
 
 
-def _self_time_ops(events: list[dict]) -> list[Kernel]:
-    """One thread's ``cpu_op`` events (sorted by start, longest first on ties) as kernels
-    that last their self time: the op's duration less that of the ops nested directly in
-    it. Each starts where its op starts, so it lies inside the same ranges."""
-    self_us = [float(e["dur"]) for e in events]
-    stack: list[int] = []
-    for i, e in enumerate(events):
-        while stack and events[stack[-1]]["ts"] + events[stack[-1]]["dur"] <= e["ts"]:
-            stack.pop()
-        if stack:
-            self_us[stack[-1]] -= float(e["dur"])
-        stack.append(i)
-    return [Kernel(e["name"], _ns(e["ts"]), _ns(e["ts"]) + _ns(max(us, 0.0)), 0, int(e.get("tid", 0) or 0), None)
-            for e, us in zip(events, self_us)]
+def self_times(ops: list[Kernel]) -> list[Kernel]:
+    """CPU ops as kernels that last their self time: each op's duration less that of the
+    ops nested directly in it on the same thread (`Kernel.stream`). Each starts where its
+    op starts, so it lies inside the same ranges."""
+    out = []
+    by_thread: dict[int, list[Kernel]] = defaultdict(list)
+    for k in ops:
+        by_thread[k.stream].append(k)
+    for thread in by_thread.values():
+        thread.sort(key=lambda k: (k.start, -k.end))
+        self_ns = [k.duration for k in thread]
+        stack: list[int] = []
+        for i, k in enumerate(thread):
+            while stack and thread[stack[-1]].end <= k.start:
+                stack.pop()
+            if stack:
+                self_ns[stack[-1]] -= k.duration
+            stack.append(i)
+        out += [Kernel(k.name, k.start, k.start + max(ns, 0), k.device, k.stream, k.thread)
+                for k, ns in zip(thread, self_ns)]
+    return out
 
 
 def _ns(us: float | str) -> int:
@@ -124,12 +131,7 @@ def load_torch_trace(path: str | Path, label: str | None = None,
     kernels = [kernel(e) for e in events if e.get("cat") in TORCH_GPU_CATEGORIES]
     notes = []
     if not kernels:
-        per_thread: dict[object, list[dict]] = defaultdict(list)
-        for e in events:
-            if e.get("cat") == "cpu_op":
-                per_thread[(e.get("pid"), e.get("tid"))].append(e)
-        kernels = [k for evs in per_thread.values()
-                   for k in _self_time_ops(sorted(evs, key=lambda e: (e["ts"], -e["dur"])))]
+        kernels = self_times([kernel(e) for e in events if e.get("cat") == "cpu_op"])
         notes.append(CPU_NOTE.format(what="ops (each cpu_op event by its self time)"))
     ranges = [Range(e["name"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), e.get("tid"))
               for e in events if e.get("cat") == "user_annotation" and e["name"] in range_names]
@@ -180,8 +182,8 @@ def load_jax_trace(path: str | Path, label: str | None = None,
                         cpu_ops.append(Kernel(e.name, start, end, 0, line_no, line_no))
     notes = []
     if not kernels:
-        kernels = cpu_ops
-        notes.append(CPU_NOTE.format(what="XLA thunks (host events with an hlo_op stat)"))
+        kernels = self_times(cpu_ops)  # a `while` thunk holds its body's thunks
+        notes.append(CPU_NOTE.format(what="XLA thunks (host events with an hlo_op stat, each by its self time)"))
     if not kernels:
         raise ProfileError(f"{xplane}: neither GPU kernels nor XLA CPU ops in the trace; was a "
                            "jitted computation run inside the profiler's block?")

@@ -1,0 +1,20 @@
+"""A jitted step whose matmuls run in a `lax.fori_loop` (XLA's `while` thunk), recorded on a
+CPU with `framework_profile.jax_profiler` inside a `step` range, three times."""
+import jax
+import jax.numpy as jnp
+
+from harness.trace.sources import framework_profile
+
+
+@jax.jit
+def step(x, w):
+    return jax.lax.fori_loop(0, 4, lambda i, y: jnp.tanh(y @ w), x)
+
+
+x = jnp.ones((256, 256)) * 0.01
+w = jnp.eye(256) * 0.5
+step(x, w).block_until_ready()  # compiled before the trace
+with framework_profile.jax_profiler("trace"):
+    for _ in range(3):
+        with jax.profiler.TraceAnnotation("step"):
+            step(x, w).block_until_ready()

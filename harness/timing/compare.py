@@ -361,4 +361,10 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
                 keep_profiles(profiles, args.keep_profiles)
         path = write_results(summary, args.out, result_dir_name(args, summary["device"]), kernels,
                              overwrite=args.overwrite)
+        if kernels and getattr(args, "timeline", False):
+            from harness.trace.timeline import build_timeline, runs_from_files, write_timeline
+
+            timeline = build_timeline(runs_from_files(list(profiles.values()), kernels[0], args.nsys_bin),
+                                      args.timeline_steps)
+            write_timeline(os.path.join(path, "timeline.json.gz"), timeline)
     return summary, path

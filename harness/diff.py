@@ -31,9 +31,10 @@ from harness.common.cli import (
     parse_args,
     timeline_problem,
 )
+from harness.common.html import svg_of, write_html
 from harness.diffs.decompose import MismatchError, diff_runs, regression
 from harness.diffs.inputs import InputError, resolve, resolve_one
-from harness.diffs.render import render, render_markdown
+from harness.diffs.render import plot_waterfall, render, render_markdown
 from harness.diffs.timeline import check_profiles, diff_timeline
 from harness.trace.timeline import write_timeline
 
@@ -85,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         folder = Path(args.out) if len(diffs) == 1 else Path(args.out) / f"{d.a_label}-vs-{d.b_label}".replace(":", "-")
         paths = render(d, folder)
+        paths["html"] = write_html(folder, "diff.md",
+                                   {"diff.png": svg_of(lambda path, d=d: plot_waterfall(d, Path(path)))})
         if args.timeline:
             a, b = pairs[diffs.index(d)]
             paths["timeline"] = write_timeline(folder / "timeline.json.gz",

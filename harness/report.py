@@ -6,7 +6,7 @@
 Inputs: ``.nsys-rep`` (exported with nsys first), ``.sqlite``/``.sqlite.gz`` exports, or
 the framework-profiler fallback's traces (torch ``.json``, JAX ``.xplane.pb``). Columns
 are labelled by the backend named in each file name, or by ``--label``. Writes
-kernels.md, .csv, .json and .png into --out (with --timeline, timeline.json.gz: the
+kernels.md, .csv, .json, .png and report.html into --out (with --timeline, timeline.json.gz: the
 profiles on one trace, measured steps aligned, `harness.trace.timeline`). A profile that
 cannot be analysed is reported in one line (exit status 2).
 """
@@ -28,9 +28,10 @@ from harness.common.cli import (
     positive_int,
     timeline_problem,
 )
+from harness.common.html import svg_of, write_html
 from harness.trace.analyses.breakdown import ATTRIBUTIONS, TOP_N, breakdown_files
 from harness.trace.profile import ProfileError
-from harness.trace.render import write_report
+from harness.trace.render import plot, write_report
 
 
 def build_parser():
@@ -66,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bds, answer_sets = breakdown_files(args.files, args.label, args.harness_json, args.require, args.nsys_bin,
                                            args.attribution, args.force)
         paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot)
+        svgs = {} if args.no_plot else {"kernels.png": svg_of(lambda path: plot(path, bds, args.top))}
+        paths["html"] = write_html(args.out, "kernels.md", svgs)
         if args.timeline:
             from harness.trace.timeline import build_timeline, runs_from_files, write_timeline
 

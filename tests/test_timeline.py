@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from harness import compare, diff, report
+from harness.common.cli import step_selection
 from harness.trace.kernels import CATEGORY_COLORS
 from harness.trace.sources.framework_profile import load_torch_trace
 from harness.trace.timeline import CNAMES, RESERVED
@@ -104,31 +105,29 @@ def test_kernel_args_colours_and_flows(written) -> None:
         assert launch["args"]["correlation"] == e["args"]["correlation"]
 
 
-def test_step_selection(tmp_path: Path) -> None:
-    doc, bds = _report(tmp_path, "--timeline-steps", "1-2")
-    assert doc["otherData"]["steps"] == [1, 2]
-    steps = defaultdict(set)
-    for e in doc["traceEvents"]:
-        if e.get("cat") == "kernel":
-            steps[e["pid"]].add(e["args"]["step"])
-    assert all(s == {1, 2} for s in steps.values())
-    torch = next(bd for bd in bds if bd["label"] == "torch")["phases"]["step"]
-    assert torch["steps"] == 3  # the report still averages over all three; the timeline holds two of them
+def test_step_selection_parses() -> None:
+    assert step_selection("0,2-3") == (0, 2, 3) and step_selection("3,1") == (1, 3) and step_selection("all") == "all"
 
 
 def test_diff_timeline_marks_each_phase(tmp_path: Path) -> None:
     out = tmp_path / "diff"
-    assert diff.main([str(TORCH), str(JAX), "--out", str(out), "--timeline", "--timeline-steps", "0"]) == 0
+    assert diff.main([str(TORCH), str(JAX), "--out", str(out), "--timeline", "--timeline-steps", "1-2"]) == 0
     with gzip.open(out / "timeline.json.gz", "rt") as f:
         events = json.load(f)["traceEvents"]
+    steps = defaultdict(set)
+    for e in events:
+        if e.get("cat") == "kernel":
+            steps[e["pid"]].add(e["args"]["step"])
+    assert list(steps.values()) == [{1, 2}] * 3  # A, B's split step, B's fused step
     marks = {e["args"]["phase"]: e for e in events if e.get("cat") == "annotation"}
     assert set(marks) == {"forward", "backward", "optimizer", "step", "fused_step"}
     diff_doc = json.loads((out / "diff.json").read_text())
     for phase in diff_doc["phases"]:
         top = max(phase["parts"], key=lambda p: abs(p["b_ms"] - p["a_ms"]))
         assert marks[phase["phase"]]["name"].startswith(f"{phase['phase']}: {top['name']} ")
-    b_ranges = {e["name"]: e for e in events if e.get("cat") == "user_annotation" and e["pid"] == 2}
-    assert marks["forward"]["ts"] == b_ranges["forward"]["ts"] and marks["forward"]["dur"] == b_ranges["forward"]["dur"]
+    forward = min((e for e in events if e.get("cat") == "user_annotation" and e["pid"] == 2 and e["name"] == "forward"),
+                  key=lambda e: e["ts"])  # B's forward in the first laid-out step
+    assert (marks["forward"]["ts"], marks["forward"]["dur"]) == (forward["ts"], forward["dur"])
 
 
 @pytest.mark.parametrize(("module", "argv", "needle"), [

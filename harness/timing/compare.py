@@ -260,10 +260,11 @@ def _free_name(root: str, name: str) -> str:
 
 def write_results(summary: dict, results_root: str, name: str, kernels: tuple[list, list] | None = None,
                   overwrite: bool = False, runs: dict[str, dict] | None = None) -> str:
-    """Write summary.json, report.md, phases.png (the kernels.* breakdown, and `runs` as
+    """Write summary.json, report.md, report.html, phases.png (the kernels.* breakdown, and `runs` as
     <backend>.json) into a temp dir, then move it into place: an interrupted run leaves no
     half-written folder. An existing folder `name` is replaced with `overwrite`, else kept
     and the new one written beside it (`name-2`, ...)."""
+    from harness.common.html import svg_of, write_html
     from harness.timing.compare_render import plot_phases, render_markdown
 
     ensure_dir(results_root)
@@ -290,6 +291,12 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
             json.dump({k: v for k, v in summary.items() if k != "kernel_breakdown"}, f, indent=1)
         with open(os.path.join(tmp, "report.md"), "w") as f:
             f.write(render_markdown(summary))
+        svgs = {"phases.png": svg_of(lambda path: plot_phases(summary, path))}
+        if kernels:
+            from harness.trace.render import plot as plot_kernels
+
+            svgs["kernels.png"] = svg_of(lambda path: plot_kernels(path, kernels[0]))
+        write_html(tmp, "report.md", svgs)
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_report_html import check_page
 
 from harness import compare, diff, report
 from harness.common.cli import step_selection
@@ -75,6 +76,11 @@ def test_kernels_read_back_sum_to_the_report(written) -> None:
     assert checked == 4 + 5 + 4  # torch and the fallback: step and 3 phases; JAX adds fused_step
 
 
+def test_report_page(written) -> None:
+    out = written[0]
+    assert check_page(out, "kernels.md").svgs == 0  # --no-plot: no kernels.png, no plot on the page
+
+
 def test_steps_aligned(written) -> None:
     out, doc, _ = written
     starts = np.array(doc["otherData"]["step_starts_us"]) * 1000
@@ -119,6 +125,7 @@ def test_diff_timeline_marks_each_phase(tmp_path: Path) -> None:
         if e.get("cat") == "kernel":
             steps[e["pid"]].add(e["args"]["step"])
     assert list(steps.values()) == [{1, 2}] * 3  # A, B's split step, B's fused step
+    check_page(out, "diff.md")
     marks = {e["args"]["phase"]: e for e in events if e.get("cat") == "annotation"}
     assert set(marks) == {"forward", "backward", "optimizer", "step", "fused_step"}
     diff_doc = json.loads((out / "diff.json").read_text())

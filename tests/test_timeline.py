@@ -115,6 +115,20 @@ def test_step_selection_parses() -> None:
     assert step_selection("0,2-3") == (0, 2, 3) and step_selection("3,1") == (1, 3) and step_selection("all") == "all"
 
 
+def test_all_steps_lays_out_the_whole_profile(tmp_path: Path) -> None:
+    assert report.main([str(FALLBACK), "--out", str(tmp_path), "--no-plot", "--timeline", "--timeline-steps", "all"]) == 0
+    with gzip.open(tmp_path / "timeline.json.gz", "rt") as f:
+        doc = json.load(f)
+    profile = load_torch_trace(FALLBACK)
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    assert len(kernels) == len(profile.kernels)  # warm-up and first-step work included
+    assert min(e["ts"] for e in doc["traceEvents"] if "ts" in e) == 0
+    steps = sorted(e["ts"] for e in doc["traceEvents"] if e.get("cat") == "user_annotation" and e["name"] == "step")
+    warmup = [e for e in doc["traceEvents"] if e.get("cat") == "user_annotation" and e["name"] == "warmup"]
+    first_measured = min(t for t in steps if all(t >= w["ts"] + w["dur"] for w in warmup))
+    assert first_measured == doc["otherData"]["step_starts_us"][0] > 0
+
+
 def test_diff_timeline_marks_each_phase(tmp_path: Path) -> None:
     out = tmp_path / "diff"
     assert diff.main([str(TORCH), str(JAX), "--out", str(out), "--timeline", "--timeline-steps", "1-2"]) == 0

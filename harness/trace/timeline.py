@@ -19,8 +19,8 @@ Layout
   events move by the difference between its own start and T_k, and T_{k+1} follows the
   longest step k of all processes, plus a tenth of it. Only measured steps (those the
   breakdown's per-step figures count) are laid out; ``steps`` picks some of them by index,
-  or "all" lays out every kernel and range of each profile, moved so that its first measured
-  step starts at 0.
+  or "all" lays out every kernel and range of each profile, moved so that the first measured
+  steps start together, after the longest lead-in (warm-up) of any profile.
 - Kernels carry args: category, phase (innermost range), step, device, stream, correlation
   (CUPTI's id, where recorded), layer (with layer ranges or XLA's metadata) and color (the
   category's colour in the PNGs, `harness.trace.kernels.CATEGORY_COLORS`). A launch is a
@@ -215,6 +215,14 @@ def _lay_out(w: _Writer, pid: int, track: _Track, shifts: list[tuple[int, int, i
                     args, cname=CNAMES[cat], **({**flow, "flow_in": True} if flow else {}))
 
 
+def _earliest(run: Run) -> int:
+    """The profile's first event: kernel, range or launch call (ns)."""
+    kt = run.profile.kernels  # kernels and ranges are sorted by start
+    launches = kt.launch[kt.launch != UNKNOWN]
+    firsts = [*kt.start[:1].tolist(), *(r.start for r in run.profile.ranges[:1])]
+    return int(min(firsts + ([int(launches.min())] if len(launches) else [])))
+
+
 def build_timeline(runs: Sequence[Run], steps: Sequence[int] | str | None = None,
                    marks: Sequence[Mark] = ()) -> dict:
     """The trace-event document of `runs`, steps aligned (module docstring). `steps`: None
@@ -224,6 +232,8 @@ def build_timeline(runs: Sequence[Run], steps: Sequence[int] | str | None = None
     longest = [max((s[1] - s[0] for t in tracks if k < len(t.spans) and (s := t.spans[k])), default=0)
                for k in range(slots)]
     starts = np.concatenate([[0], np.cumsum([int(n * (1 + GAP)) for n in longest])]).astype(np.int64)
+    if steps == STEPS_ALL:  # whole profiles: their first measured steps aligned where no event is before 0
+        starts += max((t.spans[0][0] - _earliest(t.run) for t in tracks if t.spans and t.spans[0]), default=0)
     w = _Writer()
     step_index = [None] * slots if steps == STEPS_ALL else list(range(slots)) if steps is None else list(steps)
     aligned = []

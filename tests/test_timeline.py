@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
@@ -109,6 +110,20 @@ def test_kernel_args_colours_and_flows(written) -> None:
         launch = launches[e["bind_id"]]
         assert launch["pid"] == e["pid"] and launch["ts"] <= e["ts"]
         assert launch["args"]["correlation"] == e["args"]["correlation"]
+
+
+def test_grid_and_block_from_the_export(written, tmp_path: Path) -> None:
+    _, doc, _ = written
+    plain = tmp_path / "torch.sqlite"
+    plain.write_bytes(gzip.decompress(TORCH.read_bytes()))
+    db = sqlite3.connect(plain)
+    rows = {c: (f"{gx}x{gy}x{gz}", f"{bx}x{by}x{bz}") for c, gx, gy, gz, bx, by, bz in db.execute(
+        "SELECT correlationId, gridX, gridY, gridZ, blockX, blockY, blockZ FROM CUPTI_ACTIVITY_KIND_KERNEL")}
+    db.close()
+    pid = next(e["pid"] for e in doc["traceEvents"] if e["name"] == "process_name" and e["args"]["name"] == "torch")
+    kernels = [e["args"] for e in doc["traceEvents"]
+               if e.get("cat") == "kernel" and e["pid"] == pid and not e["name"].startswith("[CUDA mem")]
+    assert len(kernels) > 1000 and all((a["grid"], a["block"]) == rows[a["correlation"]] for a in kernels)
 
 
 def test_step_selection_parses() -> None:

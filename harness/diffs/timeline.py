@@ -7,11 +7,9 @@ from collections.abc import Sequence
 
 from harness.diffs.decompose import Diff
 from harness.diffs.inputs import InputError, Run
-from harness.trace.analyses.assign import assign
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
-from harness.trace.timeline import Mark, build_timeline
-from harness.trace.timeline import Run as TimelineRun
+from harness.trace.timeline import Mark, build_timeline, timeline_run
 
 
 def marks(d: Diff, label: str) -> list[Mark]:
@@ -43,5 +41,5 @@ def diff_timeline(d: Diff, a: Run, b: Run, steps: Sequence[int] | str | None = N
         profile = load_profile(run.profile, f"{side} {run.label}", nsys_bin)
         hlo = hlo_dir(run.profile)
         schedules = load_schedules(hlo) if hlo.is_dir() else None
-        runs.append(TimelineRun(profile.label, profile, assign(profile, breakdown(profile).attribution, schedules)))
+        runs.append(timeline_run(profile, breakdown(profile).attribution, schedules))
     return build_timeline(runs, steps, marks(d, runs[1].label))

@@ -22,10 +22,11 @@ Layout
   or "all" lays out every kernel and range of each profile, moved so that the first measured
   steps start together, after the longest lead-in (warm-up) of any profile.
 - Kernels carry args: category, phase (innermost range), step, device, stream, correlation
-  (CUPTI's id, where recorded), layer (with layer ranges or XLA's metadata) and color (the
-  category's colour in the PNGs, `harness.trace.kernels.CATEGORY_COLORS`). A launch is a
-  zero-length slice ``launch`` on its host thread bound to its kernel by a flow (``bind_id``
-  with ``flow_out``/``flow_in``, the format's flow events v2).
+  (CUPTI's id, where recorded), grid and block (an nsys export's launch configuration),
+  layer (with layer ranges or XLA's metadata) and color (the category's colour in the PNGs,
+  `harness.trace.kernels.CATEGORY_COLORS`). A launch is a zero-length slice ``launch`` on
+  its host thread bound to its kernel by a flow (``bind_id`` with ``flow_out``/``flow_in``,
+  the format's flow events v2).
 - Chrome's ``cname`` takes only its reserved colour names: each category gets the reserved
   name whose colour is nearest to the category's PNG colour, distinct for every category
   (`CNAMES`, computed once in category order). Perfetto ignores ``cname`` and colours by name;
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,7 @@ from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX
 from harness.trace.kernels import CATEGORY_COLORS, Category
 from harness.trace.profile import UNKNOWN, Profile
+from harness.trace.sources.launch_config import launch_configs
 
 STEPS_ALL = "all"
 GAP = 0.1  # between aligned steps, as a share of the longest step
@@ -92,6 +94,14 @@ class Run:
     label: str
     profile: Profile
     assignment: Assignment
+    launch_configs: Mapping[tuple[int, int], tuple[str, str]] | None = None  # (start, correlation) -> grid, block
+
+
+def timeline_run(profile: Profile, mode: str, schedules: Mapping | None = None) -> Run:
+    """`profile` as a timeline run: the breakdown's decisions under attribution `mode`, and
+    each kernel's grid and block where the profile is an nsys export."""
+    configs = launch_configs(profile.path) if profile.source == "nsys" else None
+    return Run(profile.label, profile, assign(profile, mode, schedules), configs)
 
 
 @dataclass(frozen=True)
@@ -199,6 +209,8 @@ def _lay_out(w: _Writer, pid: int, track: _Track, shifts: list[tuple[int, int, i
                     "step": slot, "device": key[0], "stream": key[1], "color": CATEGORY_COLORS[cat]}
             if kt.correlation[i] != UNKNOWN:
                 args["correlation"] = int(kt.correlation[i])
+            if run.launch_configs and (config := run.launch_configs.get((int(kt.start[i]), int(kt.correlation[i])))):
+                args["grid"], args["block"] = config
             if a.layers is not None:
                 args["layer"] = str(a.layers[i])
             name = kt.name_of(i)
@@ -283,8 +295,7 @@ def runs_from_files(paths: Sequence[str | Path], bds: Sequence[Breakdown], nsys_
         source = sqlite if str(path).endswith(".nsys-rep") and sqlite.is_file() else path
         profile = load_profile(source, bd.label, nsys_bin, force)
         hlo = hlo_dir(path)
-        schedules = load_schedules(hlo) if hlo.is_dir() else None
-        runs.append(Run(bd.label, profile, assign(profile, bd.attribution, schedules)))
+        runs.append(timeline_run(profile, bd.attribution, load_schedules(hlo) if hlo.is_dir() else None))
     return runs
 
 

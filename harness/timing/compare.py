@@ -147,12 +147,29 @@ def communication_overlap(profiles: dict[str, str], args: argparse.Namespace) ->
     rank's profile beside rank 0's) or per device (JAX's one profile)."""
     from harness.trace.analyses.overlap import rank_profiles
 
-    out = {}
-    for backend, first in profiles.items():
-        paths = [first.replace(".rank0.", f".rank{r}.") for r in range(args.data_parallel)] \
-            if ".rank0." in first else [first]
-        out[backend] = rank_profiles([p for p in paths if os.path.exists(p)], args.nsys_bin)
-    return out
+    return {backend: rank_profiles(_rank_files(first, args), args.nsys_bin) for backend, first in profiles.items()}
+
+
+def _rank_files(first: str, args: argparse.Namespace) -> list[str]:
+    """A backend's profiles: every rank's beside rank 0's (torch, data parallel), else the one."""
+    paths = [first.replace(".rank0.", f".rank{r}.") for r in range(getattr(args, "data_parallel", 1))] \
+        if ".rank0." in first else [first]
+    return [p for p in paths if os.path.exists(p)]
+
+
+def backend_timeline(profiles: dict[str, str], bds: list, args: argparse.Namespace) -> dict:
+    """The profiled backends on one trace (`harness.trace.timeline`): one process per backend,
+    and per rank where a backend was profiled rank by rank."""
+    from harness.trace.timeline import build_timeline, runs_from_files
+
+    paths, per_path, labels = [], [], []
+    for (backend, first), bd in zip(profiles.items(), bds):
+        ranks = _rank_files(first, args)
+        for r, path in enumerate(ranks):
+            paths.append(path)
+            per_path.append(bd)  # every rank runs the same program: rank 0's attribution rule holds
+            labels.append(f"{backend} rank {r}" if len(ranks) > 1 else backend)
+    return build_timeline(runs_from_files(paths, per_path, args.nsys_bin, labels=labels), args.timeline_steps)
 
 
 def run_parity(args: argparse.Namespace, workdir: str, backends: list[str]) -> dict:
@@ -369,9 +386,7 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
         path = write_results(summary, args.out, result_dir_name(args, summary["device"]), kernels,
                              overwrite=args.overwrite)
         if kernels and getattr(args, "timeline", False):
-            from harness.trace.timeline import build_timeline, runs_from_files, write_timeline
+            from harness.trace.timeline import write_timeline
 
-            timeline = build_timeline(runs_from_files(list(profiles.values()), kernels[0], args.nsys_bin),
-                                      args.timeline_steps)
-            write_timeline(os.path.join(path, "timeline.json.gz"), timeline)
+            write_timeline(os.path.join(path, "timeline.json.gz"), backend_timeline(profiles, kernels[0], args))
     return summary, path

@@ -285,15 +285,16 @@ def _marks(w: _Writer, pid: int, marks: Sequence[Mark],
 
 
 def runs_from_files(paths: Sequence[str | Path], bds: Sequence[Breakdown], nsys_bin: str | None = None,
-                    force: bool = False) -> list[Run]:
-    """The profiles at `paths` as timeline runs, each labelled and assigned as its breakdown
-    (the i-th of `bds`) was. An ``.nsys-rep`` is read from the SQLite export its breakdown
-    just wrote beside it (exporting a large report again takes minutes)."""
+                    force: bool = False, labels: Sequence[str] | None = None) -> list[Run]:
+    """The profiles at `paths` as timeline runs, each assigned as its breakdown (the i-th of
+    `bds`) was and labelled like it, or by the i-th of `labels`. An ``.nsys-rep`` is read
+    from the SQLite export its breakdown just wrote beside it (exporting a large report again
+    takes minutes)."""
     runs = []
-    for path, bd in zip(paths, bds):
+    for i, (path, bd) in enumerate(zip(paths, bds)):
         sqlite = Path(path).with_suffix(".sqlite")
         source = sqlite if str(path).endswith(".nsys-rep") and sqlite.is_file() else path
-        profile = load_profile(source, bd.label, nsys_bin, force)
+        profile = load_profile(source, labels[i] if labels else bd.label, nsys_bin, force)
         hlo = hlo_dir(path)
         runs.append(timeline_run(profile, bd.attribution, load_schedules(hlo) if hlo.is_dir() else None))
     return runs

@@ -8,10 +8,11 @@ By default torch, torch-compile and jax (--backend chooses; torch-compile is ski
 a line saying why, on a CPU without the C++ compiler Inductor needs). Each backend runs
 `harness.run` in its own subprocess, then `harness.parity` compares each with eager torch
 on the same weights and batch (library: `harness.timing.compare`). The result folder
-<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>[-profiled]/ gets summary.json, report.md
-and phases.png (with --timeline and --nsys or --profile, timeline.json.gz: the backends'
-profiles on one trace, measured steps aligned). A result folder of that name already there is refused before anything
-runs (--overwrite replaces it; another --out keeps both). Ctrl-C keeps the finished
+<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>[-profiled]/ gets summary.json, report.md,
+report.html and phases.png (with --timeline and --nsys or --profile, timeline.json.gz: the
+backends' profiles on one trace, measured steps aligned). A result folder of that name
+already there is refused before anything runs (--overwrite replaces it; another --out keeps
+both). Ctrl-C keeps the finished
 backends' results and a partial summary in <name>-interrupted/ and says so. Exit status:
 0 all good, 1 parity failed, 3 a run failed, 4 the kernel breakdown failed, 2 bad input,
 130 interrupted. --render FOLDER runs nothing: it writes report.md and phases.png of an

@@ -44,8 +44,8 @@ def build_parser():
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="A and B: FOLDER:BACKEND, a harness.run JSON or a profile; one compare folder alone: "
                         "every pair of its backends")
-    add_out(p, "folder for diff.md, diff.json, diff.png (one subfolder per pair when there are several); "
-               "None: print diff.md", metavar="DIR")
+    add_out(p, "folder for diff.md, diff.json, diff.png, report.html (one subfolder per pair when there are "
+               "several); None: print diff.md", metavar="DIR")
     p.add_argument("--fail-if-slower", type=non_negative_float, default=None, metavar="PCT",
                    help="exit 1 when B's step is slower than A's by more than PCT percent, beyond the noise")
     p.add_argument("--force", action="store_true",

@@ -8,9 +8,11 @@ By default torch, torch-compile and jax (--backend chooses; torch-compile is ski
 a line saying why, on a CPU without the C++ compiler Inductor needs). Each backend runs
 `harness.run` in its own subprocess, then `harness.parity` compares each with eager torch
 on the same weights and batch (library: `harness.timing.compare`). The result folder
-<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>[-profiled]/ gets summary.json, report.md
-and phases.png. A result folder of that name already there is refused before anything
-runs (--overwrite replaces it; another --out keeps both). Ctrl-C keeps the finished
+<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>[-profiled]/ gets summary.json, report.md,
+report.html and phases.png (with --timeline and --nsys or --profile, timeline.json.gz: the
+backends' profiles on one trace, measured steps aligned). A result folder of that name
+already there is refused before anything runs (--overwrite replaces it; another --out keeps
+both). Ctrl-C keeps the finished
 backends' results and a partial summary in <name>-interrupted/ and says so. Exit status:
 0 all good, 1 parity failed, 3 a run failed, 4 the kernel breakdown failed, 2 bad input,
 130 interrupted. --render FOLDER runs nothing: it writes report.md and phases.png of an
@@ -35,10 +37,12 @@ from harness.common.cli import (
     add_optimizer,
     add_out,
     add_steps,
+    add_timeline,
     fail,
     make_parser,
     parse_args,
     select_platform,
+    timeline_problem,
 )
 from harness.common.results import dir_problem
 from harness.run import add_layer_ranges, layer_ranges_problem
@@ -72,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--annotate-attention", action="store_true",
                    help="NVTX ranges inside naive attention (attribution runs: adds syncs)")
     add_layer_ranges(p)
+    add_timeline(p)
     p.add_argument("--compile-cache", metavar="DIR",
                    help="persistent compile caches shared by the processes, kept for later runs: JAX's in DIR, "
                         "torch-compile's Inductor and Triton caches in DIR/inductor, DIR/triton "
@@ -118,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.ctx is None:
             raise UsageError("--ctx is required (or --render FOLDER to re-render a result folder)")
+        if problem := timeline_problem(args):
+            raise UsageError(problem)
+        if args.timeline and not (args.nsys or args.profile):
+            raise UsageError("--timeline: lays out the profiles of --nsys or --profile; add one of them")
         select_platform(args)
         args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "compare")
         if args.data_parallel > 1:

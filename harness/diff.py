@@ -7,9 +7,11 @@ kernel counts and GEMM choices, adding up to B's time minus A's.
 A and B name runs: ``FOLDER:BACKEND`` of a `harness.compare` result folder, a `harness.run`
 JSON (``X.harness.json`` picks up the profile ``X.sqlite.gz``/``X.nsys-rep`` beside it) or a
 profile (``.nsys-rep``, ``.sqlite[.gz]``). Runs of different model, ctx, batch, dtype, mode
-or GPU are refused unless --force. Without --out the report goes to stdout. With
---fail-if-slower the exit status is 1 when B's step median is slower than A's by more than
-PCT percent and beyond the noise (a CI regression gate), else 0.
+or GPU are refused unless --force. Without --out the report goes to stdout; with --timeline
+(and --out), timeline.json.gz lays A's and B's profiles on one trace, steps aligned, each
+phase's largest move written over it. With --fail-if-slower the exit status is 1 when B's
+step median is slower than A's by more than PCT percent and beyond the noise (a CI
+regression gate), else 0.
 """
 
 from __future__ import annotations
@@ -19,10 +21,22 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.common.cli import add_nsys_bin, add_out, fail, make_parser, non_negative_float, parse_args
+from harness.common.cli import (
+    add_nsys_bin,
+    add_out,
+    add_timeline,
+    fail,
+    make_parser,
+    non_negative_float,
+    parse_args,
+    timeline_problem,
+)
+from harness.common.html import svg_of, write_html
 from harness.diffs.decompose import MismatchError, diff_runs, regression
 from harness.diffs.inputs import InputError, resolve, resolve_one
-from harness.diffs.render import render, render_markdown
+from harness.diffs.render import plot_waterfall, render, render_markdown
+from harness.diffs.timeline import check_profiles, diff_timeline
+from harness.trace.timeline import write_timeline
 
 
 def build_parser():
@@ -30,13 +44,14 @@ def build_parser():
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="A and B: FOLDER:BACKEND, a harness.run JSON or a profile; one compare folder alone: "
                         "every pair of its backends")
-    add_out(p, "folder for diff.md, diff.json, diff.png (one subfolder per pair when there are several); "
-               "None: print diff.md", metavar="DIR")
+    add_out(p, "folder for diff.md, diff.json, diff.png, report.html (one subfolder per pair when there are "
+               "several); None: print diff.md", metavar="DIR")
     p.add_argument("--fail-if-slower", type=non_negative_float, default=None, metavar="PCT",
                    help="exit 1 when B's step is slower than A's by more than PCT percent, beyond the noise")
     p.add_argument("--force", action="store_true",
                    help="compare runs of different model, ctx, batch, dtype, mode or GPU")
     add_nsys_bin(p)
+    add_timeline(p)
     return p
 
 
@@ -53,8 +68,15 @@ def _pairs(specs: list[str], nsys_bin: str | None) -> list[tuple]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    if problem := timeline_problem(args):
+        return fail(problem)
+    if args.timeline and args.out is None:
+        return fail("--timeline: writes timeline.json.gz beside diff.md; add --out DIR")
     try:
         pairs = _pairs(args.runs, args.nsys_bin)
+        if args.timeline:
+            for a, b in pairs:
+                check_profiles(a, b)
         diffs = [diff_runs(a, b, force=args.force) for a, b in pairs]
     except (InputError, MismatchError) as exc:
         return fail(str(exc))
@@ -63,7 +85,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(render_markdown(d))
             continue
         folder = Path(args.out) if len(diffs) == 1 else Path(args.out) / f"{d.a_label}-vs-{d.b_label}".replace(":", "-")
-        print("\n".join(str(p) for p in render(d, folder).values()))
+        paths = render(d, folder)
+        paths["html"] = write_html(folder, "diff.md",
+                                   {"diff.png": svg_of(lambda path, d=d: plot_waterfall(d, Path(path)))})
+        if args.timeline:
+            a, b = pairs[diffs.index(d)]
+            paths["timeline"] = write_timeline(folder / "timeline.json.gz",
+                                               diff_timeline(d, a, b, args.timeline_steps, args.nsys_bin))
+        print("\n".join(str(p) for p in paths.values()))
     if args.fail_if_slower is not None:
         slower = [line for d in diffs if (line := regression(d, args.fail_if_slower))]
         if slower:

@@ -6,8 +6,9 @@
 Inputs: ``.nsys-rep`` (exported with nsys first), ``.sqlite``/``.sqlite.gz`` exports, or
 the framework-profiler fallback's traces (torch ``.json``, JAX ``.xplane.pb``). Columns
 are labelled by the backend named in each file name, or by ``--label``. Writes
-kernels.md, .csv, .json and .png into --out. A profile that cannot be analysed is
-reported in one line (exit status 2).
+kernels.md, .csv, .json, .png and report.html into --out (with --timeline, timeline.json.gz: the
+profiles on one trace, measured steps aligned, `harness.trace.timeline`). A profile that
+cannot be analysed is reported in one line (exit status 2).
 """
 
 from __future__ import annotations
@@ -15,11 +16,22 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from harness.common.cli import add_nsys_bin, add_out, fail, make_parser, parse_args, positive_int
+from harness.common.cli import (
+    add_nsys_bin,
+    add_out,
+    add_timeline,
+    fail,
+    make_parser,
+    parse_args,
+    positive_int,
+    timeline_problem,
+)
+from harness.common.html import svg_of, write_html
 from harness.trace.analyses.breakdown import ATTRIBUTIONS, TOP_N, breakdown_files
 from harness.trace.profile import ProfileError
-from harness.trace.render import write_report
+from harness.trace.render import plot, write_report
 
 
 def build_parser():
@@ -39,6 +51,7 @@ def build_parser():
     p.add_argument("--force", action="store_true",
                    help="analyse an nsys export whose importer lost kernel records (XLA's TSL NVTX domain)")
     add_nsys_bin(p)
+    add_timeline(p)
     return p
 
 
@@ -48,10 +61,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail("--label/--harness-json: more of them than profile files; give at most one per file")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         return fail(f"--out {args.out}: a file, not a folder; name a folder for kernels.md/.csv/.json/.png")
+    if problem := timeline_problem(args):
+        return fail(problem)
     try:
         bds, answer_sets = breakdown_files(args.files, args.label, args.harness_json, args.require, args.nsys_bin,
                                            args.attribution, args.force)
         paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot)
+        svgs = {} if args.no_plot else {"kernels.png": svg_of(lambda path: plot(path, bds, args.top))}
+        paths["html"] = write_html(args.out, "kernels.md", svgs)
+        if args.timeline:
+            from harness.trace.timeline import build_timeline, runs_from_files, write_timeline
+
+            runs = runs_from_files(args.files, bds, args.nsys_bin, args.force)
+            paths["timeline"] = write_timeline(Path(args.out) / "timeline.json.gz",
+                                               build_timeline(runs, args.timeline_steps))
     except ProfileError as exc:
         return fail(str(exc))
     print("\n".join(str(p) for p in paths.values()))

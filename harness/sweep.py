@@ -12,8 +12,8 @@ dtype, the cell (model, context, batch) with the highest step MFU; with --data-p
 the report adds the scaling table (`harness.timing.scaling`) over the device counts. A cell that
 runs out of memory, crashes, dies by a signal or passes --cell-timeout is recorded with
 its reason and the sweep goes on; the exit code is 3 when any cell of the sweep failed
-(0 otherwise, 2 for bad input). The report (report.md, cells.csv, plots) is rendered from
-cells.jsonl after every sweep, or alone with --render.
+(0 otherwise, 2 for bad input). The report (report.md, report.html, cells.csv, plots) is
+rendered from cells.jsonl after every sweep, or alone with --render.
 """
 
 from __future__ import annotations

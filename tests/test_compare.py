@@ -1,5 +1,6 @@
 """harness.run and harness.compare end to end on the CPU, and their failure paths."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -31,7 +32,7 @@ def test_compare_writes_a_complete_result_folder(compare_run):
     proc, out = compare_run
     assert proc.returncode == 0, proc.stderr[-2000:]
     folder = out / "tiny-ctx32-fp32-cpu"
-    assert sorted(os.listdir(folder)) == ["phases.png", "report.md", "summary.json"]
+    assert sorted(os.listdir(folder)) == ["phases.png", "report.html", "report.md", "summary.json"]
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["schema"] == "harness.compare/1" and summary["ok"] is True
     assert summary["parity"]["ok"] is True and summary["parity"]["batch"] == 2
@@ -243,10 +244,18 @@ def test_profile_fallback_with_attention_ranges_feeds_the_kernel_report(tmp_path
     monkeypatch.setenv("NSYS", str(tmp_path / "no-nsys-here"))
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
     proc = cli("harness.compare", "--model", "tiny", "--ctx", "32", "--batch", "1", "--warmup", "1", "--steps", "2",
-               "--device", "cpu", "--out", str(tmp_path), "--no-parity", "--profile", "--annotate-attention")
+               "--device", "cpu", "--out", str(tmp_path), "--no-parity", "--profile", "--annotate-attention",
+               "--timeline")
     assert proc.returncode == 0, proc.stderr[-2000:]
     folder = tmp_path / "tiny-ctx32-fp32-cpu-profiled"
-    assert {"kernels.md", "kernels.csv", "kernels.json", "kernels.png", "report.md"} <= set(os.listdir(folder))
+    assert {"kernels.md", "kernels.csv", "kernels.json", "kernels.png", "report.md", "report.html",
+            "timeline.json.gz"} <= set(os.listdir(folder))
+    with gzip.open(folder / "timeline.json.gz", "rt") as f:
+        events = json.load(f)["traceEvents"]
+    processes = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert processes == {"torch", "jax", "jax fused_step"}
+    steps = [e["ts"] for e in events if e.get("cat") == "user_annotation" and e["name"] in ("step", "fused_step")]
+    assert len(steps) == 3 * 2 and len(set(steps)) == 2 and min(steps) == 0  # 2 measured steps each, aligned
     doc = json.loads((folder / "kernels.json").read_text())
     assert [bd["label"] for bd in doc] == ["torch", "jax"]
     for bd in doc:

@@ -66,6 +66,7 @@ class Run:
     notes: list[str] = field(default_factory=list)
     layers: dict[str, dict[str, float]] | None = None  # phase -> canonical layer -> ns per step, where recorded
     overlap: dict | None = None  # `rank_analysis` totals, where the run has communication kernels
+    profile: Path | None = None  # the profile file, where the run was named by it or beside it
 
 
 def _gemm_fields(info: object) -> dict | None:
@@ -168,7 +169,7 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
         doc = _run_doc(beside) if beside.exists() else None
         notes = [] if doc else [f"{path.name}: no {beside.name} beside it; times from the profile's ranges"]
         phases, layers, overlap = _profile_phases(path, nsys_bin)
-        return [Run(_stem(path), text, doc, phases, notes, layers, overlap)]
+        return [Run(_stem(path), text, doc, phases, notes, layers, overlap, path)]
     if path.name.endswith(".json"):
         doc = _load_json(path)
         if doc.get("schema") == COMPARE_SCHEMA:
@@ -177,7 +178,8 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
         profile = next((p for s in PROFILE_SUFFIXES if (p := stem.with_name(stem.name + s)).exists()), None)
         phases, layers, overlap = (_profile_phases(profile, nsys_bin)
                                    if profile and path.name.endswith(HARNESS_SUFFIX) else (None, None, None))
-        return [Run(_stem(path), text, doc, phases, layers=layers or doc.get("layers"), overlap=overlap)]
+        return [Run(_stem(path), text, doc, phases, layers=layers or doc.get("layers"), overlap=overlap,
+                    profile=profile if phases is not None else None)]
     raise InputError(f"{path}: not a run; name a compare folder[:backend], a harness.run JSON, "
                      "or a profile (.nsys-rep, .sqlite[.gz])")
 

@@ -15,6 +15,7 @@ import csv
 import os
 from collections.abc import Callable
 
+from harness.common.html import svg_of, write_html
 from harness.common.tables import markdown_table
 from harness.sweeps.analysis import STATUS_TEXT, bound_label
 from harness.sweeps.plots import GIB, groups, plot_memory, plot_phase_bars, plot_time_vs_ctx
@@ -291,12 +292,12 @@ def csv_rows(data: dict) -> list[dict]:
 
 
 def write_report(data: dict, out_dir: str) -> list[str]:
-    """Write report.md, cells.csv and the plots into `out_dir`; returns the file names."""
+    """Write report.md, report.html, cells.csv and the plots into `out_dir`; returns the file names."""
     # The plots draw one device count, the smallest; the tables and the scaling table hold all.
     n = data["data_parallel"][0] if data["data_parallel"] else 1
     one = {**data, **{k: [r for r in data[k] if r["data_parallel"] == n] for k in ("phases", "memory")}}
-    plots = [name for name, plot in (("time_vs_ctx.png", plot_time_vs_ctx), ("phases.png", plot_phase_bars),
-                                     ("memory.png", plot_memory)) if plot(one, os.path.join(out_dir, name))]
+    drawn = (("time_vs_ctx.png", plot_time_vs_ctx), ("phases.png", plot_phase_bars), ("memory.png", plot_memory))
+    plots = [name for name, plot in drawn if plot(one, os.path.join(out_dir, name))]
     rows = csv_rows(data)
     with open(os.path.join(out_dir, "cells.csv"), "w", newline="") as f:
         if rows:
@@ -305,4 +306,6 @@ def write_report(data: dict, out_dir: str) -> list[str]:
             writer.writerows(rows)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(render_markdown(data, plots))
-    return ["report.md", "cells.csv", *plots]
+    write_html(out_dir, "report.md", {name: svg_of(lambda path, plot=plot: plot(one, path)) for name, plot in drawn
+                                      if name in plots})
+    return ["report.md", "report.html", "cells.csv", *plots]

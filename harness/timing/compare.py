@@ -147,12 +147,29 @@ def communication_overlap(profiles: dict[str, str], args: argparse.Namespace) ->
     rank's profile beside rank 0's) or per device (JAX's one profile)."""
     from harness.trace.analyses.overlap import rank_profiles
 
-    out = {}
-    for backend, first in profiles.items():
-        paths = [first.replace(".rank0.", f".rank{r}.") for r in range(args.data_parallel)] \
-            if ".rank0." in first else [first]
-        out[backend] = rank_profiles([p for p in paths if os.path.exists(p)], args.nsys_bin)
-    return out
+    return {backend: rank_profiles(_rank_files(first, args), args.nsys_bin) for backend, first in profiles.items()}
+
+
+def _rank_files(first: str, args: argparse.Namespace) -> list[str]:
+    """A backend's profiles: every rank's beside rank 0's (torch, data parallel), else the one."""
+    paths = [first.replace(".rank0.", f".rank{r}.") for r in range(getattr(args, "data_parallel", 1))] \
+        if ".rank0." in first else [first]
+    return [p for p in paths if os.path.exists(p)]
+
+
+def backend_timeline(profiles: dict[str, str], bds: list, args: argparse.Namespace) -> dict:
+    """The profiled backends on one trace (`harness.trace.timeline`): one process per backend,
+    and per rank where a backend was profiled rank by rank."""
+    from harness.trace.timeline import build_timeline, runs_from_files
+
+    paths, per_path, labels = [], [], []
+    for (backend, first), bd in zip(profiles.items(), bds):
+        ranks = _rank_files(first, args)
+        for r, path in enumerate(ranks):
+            paths.append(path)
+            per_path.append(bd)  # every rank runs the same program: rank 0's attribution rule holds
+            labels.append(f"{backend} rank {r}" if len(ranks) > 1 else backend)
+    return build_timeline(runs_from_files(paths, per_path, args.nsys_bin, labels=labels), args.timeline_steps)
 
 
 def run_parity(args: argparse.Namespace, workdir: str, backends: list[str]) -> dict:
@@ -260,10 +277,11 @@ def _free_name(root: str, name: str) -> str:
 
 def write_results(summary: dict, results_root: str, name: str, kernels: tuple[list, list] | None = None,
                   overwrite: bool = False, runs: dict[str, dict] | None = None) -> str:
-    """Write summary.json, report.md, phases.png (the kernels.* breakdown, and `runs` as
+    """Write summary.json, report.md, report.html, phases.png (the kernels.* breakdown, and `runs` as
     <backend>.json) into a temp dir, then move it into place: an interrupted run leaves no
     half-written folder. An existing folder `name` is replaced with `overwrite`, else kept
     and the new one written beside it (`name-2`, ...)."""
+    from harness.common.html import svg_of, write_html
     from harness.timing.compare_render import plot_phases, render_markdown
 
     ensure_dir(results_root)
@@ -290,6 +308,12 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
             json.dump({k: v for k, v in summary.items() if k != "kernel_breakdown"}, f, indent=1)
         with open(os.path.join(tmp, "report.md"), "w") as f:
             f.write(render_markdown(summary))
+        svgs = {"phases.png": svg_of(lambda path: plot_phases(summary, path))}
+        if kernels:
+            from harness.trace.render import plot as plot_kernels
+
+            svgs["kernels.png"] = svg_of(lambda path: plot_kernels(path, kernels[0]))
+        write_html(tmp, "report.md", svgs)
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -361,4 +385,8 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
                 keep_profiles(profiles, args.keep_profiles)
         path = write_results(summary, args.out, result_dir_name(args, summary["device"]), kernels,
                              overwrite=args.overwrite)
+        if kernels and getattr(args, "timeline", False):
+            from harness.trace.timeline import write_timeline
+
+            write_timeline(os.path.join(path, "timeline.json.gz"), backend_timeline(profiles, kernels[0], args))
     return summary, path

@@ -111,9 +111,10 @@ def _load(folder: str) -> dict:
 
 
 def rerender(folder: str) -> list[str]:
-    """Write report.md and phases.png of a compare folder from its summary.json (upgraded
+    """Write report.md, report.html and phases.png of a compare folder from its summary.json (upgraded
     first when it is old, the original kept as `ORIGINAL`); the kernel breakdown is taken
     from the folder's kernels.md. Returns the paths written; bad folders raise RenderError."""
+    from harness.common.html import svg_of, write_html
     from harness.timing.compare_render import plot_phases, render_markdown
 
     summary = _load(folder)
@@ -137,6 +138,8 @@ def rerender(folder: str) -> list[str]:
         written.append(os.path.join(folder, "phases.png"))
     with open(os.path.join(folder, "report.md"), "w") as f:
         f.write(render_markdown(summary))
+    # kernels.png cannot be drawn again from the folder's files: report.html embeds it as it is
+    written.append(str(write_html(folder, "report.md", {"phases.png": svg_of(lambda p: plot_phases(summary, p))})))
     with open(os.path.join(folder, "summary.json"), "w") as f:
         json.dump({k: v for k, v in summary.items() if k != "kernel_breakdown"}, f, indent=1)
     return [*written, os.path.join(folder, "report.md"), os.path.join(folder, "summary.json")]

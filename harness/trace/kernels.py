@@ -79,6 +79,11 @@ class Category(str, Enum):
     OTHER = "other"
 
 
+# One colour per category in every plot and in the timeline, whatever categories each shows.
+CATEGORY_COLORS = dict(zip(Category, ("#1f77b4", "#d62728", "#9467bd", "#8c564b", "#2ca02c", "#17becf",
+                                      "#ff7f0e", "#e377c2", "#bcbd22", "#c7c7c7", "#393b79", "#7f7f7f")))
+
+
 # XLA's compile-time autotuner: redzone checks around candidate buffers, the timer's
 # delay kernel, buffer fills (RepeatBuffer) and the comparators that check candidates
 # against a reference.

@@ -24,13 +24,10 @@ from pathlib import Path
 
 from harness.common.tables import markdown_table
 from harness.trace.analyses.breakdown import Breakdown, PhaseStats, answers
-from harness.trace.kernels import Category
+from harness.trace.kernels import CATEGORY_COLORS, Category
 
 TOP_N = 10
 NAME_WIDTH = 90
-# One colour per category in every plot, whatever categories a plot shows.
-CATEGORY_COLORS = dict(zip(Category, ("#1f77b4", "#d62728", "#9467bd", "#8c564b", "#2ca02c", "#17becf",
-                                      "#ff7f0e", "#e377c2", "#bcbd22", "#c7c7c7", "#393b79", "#7f7f7f")))
 
 
 def short_name(name: str, width: int = NAME_WIDTH) -> str:

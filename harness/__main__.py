@@ -1,0 +1,80 @@
+"""`xfprof <tool> ...`: one command for every `python -m harness.<tool>` entry point.
+
+    xfprof compare --model tiny --ctx 64        # the same as python -m harness.compare ...
+    xfprof bench-attention --help               # harness/bench_attention.py
+    xfprof --version
+
+The subcommands are the modules of this package that run as programs (those ending in an
+``if __name__ == "__main__":`` block), found from the package's files, so a new entry point
+is a subcommand without a second list to keep; underscores become dashes. Each subcommand
+hands the rest of the command line to its module's ``main(argv)``, which parses it. Found
+by reading the source, not importing it, so ``--help`` lists the tools without loading
+torch or JAX.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+_GUARD = 'if __name__ == "__main__":'
+
+
+def entry_points() -> dict[str, str]:
+    """Subcommand -> module name (``bench-attention`` -> ``bench_attention``), sorted."""
+    found = {}
+    for path in sorted(PACKAGE.glob("*.py")):
+        if not path.stem.startswith("_") and _GUARD in path.read_text():
+            found[path.stem.replace("_", "-")] = path.stem
+    return found
+
+
+def summary(module: str) -> str:
+    """The first sentence of the module's docstring (read from its source), at most 90 characters."""
+    doc = ast.get_docstring(ast.parse((PACKAGE / f"{module}.py").read_text())) or ""
+    sentence = " ".join(doc.split("\n\n")[0].split()).split(". ")[0].rstrip(".:")
+    return sentence if len(sentence) <= 90 else sentence[:89] + "…"
+
+
+def version() -> str:
+    """The installed distribution's version ("unknown" when run from a checkout not installed)."""
+    try:
+        return metadata.version("xfprof")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def usage() -> str:
+    tools = entry_points()
+    width = max(map(len, tools))
+    lines = [f"  {name:<{width}}  {summary(module)}" for name, module in tools.items()]
+    return ("usage: xfprof [--version] [--help] <command> [options]\n\n"
+            "Cross-framework profiling workbench: each command is `python -m harness.<module>`\n"
+            "(`xfprof <command> --help` for its options).\n\ncommands:\n" + "\n".join(lines) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch `argv` (default: the command line) to the named tool; its exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), end="")
+        return 0
+    if argv[0] == "--version":
+        print(f"xfprof {version()}")
+        return 0
+    tools = entry_points()
+    if argv[0] not in tools:
+        print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(tools)} (see xfprof --help)",
+              file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"harness.{tools[argv[0]]}")
+    return module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

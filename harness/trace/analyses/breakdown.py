@@ -55,7 +55,7 @@ from harness.trace.profile import (
     ProfileError,
     Range,
 )
-from harness.trace.sources import framework_profile, nsys
+from harness.trace.sources import framework_profile, kineto, nsys
 from harness.trace.stats import Breakdown, Bucket, KernelStat, PhaseStats
 
 __all__ = ["Breakdown", "Bucket", "KernelStat", "PhaseStats", "answers", "attention_flops", "breakdown",
@@ -84,7 +84,7 @@ def load_profile(path: str | Path, label: str | None = None, nsys_bin: str | Non
     if name.endswith((".sqlite", ".sqlite.gz")):
         return nsys.read_sqlite(path, label, force)
     if name.endswith((".json", ".json.gz")):
-        return framework_profile.load_torch_trace(path, label)
+        return kineto.load_torch_trace(path, label)
     if name.endswith((".xplane.pb", ".xplane.pb.gz")) or path.is_dir():
         return framework_profile.load_jax_trace(path, label)
     raise ProfileError(f"{path}: not a profile; expected .nsys-rep, .sqlite[.gz] (nsys export), "

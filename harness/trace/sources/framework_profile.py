@@ -9,9 +9,8 @@ Recording (the harness wraps its measured run in one of these, with
     with framework_profile.jax_profiler("run.jax.trace"):   # a directory
         ...
 
-Reading: `load_torch_trace` takes the Chrome trace torch.profiler exports (GPU kernels
-are events of category ``kernel``/``gpu_memcpy``/``gpu_memset``; ranges are
-``user_annotation``).  `load_jax_trace` takes an ``.xplane.pb`` (or the directory
+Reading: `harness.trace.sources.kineto` reads the Chrome trace torch.profiler exports;
+`load_jax_trace` takes an ``.xplane.pb`` (or the directory
 `jax_profiler` wrote) and reads it with ``jax.profiler.ProfileData``: kernels are the
 events of the ``/device:GPU:N`` planes' stream lines, ranges the host-plane events named
 like the harness's ranges (the host plane holds every runtime event too).
@@ -26,16 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import json
-from collections import defaultdict
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from harness.trace.profile import HARNESS_RANGES, Kernel, Profile, ProfileError, Range, label_from_path
-
-TORCH_GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-CPU_NOTE = ("no GPU activity in this trace: CPU {what} stand in for kernels, so times are "
-            "host execution times, not GPU times")
+from harness.trace.sources.kineto import CPU_NOTE
 
 
 @contextlib.contextmanager
@@ -67,64 +61,6 @@ def jax_profiler(out_dir: str | Path) -> Iterator[None]:
         yield
     finally:
         jax.profiler.stop_trace()
-
-
-def _read_json(path: Path) -> dict:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    try:
-        with opener(path, "rt") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"{path}: not a torch.profiler Chrome trace ({exc}); write one with "
-                           "framework_profile.torch_profiler or prof.export_chrome_trace") from None
-
-
-def _innermost(events: list[dict]) -> list[dict]:
-    """The events (one thread's, sorted by start) that contain no other event."""
-    leaves = []
-    for i, e in enumerate(events):
-        nxt = events[i + 1] if i + 1 < len(events) else None
-        if nxt is None or nxt["ts"] >= e["ts"] + e["dur"]:
-            leaves.append(e)
-    return leaves
-
-
-def load_torch_trace(path: str | Path, label: str | None = None,
-                     range_names: Collection[str] = HARNESS_RANGES) -> Profile:
-    """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a `Profile`.
-
-    ``record_function`` ranges named in `range_names` become ranges (torch adds its own,
-    such as ``Optimizer.step#AdamW.step``, which are left out).
-    """
-    path = Path(path)
-    trace = _read_json(path)
-    if "traceEvents" not in trace:
-        raise ProfileError(f"{path}: JSON without traceEvents: not a torch.profiler trace")
-    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    ns = lambda us: int(round(float(us) * 1000))  # noqa: E731  (trace times are µs)
-
-    def kernel(e: dict) -> Kernel:
-        args = e.get("args", {})
-        return Kernel(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), int(args.get("device", 0)),
-                      int(args.get("stream", e.get("tid", 0)) or 0), None)
-
-    kernels = [kernel(e) for e in events if e.get("cat") in TORCH_GPU_CATEGORIES]
-    notes = []
-    if not kernels:
-        per_thread: dict[object, list[dict]] = defaultdict(list)
-        for e in events:
-            if e.get("cat") == "cpu_op":
-                per_thread[(e.get("pid"), e.get("tid"))].append(e)
-        kernels = [kernel(e) for evs in per_thread.values()
-                   for e in _innermost(sorted(evs, key=lambda e: (e["ts"], -e["dur"])))]
-        notes.append(CPU_NOTE.format(what="ops (innermost cpu_op events)"))
-    ranges = [Range(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e.get("tid"))
-              for e in events if e.get("cat") == "user_annotation" and e["name"] in range_names]
-    if not kernels:
-        raise ProfileError(f"{path}: the trace holds neither GPU kernels nor CPU ops; "
-                           "was anything run inside the profiler's block?")
-    return Profile(str(path), label or label_from_path(path), "torch.profiler",
-                   sorted(kernels, key=lambda k: k.start), sorted(ranges, key=lambda r: r.start), notes)
 
 
 def _xplane_file(path: Path) -> Path:

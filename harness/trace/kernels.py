@@ -68,6 +68,10 @@ class Category(str, Enum):
     ATTENTION = "fused_attention"
     SOFTMAX = "softmax"
     NORM = "normalization"
+    CONVOLUTION = "convolution"
+    POOLING = "pooling"
+    EMBEDDING = "embedding"
+    QUANTIZATION = "quantization"
     ELEMENTWISE = "elementwise"
     REDUCTION = "reduction"
     OPTIMIZER = "optimizer"
@@ -89,6 +93,11 @@ _AUTOTUNING = (r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|RepeatBuffer
 # on CPU. "all" must not end a word ("small_reduce"), nor "reduce" be a fusion's kind.
 _COLLECTIVES = (r"nccl|gloo|(?:^|[^a-z])all[-_]?(?:reduce|gather|to[-_]?all)|reduce[-_]?scatter"
                 r"|collective[-_]?permute|(?:one|two)[-_]?shot|c10d::")
+
+# cuDNN's and CUTLASS's convolutions: named conv*, the data and weight gradients
+# (dgrad, wgrad), implicit-GEMM and Winograd kernels, and cuDNN's own scudnn kernels.
+# "conv" must not start "convert" or "conversion".
+_CONVOLUTION = r"conv(?!er)|dgrad|wgrad|fprop_implicit|implicit_gemm|implicit_convolve|winograd|scudnn"
 
 # ATen ops that only move, view or cast data (Inductor's names for them).
 _COPY_OPS = (r"_to_copy|_unsafe_view|view|clone|t|transpose|permute|expand|slice|select|unbind|unsqueeze|squeeze"
@@ -112,9 +121,14 @@ PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.COMMUNICATION, _COLLECTIVES),
     (Category.ATTENTION, r"flash|fmha|sdpa|attention|mha_"),
     (Category.SOFTMAX, r"softmax"),
-    (Category.NORM, r"rms_?norm|layer_?norm|RowwiseMoments|group_norm|batch_norm"),
+    (Category.NORM, r"rms_?norm|layer_?norm|RowwiseMoments|group_?norm|batch_?norm|instance_?norm|\bbn_[fb]w_"),
+    (Category.CONVOLUTION, _CONVOLUTION),
+    (Category.POOLING, r"pool(?:ing|_?[123]d)|(?:max|avg|average)_?pool"),
+    (Category.EMBEDDING, r"(?<![a-z])embedding|bounds_check_indices|linearize_index|bucketize_sparse_features"),
+    (Category.MEMORY, r"(?<![a-z])permute_\w*kernel"),
     *INDUCTOR_PATTERNS,
-    (Category.GEMM, r"gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv"),
+    (Category.GEMM, r"(?<!fb)gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv"),
+    (Category.QUANTIZATION, r"quantiz|(?<![a-z])h?fp8|float8"),
     (Category.OPTIMIZER, r"multi_tensor_apply|fused_adam|adam|_foreach_"),
     (Category.MEMORY, r"memcpy|memset|transpose|copy|\bcat\w*Batched|fill_kernel|triu_tril"),
     (Category.REDUCTION, r"reduce|reduction|\bargmax|\bargmin|scan_kernel|cumsum"),
@@ -135,11 +149,37 @@ PHASE_RULES: tuple[tuple[str, tuple[Category, ...], Category], ...] = (
 )
 
 _COMPILED = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in PATTERNS)
+_ANONYMOUS = "(anonymous namespace)"
+NAME_WIDTH = 90
+
+
+def own_name(name: str) -> str:
+    """The kernel's name and template arguments without its parameter list: what the kernel
+    is, not the types it takes (``split_embedding_*(..., fbgemm_gpu::...)`` is no GEMM)."""
+    depth = 0
+    for i, ch in enumerate(name):
+        depth += ch == "<"
+        depth -= ch == ">"
+        if ch == "(" and depth == 0 and i and not name.startswith(_ANONYMOUS, i):
+            return name[:i]
+    return name
+
+
+def short_name(name: str, width: int = NAME_WIDTH) -> str:
+    """A kernel name fit for a table: no ``void``, no argument list, at most `width` chars.
+    Bracketed placeholders (``[CUDA graph: ...]``, ``[CUDA memcpy]``) stay whole;
+    ``(anonymous namespace)::`` goes, so the name keeps what tells it apart."""
+    if name.startswith("["):
+        return name
+    name = own_name(name.removeprefix("void ")).replace("(anonymous namespace)::", "").strip()
+    name = name.replace("|", "\\|")
+    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def classify(name: str, ranges: tuple[str, ...] = ()) -> Category:
     """Category of kernel `name`; `ranges` are the names of the ranges containing it."""
-    category = next((cat for cat, rx in _COMPILED if rx.search(name)), Category.OTHER)
+    own = own_name(name)
+    category = next((cat for cat, rx in _COMPILED if rx.search(own)), Category.OTHER)
     for range_name, by_name, cat in PHASE_RULES:
         if range_name in ranges and category in by_name:
             return cat

@@ -24,30 +24,13 @@ from pathlib import Path
 
 from harness.common.tables import markdown_table
 from harness.trace.analyses.breakdown import Breakdown, PhaseStats, answers
-from harness.trace.kernels import Category
+from harness.trace.kernels import NAME_WIDTH, Category, short_name
 
 TOP_N = 10
-NAME_WIDTH = 90
 # One colour per category in every plot, whatever categories a plot shows.
-CATEGORY_COLORS = dict(zip(Category, ("#1f77b4", "#d62728", "#9467bd", "#8c564b", "#2ca02c", "#17becf",
-                                      "#ff7f0e", "#e377c2", "#bcbd22", "#c7c7c7", "#393b79", "#7f7f7f")))
-
-
-def short_name(name: str, width: int = NAME_WIDTH) -> str:
-    """A kernel name fit for a table: no ``void``, no argument list, at most `width` chars.
-    Bracketed placeholders (``[CUDA graph: ...]``, ``[CUDA memcpy]``) stay whole."""
-    if name.startswith("["):
-        return name
-    name = name.removeprefix("void ")
-    depth = 0
-    for i, ch in enumerate(name):  # cut at the argument list: the first "(" outside <...>
-        depth += ch == "<"
-        depth -= ch == ">"
-        if ch == "(" and depth == 0 and i:
-            name = name[:i]
-            break
-    name = name.replace("|", "\\|")
-    return name if len(name) <= width else name[: width - 1] + "…"
+CATEGORY_COLORS = dict(zip(Category, ("#1f77b4", "#d62728", "#9467bd", "#8c564b", "#637939", "#843c39",
+                                      "#e7ba52", "#ce6dbd", "#2ca02c", "#17becf", "#ff7f0e", "#e377c2",
+                                      "#bcbd22", "#c7c7c7", "#393b79", "#7f7f7f"), strict=True))
 
 
 def short_names(names: Sequence[str], width: int = NAME_WIDTH) -> list[str]:

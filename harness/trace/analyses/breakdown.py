@@ -41,7 +41,7 @@ from harness.trace.analyses import attribution as attr
 from harness.trace.analyses.answers import answers, attention_flops, harness_metadata
 from harness.trace.analyses.hlo_join import hlo_dir, label_kernels, load_schedules
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
-from harness.trace.kernels import PHASE_RULES, Category, classify, decode_gemm
+from harness.trace.kernels import PHASE_RULES, Category, classify, decode_gemm, short_name
 from harness.trace.profile import (
     ATTENTION_RANGES,
     KERNEL,
@@ -375,9 +375,10 @@ def _warnings(phases: dict[str, PhaseStats]) -> list[str]:
     for p in phases.values():
         share = p.share(Category.OTHER)
         if share >= UNCLASSIFIED_WARN_SHARE:
-            top = [k.name for k in p.kernels if k.category == Category.OTHER.value][:3]
-            out.append(f"{p.phase}: {share:.0%} of GPU time in unclassified kernels "
-                       f"(e.g. {'; '.join(n[:80] for n in top)}); add a pattern to harness.trace.kernels.PATTERNS")
+            top = [k for k in p.kernels if k.category == Category.OTHER.value][:5]
+            listed = "; ".join(f"`{short_name(k.name, 80)}` {k.share:.1%}" for k in top)
+            out.append(f"{p.phase}: {share:.1%} of GPU time in unclassified kernels, the top ones: {listed}; "
+                       "add a pattern to harness.trace.kernels.PATTERNS")
     return out
 
 

@@ -6,8 +6,10 @@ recorded it (nsys, torch.profiler, jax.profiler); `harness.trace.analyses.breakd
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,8 @@ import numpy as np
 BACKENDS = ("torch", "jax")
 # Range names the harness emits (NVTX, record_function or TraceAnnotation).
 WARMUP = "warmup"
-STEP_RANGES = ("step", "fused_step")
+PROFILER_STEP = "ProfilerStep"  # torch.profiler's own step ranges, ProfilerStep#N
+STEP_RANGES = ("step", "fused_step", PROFILER_STEP)
 PHASES = ("forward", "backward", "optimizer")
 ATTENTION_RANGES = ("attn_scores", "attn_softmax", "attn_values")
 HARNESS_RANGES = (WARMUP, *STEP_RANGES, *PHASES, *ATTENTION_RANGES)
@@ -49,6 +52,7 @@ class Range:
     start: int  # ns
     end: int
     thread: int | None = None
+    number: int | None = None  # the instance number a numbered name carried (`step7` -> `step`, 7)
 
 
 # KernelTable.kind: what a GPU activity is (memcpys and memsets are not kernels)
@@ -147,3 +151,30 @@ def label_from_path(path: str | Path) -> str:
     name = Path(path).name.lower()
     found = [b for b in BACKENDS if b in name]
     return found[0] if len(found) == 1 else Path(path).name.split(".")[0]
+
+
+# A name ending in a number: `step0`, `step 12`, `iteration_3`, `train_step[7]`, `ProfilerStep#5`.
+NUMBERED = re.compile(r"^(?P<base>.*?[A-Za-z])(?:\s+|[_#-]|\[)?(?P<number>\d+)\]?$")
+
+
+def numbered_instances(ranges: Sequence[Range]) -> tuple[list[Range], str]:
+    """Ranges whose names differ only by a number, as instances of one range.
+
+    A program that names each step after its index (``step0`` ... ``step7``) means one
+    range repeated: each becomes `base` with its `number`. A base is merged only where at
+    least two distinct numbers carry it, so a lone ``fp8`` keeps its name. Returns the
+    ranges and the rule applied, in words ("" where none applied)."""
+    numbers: dict[str, set[int]] = defaultdict(set)
+    for r in ranges:
+        if m := NUMBERED.match(r.name):
+            numbers[m["base"]].add(int(m["number"]))
+    bases = {b for b, n in numbers.items() if len(n) >= 2}
+    if not bases:
+        return list(ranges), ""
+    out = []
+    for r in ranges:
+        m = NUMBERED.match(r.name)
+        out.append(replace(r, name=m["base"], number=int(m["number"])) if m and m["base"] in bases else r)
+    listed = ", ".join(f"`{b}` ({len(numbers[b])} numbers, {min(numbers[b])} to {max(numbers[b])})"
+                       for b in sorted(bases))
+    return out, f"ranges named with a number are instances of one range: {listed}"

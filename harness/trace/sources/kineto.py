@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections import defaultdict
-from collections.abc import Collection
 from decimal import Decimal
 from pathlib import Path
 
@@ -30,7 +30,6 @@ import numpy as np
 
 from harness.trace.analyses.attribution import TID_PROCESS_SHIFT
 from harness.trace.profile import (
-    HARNESS_RANGES,
     KERNEL,
     MEMCPY,
     MEMSET,
@@ -43,6 +42,8 @@ from harness.trace.profile import (
     label_from_path,
 )
 
+# record_function ranges torch itself opens: no phases of the program's.
+TORCH_OWN_RANGES = re.compile(r"^(?:Optimizer\.\w+#|DistributedDataParallel\.|nccl:|c10d::|autograd::)")
 GPU_KINDS = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 CPU_NOTE = ("no GPU activity in this trace: CPU {what} stand in for kernels, so times are "
@@ -131,12 +132,12 @@ def _cpu_ops(events: list[dict], threads: _Threads) -> list[Kernel]:
             for e in _innermost(sorted(evs, key=lambda e: (ns(e["ts"]), -ns(e["dur"]))))]
 
 
-def load_torch_trace(path: str | Path, label: str | None = None,
-                     range_names: Collection[str] = HARNESS_RANGES) -> Profile:
+def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
     """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a `Profile`.
 
-    ``record_function`` ranges named in `range_names` become ranges (torch adds its own,
-    such as ``Optimizer.step#AdamW.step``, which are left out). Without GPU activity,
+    The program's ``record_function`` ranges and torch.profiler's ``ProfilerStep#N``
+    become ranges; those torch opens itself (`TORCH_OWN_RANGES`: ``Optimizer.step#AdamW.step``,
+    ``nccl:all_reduce``...) are left out. Without GPU activity,
     torch's innermost ``cpu_op`` events stand in for kernels (an op that calls other ops
     would count twice), and the notes say so."""
     path = Path(path)
@@ -160,5 +161,5 @@ def load_torch_trace(path: str | Path, label: str | None = None,
         raise ProfileError(f"{path}: the trace holds neither GPU kernels nor CPU ops; "
                            "was anything run inside the profiler's block?")
     ranges = [Range(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), threads(e.get("pid"), e.get("tid")))
-              for e in events if e.get("cat") == "user_annotation" and e["name"] in range_names]
+              for e in events if e.get("cat") == "user_annotation" and not TORCH_OWN_RANGES.match(e["name"])]
     return Profile(str(path), label or label_from_path(path), "torch.profiler", kernels, ranges, notes)

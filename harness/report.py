@@ -12,19 +12,24 @@ reported in one line (exit status 2).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from harness.common.cli import add_nsys_bin, add_out, fail, make_parser, parse_args, positive_int
-from harness.trace.analyses.breakdown import ATTRIBUTIONS, TOP_N, breakdown_files
+from harness.trace.analyses.breakdown import ATTRIBUTIONS, TOP_N
+from harness.trace.analyses.ranks import report_inputs
 from harness.trace.profile import ProfileError
 from harness.trace.render import write_report
+from harness.trace.render_ranks import render_ranks
 
 
 def build_parser():
     p = make_parser("harness.report", __doc__)
-    p.add_argument("files", nargs="+", help=".nsys-rep, .sqlite[.gz], torch .json or JAX .xplane.pb")
+    p.add_argument("files", nargs="+", help=".nsys-rep, .sqlite[.gz], torch .json or JAX .xplane.pb; a folder of "
+                                            "one job's per-rank files, or X.rank0/X.rank1 files, are read as ranks")
     p.add_argument("--label", action="append", default=[], help="column label per file, in order")
     add_out(p, "output folder", default="kernel_report", metavar="DIR")
     p.add_argument("--harness-json", action="append", default=[], metavar="PATH",
@@ -49,9 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         return fail(f"--out {args.out}: a file, not a folder; name a folder for kernels.md/.csv/.json/.png")
     try:
-        bds, answer_sets = breakdown_files(args.files, args.label, args.harness_json, args.require, args.nsys_bin,
-                                           args.attribution, args.force)
-        paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot)
+        bds, answer_sets, ranks = report_inputs(args.files, args.label, args.harness_json, args.require,
+                                                args.nsys_bin, args.attribution, args.force)
+        paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot, sections=render_ranks(ranks))
+        if ranks:
+            paths["ranks"] = Path(args.out) / "ranks.json"
+            paths["ranks"].write_text(json.dumps(ranks, indent=1))
     except ProfileError as exc:
         return fail(str(exc))
     print("\n".join(str(p) for p in paths.values()))

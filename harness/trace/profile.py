@@ -58,6 +58,7 @@ class Range:
 # KernelTable.kind: what a GPU activity is (memcpys and memsets are not kernels)
 KERNEL, MEMCPY, MEMSET, GRAPH = 0, 1, 2, 3
 UNKNOWN = -1  # thread, launch time or correlation id that the source does not record
+PROCESS_SHIFT = 24  # a thread id holds its process above bit 24 (nsys's globalTid; Kineto's as read)
 
 
 @dataclass
@@ -79,8 +80,11 @@ class KernelTable:
     thread: np.ndarray  # the launching thread, UNKNOWN where not recorded
     launch: np.ndarray  # start of the launching API call (ns), UNKNOWN where not recorded
     correlation: np.ndarray  # CUPTI correlation id, UNKNOWN where not recorded
+    process: np.ndarray | None = None  # the launching process (nsys: globalPid >> 24); default: the thread's
 
     def __post_init__(self) -> None:
+        if self.process is None:
+            self.process = np.where(self.thread != UNKNOWN, self.thread >> PROCESS_SHIFT, UNKNOWN)
         order = np.argsort(self.start, kind="stable")
         if not np.all(order[:-1] < order[1:]):
             for col in _COLUMNS:
@@ -96,6 +100,10 @@ class KernelTable:
     def name_of(self, i: int) -> str:
         return self.names[int(self.name[i])]
 
+    def take(self, mask: np.ndarray) -> KernelTable:
+        """The rows of `mask` (still sorted by start), sharing `names`."""
+        return KernelTable(self.names, *(getattr(self, col)[mask] for col in _COLUMNS))
+
     @classmethod
     def from_kernels(cls, kernels: Sequence[Kernel]) -> KernelTable:
         """The table of `kernels` (a small profile or a test's hand-made one)."""
@@ -109,7 +117,7 @@ class KernelTable:
                    np.full(len(kernels), UNKNOWN, np.int64), np.full(len(kernels), UNKNOWN, np.int64))
 
 
-_COLUMNS = ("name", "start", "end", "kind", "device", "stream", "thread", "launch", "correlation")
+_COLUMNS = ("name", "start", "end", "kind", "device", "stream", "thread", "launch", "correlation", "process")
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,9 @@ class Profile:
     ranges: list[Range]
     notes: list[str] = field(default_factory=list)  # caveats the report repeats
     api: list[ApiStat] = field(default_factory=list)  # CUDA API calls, where the source records them
+    rank: int | None = None  # the process's rank where the profile records it (Kineto's distributedInfo)
+    world_size: int | None = None
+    gpu: str | None = None  # the GPU's name where recorded
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernels, KernelTable):
@@ -146,11 +157,15 @@ class Profile:
         self.ranges = sorted(self.ranges, key=lambda r: (r.start, -r.end))
 
 
+PROFILE_SUFFIXES = re.compile(r"(?:\.pt\.trace)?\.(?:json|sqlite|xplane\.pb|nsys-rep)(?:\.gz)?$")
+
+
 def label_from_path(path: str | Path) -> str:
-    """The backend named in the file name ("torch", "jax"), else the file's stem."""
+    """The backend named in the file name ("torch", "jax"), else the name without its
+    profile suffixes (`x.rank0.json.gz` -> `x.rank0`: ranks of one job stay apart)."""
     name = Path(path).name.lower()
     found = [b for b in BACKENDS if b in name]
-    return found[0] if len(found) == 1 else Path(path).name.split(".")[0]
+    return found[0] if len(found) == 1 else PROFILE_SUFFIXES.sub("", Path(path).name)
 
 
 # A name ending in a number: `step0`, `step 12`, `iteration_3`, `train_step[7]`, `ProfilerStep#5`.

@@ -198,8 +198,9 @@ def _layers(bd: Breakdown, n: int) -> list[str]:
 
 
 def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
-                    top_n: int = TOP_N, title: str = "Kernel breakdown") -> str:
-    """The report as markdown; `answer_sets` default to `answers(bd)` for each breakdown."""
+                    top_n: int = TOP_N, title: str = "Kernel breakdown", sections: Sequence[str] = ()) -> str:
+    """The report as markdown; `answer_sets` default to `answers(bd)` for each breakdown;
+    `sections` (markdown lines, e.g. the cross-rank tables) go before the left-out kernels."""
     answer_sets = answer_sets or [answers(bd) for bd in bds]
     out = [f"# {title}", ""]
     for bd in bds:
@@ -232,7 +233,7 @@ def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None
             out += [f"### {bd.label}: GEMM kernels decoded", "", _caption(bd), "", *gemm, ""]
         if bd.api:
             out += [f"### {bd.label}: CUDA API calls (whole profile)", "", *_api(bd), ""]
-    out += ["## Left out of the phases", "", *(line for bd in bds for line in _left_out(bd))]
+    out += [*sections, "## Left out of the phases", "", *(line for bd in bds for line in _left_out(bd))]
     warnings = [f"- {bd.label}: {w}" for bd in bds for w in bd.warnings]
     notes = [f"- {bd.label}: {n}" for bd in bds for n in bd.notes]
     if warnings:
@@ -287,14 +288,15 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
 
 
 def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
-                 top_n: int = TOP_N, stem: str = "kernels", png: bool = True) -> dict[str, Path]:
+                 top_n: int = TOP_N, stem: str = "kernels", png: bool = True,
+                 sections: Sequence[str] = ()) -> dict[str, Path]:
     """Write ``<stem>.md``, ``.csv``, ``.json`` and (with `png`) ``.png`` into `out_dir`;
     return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     answer_sets = answer_sets or [answers(bd) for bd in bds]
     paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", *(("png",) if png else ()))}
-    paths["md"].write_text(render_markdown(bds, answer_sets, top_n))
+    paths["md"].write_text(render_markdown(bds, answer_sets, top_n, sections=sections))
     write_csv(paths["csv"], bds)
     # The profile's file name only: where it lay (often a temp folder) says nothing.
     doc = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]

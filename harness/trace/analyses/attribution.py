@@ -27,9 +27,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from harness.trace.profile import UNKNOWN, KernelTable, ProfileError, Range
+from harness.trace.profile import PROCESS_SHIFT, UNKNOWN, KernelTable, ProfileError, Range
 
-TID_PROCESS_SHIFT = 24  # nsys's globalTid holds the process id above bit 24
+TID_PROCESS_SHIFT = PROCESS_SHIFT  # nsys's globalTid holds the process id above bit 24
 OUTSIDE_WARN_SHARE = 0.03  # kernel time run outside its launching range above this: warn, attribute by launch
 
 

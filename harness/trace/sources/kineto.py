@@ -162,4 +162,8 @@ def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
                            "was anything run inside the profiler's block?")
     ranges = [Range(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), threads(e.get("pid"), e.get("tid")))
               for e in events if e.get("cat") == "user_annotation" and not TORCH_OWN_RANGES.match(e["name"])]
-    return Profile(str(path), label or label_from_path(path), "torch.profiler", kernels, ranges, notes)
+    info = trace.get("distributedInfo") or {}
+    devices = {int(d.get("id", -1)): d.get("name") for d in trace.get("deviceProperties") or []}
+    used = sorted({devices.get(int(d)) for d in np.unique(kernels.device) if devices.get(int(d))}) if gpu else []
+    return Profile(str(path), label or label_from_path(path), "torch.profiler", kernels, ranges, notes,
+                   rank=info.get("rank"), world_size=info.get("world_size"), gpu=" + ".join(used) or None)

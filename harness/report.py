@@ -20,10 +20,11 @@ from pathlib import Path
 
 from harness.common.cli import add_nsys_bin, add_out, fail, make_parser, parse_args, positive_int
 from harness.trace.analyses.breakdown import ATTRIBUTIONS, TOP_N
+from harness.trace.analyses.gpu_time import SCOPES
 from harness.trace.analyses.ranks import report_inputs
 from harness.trace.profile import ProfileError
 from harness.trace.render import write_report
-from harness.trace.render_ranks import render_ranks
+from harness.trace.render_ranks import render_gpu_time, render_ranks
 
 
 def build_parser():
@@ -43,6 +44,10 @@ def build_parser():
                         "execution where ranges end in synchronizations, else launch")
     p.add_argument("--force", action="store_true",
                    help="analyse an nsys export whose importer lost kernel records (XLA's TSL NVTX domain)")
+    p.add_argument("--scope", choices=SCOPES, default="all",
+                   help="GPU activities behind the temporal breakdown, overlap, launch and queue figures: all, or "
+                        "hta (HolisticTraceAnalysis's default: drops the last ProfilerStep and activities launched "
+                        "outside the trace, rounds to µs as it does)")
     add_nsys_bin(p)
     return p
 
@@ -54,9 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         return fail(f"--out {args.out}: a file, not a folder; name a folder for kernels.md/.csv/.json/.png")
     try:
-        bds, answer_sets, ranks = report_inputs(args.files, args.label, args.harness_json, args.require,
-                                                args.nsys_bin, args.attribution, args.force)
-        paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot, sections=render_ranks(ranks))
+        bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
+                                                         args.nsys_bin, args.attribution, args.force, args.scope)
+        paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot,
+                             sections=[*render_ranks(ranks), *render_gpu_time(figures)])
+        paths["gpu_time"] = Path(args.out) / "gpu_time.json"
+        paths["gpu_time"].write_text(json.dumps(figures, indent=1))
         if ranks:
             paths["ranks"] = Path(args.out) / "ranks.json"
             paths["ranks"].write_text(json.dumps(ranks, indent=1))

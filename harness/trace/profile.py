@@ -58,6 +58,8 @@ class Range:
 # KernelTable.kind: what a GPU activity is (memcpys and memsets are not kernels)
 KERNEL, MEMCPY, MEMSET, GRAPH = 0, 1, 2, 3
 UNKNOWN = -1  # thread, launch time or correlation id that the source does not record
+# The API calls that put work on a stream asynchronously (HTA's launch and queue analyses count these)
+LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync")
 PROCESS_SHIFT = 24  # a thread id holds its process above bit 24 (nsys's globalTid; Kineto's as read)
 
 
@@ -81,10 +83,15 @@ class KernelTable:
     launch: np.ndarray  # start of the launching API call (ns), UNKNOWN where not recorded
     correlation: np.ndarray  # CUPTI correlation id, UNKNOWN where not recorded
     process: np.ndarray | None = None  # the launching process (nsys: globalPid >> 24); default: the thread's
+    launch_end: np.ndarray | None = None  # end of the launching API call (ns), UNKNOWN where not recorded
+    launch_api: np.ndarray | None = None  # int8 index into LAUNCH_APIS, UNKNOWN: another call or not recorded
 
     def __post_init__(self) -> None:
         if self.process is None:
             self.process = np.where(self.thread != UNKNOWN, self.thread >> PROCESS_SHIFT, UNKNOWN)
+        for col, dtype in (("launch_end", np.int64), ("launch_api", np.int8)):
+            if getattr(self, col) is None:
+                setattr(self, col, np.full(len(self.start), UNKNOWN, dtype))
         order = np.argsort(self.start, kind="stable")
         if not np.all(order[:-1] < order[1:]):
             for col in _COLUMNS:
@@ -117,7 +124,8 @@ class KernelTable:
                    np.full(len(kernels), UNKNOWN, np.int64), np.full(len(kernels), UNKNOWN, np.int64))
 
 
-_COLUMNS = ("name", "start", "end", "kind", "device", "stream", "thread", "launch", "correlation", "process")
+_COLUMNS = ("name", "start", "end", "kind", "device", "stream", "thread", "launch", "correlation", "process",
+            "launch_end", "launch_api")
 
 
 @dataclass(frozen=True)

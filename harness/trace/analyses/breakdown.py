@@ -24,7 +24,8 @@ program's first steps were not recorded). Ranges whose names differ only by a nu
 (``step0`` ... ``step7``, `harness.trace.profile.numbered_instances`) are instances of
 one range; torch.profiler's ``ProfilerStep#N`` are steps like ``step``.
 Kernel names that ran only in the first steady instance of a root that repeats (XLA's
-autotuning candidates, one-off initialisation) are kept out of the per-step figures too.
+autotuning candidates, one-off initialisation) are kept out of the per-step figures too,
+unless that instance is numbered past 1.
 XLA autotuner kernels are never computation: they are reported apart, wherever they ran.
 A profile without any range gets one pseudo-phase, the whole profile.  GPU time is the
 sum of kernel durations (overlap on several streams counts twice); "range" time is the
@@ -250,7 +251,9 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     measured = ~tune & ~none & ~kwarm & ~kfirst
     only_first = np.zeros(len(kt), bool)
     for insts in instances.values():
-        if len(insts) >= 2:  # names that ran only in the first steady instance are no per-step work
+        # names that ran only in the first steady instance are no per-step work, unless the
+        # profile began past the program's first steps (ProfilerStep#550: no setup to set apart)
+        if len(insts) >= 2 and (ranges[insts[0]].number or 0) <= 1:
             head = measured & (kroot == insts[0])
             later = kt.name[measured & np.isin(kroot, insts[1:])]
             only_first |= head & ~np.isin(kt.name, later)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from harness.trace.analyses.answers import answers, harness_metadata
 from harness.trace.analyses.breakdown import Breakdown, breakdown, load_profile
+from harness.trace.analyses.gpu_time import gpu_time
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
 from harness.trace.analyses.overlap import overlap
 from harness.trace.profile import STEP_RANGES, Profile, ProfileError, numbered_instances
@@ -108,10 +109,12 @@ def cross_rank(rs: RankSet, bds: Sequence[Breakdown]) -> dict:
 
 def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = (), run_jsons: Sequence[str | Path] = (),
                   require: Sequence[str] = (), nsys_bin: str | None = None, attribution: str = "auto",
-                  force: bool = False) -> tuple[list[Breakdown], list[dict], list[dict]]:
-    """Breakdowns (one per column), their answers, and a cross-rank table per rank set.
-    The i-th `harness.run` result JSON goes with the i-th column."""
-    bds, answer_sets, tables = [], [], []
+                  force: bool = False,
+                  scope: str = "all") -> tuple[list[Breakdown], list[dict], list[dict], list[dict]]:
+    """Breakdowns (one per column), their answers, a cross-rank table per rank set, and
+    HTA's figures per column (`harness.trace.analyses.gpu_time`, in `scope`). The i-th
+    `harness.run` result JSON goes with the i-th column."""
+    bds, answer_sets, tables, figures = [], [], [], []
     for item in load_inputs(paths, labels, nsys_bin, force):
         mine = []
         for profile in item.profiles:
@@ -121,7 +124,8 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
             meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
             bds.append(bd)
             answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
+            figures.append({"label": bd.label, **gpu_time(profile, scope)})
             mine.append(bd)
         if item.rank_set:
             tables.append(cross_rank(item.rank_set, mine))
-    return bds, answer_sets, tables
+    return bds, answer_sets, tables, figures

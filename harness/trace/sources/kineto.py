@@ -31,6 +31,7 @@ import numpy as np
 from harness.trace.analyses.attribution import TID_PROCESS_SHIFT
 from harness.trace.profile import (
     KERNEL,
+    LAUNCH_APIS,
     MEMCPY,
     MEMSET,
     UNKNOWN,
@@ -90,18 +91,19 @@ class _Threads:
         return self.threads[key]
 
 
-def _gpu_table(gpu: list[dict], launches: dict[int, tuple[int, int]]) -> KernelTable:
+def _gpu_table(gpu: list[dict], launches: dict[int, tuple[int, int, int, int]]) -> KernelTable:
     """The GPU activities as a `KernelTable`, each joined to its launch by correlation id."""
     names = sorted({e["name"] for e in gpu})
     index = {n: i for i, n in enumerate(names)}
     n = len(gpu)
-    cols = {c: np.empty(n, np.int64) for c in ("start", "end", "device", "stream", "thread", "launch", "correlation")}
-    name, kind = np.empty(n, np.int32), np.empty(n, np.int8)
+    cols = {c: np.empty(n, np.int64) for c in ("start", "end", "device", "stream", "thread", "launch", "correlation",
+                                               "launch_end")}
+    name, kind, api = np.empty(n, np.int32), np.empty(n, np.int8), np.empty(n, np.int8)
     for i, e in enumerate(gpu):
         args = e.get("args", {})
         start = ns(e["ts"])
         corr = int(args.get("correlation", UNKNOWN))
-        thread, launched = launches.get(corr, (UNKNOWN, UNKNOWN))
+        thread, launched, cols["launch_end"][i], api[i] = launches.get(corr, (UNKNOWN,) * 4)
         name[i], kind[i] = index[e["name"]], GPU_KINDS[e["cat"]]
         cols["start"][i], cols["end"][i] = start, start + ns(e["dur"])
         cols["device"][i] = int(args.get("device", e.get("pid", 0)) or 0)
@@ -109,7 +111,8 @@ def _gpu_table(gpu: list[dict], launches: dict[int, tuple[int, int]]) -> KernelT
         cols["stream"][i] = stream if isinstance(stream, int) else 0
         cols["thread"][i], cols["launch"][i], cols["correlation"][i] = thread, launched, corr
     return KernelTable(names, name, cols["start"], cols["end"], kind, cols["device"], cols["stream"],
-                       cols["thread"], cols["launch"], cols["correlation"])
+                       cols["thread"], cols["launch"], cols["correlation"], launch_end=cols["launch_end"],
+                       launch_api=api)
 
 
 def _innermost(events: list[dict]) -> list[dict]:
@@ -144,7 +147,9 @@ def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
     trace = read_trace(path)
     events = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
     threads = _Threads()
-    launches = {int(e["args"]["correlation"]): (threads(e.get("pid"), e.get("tid")), ns(e["ts"]))
+    apis = {name: i for i, name in enumerate(LAUNCH_APIS)}
+    launches = {int(e["args"]["correlation"]): (threads(e.get("pid"), e.get("tid")), ns(e["ts"]),
+                                                ns(e["ts"]) + ns(e["dur"]), apis.get(e["name"], UNKNOWN))
                 for e in events if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
     gpu = [e for e in events if e.get("cat") in GPU_KINDS]
     notes = []

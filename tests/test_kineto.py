@@ -31,20 +31,22 @@ def test_memcpys_and_memsets_are_no_kernels(name: str) -> None:
     count = {c: sum(e.get("cat") == c for e in events) for c in ("kernel", "gpu_memcpy", "gpu_memset")}
     kt = load_profile(HTA / name).kernels
     assert [int(np.sum(kt.kind == k)) for k in (KERNEL, MEMCPY, MEMSET)] == list(count.values())
-    # per step, kernels and copies apart: those launched inside the ProfilerStep ranges, and
-    # those without a launch in the trace that ran inside them
+    # per step, kernels and copies apart: those launched inside the ProfilerStep ranges (the
+    # program does not synchronize: attribution by launch; an activity whose launch is not in
+    # the trace belongs to no step)
     steps = [(_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])) for e in events
              if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
     launch = {e["args"]["correlation"]: _ns(e["ts"]) for e in events if e.get("cat") == "cuda_runtime"}
 
     def in_step(e: dict) -> bool:
-        if e["args"]["correlation"] in launch:
-            return any(lo <= launch[e["args"]["correlation"]] <= hi for lo, hi in steps)
-        return any(lo <= _ns(e["ts"]) and _ns(e["ts"]) + _ns(e["dur"]) <= hi for lo, hi in steps)
+        at = launch.get(e["args"]["correlation"])
+        return at is not None and any(lo <= at <= hi for lo, hi in steps)
 
     inside = {c: sum(1 for e in events if e.get("cat") == c and in_step(e))
               for c in ("kernel", "gpu_memcpy", "gpu_memset")}
-    p = breakdown(load_profile(HTA / name)).phases["ProfilerStep"]
+    bd = breakdown(load_profile(HTA / name))
+    assert bd.attribution == "launch"
+    p = bd.phases["ProfilerStep"]
     assert p.kernels_per_step * p.steps == inside["kernel"]
     assert p.copies_per_step * p.steps == inside["gpu_memcpy"] + inside["gpu_memset"] > 0
 

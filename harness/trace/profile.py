@@ -201,3 +201,25 @@ def numbered_instances(ranges: Sequence[Range]) -> tuple[list[Range], str]:
     listed = ", ".join(f"`{b}` ({len(numbers[b])} numbers, {min(numbers[b])} to {max(numbers[b])})"
                        for b in sorted(bases))
     return out, f"ranges named with a number are instances of one range: {listed}"
+
+
+def open_profiler_step(ranges: Sequence[Range]) -> tuple[list[Range], str]:
+    """The ranges without a last ``ProfilerStep`` that torch.profiler closed mid-iteration.
+
+    ``prof.stop()`` (or the end of the loop) closes the step it is in: where the last
+    ``ProfilerStep`` holds none of the ranges the earlier ones hold, it is no step of the
+    program's and would halve the per-step figures; its kernels count as outside every
+    step. Returns the ranges and the rule applied ("" where none)."""
+    steps = [r for r in ranges if r.name == PROFILER_STEP]
+    if len(steps) < 2:
+        return list(ranges), ""
+
+    def holds(step: Range) -> bool:
+        return any(r is not step and step.start <= r.start and r.end <= step.end for r in ranges)
+
+    last = max(steps, key=lambda r: r.start)
+    if holds(last) or not any(holds(r) for r in steps if r is not last):
+        return list(ranges), ""
+    number = f" #{last.number}" if last.number is not None else ""
+    return [r for r in ranges if r is not last], (f"the last `{PROFILER_STEP}`{number} holds none of the phases the "
+                                                  "others hold (closed by prof.stop()): left out")

@@ -60,6 +60,7 @@ from harness.trace.profile import (
     ProfileError,
     Range,
     numbered_instances,
+    open_profiler_step,
 )
 from harness.trace.sources import framework_profile, kineto, nsys
 from harness.trace.stats import Breakdown, Bucket, KernelStat, PhaseStats
@@ -154,7 +155,7 @@ def _steady(ranges: Sequence[Range], warm: np.ndarray, root: np.ndarray) -> tupl
             first.add(insts[0])
             rules.append(f"the first of {len(insts)} `{name}` ranges (compilation, allocation, autotuning) is "
                          f"reported apart as the first step; per-step figures are over the other {len(insts) - 1}")
-        else:
+        elif number is None or number <= 1:
             warnings.append(f"one `{name}` range and no `warmup` range: its figures include first-step costs "
                             "(compilation, allocation, autotuning); profile several steps")
     for name in instances:
@@ -220,6 +221,7 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
         raise ProfileError(f"--attribution {attribution!r}: choose one of {', '.join(ATTRIBUTIONS)}")
     kt = profile.kernels
     ranges, numbered = numbered_instances([r for r in profile.ranges if not r.name.startswith(LAYER_RANGE_PREFIX)])
+    ranges, unclosed = open_profiler_step(ranges)
     if labels is None and len(ranges) < len(profile.ranges):
         labels = layer_labels(kt, profile.ranges)
     names = {r.name for r in ranges}
@@ -239,10 +241,12 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     tune = cats == _CAT[Category.AUTOTUNING]
     outside, moved = attr.spill(np.where(tune, 0, dur), by_exec, by_launch, ranges, kt)
     mode, reason = attr.choose(attribution, outside, moved, launches)
-    inner = by_exec if by_launch is None or mode == "execution" else np.where(kt.launch >= 0, by_launch, by_exec)
+    # by launch, an activity whose launch is not in the profile belongs to no range: it was
+    # asked for before the profile began (the previous step's tail), whenever it ran
+    inner = by_exec if by_launch is None or mode == "execution" else by_launch
     cats, rule = _categories(kt, inner, bits)
     instances, first, steady_rule, warnings = _steady(ranges, warm, root)
-    steady_rule = "; ".join(filter(None, (numbered, steady_rule)))
+    steady_rule = "; ".join(filter(None, (numbered, unclosed, steady_rule)))
     safe = np.maximum(inner, 0)
     kroot = np.where(inner >= 0, root[safe], -1)
     kwarm = (inner >= 0) & warm[safe]

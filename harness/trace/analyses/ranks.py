@@ -117,9 +117,13 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
     bds, answer_sets, tables, figures = [], [], [], []
     for item in load_inputs(paths, labels, nsys_bin, force):
         mine = []
+        rule = attribution
+        if item.rank_set and attribution == "auto":  # one rule for every rank, so that the columns compare
+            modes = {breakdown(p, require).attribution for p in item.profiles}
+            rule = "launch" if "launch" in modes else "auto"
         for profile in item.profiles:
             hlo = hlo_dir(profile.path)
-            bd = breakdown(profile, require, attribution, schedules=load_schedules(hlo) if hlo.is_dir() else None)
+            bd = breakdown(profile, require, rule, schedules=load_schedules(hlo) if hlo.is_dir() else None)
             i = len(bds)
             meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
             bds.append(bd)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.trace.analyses.ranks import report_inputs
+from harness.trace.kernels import Category
 
 DATA = Path(__file__).parent / "data" / "user_profiles"
 PHASES = ("step", "forward", "backward", "optimizer")
@@ -133,3 +134,39 @@ def test_torch_profiler_traces_per_rank_match_hand_count() -> None:
             p = bd.phases[name]
             assert p.steps == 1
             assert (p.kernels_per_step, p.gpu_ns_per_step) == hand[name]
+
+
+def test_flax_loop_steps_from_step_trace_annotation_match_hand_count() -> None:
+    """jax.profiler's own trace: the steps are StepTraceAnnotation("train", step_num=2..5);
+    each device event goes to the step whose host event with the same correlation_id (the
+    CUDA graph's cuGraphLaunch) began inside it, counted here from the XSpace."""
+    from jax.profiler import ProfileData
+
+    from harness.trace.analyses.breakdown import breakdown, load_profile
+
+    path = DATA / "jax" / "flax_loop.xplane.pb.gz"
+    space = ProfileData.from_serialized_xspace(gzip.decompress(path.read_bytes()))
+    steps, launch, device = [], {}, []
+    for plane in space.planes:
+        for line in plane.lines:
+            for e in line.events:
+                stats = dict(e.stats)
+                if plane.name == "/host:CPU" and "step_num" in stats:
+                    steps.append((int(e.start_ns), int(e.start_ns + e.duration_ns), stats["step_num"]))
+                elif plane.name == "/host:CPU" and "correlation_id" in stats:
+                    launch[stats["correlation_id"]] = int(e.start_ns)
+                elif plane.name.startswith("/device:GPU"):
+                    device.append((stats["correlation_id"], e.name, int(e.duration_ns)))
+    assert sorted(n for _, _, n in steps) == [2, 3, 4, 5]
+    per_step = {n: [(name, d) for c, name, d in device if lo <= launch[c] <= hi] for lo, hi, n in steps}
+    kernels = {n: sum(not name.startswith("Memset") for name, _ in evs) for n, evs in per_step.items()}
+    assert set(kernels.values()) == {220}  # one CUDA graph of 220 kernels and 5 memsets per step
+    total_ns = sum(d for evs in per_step.values() for _, d in evs)
+
+    bd = breakdown(load_profile(path))
+    p = bd.phases["train"]
+    assert "number 2, not the program's first step: all 4 are measured" in bd.steady_rule
+    assert (p.steps, p.kernels_per_step, p.copies_per_step) == (4, 220, 5)
+    assert p.gpu_ns_per_step * 4 == pytest.approx(total_ns, abs=1)
+    assert sum(p.categories.values()) == pytest.approx(p.gpu_ns_per_step)
+    assert p.share(Category.GEMM) > 0.5  # cuBLAS GEMMs, classified as on the nsys path

@@ -28,7 +28,21 @@ import gzip
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
-from harness.trace.profile import HARNESS_RANGES, Kernel, Profile, ProfileError, Range, label_from_path
+import numpy as np
+
+from harness.trace.profile import (
+    HARNESS_RANGES,
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    UNKNOWN,
+    Kernel,
+    KernelTable,
+    Profile,
+    ProfileError,
+    Range,
+    label_from_path,
+)
 from harness.trace.sources.kineto import CPU_NOTE
 
 
@@ -77,7 +91,11 @@ def load_jax_trace(path: str | Path, label: str | None = None,
                    range_names: Collection[str] = HARNESS_RANGES) -> Profile:
     """Read a JAX profiler trace (``.xplane.pb[.gz]`` or its directory) into a `Profile`.
 
-    Host-plane events named in `range_names` become ranges.
+    Host-plane events named in `range_names` become ranges, and so do the steps a program
+    marks with ``jax.profiler.StepTraceAnnotation`` (events carrying a ``step_num`` stat:
+    the range keeps the step's number). A GPU event's launch is the host event with the
+    same ``correlation_id`` (a kernel launch, or the ``cuGraphLaunch`` of the CUDA graph
+    XLA runs it in): where it is there, kernels can be attributed by launch.
     """
     from jax.profiler import ProfileData
 
@@ -87,25 +105,46 @@ def load_jax_trace(path: str | Path, label: str | None = None,
         data = ProfileData.from_serialized_xspace(gzip.decompress(raw) if xplane.suffix == ".gz" else raw)
     except Exception as exc:  # the reader raises bare RuntimeError/ValueError on bad input
         raise ProfileError(f"{xplane}: not a JAX profiler trace ({exc})") from None
-    kernels, ranges, cpu_ops = [], [], []
+    gpu, ranges, cpu_ops, launches = [], [], [], {}
     for plane in data.planes:
         device = plane.name.startswith("/device:GPU:")
         for line_no, line in enumerate(plane.lines):
             for e in line.events:
                 start, end = int(e.start_ns), int(e.start_ns + e.duration_ns)
                 if device and line.name.startswith("Stream"):
-                    kernels.append(Kernel(e.name, start, end, int(plane.name.rsplit(":", 1)[1]), line_no))
+                    corr = dict(e.stats).get("correlation_id", UNKNOWN)
+                    gpu.append((e.name, start, end, int(plane.name.rsplit(":", 1)[1]), line_no, int(corr)))
                 elif plane.name == "/host:CPU":
-                    if e.name in range_names:
+                    stats = dict(e.stats)
+                    if "correlation_id" in stats:
+                        launches[int(stats["correlation_id"])] = line_no, start
+                    if "step_num" in stats:
+                        ranges.append(Range(e.name, start, end, line_no, int(stats["step_num"])))
+                    elif e.name in range_names:
                         ranges.append(Range(e.name, start, end, line_no))
-                    elif any(k == "hlo_op" for k, _ in e.stats):
+                    elif "hlo_op" in stats:
                         cpu_ops.append(Kernel(e.name, start, end, 0, line_no, line_no))
     notes = []
-    if not kernels:
-        kernels = cpu_ops
+    if gpu:
+        kernels = _gpu_table(gpu, launches)
+    else:
+        kernels = KernelTable.from_kernels(cpu_ops)
         notes.append(CPU_NOTE.format(what="XLA thunks (host events with an hlo_op stat)"))
-    if not kernels:
+    if not len(kernels):
         raise ProfileError(f"{xplane}: neither GPU kernels nor XLA CPU ops in the trace; was a "
                            "jitted computation run inside the profiler's block?")
-    return Profile(str(xplane), label or label_from_path(path), "jax.profiler",
-                   sorted(kernels, key=lambda k: k.start), sorted(ranges, key=lambda r: r.start), notes)
+    return Profile(str(xplane), label or label_from_path(path), "jax.profiler", kernels,
+                   sorted(ranges, key=lambda r: r.start), notes)
+
+
+def _gpu_table(gpu: list[tuple], launches: dict[int, tuple[int, int]]) -> KernelTable:
+    """The device planes' events as a `KernelTable`, joined to their host launch events."""
+    names = sorted({g[0] for g in gpu})
+    index = {n: i for i, n in enumerate(names)}
+    kinds = {"Memcpy": MEMCPY, "Memset": MEMSET}
+    name, start, end, device, stream, corr = zip(*gpu)
+    thread, launch = zip(*(launches.get(c, (UNKNOWN, UNKNOWN)) for c in corr))
+    col = lambda v, dtype=np.int64: np.array(v, dtype=dtype)  # noqa: E731
+    return KernelTable(names, col([index[n] for n in name], np.int32), col(start), col(end),
+                       col([kinds.get(n[:6], KERNEL) for n in name], np.int8), col(device), col(stream),
+                       col(thread), col(launch), col(corr))

@@ -66,7 +66,7 @@ def main():
     optimizer = nnx.Optimizer(model, optax.adamw(3e-4), wrt=nnx.Param)
     data = jax.random.randint(jax.random.key(0), (BATCH, CTX + 1), 0, VOCAB)
     x, y = data[:, :-1], data[:, 1:]
-    for step in range(WARMUP):
+    for _ in range(WARMUP):
         train_step(model, optimizer, x, y).block_until_ready()
     with jax.profiler.trace(sys.argv[1]):
         for step in range(WARMUP, WARMUP + STEPS):

@@ -8,7 +8,12 @@ A run is named by
 - a `harness.run` result JSON; ``X.harness.json`` picks up the profile ``X.sqlite.gz``,
   ``X.sqlite`` or ``X.nsys-rep`` beside it;
 - a profile (``.nsys-rep``, ``.sqlite``, ``.sqlite.gz``), with ``X.harness.json`` beside
-  it when there is one.
+  it when there is one;
+- any user's profile: a torch.profiler trace (``.json[.gz]`` holding ``traceEvents``), a
+  JAX profiler trace (``.xplane.pb[.gz]``), a folder of one job's per-rank files, or an
+  nsys profile of several processes (`harness.trace.analyses.ranks`). A multi-rank run's
+  phases are rank 0's (every rank attributed by one rule), its overlap summed over the
+  ranks; `mismatch` names what two such runs differ in (GPU, rank count).
 
 A data-parallel run's overlap (communication hidden under compute, `harness.trace.analyses.overlap`)
 comes from the compare folder's summary, or from the profile where it has communication
@@ -24,6 +29,7 @@ from pathlib import Path
 from harness.diffs.launches import Launches, launches_per_phase
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.overlap import rank_analysis
+from harness.trace.analyses.ranks import report_inputs
 from harness.trace.profile import ProfileError
 
 RUN_SCHEMA = "harness.run/1"
@@ -66,6 +72,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     layers: dict[str, dict[str, float]] | None = None  # phase -> canonical layer -> ns per step, where recorded
     overlap: dict | None = None  # `rank_analysis` totals, where the run has communication kernels
+    gpu: str | None = None  # the GPU's name, where the profile records it
+    ranks: int = 1  # the ranks (processes) of a profile
 
 
 def _gemm_fields(info: object) -> dict | None:
@@ -106,6 +114,49 @@ def _profile_phases(path: Path, nsys_bin: str | None) -> tuple[dict[str, PhasePr
     overlap = rank_analysis({0: profile})
     return ({name: _phase(p, launches.get(name)) for name, p in bd.phases.items()}, bd.layers or None,
             overlap if overlap["communication_ms"] else None)
+
+
+def _user_profile(path: Path, nsys_bin: str | None) -> Run:
+    """A run from any user's profile (module docstring): rank 0's phases, every rank's overlap."""
+    try:
+        bds, _, tables, figures = report_inputs([path], nsys_bin=nsys_bin)
+    except ProfileError as exc:
+        raise InputError(str(exc)) from None
+    gpu = {f["gpu"] for f in figures} - {None}
+    comm = [c for t in tables for c in t["communication"].values()]
+    total, hidden = sum(c["communication_ms"] for c in comm), sum(c["hidden_ms"] for c in comm)
+    overlap = {"communication_ms": total, "hidden_ms": hidden, "exposed_ms": total - hidden,
+               "hidden_share": hidden / total} if total else None
+    notes = [f"{path.name}: {len(bds)} ranks ({tables[0]['rank_source']}); phases from rank 0"] if tables else []
+    sqlite = path.with_suffix(".sqlite") if path.name.endswith(".nsys-rep") else path
+    # launch calls per phase come from the export; with several processes they would mix ranks
+    launches = launches_per_phase(sqlite) if len(bds) == 1 and sqlite.name.endswith(PROFILE_SUFFIXES) \
+        and sqlite.exists() else {}
+    return Run(_stem(path), str(path), None, {name: _phase(p, launches.get(name)) for name, p in bds[0].phases.items()},
+               [*notes, f"{path.name}: a profile without a harness.run document; times from its ranges"],
+               bds[0].layers or None, overlap, " + ".join(sorted(gpu)) or None, len(bds))
+
+
+def _is_trace(path: Path) -> bool:
+    """A torch.profiler or JAX profiler trace, or a folder of per-rank profiles."""
+    if path.is_dir():
+        return not (path / "summary.json").exists()
+    if path.name.endswith((".json.gz", ".xplane.pb", ".xplane.pb.gz")):
+        return True
+    if path.name.endswith(".json") and not path.name.endswith(HARNESS_SUFFIX):
+        with open(path, "rb") as f:
+            return b'"traceEvents"' in f.read(1 << 16)
+    return False
+
+
+def mismatch(a: Run, b: Run) -> str | None:
+    """What two profiles differ in that makes them compare unlike for unlike (GPU, rank
+    count), in one line; None where nothing detectable differs."""
+    if a.gpu and b.gpu and a.gpu != b.gpu:
+        return f"A and B ran on different GPUs ({a.gpu} vs {b.gpu}); pass --force to compare them anyway"
+    if a.ranks != b.ranks:
+        return f"A and B have different rank counts ({a.ranks} vs {b.ranks}); pass --force to compare them anyway"
+    return None
 
 
 def _stem(path: Path) -> str:
@@ -156,6 +207,8 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
     if folder and Path(folder).is_dir():
         return _from_compare(Path(folder), backend)
     path = Path(text)
+    if path.exists() and _is_trace(path):
+        return [_user_profile(path, nsys_bin)]
     if path.is_dir():
         if not (path / "summary.json").exists():
             raise InputError(f"{path}: a folder without summary.json; name a harness.compare result folder")
@@ -167,6 +220,8 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
         beside = stem.with_name(stem.name + HARNESS_SUFFIX)
         doc = _run_doc(beside) if beside.exists() else None
         notes = [] if doc else [f"{path.name}: no {beside.name} beside it; times from the profile's ranges"]
+        if doc is None:
+            return [_user_profile(path, nsys_bin)]
         phases, layers, overlap = _profile_phases(path, nsys_bin)
         return [Run(_stem(path), text, doc, phases, notes, layers, overlap)]
     if path.name.endswith(".json"):
@@ -179,7 +234,8 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
                                    if profile and path.name.endswith(HARNESS_SUFFIX) else (None, None, None))
         return [Run(_stem(path), text, doc, phases, layers=layers or doc.get("layers"), overlap=overlap)]
     raise InputError(f"{path}: not a run; name a compare folder[:backend], a harness.run JSON, "
-                     "or a profile (.nsys-rep, .sqlite[.gz])")
+                     "or a profile (.nsys-rep, .sqlite[.gz], torch.profiler .json[.gz], JAX .xplane.pb[.gz], "
+                     "or a folder of per-rank profiles)")
 
 
 def resolve_one(spec: str | Path, nsys_bin: str | None = None) -> Run:

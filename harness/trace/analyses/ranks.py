@@ -128,7 +128,7 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
             meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
             bds.append(bd)
             answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
-            figures.append({"label": bd.label, **gpu_time(profile, scope)})
+            figures.append({"label": bd.label, "gpu": profile.gpu, **gpu_time(profile, scope)})
             mine.append(bd)
         if item.rank_set:
             tables.append(cross_rank(item.rank_set, mine))

@@ -122,11 +122,11 @@ PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.ATTENTION, r"flash|fmha|sdpa|attention|mha_"),
     (Category.SOFTMAX, r"softmax"),
     (Category.NORM, r"rms_?norm|layer_?norm|RowwiseMoments|group_?norm|batch_?norm|instance_?norm|\bbn_[fb]w_"),
+    *INDUCTOR_PATTERNS,  # before the op names below: Inductor names its kernels after every fused op
     (Category.CONVOLUTION, _CONVOLUTION),
     (Category.POOLING, r"pool(?:ing|_?[123]d)|(?:max|avg|average)_?pool"),
     (Category.EMBEDDING, r"(?<![a-z])embedding|bounds_check_indices|linearize_index|bucketize_sparse_features"),
     (Category.MEMORY, r"(?<![a-z])permute_\w*kernel"),
-    *INDUCTOR_PATTERNS,
     (Category.GEMM, r"(?<!fb)gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv"),
     (Category.QUANTIZATION, r"quantiz|(?<![a-z])h?fp8|float8"),
     (Category.OPTIMIZER, r"multi_tensor_apply|fused_adam|adam|_foreach_"),

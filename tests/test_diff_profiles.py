@@ -26,6 +26,9 @@ def test_nsys_torchrun_against_torch_profiler_ranks(tmp_path: Path) -> None:
     forward = next(p for p in doc["phases"] if p["phase"] == "forward")
     assert forward["parts"]
     assert any("2 ranks" in n for n in doc["notes"])
+    # torch.profiler's ProfilerStep pairs with nsys's step0..step7: 451 kernels a step on both sides
+    assert "step" in b.phases and a.phases["step"].kernels == b.phases["step"].kernels == 451
+    assert any(p["phase"] == "step" for p in doc["phases"])
 
 
 @pytest.mark.parametrize("a,b,needle", [

@@ -30,7 +30,7 @@ from harness.diffs.launches import Launches, launches_per_phase
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.overlap import rank_analysis
 from harness.trace.analyses.ranks import report_inputs
-from harness.trace.profile import ProfileError
+from harness.trace.profile import PROFILER_STEP, ProfileError
 
 RUN_SCHEMA = "harness.run/1"
 COMPARE_SCHEMA = "harness.compare/1"
@@ -132,7 +132,10 @@ def _user_profile(path: Path, nsys_bin: str | None) -> Run:
     # launch calls per phase come from the export; with several processes they would mix ranks
     launches = launches_per_phase(sqlite) if len(bds) == 1 and sqlite.name.endswith(PROFILE_SUFFIXES) \
         and sqlite.exists() else {}
-    return Run(_stem(path), str(path), None, {name: _phase(p, launches.get(name)) for name, p in bds[0].phases.items()},
+    # torch.profiler's ProfilerStep is the step: it pairs with the other side's `step`
+    phases = {"step" if name == PROFILER_STEP else name: _phase(p, launches.get(name))
+              for name, p in bds[0].phases.items()}
+    return Run(_stem(path), str(path), None, phases,
                [*notes, f"{path.name}: a profile without a harness.run document; times from its ranges"],
                bds[0].layers or None, overlap, " + ".join(sorted(gpu)) or None, len(bds))
 

@@ -271,3 +271,21 @@ def test_shortened_names_keep_their_distinguishing_part() -> None:
             "namespace)::OpaqueType<4u>, unsigned int, 1, 128, 1>(at::native::(anonymous namespace)::OpaqueType<4u>*)")
     assert short_name(name, 200) == ("at::native::CatArrayBatchedCopy_aligned16_contig<at::native::OpaqueType<4u>, "
                                      "unsigned int, 1, 128, 1>")
+
+
+def test_nsys_and_kineto_spellings_of_one_kernel_are_one_name() -> None:
+    """The same kernels as nsys's demangler and torch.profiler (the C++ ABI) wrote them, from
+    tests/data/user_profiles (one DDP loop under both tools)."""
+    from harness.trace.kernels import canonical_name
+
+    pairs = [
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)",
+         "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+        ("void at::native::<unnamed>::GammaBetaBackwardCUDAKernelTemplate<float, float, (unsigned int)32, "
+         "(unsigned int)32, (unsigned int)256, (bool)0, (bool)1, (bool)0>(long, long, const T1 *)",
+         "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<float, float, 32u, 32u, "
+         "256u, false, true, false>(long, long, float const*)"),
+        ("[CUDA memcpy]", "Memcpy DtoD (Device -> Device)"),
+    ]
+    for nsys, kineto in pairs:
+        assert canonical_name(nsys) == canonical_name(kineto)

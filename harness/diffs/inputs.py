@@ -23,13 +23,14 @@ kernels (of a torch run, rank 0's profile).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.diffs.launches import Launches, launches_per_phase
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.overlap import rank_analysis
 from harness.trace.analyses.ranks import report_inputs
+from harness.trace.kernels import canonical_name
 from harness.trace.profile import PROFILER_STEP, ProfileError
 
 RUN_SCHEMA = "harness.run/1"
@@ -85,13 +86,21 @@ def _gemm_fields(info: object) -> dict | None:
 
 
 def _phase(p: object, launches: Launches | None = None) -> PhaseProfile:
-    """From a `PhaseStats` or its JSON form (kernels.json of a compare folder)."""
+    """From a `PhaseStats` or its JSON form (kernels.json of a compare folder). Kernel names
+    take one spelling (`canonical_name`), so that an nsys profile and a torch.profiler
+    trace of the same kernels name them alike; rows that meet are summed."""
     get = (lambda k: p[k]) if isinstance(p, dict) else (lambda k: getattr(p, k))
-    rows = [KernelRow(*(k[f] if isinstance(k, dict) else getattr(k, f)
-                        for f in ("name", "category", "calls_per_step", "ns_per_step")),
-                      _gemm_fields(k["gemm"] if isinstance(k, dict) else k.gemm)) for k in get("kernels")]
+    rows: dict[tuple[str, str], KernelRow] = {}
+    for k in get("kernels"):
+        name, category, calls, ns = (k[f] if isinstance(k, dict) else getattr(k, f)
+                                     for f in ("name", "category", "calls_per_step", "ns_per_step"))
+        key = (canonical_name(name), category)
+        seen = rows.get(key)
+        rows[key] = (KernelRow(key[0], category, calls, ns, _gemm_fields(k["gemm"] if isinstance(k, dict) else k.gemm))
+                     if seen is None else replace(seen, calls_per_step=seen.calls_per_step + calls,
+                                                  ns_per_step=seen.ns_per_step + ns))
     return PhaseProfile(get("range_ns_per_step"), get("gpu_ns_per_step"), get("kernels_per_step"),
-                        dict(get("categories")), rows, launches)
+                        dict(get("categories")), sorted(rows.values(), key=lambda r: -r.ns_per_step), launches)
 
 
 def _load_json(path: Path) -> dict:

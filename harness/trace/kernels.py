@@ -176,6 +176,30 @@ def short_name(name: str, width: int = NAME_WIDTH) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
+_SPELLINGS = (  # how nsys's demangler and Kineto's (the C++ ABI's) write the same name, as one
+    (re.compile(r"\(anonymous namespace\)"), "<unnamed>"),
+    (re.compile(r"\(bool\)0"), "false"), (re.compile(r"\(bool\)1"), "true"),
+    (re.compile(r"\((?:unsigned )?(?:int|long|short|char|long long)\)(-?\d+)"), r"\1"),
+    (re.compile(r"\b(\d+)(?:ull|ul|ll|u|l)\b"), r"\1"),
+    (re.compile(r"\[lambda\(([^()]*)\) \(instance (\d+)\)\]"), r"{lambda(\1)#\2}"),
+    (re.compile(r"\s+(?=[*&>(])"), ""),
+    (re.compile(r"\bconst ([\w:]+(?:<[^<>]*>)?)([&*])"), r"\1 const\2"),
+    (re.compile(r"(?<=[<,] )void |(?<=<)void "), ""),
+)
+
+
+def canonical_name(name: str) -> str:
+    """One spelling of a kernel name whichever tool recorded it: the own name (no parameter
+    list), anonymous namespaces, integer casts and suffixes, lambdas and spaces written
+    alike; Kineto's "Memcpy DtoD (...)"/"Memset (...)" as nsys's "[CUDA memcpy]"/"[CUDA memset]"."""
+    if name.startswith(("Memcpy", "Memset")):
+        return f"[CUDA {name[:6].lower()}]"
+    out = own_name(name)
+    for rx, to in _SPELLINGS:
+        out = rx.sub(to, out)
+    return out
+
+
 def classify(name: str, ranges: tuple[str, ...] = ()) -> Category:
     """Category of kernel `name`; `ranges` are the names of the ranges containing it."""
     own = own_name(name)

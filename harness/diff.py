@@ -5,10 +5,12 @@ kernel counts and GEMM choices, adding up to B's time minus A's.
     python -m harness.diff results/large-ctx256-bf16-h200-profiled      # every pair of its backends
 
 A and B name runs: ``FOLDER:BACKEND`` of a `harness.compare` result folder, a `harness.run`
-JSON (``X.harness.json`` picks up the profile ``X.sqlite.gz``/``X.nsys-rep`` beside it) or a
-profile (``.nsys-rep``, ``.sqlite[.gz]``). Runs of different model, ctx, batch, dtype, mode
-or GPU are refused unless --force. Without --out the report goes to stdout; with --timeline
-(and --out), timeline.json.gz lays A's and B's profiles on one trace, steps aligned, each
+JSON (``X.harness.json`` picks up the profile ``X.sqlite.gz``/``X.nsys-rep`` beside it) or
+any profile (``.nsys-rep``, ``.sqlite[.gz]``, a torch.profiler ``.json[.gz]``, a JAX
+``.xplane.pb[.gz]``, a folder of one job's per-rank profiles; a multi-process nsys profile
+is its ranks). Runs of different model, ctx, batch, dtype, mode, GPU or rank count are
+refused unless --force. Without --out the report goes to stdout; with --timeline (and
+--out), timeline.json.gz lays A's and B's profiles on one trace, steps aligned, each
 phase's largest move written over it. With --fail-if-slower the exit status is 1 when B's
 step median is slower than A's by more than PCT percent and beyond the noise (a CI
 regression gate), else 0.
@@ -33,7 +35,7 @@ from harness.common.cli import (
 )
 from harness.common.html import svg_of, write_html
 from harness.diffs.decompose import MismatchError, diff_runs, regression
-from harness.diffs.inputs import InputError, resolve, resolve_one
+from harness.diffs.inputs import InputError, mismatch, resolve, resolve_one
 from harness.diffs.render import plot_waterfall, render, render_markdown
 from harness.diffs.timeline import check_profiles, diff_timeline
 from harness.trace.timeline import write_timeline
@@ -49,7 +51,7 @@ def build_parser():
     p.add_argument("--fail-if-slower", type=non_negative_float, default=None, metavar="PCT",
                    help="exit 1 when B's step is slower than A's by more than PCT percent, beyond the noise")
     p.add_argument("--force", action="store_true",
-                   help="compare runs of different model, ctx, batch, dtype, mode or GPU")
+                   help="compare runs of different model, ctx, batch, dtype, mode, GPU or rank count")
     add_nsys_bin(p)
     add_timeline(p)
     return p
@@ -74,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail("--timeline: writes timeline.json.gz beside diff.md; add --out DIR")
     try:
         pairs = _pairs(args.runs, args.nsys_bin)
+        unlike = [line for a, b in pairs if (line := mismatch(a, b))]
+        if unlike and not args.force:
+            raise InputError(unlike[0])
         if args.timeline:
             for a, b in pairs:
                 check_profiles(a, b)

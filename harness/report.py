@@ -13,6 +13,7 @@ cannot be analysed is reported in one line (exit status 2).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -29,14 +30,18 @@ from harness.common.cli import (
     timeline_problem,
 )
 from harness.common.html import svg_of, write_html
-from harness.trace.analyses.breakdown import ATTRIBUTIONS, TOP_N, breakdown_files
+from harness.trace.analyses.breakdown import ATTRIBUTIONS, TOP_N
+from harness.trace.analyses.gpu_time import SCOPES
+from harness.trace.analyses.ranks import report_inputs
 from harness.trace.profile import ProfileError
 from harness.trace.render import plot, write_report
+from harness.trace.render_ranks import render_gpu_time, render_ranks
 
 
 def build_parser():
     p = make_parser("harness.report", __doc__)
-    p.add_argument("files", nargs="+", help=".nsys-rep, .sqlite[.gz], torch .json or JAX .xplane.pb")
+    p.add_argument("files", nargs="+", help=".nsys-rep, .sqlite[.gz], torch .json or JAX .xplane.pb; a folder of "
+                                            "one job's per-rank files, or X.rank0/X.rank1 files, are read as ranks")
     p.add_argument("--label", action="append", default=[], help="column label per file, in order")
     add_out(p, "output folder", default="kernel_report", metavar="DIR")
     p.add_argument("--harness-json", action="append", default=[], metavar="PATH",
@@ -50,6 +55,10 @@ def build_parser():
                         "execution where ranges end in synchronizations, else launch")
     p.add_argument("--force", action="store_true",
                    help="analyse an nsys export whose importer lost kernel records (XLA's TSL NVTX domain)")
+    p.add_argument("--scope", choices=SCOPES, default="all",
+                   help="GPU activities behind the temporal breakdown, overlap, launch and queue figures: all, or "
+                        "hta (HolisticTraceAnalysis's default: drops the last ProfilerStep and activities launched "
+                        "outside the trace, rounds to µs as it does)")
     add_nsys_bin(p)
     add_timeline(p)
     return p
@@ -64,15 +73,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem := timeline_problem(args):
         return fail(problem)
     try:
-        bds, answer_sets = breakdown_files(args.files, args.label, args.harness_json, args.require, args.nsys_bin,
-                                           args.attribution, args.force)
-        paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot)
+        bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
+                                                         args.nsys_bin, args.attribution, args.force, args.scope)
+        paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot,
+                             sections=[*render_ranks(ranks), *render_gpu_time(figures)])
+        paths["gpu_time"] = Path(args.out) / "gpu_time.json"
+        paths["gpu_time"].write_text(json.dumps(figures, indent=1))
+        if ranks:
+            paths["ranks"] = Path(args.out) / "ranks.json"
+            paths["ranks"].write_text(json.dumps(ranks, indent=1))
         svgs = {} if args.no_plot else {"kernels.png": svg_of(lambda path: plot(path, bds, args.top))}
         paths["html"] = write_html(args.out, "kernels.md", svgs)
         if args.timeline:
-            from harness.trace.timeline import build_timeline, runs_from_files, write_timeline
+            from harness.trace.timeline import build_timeline, runs_from_inputs, write_timeline
 
-            runs = runs_from_files(args.files, bds, args.nsys_bin, args.force)
+            runs = runs_from_inputs(args.files, bds, args.label, args.nsys_bin, args.force)
             paths["timeline"] = write_timeline(Path(args.out) / "timeline.json.gz",
                                                build_timeline(runs, args.timeline_steps))
     except ProfileError as exc:

@@ -208,3 +208,86 @@ def test_inductor_names_its_kernels_after_the_fused_ops(inductor) -> None:
     names = [n for code in codes for n in sorted(set(re.findall(r"\bcpp_fused_\w+", code)))]
     as_gpu = [n.replace("cpp_", "triton_per_", 1) for n in names]
     assert [classify(n) for n in as_gpu] == [Category.NORM, Category.SOFTMAX, Category.SOFTMAX], names
+
+
+# -- what the kernel computes, from HTA's public traces (tests/data/hta) ---------------
+# fbgemm_gpu's embedding, permute and fp8 kernels (their parameter lists name fbgemm_gpu
+# types: "gemm" inside "fbgemm" is no GEMM); a ResNet's cuDNN convolutions, batch norms
+# and pooling.
+WHAT_IT_COMPUTES = {
+    "void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_cta_per_row_1": Category.EMBEDDING,
+    "void split_embedding_codegen_forward_unweighted_kernel": Category.EMBEDDING,
+    "void bounds_check_indices_kernel<long, false>": Category.EMBEDDING,
+    "void linearize_index_kernel<long>": Category.EMBEDDING,
+    "void fbgemm_gpu::permute_2D_data_kernel<false, int, int, decltype(nullptr)>": Category.MEMORY,
+    "void permute_pooled_embs_kernel<float>": Category.MEMORY,
+    "void fbgemm_gpu::(anonymous namespace)::_compute_FP8_quantize_cuda_kernel<float>": Category.QUANTIZATION,
+    "void fbgemm_gpu::(anonymous namespace)::_FP8rowwise_to_float_cuda_kernel<float>": Category.QUANTIZATION,
+    "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x64_32x6_nt_align1>": Category.GEMM,
+    "void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>": Category.CONVOLUTION,
+    "void wgrad_alg0_engine<float, 128, 6, 7, 3, 3, 5, false, 512>": Category.CONVOLUTION,
+    "cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1": Category.CONVOLUTION,
+    "cudnn_infer_volta_scudnn_128x64_3dconv_fprop_medium_nn_v1": Category.CONVOLUTION,
+    "void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>": Category.CONVOLUTION,
+    "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>": Category.NORM,
+    "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 128, true, 1, true>": Category.NORM,
+    "void at::native::(anonymous namespace)::max_pool_backward_nchw<float, float>": Category.POOLING,
+}
+
+
+def _hta_names() -> dict[str, str]:
+    """own name -> full name of every kernel in the HTA fixtures."""
+    from pathlib import Path
+
+    from harness.trace.kernels import own_name
+    from harness.trace.sources.kineto import load_torch_trace
+
+    out = {}
+    for f in ("sampled_rank-0.json.gz", "ns_resolution_rank0.json.gz"):
+        for n in load_torch_trace(Path(__file__).parent / "data" / "hta" / f).kernels.names:
+            out.setdefault(own_name(n), n)
+    return out
+
+
+@pytest.mark.parametrize("own,category", WHAT_IT_COMPUTES.items())
+def test_hta_names_by_what_they_compute(own: str, category: Category) -> None:
+    names = _hta_names()
+    full = [n for o, n in names.items() if o.startswith(own)]
+    assert full, f"{own} not in the HTA fixtures"
+    assert {classify(n) for n in full} == {category}
+
+
+def test_words_not_substrings() -> None:
+    # fp8 quantization inside an elementwise kernel's functor: quantization, not GEMM
+    names = _hta_names()
+    hfp8 = [n for n in names.values() if "_float_to_hfp8_gpu" in n]
+    assert hfp8 and all(classify(n) is Category.QUANTIZATION for n in hfp8)
+    # "conv" does not start "convert"
+    assert classify("void at::native::convert_indices_from_coo_to_csr_cuda_kernel<int>") is not Category.CONVOLUTION
+
+
+def test_shortened_names_keep_their_distinguishing_part() -> None:
+    from harness.trace.kernels import short_name
+
+    name = ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_aligned16_contig<at::native::(anonymous "
+            "namespace)::OpaqueType<4u>, unsigned int, 1, 128, 1>(at::native::(anonymous namespace)::OpaqueType<4u>*)")
+    assert short_name(name, 200) == ("at::native::CatArrayBatchedCopy_aligned16_contig<at::native::OpaqueType<4u>, "
+                                     "unsigned int, 1, 128, 1>")
+
+
+def test_nsys_and_kineto_spellings_of_one_kernel_are_one_name() -> None:
+    """The same kernels as nsys's demangler and torch.profiler (the C++ ABI) wrote them, from
+    tests/data/user_profiles (one DDP loop under both tools)."""
+    from harness.trace.kernels import canonical_name
+
+    pairs = [
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)",
+         "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+        ("void at::native::<unnamed>::GammaBetaBackwardCUDAKernelTemplate<float, float, (unsigned int)32, "
+         "(unsigned int)32, (unsigned int)256, (bool)0, (bool)1, (bool)0>(long, long, const T1 *)",
+         "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<float, float, 32u, 32u, "
+         "256u, false, true, false>(long, long, float const*)"),
+        ("[CUDA memcpy]", "Memcpy DtoD (Device -> Device)"),
+    ]
+    for nsys, kineto in pairs:
+        assert canonical_name(nsys) == canonical_name(kineto)

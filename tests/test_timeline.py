@@ -16,7 +16,7 @@ from test_report_html import check_page
 from harness import compare, diff, report
 from harness.common.cli import step_selection
 from harness.trace.kernels import CATEGORY_COLORS
-from harness.trace.sources.framework_profile import load_torch_trace
+from harness.trace.sources.kineto import load_torch_trace
 from harness.trace.timeline import CNAMES, RESERVED
 
 DATA = Path(__file__).parent / "data"
@@ -102,10 +102,12 @@ def test_kernel_args_colours_and_flows(written) -> None:
     assert len(set(CNAMES.values())) == len(CNAMES) and set(CNAMES.values()) <= set(RESERVED)
     launches = {e["bind_id"]: e for e in doc["traceEvents"] if e.get("flow_out")}
     bound = [e for e in kernels if e.get("flow_in")]
-    # nsys records every kernel's launch (CUPTI; some copies' too); the fallback's CPU ops have none
+    # nsys records every kernel's launch (CUPTI; some copies' too); torch.profiler's kernels are
+    # joined to their launches by correlation id where the launch lies inside the trace
     nsys = {e["pid"] for e in doc["traceEvents"] if e.get("name") == "process_name" and e["args"]["name"] != "fallback"}
     assert all(e.get("flow_in") for e in kernels if e["pid"] in nsys and not e["name"].startswith("[CUDA mem"))
-    assert all(e["pid"] in nsys for e in bound) and len(bound) > 1000 and len(launches) == len(bound)
+    assert len(bound) > 1000 and len(launches) == len(bound)
+    assert any(e["pid"] not in nsys for e in bound)
     for e in bound:
         launch = launches[e["bind_id"]]
         assert launch["pid"] == e["pid"] and launch["ts"] <= e["ts"]

@@ -50,7 +50,8 @@ GROUPS: tuple[tuple[str, tuple[Category, ...]], ...] = (
     ("copy/cast", (Category.MEMORY,)),
     ("optimizer", (Category.OPTIMIZER,)),
     (COMMUNICATION, (Category.COMMUNICATION,)),
-    ("other", (Category.OTHER, Category.AUTOTUNING)),
+    ("other", (Category.OTHER, Category.AUTOTUNING, Category.CONVOLUTION, Category.POOLING, Category.EMBEDDING,
+               Category.QUANTIZATION)),
 )
 HOST = "host"
 # Fields that must match for a like-for-like comparison: (label, where in the run document).

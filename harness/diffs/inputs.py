@@ -8,7 +8,12 @@ A run is named by
 - a `harness.run` result JSON; ``X.harness.json`` picks up the profile ``X.sqlite.gz``,
   ``X.sqlite`` or ``X.nsys-rep`` beside it;
 - a profile (``.nsys-rep``, ``.sqlite``, ``.sqlite.gz``), with ``X.harness.json`` beside
-  it when there is one.
+  it when there is one;
+- any user's profile: a torch.profiler trace (``.json[.gz]`` holding ``traceEvents``), a
+  JAX profiler trace (``.xplane.pb[.gz]``), a folder of one job's per-rank files, or an
+  nsys profile of several processes (`harness.trace.analyses.ranks`). A multi-rank run's
+  phases are rank 0's (every rank attributed by one rule), its overlap summed over the
+  ranks; `mismatch` names what two such runs differ in (GPU, rank count).
 
 A data-parallel run's overlap (communication hidden under compute, `harness.trace.analyses.overlap`)
 comes from the compare folder's summary, or from the profile where it has communication
@@ -18,13 +23,15 @@ kernels (of a torch run, rank 0's profile).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.diffs.launches import Launches, launches_per_phase
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.overlap import rank_analysis
-from harness.trace.profile import ProfileError
+from harness.trace.analyses.ranks import report_inputs
+from harness.trace.kernels import canonical_name
+from harness.trace.profile import PROFILER_STEP, ProfileError
 
 RUN_SCHEMA = "harness.run/1"
 COMPARE_SCHEMA = "harness.compare/1"
@@ -67,6 +74,8 @@ class Run:
     layers: dict[str, dict[str, float]] | None = None  # phase -> canonical layer -> ns per step, where recorded
     overlap: dict | None = None  # `rank_analysis` totals, where the run has communication kernels
     profile: Path | None = None  # the profile file, where the run was named by it or beside it
+    gpu: str | None = None  # the GPU's name, where the profile records it
+    ranks: int = 1  # the ranks (processes) of a profile
 
 
 def _gemm_fields(info: object) -> dict | None:
@@ -78,13 +87,21 @@ def _gemm_fields(info: object) -> dict | None:
 
 
 def _phase(p: object, launches: Launches | None = None) -> PhaseProfile:
-    """From a `PhaseStats` or its JSON form (kernels.json of a compare folder)."""
+    """From a `PhaseStats` or its JSON form (kernels.json of a compare folder). Kernel names
+    take one spelling (`canonical_name`), so that an nsys profile and a torch.profiler
+    trace of the same kernels name them alike; rows that meet are summed."""
     get = (lambda k: p[k]) if isinstance(p, dict) else (lambda k: getattr(p, k))
-    rows = [KernelRow(*(k[f] if isinstance(k, dict) else getattr(k, f)
-                        for f in ("name", "category", "calls_per_step", "ns_per_step")),
-                      _gemm_fields(k["gemm"] if isinstance(k, dict) else k.gemm)) for k in get("kernels")]
+    rows: dict[tuple[str, str], KernelRow] = {}
+    for k in get("kernels"):
+        name, category, calls, ns = (k[f] if isinstance(k, dict) else getattr(k, f)
+                                     for f in ("name", "category", "calls_per_step", "ns_per_step"))
+        key = (canonical_name(name), category)
+        seen = rows.get(key)
+        rows[key] = (KernelRow(key[0], category, calls, ns, _gemm_fields(k["gemm"] if isinstance(k, dict) else k.gemm))
+                     if seen is None else replace(seen, calls_per_step=seen.calls_per_step + calls,
+                                                  ns_per_step=seen.ns_per_step + ns))
     return PhaseProfile(get("range_ns_per_step"), get("gpu_ns_per_step"), get("kernels_per_step"),
-                        dict(get("categories")), rows, launches)
+                        dict(get("categories")), sorted(rows.values(), key=lambda r: -r.ns_per_step), launches)
 
 
 def _load_json(path: Path) -> dict:
@@ -107,6 +124,52 @@ def _profile_phases(path: Path, nsys_bin: str | None) -> tuple[dict[str, PhasePr
     overlap = rank_analysis({0: profile})
     return ({name: _phase(p, launches.get(name)) for name, p in bd.phases.items()}, bd.layers or None,
             overlap if overlap["communication_ms"] else None)
+
+
+def _user_profile(path: Path, nsys_bin: str | None) -> Run:
+    """A run from any user's profile (module docstring): rank 0's phases, every rank's overlap."""
+    try:
+        bds, _, tables, figures = report_inputs([path], nsys_bin=nsys_bin)
+    except ProfileError as exc:
+        raise InputError(str(exc)) from None
+    gpu = {f["gpu"] for f in figures} - {None}
+    comm = [c for t in tables for c in t["communication"].values()]
+    total, hidden = sum(c["communication_ms"] for c in comm), sum(c["hidden_ms"] for c in comm)
+    overlap = {"communication_ms": total, "hidden_ms": hidden, "exposed_ms": total - hidden,
+               "hidden_share": hidden / total} if total else None
+    notes = [f"{path.name}: {len(bds)} ranks ({tables[0]['rank_source']}); phases from rank 0"] if tables else []
+    sqlite = path.with_suffix(".sqlite") if path.name.endswith(".nsys-rep") else path
+    # launch calls per phase come from the export; with several processes they would mix ranks
+    launches = launches_per_phase(sqlite) if len(bds) == 1 and sqlite.name.endswith(PROFILE_SUFFIXES) \
+        and sqlite.exists() else {}
+    # torch.profiler's ProfilerStep is the step: it pairs with the other side's `step`
+    phases = {"step" if name == PROFILER_STEP else name: _phase(p, launches.get(name))
+              for name, p in bds[0].phases.items()}
+    return Run(_stem(path), str(path), None, phases,
+               [*notes, f"{path.name}: a profile without a harness.run document; times from its ranges"],
+               bds[0].layers or None, overlap, path, " + ".join(sorted(gpu)) or None, len(bds))
+
+
+def _is_trace(path: Path) -> bool:
+    """A torch.profiler or JAX profiler trace, or a folder of per-rank profiles."""
+    if path.is_dir():
+        return not (path / "summary.json").exists()
+    if path.name.endswith((".json.gz", ".xplane.pb", ".xplane.pb.gz")):
+        return True
+    if path.name.endswith(".json") and not path.name.endswith(HARNESS_SUFFIX):
+        with open(path, "rb") as f:
+            return b'"traceEvents"' in f.read(1 << 16)
+    return False
+
+
+def mismatch(a: Run, b: Run) -> str | None:
+    """What two profiles differ in that makes them compare unlike for unlike (GPU, rank
+    count), in one line; None where nothing detectable differs."""
+    if a.gpu and b.gpu and a.gpu != b.gpu:
+        return f"A and B ran on different GPUs ({a.gpu} vs {b.gpu}); pass --force to compare them anyway"
+    if a.ranks != b.ranks:
+        return f"A and B have different rank counts ({a.ranks} vs {b.ranks}); pass --force to compare them anyway"
+    return None
 
 
 def _stem(path: Path) -> str:
@@ -157,6 +220,8 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
     if folder and Path(folder).is_dir():
         return _from_compare(Path(folder), backend)
     path = Path(text)
+    if path.exists() and _is_trace(path):
+        return [_user_profile(path, nsys_bin)]
     if path.is_dir():
         if not (path / "summary.json").exists():
             raise InputError(f"{path}: a folder without summary.json; name a harness.compare result folder")
@@ -168,6 +233,8 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
         beside = stem.with_name(stem.name + HARNESS_SUFFIX)
         doc = _run_doc(beside) if beside.exists() else None
         notes = [] if doc else [f"{path.name}: no {beside.name} beside it; times from the profile's ranges"]
+        if doc is None:
+            return [_user_profile(path, nsys_bin)]
         phases, layers, overlap = _profile_phases(path, nsys_bin)
         return [Run(_stem(path), text, doc, phases, notes, layers, overlap, path)]
     if path.name.endswith(".json"):
@@ -181,7 +248,8 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
         return [Run(_stem(path), text, doc, phases, layers=layers or doc.get("layers"), overlap=overlap,
                     profile=profile if phases is not None else None)]
     raise InputError(f"{path}: not a run; name a compare folder[:backend], a harness.run JSON, "
-                     "or a profile (.nsys-rep, .sqlite[.gz])")
+                     "or a profile (.nsys-rep, .sqlite[.gz], torch.profiler .json[.gz], JAX .xplane.pb[.gz], "
+                     "or a folder of per-rank profiles)")
 
 
 def resolve_one(spec: str | Path, nsys_bin: str | None = None) -> Run:

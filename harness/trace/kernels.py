@@ -69,6 +69,10 @@ class Category(str, Enum):
     ATTENTION = "fused_attention"
     SOFTMAX = "softmax"
     NORM = "normalization"
+    CONVOLUTION = "convolution"
+    POOLING = "pooling"
+    EMBEDDING = "embedding"
+    QUANTIZATION = "quantization"
     ELEMENTWISE = "elementwise"
     REDUCTION = "reduction"
     OPTIMIZER = "optimizer"
@@ -80,8 +84,9 @@ class Category(str, Enum):
 
 
 # One colour per category in every plot and in the timeline, whatever categories each shows.
-CATEGORY_COLORS = dict(zip(Category, ("#1f77b4", "#d62728", "#9467bd", "#8c564b", "#2ca02c", "#17becf",
-                                      "#ff7f0e", "#e377c2", "#bcbd22", "#c7c7c7", "#393b79", "#7f7f7f")))
+CATEGORY_COLORS = dict(zip(Category, ("#1f77b4", "#d62728", "#9467bd", "#8c564b", "#637939", "#843c39",
+                                      "#e7ba52", "#ce6dbd", "#2ca02c", "#17becf", "#ff7f0e", "#e377c2",
+                                      "#bcbd22", "#c7c7c7", "#393b79", "#7f7f7f"), strict=True))
 
 
 # XLA's compile-time autotuner: redzone checks around candidate buffers, the timer's
@@ -95,6 +100,11 @@ _AUTOTUNING = (r"RedzoneAllocatorKernel|redzone_checker|DelayKernel|RepeatBuffer
 # on CPU. "all" must not end a word ("small_reduce"), nor "reduce" be a fusion's kind.
 _COLLECTIVES = (r"nccl|gloo|(?:^|[^a-z])all[-_]?(?:reduce|gather|to[-_]?all)|reduce[-_]?scatter"
                 r"|collective[-_]?permute|(?:one|two)[-_]?shot|c10d::")
+
+# cuDNN's and CUTLASS's convolutions: named conv*, the data and weight gradients
+# (dgrad, wgrad), implicit-GEMM and Winograd kernels, and cuDNN's own scudnn kernels.
+# "conv" must not start "convert" or "conversion".
+_CONVOLUTION = r"conv(?!er)|dgrad|wgrad|fprop_implicit|implicit_gemm|implicit_convolve|winograd|scudnn"
 
 # ATen ops that only move, view or cast data (Inductor's names for them).
 _COPY_OPS = (r"_to_copy|_unsafe_view|view|clone|t|transpose|permute|expand|slice|select|unbind|unsqueeze|squeeze"
@@ -118,9 +128,14 @@ PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.COMMUNICATION, _COLLECTIVES),
     (Category.ATTENTION, r"flash|fmha|sdpa|attention|mha_"),
     (Category.SOFTMAX, r"softmax"),
-    (Category.NORM, r"rms_?norm|layer_?norm|RowwiseMoments|group_norm|batch_norm"),
-    *INDUCTOR_PATTERNS,
-    (Category.GEMM, r"gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv"),
+    (Category.NORM, r"rms_?norm|layer_?norm|RowwiseMoments|group_?norm|batch_?norm|instance_?norm|\bbn_[fb]w_"),
+    *INDUCTOR_PATTERNS,  # before the op names below: Inductor names its kernels after every fused op
+    (Category.CONVOLUTION, _CONVOLUTION),
+    (Category.POOLING, r"pool(?:ing|_?[123]d)|(?:max|avg|average)_?pool"),
+    (Category.EMBEDDING, r"(?<![a-z])embedding|bounds_check_indices|linearize_index|bucketize_sparse_features"),
+    (Category.MEMORY, r"(?<![a-z])permute_\w*kernel"),
+    (Category.GEMM, r"(?<!fb)gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv"),
+    (Category.QUANTIZATION, r"quantiz|(?<![a-z])h?fp8|float8"),
     (Category.OPTIMIZER, r"multi_tensor_apply|fused_adam|adam|_foreach_"),
     (Category.MEMORY, r"memcpy|memset|transpose|copy|\bcat\w*Batched|fill_kernel|triu_tril"),
     (Category.REDUCTION, r"reduce|reduction|\bargmax|\bargmin|scan_kernel|cumsum"),
@@ -141,11 +156,61 @@ PHASE_RULES: tuple[tuple[str, tuple[Category, ...], Category], ...] = (
 )
 
 _COMPILED = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in PATTERNS)
+_ANONYMOUS = "(anonymous namespace)"
+NAME_WIDTH = 90
+
+
+def own_name(name: str) -> str:
+    """The kernel's name and template arguments without its parameter list: what the kernel
+    is, not the types it takes (``split_embedding_*(..., fbgemm_gpu::...)`` is no GEMM)."""
+    depth = 0
+    for i, ch in enumerate(name):
+        depth += ch == "<"
+        depth -= ch == ">"
+        if ch == "(" and depth == 0 and i and not name.startswith(_ANONYMOUS, i):
+            return name[:i]
+    return name
+
+
+def short_name(name: str, width: int = NAME_WIDTH) -> str:
+    """A kernel name fit for a table: no ``void``, no argument list, at most `width` chars.
+    Bracketed placeholders (``[CUDA graph: ...]``, ``[CUDA memcpy]``) stay whole;
+    ``(anonymous namespace)::`` goes, so the name keeps what tells it apart."""
+    if name.startswith("["):
+        return name
+    name = own_name(name.removeprefix("void ")).replace("(anonymous namespace)::", "").strip()
+    name = name.replace("|", "\\|")
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+_SPELLINGS = (  # how nsys's demangler and Kineto's (the C++ ABI's) write the same name, as one
+    (re.compile(r"\(anonymous namespace\)"), "<unnamed>"),
+    (re.compile(r"\(bool\)0"), "false"), (re.compile(r"\(bool\)1"), "true"),
+    (re.compile(r"\((?:unsigned )?(?:int|long|short|char|long long)\)(-?\d+)"), r"\1"),
+    (re.compile(r"\b(\d+)(?:ull|ul|ll|u|l)\b"), r"\1"),
+    (re.compile(r"\[lambda\(([^()]*)\) \(instance (\d+)\)\]"), r"{lambda(\1)#\2}"),
+    (re.compile(r"\s+(?=[*&>(])"), ""),
+    (re.compile(r"\bconst ([\w:]+(?:<[^<>]*>)?)([&*])"), r"\1 const\2"),
+    (re.compile(r"(?<=[<,] )void |(?<=<)void "), ""),
+)
+
+
+def canonical_name(name: str) -> str:
+    """One spelling of a kernel name whichever tool recorded it: the own name (no parameter
+    list), anonymous namespaces, integer casts and suffixes, lambdas and spaces written
+    alike; Kineto's "Memcpy DtoD (...)"/"Memset (...)" as nsys's "[CUDA memcpy]"/"[CUDA memset]"."""
+    if name.startswith(("Memcpy", "Memset")):
+        return f"[CUDA {name[:6].lower()}]"
+    out = own_name(name)
+    for rx, to in _SPELLINGS:
+        out = rx.sub(to, out)
+    return out
 
 
 def classify(name: str, ranges: tuple[str, ...] = ()) -> Category:
     """Category of kernel `name`; `ranges` are the names of the ranges containing it."""
-    category = next((cat for cat, rx in _COMPILED if rx.search(name)), Category.OTHER)
+    own = own_name(name)
+    category = next((cat for cat, rx in _COMPILED if rx.search(own)), Category.OTHER)
     for range_name, by_name, cat in PHASE_RULES:
         if range_name in ranges and category in by_name:
             return cat

@@ -6,8 +6,10 @@ recorded it (nsys, torch.profiler, jax.profiler); `harness.trace.analyses.breakd
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,8 @@ import numpy as np
 BACKENDS = ("torch", "jax")
 # Range names the harness emits (NVTX, record_function or TraceAnnotation).
 WARMUP = "warmup"
-STEP_RANGES = ("step", "fused_step")
+PROFILER_STEP = "ProfilerStep"  # torch.profiler's own step ranges, ProfilerStep#N
+STEP_RANGES = ("step", "fused_step", PROFILER_STEP)
 PHASES = ("forward", "backward", "optimizer")
 ATTENTION_RANGES = ("attn_scores", "attn_softmax", "attn_values")
 HARNESS_RANGES = (WARMUP, *STEP_RANGES, *PHASES, *ATTENTION_RANGES)
@@ -49,11 +52,15 @@ class Range:
     start: int  # ns
     end: int
     thread: int | None = None
+    number: int | None = None  # the instance number a numbered name carried (`step7` -> `step`, 7)
 
 
 # KernelTable.kind: what a GPU activity is (memcpys and memsets are not kernels)
 KERNEL, MEMCPY, MEMSET, GRAPH = 0, 1, 2, 3
 UNKNOWN = -1  # thread, launch time or correlation id that the source does not record
+# The API calls that put work on a stream asynchronously (HTA's launch and queue analyses count these)
+LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync")
+PROCESS_SHIFT = 24  # a thread id holds its process above bit 24 (nsys's globalTid; Kineto's as read)
 
 
 @dataclass
@@ -75,8 +82,16 @@ class KernelTable:
     thread: np.ndarray  # the launching thread, UNKNOWN where not recorded
     launch: np.ndarray  # start of the launching API call (ns), UNKNOWN where not recorded
     correlation: np.ndarray  # CUPTI correlation id, UNKNOWN where not recorded
+    process: np.ndarray | None = None  # the launching process (nsys: globalPid >> 24); default: the thread's
+    launch_end: np.ndarray | None = None  # end of the launching API call (ns), UNKNOWN where not recorded
+    launch_api: np.ndarray | None = None  # int8 index into LAUNCH_APIS, UNKNOWN: another call or not recorded
 
     def __post_init__(self) -> None:
+        if self.process is None:
+            self.process = np.where(self.thread != UNKNOWN, self.thread >> PROCESS_SHIFT, UNKNOWN)
+        for col, dtype in (("launch_end", np.int64), ("launch_api", np.int8)):
+            if getattr(self, col) is None:
+                setattr(self, col, np.full(len(self.start), UNKNOWN, dtype))
         order = np.argsort(self.start, kind="stable")
         if not np.all(order[:-1] < order[1:]):
             for col in _COLUMNS:
@@ -92,6 +107,10 @@ class KernelTable:
     def name_of(self, i: int) -> str:
         return self.names[int(self.name[i])]
 
+    def take(self, mask: np.ndarray) -> KernelTable:
+        """The rows of `mask` (still sorted by start), sharing `names`."""
+        return KernelTable(self.names, *(getattr(self, col)[mask] for col in _COLUMNS))
+
     @classmethod
     def from_kernels(cls, kernels: Sequence[Kernel]) -> KernelTable:
         """The table of `kernels` (a small profile or a test's hand-made one)."""
@@ -105,7 +124,8 @@ class KernelTable:
                    np.full(len(kernels), UNKNOWN, np.int64), np.full(len(kernels), UNKNOWN, np.int64))
 
 
-_COLUMNS = ("name", "start", "end", "kind", "device", "stream", "thread", "launch", "correlation")
+_COLUMNS = ("name", "start", "end", "kind", "device", "stream", "thread", "launch", "correlation", "process",
+            "launch_end", "launch_api")
 
 
 @dataclass(frozen=True)
@@ -136,6 +156,9 @@ class Profile:
     notes: list[str] = field(default_factory=list)  # caveats the report repeats
     api: list[ApiStat] = field(default_factory=list)  # CUDA API calls, where the source records them
     cpu_ops: bool = False  # no GPU activity was traced: CPU ops stand in for kernels
+    rank: int | None = None  # the process's rank where the profile records it (Kineto's distributedInfo)
+    world_size: int | None = None
+    gpu: str | None = None  # the GPU's name where recorded
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernels, KernelTable):
@@ -143,8 +166,61 @@ class Profile:
         self.ranges = sorted(self.ranges, key=lambda r: (r.start, -r.end))
 
 
+PROFILE_SUFFIXES = re.compile(r"(?:\.pt\.trace)?\.(?:json|sqlite|xplane\.pb|nsys-rep)(?:\.gz)?$")
+
+
 def label_from_path(path: str | Path) -> str:
-    """The backend named in the file name ("torch", "jax"), else the file's stem."""
+    """The backend named in the file name ("torch", "jax"), else the name without its
+    profile suffixes (`x.rank0.json.gz` -> `x.rank0`: ranks of one job stay apart)."""
     name = Path(path).name.lower()
     found = [b for b in BACKENDS if b in name]
-    return found[0] if len(found) == 1 else Path(path).name.split(".")[0]
+    return found[0] if len(found) == 1 else PROFILE_SUFFIXES.sub("", Path(path).name)
+
+
+# A name ending in a number: `step0`, `step 12`, `iteration_3`, `train_step[7]`, `ProfilerStep#5`.
+NUMBERED = re.compile(r"^(?P<base>.*?[A-Za-z])(?:\s+|[_#-]|\[)?(?P<number>\d+)\]?$")
+
+
+def numbered_instances(ranges: Sequence[Range]) -> tuple[list[Range], str]:
+    """Ranges whose names differ only by a number, as instances of one range.
+
+    A program that names each step after its index (``step0`` ... ``step7``) means one
+    range repeated: each becomes `base` with its `number`. A base is merged only where at
+    least two distinct numbers carry it, so a lone ``fp8`` keeps its name. Returns the
+    ranges and the rule applied, in words ("" where none applied)."""
+    numbers: dict[str, set[int]] = defaultdict(set)
+    for r in ranges:
+        if m := NUMBERED.match(r.name):
+            numbers[m["base"]].add(int(m["number"]))
+    bases = {b for b, n in numbers.items() if len(n) >= 2}
+    if not bases:
+        return list(ranges), ""
+    out = []
+    for r in ranges:
+        m = NUMBERED.match(r.name)
+        out.append(replace(r, name=m["base"], number=int(m["number"])) if m and m["base"] in bases else r)
+    listed = ", ".join(f"`{b}` ({len(numbers[b])} numbers, {min(numbers[b])} to {max(numbers[b])})"
+                       for b in sorted(bases))
+    return out, f"ranges named with a number are instances of one range: {listed}"
+
+
+def open_profiler_step(ranges: Sequence[Range]) -> tuple[list[Range], str]:
+    """The ranges without a last ``ProfilerStep`` that torch.profiler closed mid-iteration.
+
+    ``prof.stop()`` (or the end of the loop) closes the step it is in: where the last
+    ``ProfilerStep`` holds none of the ranges the earlier ones hold, it is no step of the
+    program's and would halve the per-step figures; its kernels count as outside every
+    step. Returns the ranges and the rule applied ("" where none)."""
+    steps = [r for r in ranges if r.name == PROFILER_STEP]
+    if len(steps) < 2:
+        return list(ranges), ""
+
+    def holds(step: Range) -> bool:
+        return any(r is not step and step.start <= r.start and r.end <= step.end for r in ranges)
+
+    last = max(steps, key=lambda r: r.start)
+    if holds(last) or not any(holds(r) for r in steps if r is not last):
+        return list(ranges), ""
+    number = f" #{last.number}" if last.number is not None else ""
+    return [r for r in ranges if r is not last], (f"the last `{PROFILER_STEP}`{number} holds none of the phases the "
+                                                  "others hold (closed by prof.stop()): left out")

@@ -24,27 +24,9 @@ from pathlib import Path
 
 from harness.common.tables import markdown_table
 from harness.trace.analyses.breakdown import Breakdown, PhaseStats, answers
-from harness.trace.kernels import CATEGORY_COLORS, Category
+from harness.trace.kernels import CATEGORY_COLORS, NAME_WIDTH, Category, short_name
 
 TOP_N = 10
-NAME_WIDTH = 90
-
-
-def short_name(name: str, width: int = NAME_WIDTH) -> str:
-    """A kernel name fit for a table: no ``void``, no argument list, at most `width` chars.
-    Bracketed placeholders (``[CUDA graph: ...]``, ``[CUDA memcpy]``) stay whole."""
-    if name.startswith("["):
-        return name
-    name = name.removeprefix("void ")
-    depth = 0
-    for i, ch in enumerate(name):  # cut at the argument list: the first "(" outside <...>
-        depth += ch == "<"
-        depth -= ch == ">"
-        if ch == "(" and depth == 0 and i:
-            name = name[:i]
-            break
-    name = name.replace("|", "\\|")
-    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def short_names(names: Sequence[str], width: int = NAME_WIDTH) -> list[str]:
@@ -235,8 +217,9 @@ def _layers(bd: Breakdown, n: int) -> list[str]:
 
 
 def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
-                    top_n: int = TOP_N, title: str = "Kernel breakdown") -> str:
-    """The report as markdown; `answer_sets` default to `answers(bd)` for each breakdown."""
+                    top_n: int = TOP_N, title: str = "Kernel breakdown", sections: Sequence[str] = ()) -> str:
+    """The report as markdown; `answer_sets` default to `answers(bd)` for each breakdown;
+    `sections` (markdown lines, e.g. the cross-rank tables) go before the left-out kernels."""
     answer_sets = answer_sets or [answers(bd) for bd in bds]
     out = [f"# {title}", ""]
     for bd in bds:
@@ -282,7 +265,7 @@ def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None
             out += [f"### {bd.label}: GEMM kernels decoded", "", _caption(bd), "", *gemm, ""]
         if bd.api:
             out += [f"### {bd.label}: CUDA API calls (whole profile)", "", *_api(bd), ""]
-    out += ["## Left out of the phases", "", *(line for bd in bds for line in _left_out(bd))]
+    out += [*sections, "## Left out of the phases", "", *(line for bd in bds for line in _left_out(bd))]
     warnings = [f"- {bd.label}: {w}" for bd in bds for w in bd.warnings]
     notes = [f"- {bd.label}: {n}" for bd in bds for n in bd.notes]
     if warnings:
@@ -337,14 +320,15 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
 
 
 def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
-                 top_n: int = TOP_N, stem: str = "kernels", png: bool = True) -> dict[str, Path]:
+                 top_n: int = TOP_N, stem: str = "kernels", png: bool = True,
+                 sections: Sequence[str] = ()) -> dict[str, Path]:
     """Write ``<stem>.md``, ``.csv``, ``.json`` and (with `png`) ``.png`` into `out_dir`;
     return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     answer_sets = answer_sets or [answers(bd) for bd in bds]
     paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", *(("png",) if png else ()))}
-    paths["md"].write_text(render_markdown(bds, answer_sets, top_n))
+    paths["md"].write_text(render_markdown(bds, answer_sets, top_n, sections=sections))
     write_csv(paths["csv"], bds)
     # The profile's file name only: where it lay (often a temp folder) says nothing.
     doc = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]

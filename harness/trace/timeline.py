@@ -13,7 +13,7 @@ Layout
   whose slices are the harness's ranges (category ``user_annotation``, as torch.profiler
   writes them) and each kernel's launch call, and one thread per GPU stream ("GPU d stream
   s"), whose slices are the kernels (category ``kernel``, with args ``device`` and
-  ``stream``, so `harness.trace.sources.framework_profile.load_torch_trace` reads the
+  ``stream``, so `harness.trace.sources.kineto.load_torch_trace` reads the
   timeline back).
 - Steps aligned: measured step k of every process starts at the same time T_k; each step's
   events move by the difference between its own start and T_k, and T_{k+1} follows the
@@ -296,6 +296,23 @@ def runs_from_files(paths: Sequence[str | Path], bds: Sequence[Breakdown], nsys_
         source = sqlite if str(path).endswith(".nsys-rep") and sqlite.is_file() else path
         profile = load_profile(source, labels[i] if labels else bd.label, nsys_bin, force)
         hlo = hlo_dir(path)
+        runs.append(timeline_run(profile, bd.attribution, load_schedules(hlo) if hlo.is_dir() else None))
+    return runs
+
+
+def runs_from_inputs(paths: Sequence[str | Path], bds: Sequence[Breakdown], labels: Sequence[str | None] = (),
+                     nsys_bin: str | None = None, force: bool = False) -> list[Run]:
+    """`harness.report`'s columns as timeline runs: every profile of `paths`, a rank set read
+    as its ranks (one process each), assigned as its column's breakdown (the i-th of `bds`)
+    was. An ``.nsys-rep`` is read from the SQLite export its breakdown just wrote beside it."""
+    from harness.trace.analyses.ranks import load_inputs
+
+    sources = [sqlite if str(p).endswith(".nsys-rep") and (sqlite := Path(p).with_suffix(".sqlite")).is_file()
+               else p for p in paths]
+    profiles = [p for item in load_inputs(sources, labels, nsys_bin, force) for p in item.profiles]
+    runs = []
+    for profile, bd in zip(profiles, bds):
+        hlo = hlo_dir(profile.path)
         runs.append(timeline_run(profile, bd.attribution, load_schedules(hlo) if hlo.is_dir() else None))
     return runs
 

@@ -27,9 +27,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from harness.trace.profile import UNKNOWN, KernelTable, Range
+from harness.trace.profile import PROCESS_SHIFT, UNKNOWN, KernelTable, ProfileError, Range
 
-TID_PROCESS_SHIFT = 24  # nsys's globalTid holds the process id above bit 24
+TID_PROCESS_SHIFT = PROCESS_SHIFT  # nsys's globalTid holds the process id above bit 24
+OUTSIDE_WARN_SHARE = 0.03  # kernel time run outside its launching range above this: warn, attribute by launch
 
 
 def range_parents(ranges: Sequence[Range]) -> np.ndarray:
@@ -89,3 +90,35 @@ def by_launch(kernels: KernelTable, ranges: Sequence[Range], any_thread: bool = 
 def has_launches(kernels: KernelTable) -> bool:
     """True when the profile records who launched its kernels and when (nsys with CUPTI)."""
     return bool(len(kernels)) and bool(np.any(kernels.launch != UNKNOWN))
+
+
+def spill(dur: np.ndarray, by_exec: np.ndarray, by_launch: np.ndarray | None,
+           ranges: Sequence[Range], kt: KernelTable) -> tuple[float, float | None]:
+    """(share of the kernel time outside every range, share whose range differs by rule),
+    over the kernels launched inside a range (without launch records: over those that
+    started within the ranges' span)."""
+    if by_launch is not None:
+        inside = by_launch >= 0
+    else:
+        lo, hi = min(r.start for r in ranges), max(r.end for r in ranges)
+        inside = (kt.start >= lo) & (kt.start <= hi)
+    total = dur[inside].sum()
+    if not total:
+        return 0.0, None
+    outside = float(dur[inside & (by_exec < 0)].sum() / total)
+    moved = None if by_launch is None else float(dur[inside & (by_exec != by_launch)].sum() / total)
+    return outside, moved
+
+
+def choose(requested: str, outside: float, moved: float | None, launches: bool) -> tuple[str, str]:
+    """The attribution rule and, in words, why."""
+    spill = (f"{outside:.1%} of the kernel time launched inside ranges ran outside every range"
+             + (f", {moved:.1%} in another range than it was launched in" if moved is not None else ""))
+    if requested == "launch" and not launches:
+        raise ProfileError("--attribution launch: this profile does not record kernel launches (CUPTI "
+                           "runtime API); use --attribution execution")
+    if requested != "auto":
+        return requested, f"--attribution {requested} ({spill})"
+    if launches and max(outside, moved or 0.0) > OUTSIDE_WARN_SHARE:
+        return "launch", f"by launch, chosen because {spill}: the ranges do not end in synchronizations"
+    return "execution", f"by execution interval, chosen because only {spill}"

@@ -6,7 +6,7 @@ Every kernel gets its innermost range, by execution interval or by launch call
 (`harness.trace.analyses.attribution` says when each is sound); a range holds the kernels of its
 own and of the ranges nested in it, so a phase's time is inclusive (``forward`` counts
 the kernels of ``attn_scores`` nested in it).  ``--attribution auto`` picks execution
-when the ranges end in synchronizations, i.e. when no more than `OUTSIDE_WARN_SHARE` of
+when the ranges end in synchronizations, i.e. when no more than `attribution.OUTSIDE_WARN_SHARE` of
 the kernel time launched inside ranges runs outside every range or in another range
 than it was launched in, and launch otherwise (where the profile records launches).
 
@@ -18,9 +18,14 @@ range.  The figures of one range name are per step: its totals divided by the nu
 steady root instances holding a range of that name (a range repeated per layer sums
 over the layers of a step).  Steady instances: those outside ``warmup`` ranges; where the
 profile has no ``warmup`` range and a root repeats (six ``train_step`` ranges), all but
-the first, which carries compilation, allocation and autotuning and is reported apart.
+the first, which carries compilation, allocation and autotuning and is reported apart,
+unless its name numbers it past 1 (``ProfilerStep#2`` of a torch.profiler schedule: the
+program's first steps were not recorded). Ranges whose names differ only by a number
+(``step0`` ... ``step7``, `harness.trace.profile.numbered_instances`) are instances of
+one range; torch.profiler's ``ProfilerStep#N`` are steps like ``step``.
 Kernel names that ran only in the first steady instance of a root that repeats (XLA's
-autotuning candidates, one-off initialisation) are kept out of the per-step figures too.
+autotuning candidates, one-off initialisation) are kept out of the per-step figures too,
+unless that instance is numbered past 1.
 XLA autotuner kernels are never computation: they are reported apart, wherever they ran.
 A profile without any range gets one pseudo-phase, the whole profile.  GPU time is the
 sum of kernel durations (overlap on several streams counts twice); "range" time is the
@@ -41,7 +46,7 @@ from harness.trace.analyses import attribution as attr
 from harness.trace.analyses.answers import answers, attention_flops, harness_metadata
 from harness.trace.analyses.hlo_join import hlo_dir, label_kernels, load_schedules
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
-from harness.trace.kernels import PHASE_RULES, Category, classify, decode_gemm
+from harness.trace.kernels import PHASE_RULES, Category, classify, decode_gemm, short_name
 from harness.trace.profile import (
     ATTENTION_RANGES,
     KERNEL,
@@ -54,15 +59,16 @@ from harness.trace.profile import (
     Profile,
     ProfileError,
     Range,
+    numbered_instances,
+    open_profiler_step,
 )
-from harness.trace.sources import framework_profile, nsys
+from harness.trace.sources import framework_profile, kineto, nsys
 from harness.trace.stats import Breakdown, Bucket, KernelStat, PhaseStats
 
 __all__ = ["Breakdown", "Bucket", "KernelStat", "PhaseStats", "answers", "attention_flops", "breakdown",
            "breakdown_files", "harness_metadata", "load_profile"]
 
 UNCLASSIFIED_WARN_SHARE = 0.05  # an "other" share above this gets a warning
-OUTSIDE_WARN_SHARE = 0.03  # kernel time run outside its launching range above this: warn, attribute by launch
 TOP_N = 10
 ATTRIBUTIONS = ("auto", "execution", "launch")
 WHOLE_PROFILE = "(whole profile)"
@@ -84,7 +90,7 @@ def load_profile(path: str | Path, label: str | None = None, nsys_bin: str | Non
     if name.endswith((".sqlite", ".sqlite.gz")):
         return nsys.read_sqlite(path, label, force)
     if name.endswith((".json", ".json.gz")):
-        return framework_profile.load_torch_trace(path, label)
+        return kineto.load_torch_trace(path, label)
     if name.endswith((".xplane.pb", ".xplane.pb.gz")) or path.is_dir():
         return framework_profile.load_jax_trace(path, label)
     raise ProfileError(f"{path}: not a profile; expected .nsys-rep, .sqlite[.gz] (nsys export), "
@@ -110,38 +116,6 @@ def _bucket(kt: KernelTable, mask: np.ndarray, inner: np.ndarray, ranges: Sequen
     by_name = np.bincount(ninv, weights=dur)
     top = [kt.names[names[i]] for i in np.argsort(-by_name)[:5]]
     return Bucket(len(idx), int(dur.sum()), dict(where), top)
-
-
-def _spill(dur: np.ndarray, by_exec: np.ndarray, by_launch: np.ndarray | None,
-           ranges: Sequence[Range], kt: KernelTable) -> tuple[float, float | None]:
-    """(share of the kernel time outside every range, share whose range differs by rule),
-    over the kernels launched inside a range (without launch records: over those that
-    started within the ranges' span)."""
-    if by_launch is not None:
-        inside = by_launch >= 0
-    else:
-        lo, hi = min(r.start for r in ranges), max(r.end for r in ranges)
-        inside = (kt.start >= lo) & (kt.start <= hi)
-    total = dur[inside].sum()
-    if not total:
-        return 0.0, None
-    outside = float(dur[inside & (by_exec < 0)].sum() / total)
-    moved = None if by_launch is None else float(dur[inside & (by_exec != by_launch)].sum() / total)
-    return outside, moved
-
-
-def _choose(requested: str, outside: float, moved: float | None, launches: bool) -> tuple[str, str]:
-    """The attribution rule and, in words, why."""
-    spill = (f"{outside:.1%} of the kernel time launched inside ranges ran outside every range"
-             + (f", {moved:.1%} in another range than it was launched in" if moved is not None else ""))
-    if requested == "launch" and not launches:
-        raise ProfileError("--attribution launch: this profile does not record kernel launches (CUPTI "
-                           "runtime API); use --attribution execution")
-    if requested != "auto":
-        return requested, f"--attribution {requested} ({spill})"
-    if launches and max(outside, moved or 0.0) > OUTSIDE_WARN_SHARE:
-        return "launch", f"by launch, chosen because {spill}: the ranges do not end in synchronizations"
-    return "execution", f"by execution interval, chosen because only {spill}"
 
 
 def _range_info(ranges: Sequence[Range], parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -173,11 +147,15 @@ def _steady(ranges: Sequence[Range], warm: np.ndarray, root: np.ndarray) -> tupl
         return instances, first, "kernels inside `warmup` ranges are left out", []
     rules, warnings = [], []
     for name, insts in instances.items():
-        if len(insts) >= 2:
+        number = ranges[insts[0]].number
+        if len(insts) >= 2 and number is not None and number > 1:
+            rules.append(f"the first `{name}` range recorded is number {number}, not the program's first step: "
+                         f"all {len(insts)} are measured")
+        elif len(insts) >= 2:
             first.add(insts[0])
             rules.append(f"the first of {len(insts)} `{name}` ranges (compilation, allocation, autotuning) is "
                          f"reported apart as the first step; per-step figures are over the other {len(insts) - 1}")
-        else:
+        elif number is None or number <= 1:
             warnings.append(f"one `{name}` range and no `warmup` range: its figures include first-step costs "
                             "(compilation, allocation, autotuning); profile several steps")
     for name in instances:
@@ -242,7 +220,8 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     if attribution not in ATTRIBUTIONS:
         raise ProfileError(f"--attribution {attribution!r}: choose one of {', '.join(ATTRIBUTIONS)}")
     kt = profile.kernels
-    ranges = [r for r in profile.ranges if not r.name.startswith(LAYER_RANGE_PREFIX)]
+    ranges, numbered = numbered_instances([r for r in profile.ranges if not r.name.startswith(LAYER_RANGE_PREFIX)])
+    ranges, unclosed = open_profiler_step(ranges)
     if labels is None and len(ranges) < len(profile.ranges):
         labels = layer_labels(kt, profile.ranges)
     names = {r.name for r in ranges}
@@ -260,11 +239,14 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     cats, rule = _categories(kt, by_exec, bits)
     dur = kt.duration
     tune = cats == _CAT[Category.AUTOTUNING]
-    outside, moved = _spill(np.where(tune, 0, dur), by_exec, by_launch, ranges, kt)
-    mode, reason = _choose(attribution, outside, moved, launches)
-    inner = by_exec if by_launch is None or mode == "execution" else np.where(kt.launch >= 0, by_launch, by_exec)
+    outside, moved = attr.spill(np.where(tune, 0, dur), by_exec, by_launch, ranges, kt)
+    mode, reason = attr.choose(attribution, outside, moved, launches)
+    # by launch, an activity whose launch is not in the profile belongs to no range: it was
+    # asked for before the profile began (the previous step's tail), whenever it ran
+    inner = by_exec if by_launch is None or mode == "execution" else by_launch
     cats, rule = _categories(kt, inner, bits)
     instances, first, steady_rule, warnings = _steady(ranges, warm, root)
+    steady_rule = "; ".join(filter(None, (numbered, unclosed, steady_rule)))
     safe = np.maximum(inner, 0)
     kroot = np.where(inner >= 0, root[safe], -1)
     kwarm = (inner >= 0) & warm[safe]
@@ -273,7 +255,9 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     measured = ~tune & ~none & ~kwarm & ~kfirst
     only_first = np.zeros(len(kt), bool)
     for insts in instances.values():
-        if len(insts) >= 2:  # names that ran only in the first steady instance are no per-step work
+        # names that ran only in the first steady instance are no per-step work, unless the
+        # profile began past the program's first steps (ProfilerStep#550: no setup to set apart)
+        if len(insts) >= 2 and (ranges[insts[0]].number or 0) <= 1:
             head = measured & (kroot == insts[0])
             later = kt.name[measured & np.isin(kroot, insts[1:])]
             only_first |= head & ~np.isin(kt.name, later)
@@ -282,7 +266,7 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     if not phases:
         raise ProfileError(f"{profile.path}: no kernel ran inside a measured range (ranges: "
                            f"{', '.join(sorted(names))}); were the kernels recorded on the same clock?")
-    if outside > OUTSIDE_WARN_SHARE:
+    if outside > attr.OUTSIDE_WARN_SHARE:
         warnings.append(f"{outside:.1%} of the kernel time launched inside ranges ran outside every range "
                         "(the program does not synchronize at range ends); tables attribute by "
                         f"{'launch' if mode == 'launch' else 'execution interval (--attribution execution)'}")
@@ -300,8 +284,6 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
                      bucket(none), [*warnings, *_warnings(phases, profile.cpu_ops)], notes,
                      bucket(kfirst & ~tune & ~none & ~kwarm), bucket(only_first), mode, reason, outside, moved,
                      steady_rule, list(profile.api), layers, profile.cpu_ops)
-
-
 
 
 def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm: np.ndarray, first: set[int],
@@ -375,10 +357,11 @@ def _warnings(phases: dict[str, PhaseStats], cpu_ops: bool = False) -> list[str]
     for p in phases.values():
         share = p.share(Category.OTHER)
         if share >= UNCLASSIFIED_WARN_SHARE:
-            top = [k.name for k in p.kernels if k.category == Category.OTHER.value][:3]
+            top = [k for k in p.kernels if k.category == Category.OTHER.value][:5]
+            listed = "; ".join(f"`{short_name(k.name, 80)}` {k.share:.1%}" for k in top)
             what = "CPU time in unclassified ops" if cpu_ops else "GPU time in unclassified kernels"
-            out.append(f"{p.phase}: {share:.0%} of {what} "
-                       f"(e.g. {'; '.join(n[:80] for n in top)}); add a pattern to harness.trace.kernels.PATTERNS")
+            out.append(f"{p.phase}: {share:.1%} of {what}, the top ones: {listed}; "
+                       "add a pattern to harness.trace.kernels.PATTERNS")
     return out
 
 

@@ -205,10 +205,13 @@ def _kernels(reader: ParallelReader, tables: set[str]) -> Callable[[], KernelTab
         blocks = []
         for kind, pid, cols in pending:
             name, start, end, device, stream, correlation, gpid = cols()
-            thread, launched = _match(launch, gpid >> TID_PROCESS_SHIFT if pid else None, correlation)
+            process = gpid >> TID_PROCESS_SHIFT if pid else None
+            thread, launched = _match(launch, process, correlation)
+            if process is None:
+                process = np.where(thread != UNKNOWN, thread >> TID_PROCESS_SHIFT, UNKNOWN)
             blocks.append((np.full(len(name), kind, np.int8), name, start, end, device, stream, thread, launched,
-                           correlation))
-        kinds, name, start, end, device, stream, thread, launched, correlation = (
+                           correlation, process))
+        kinds, name, start, end, device, stream, thread, launched, correlation, process = (
             np.concatenate(col) for col in zip(*blocks))
         ids, index = np.unique(name, return_inverse=True)
         wanted = ",".join(str(int(i)) for i in ids[ids >= 0])
@@ -216,7 +219,7 @@ def _kernels(reader: ParallelReader, tables: set[str]) -> Callable[[], KernelTab
         special = {-1 - MEMCPY: "[CUDA memcpy]", -1 - MEMSET: "[CUDA memset]", -1 - GRAPH: GRAPH_NAME}
         names = [special.get(int(i)) or strings.get(int(i), f"<string {int(i)}>") for i in ids]
         return KernelTable(names, index.astype(np.int32), start, end, kinds, device, stream, thread, launched,
-                           correlation)
+                           correlation, process)
     return result
 
 
@@ -285,6 +288,14 @@ def _missing_kernels(reader: ParallelReader, tables: set[str]) -> Callable[[], t
     return result
 
 
+def _gpu_name(db: sqlite3.Connection, tables: set[str]) -> str | None:
+    """The GPUs' names (``TARGET_INFO_GPU``), distinct ones joined by " + "."""
+    if "TARGET_INFO_GPU" not in tables or "name" not in _columns(db, "TARGET_INFO_GPU"):
+        return None
+    names = sorted({n for n, in db.execute("SELECT name FROM TARGET_INFO_GPU") if n})
+    return " + ".join(names) or None
+
+
 def _unpack(path: Path, tmp: Path) -> Path:
     """The SQLite file of the export `path`; a gzipped one is unpacked into `tmp` first."""
     if path.suffix == ".gz":
@@ -321,6 +332,7 @@ def read_sqlite(path: str | Path, label: str | None = None, force: bool = False)
         pending_api = _api(reader, tables)
         pending_kernels = _kernels(reader, tables) if "CUPTI_ACTIVITY_KIND_KERNEL" in tables else lambda: None
         ranges = _ranges(reader.db, tables)
+        gpu = _gpu_name(reader.db, tables)
         launches, missing = pending_missing()
         kernels, api = pending_kernels(), pending_api()
     tsl = "for JAX profile with --nvtx-domain-exclude=TSL (XLA's NVTX domain breaks the importer)"
@@ -344,4 +356,4 @@ def read_sqlite(path: str | Path, label: str | None = None, force: bool = False)
     if graphs.any():
         ns = int(kernels.duration[graphs].sum())
         notes.append(GRAPH_NOTE.format(count=int(graphs.sum()), ms=ns / 1e6, name=GRAPH_NAME))
-    return Profile(str(path), label or label_from_path(path), "nsys", kernels, ranges, notes, api)
+    return Profile(str(path), label or label_from_path(path), "nsys", kernels, ranges, notes, api, gpu=gpu)

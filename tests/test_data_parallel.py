@@ -101,6 +101,22 @@ def test_torch_two_gloo_ranks_end_to_end(tmp_path: Path) -> None:
     assert "straggler" in proc.stdout and "global batch 4" in proc.stdout
     # both ranks trained on different rows of the global batch
     assert doc["ranks"][0]["loss"]["first"] != doc["ranks"][1]["loss"]["first"]
+    for rank in doc["ranks"]:
+        _assert_per_device(rank["phases"], devices=2)
+
+
+def _assert_per_device(phases: dict, devices: int) -> None:
+    """TFLOP/s of every phase: one device's work (the FLOPs of --batch 2 rows, not of the
+    global 4) over the phase's median; tokens/s: the whole job's rows."""
+    from harness.config import get_config
+    from harness.timing.flops import phase_flops
+
+    work = phase_flops(get_config("tiny"), 2, 16)
+    for name, p in phases.items():
+        assert p["flops"] == work[name], name
+        rate = work[name] / (p["median_ms"] / 1e3) / 1e12 if work[name] else None
+        assert p["tflops"] == pytest.approx(rate, rel=1e-12), name
+        assert p["tokens_per_s"] == pytest.approx(devices * 2 * 16 / (p["median_ms"] / 1e3), rel=1e-12), name
 
 
 def test_worker_environment_keeps_every_variable(monkeypatch) -> None:
@@ -146,6 +162,8 @@ def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
     assert doc["data_parallel"]["global_batch"] == 4
     assert doc["data_parallel"]["step_ms"] == doc["phases"]["step"]["median_ms"]
     assert doc["phases"]["step"]["tokens_per_s"] == pytest.approx(4 * 16 / (doc["phases"]["step"]["median_ms"] / 1e3))
+    _assert_per_device(doc["phases"], devices=2)  # one device's work, not the sum over two
+    assert doc["figures"]["tflops"] == "per device"
     proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -55,6 +55,9 @@ class PhaseProfile:
     categories: dict[str, float]  # category -> ns
     rows: list[KernelRow]
     launches: Launches | None = None
+    busy_ns: float | None = None  # union of the kernels' intervals over streams (None: not recorded)
+    hidden_communication_ns: float = 0.0  # communication under compute on other streams
+    devices: int = 1  # the device timelines the figures are the per-device mean of
 
 
 @dataclass
@@ -82,8 +85,10 @@ def _phase(p: object, launches: Launches | None = None) -> PhaseProfile:
     rows = [KernelRow(*(k[f] if isinstance(k, dict) else getattr(k, f)
                         for f in ("name", "category", "calls_per_step", "ns_per_step")),
                       _gemm_fields(k["gemm"] if isinstance(k, dict) else k.gemm)) for k in get("kernels")]
+    opt = (lambda k, d: p.get(k, d)) if isinstance(p, dict) else (lambda k, d: getattr(p, k, d))
     return PhaseProfile(get("range_ns_per_step"), get("gpu_ns_per_step"), get("kernels_per_step"),
-                        dict(get("categories")), rows, launches)
+                        dict(get("categories")), rows, launches, opt("busy_ns_per_step", None),
+                        opt("hidden_communication_ns_per_step", 0.0), opt("devices", 1))
 
 
 def _load_json(path: Path) -> dict:

@@ -36,7 +36,7 @@ def _cause(p: PhaseDiff, name: str) -> str:
     part = next(x for x in p.parts if x.name == name)
     more = "more" if part.delta_ms > 0 else "less"
     if name == HOST:
-        text = (f"Host side: B spends {abs(part.delta_ms):.3f} ms {more} per step outside GPU work "
+        text = (f"Host side: B spends {abs(part.delta_ms):.3f} ms {more} per step with no kernel running "
                 f"({part.a_ms:.3f} -> {part.b_ms:.3f} ms; {_num(p.a_kernels)} -> {_num(p.b_kernels)} kernels")
         la, lb = p.launches.get("a"), p.launches.get("b")
         if la and lb:

@@ -50,6 +50,9 @@ def table_rows(summary: dict) -> list[list[str]]:
     header = ["phase", *(f"{b} ms (median, p10-p90)" for b in backends), *(f"{b}/{ref}" for b in backends[1:]),
               *(f"{b} TFLOP/s" for b in backends), *(f"{b} MFU" for b in backends),
               *(f"{b} peak GiB" for b in backends)]
+    if (summary.get("data_parallel") or {}).get("n", 1) > 1:
+        per = " per device"
+        header = [h.replace(" TFLOP/s", " TFLOP/s" + per).replace(" MFU", " MFU" + per) for h in header]
     rows = [header]
     firsts = {b: r.get("first_step") for b, r in summary["runs"].items() if r.get("status") == "ok"}
     for row in summary["table"]:
@@ -200,7 +203,8 @@ def render_markdown(summary: dict) -> str:
         r = ok[0]
         out += ["", f"FLOPs: {r['flops_formula']}. Peak used for MFU: "
                 f"{r['peak_tflops'] if r['peak_tflops'] else 'none (device not in the peak table)'} TFLOP/s "
-                f"({o['dtype']}). Parameters: {r['num_params']:,}.", "", "## Environment", ""]
+                f"per device ({o['dtype']}). Parameters: {r['num_params']:,}.", *_figures_line(summary), "",
+                "## Environment", ""]
         for backend, r in runs.items():
             if r.get("status") == "ok":
                 out.append(f"- {backend}: " + ", ".join(f"{k} {v}" for k, v in r["env"].items()))
@@ -211,6 +215,16 @@ def render_markdown(summary: dict) -> str:
     if summary.get("kernel_breakdown"):
         out += ["", summary["kernel_breakdown"]]
     return "\n".join(out) + "\n"
+
+
+def _figures_line(summary: dict) -> list[str]:
+    """What TFLOP/s, MFU and tokens/s cover, for a data-parallel comparison."""
+    n = (summary.get("data_parallel") or {}).get("n", 1)
+    if n <= 1:
+        return []
+    return ["", f"Each of the {n} devices runs --batch {summary['options']['batch']} rows: TFLOP/s and MFU are per "
+            "device (a torch rank's own work and time; one of JAX's devices, whose one program steps them all "
+            "together), tokens/s is for the whole job (N x --batch rows per step)."]
 
 
 def plot_phases(summary: dict, path: str) -> bool:

@@ -60,6 +60,9 @@ class RunOptions:
     hlo_dir: str | None = None  # jax with layer_ranges: write the phases' optimized HLO here
 
 
+# What each figure of a phase record covers, written into every result document.
+FIGURES = {"flops": "per device (the work of --batch rows)", "tflops": "per device", "mfu": "per device",
+           "peak_tflops": "per device", "tokens_per_s": "whole job (N devices x --batch rows)"}
 JAX_LAYERS = ("jax.named_scope per block and sub-module in jax_impl: metadata of the compiled program, joined "
               "to the kernels afterwards; nothing is added to the step")
 # Every phase a result document may hold, in report order.
@@ -183,13 +186,13 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
             return _failed(result, phase, exc, opts)
 
     device_name = session.device_name()
-    # The batch and devices this process steps: JAX drives every data-parallel device.
-    devices = opts.data_parallel if opts.backend == "jax" else 1
+    # Every device of a data-parallel step does the work of --batch rows (a torch rank, or
+    # one of the devices JAX's one process drives): FLOPs, TFLOP/s, MFU and the peak are
+    # per device; tokens/s counts the whole job's N x --batch rows.
     peak_tf = peak_tflops(device_name, opts.dtype)
-    peak_tf = peak_tf * devices if peak_tf else None
-    flops = phase_flops(config, opts.batch * devices, opts.ctx)
+    flops = phase_flops(config, opts.batch, opts.ctx)
     flops["step"] = sum(flops[p] for p in PHASES[opts.mode])
-    tokens = opts.batch * devices * opts.ctx
+    tokens = opts.batch * opts.data_parallel * opts.ctx
     phases = {}
     for name, times in timer.times.items():
         extra = None
@@ -209,6 +212,7 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
                             "compilation, autotuning, first allocations and the step itself"},
         loss=_loss_record(timer.losses),
         peak_tflops=peak_tf,
+        figures=FIGURES,
         memory_note=("torch: max_memory_allocated after a reset before each phase" if opts.backend != "jax" else
                      "jax: the allocator's peak_bytes_in_use after the phase (a process-wide high-water mark)"),
         env=environment({"device": device_name or "cpu", **session.versions()}),
@@ -361,6 +365,8 @@ def format_result(doc: dict) -> str:
             f"{o['mode']} on {o['device']}")
     if doc["status"] != "ok":
         return f"{head}: FAILED: {doc['error']['message']}"
+    n = o.get("data_parallel", 1)
+    head += f", {n} devices (TFLOP/s and MFU per device)" if n > 1 else ""
     lines = [head, f"{'phase':<11} {'median ms (p10-p90)':>26} {'TFLOP/s':>8} {'MFU':>6} {'peak MiB':>9}"]
     for name, p in doc["phases"].items():
         tf = f"{p['tflops']:.2f}" if p["tflops"] else "-"

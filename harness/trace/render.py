@@ -77,9 +77,14 @@ def _phases(bds: Sequence[Breakdown]) -> list[str]:
 
 
 def _summary(bds: Sequence[Breakdown]) -> list[str]:
+    """Per phase: GPU time (summed over streams), busy time (their union), range time,
+    counts; with several device timelines, every GPU figure is per device (their mean)."""
     rows = []
+    several = any(p.devices > 1 for bd in bds for p in bd.phases.values())
     for phase in _phases(bds):
-        for metric, get in (("GPU ms/step", lambda p: _ms(p.gpu_ns_per_step)),
+        metrics = (("devices", lambda p: str(p.devices)),) if several else ()
+        for metric, get in (*metrics, ("GPU ms/step", lambda p: _ms(p.gpu_ns_per_step)),
+                            ("GPU busy ms/step", lambda p: _ms(p.busy_ns_per_step or 0.0)),
                             ("range ms/step", lambda p: _ms(p.range_ns_per_step)),
                             ("kernels/step", lambda p: f"{p.kernels_per_step:.1f}"),
                             ("memcpys+memsets/step", lambda p: f"{p.copies_per_step:.1f}")):

@@ -99,6 +99,23 @@ def overlap(kt: KernelTable, ranges: Sequence[Range] = ()) -> list[dict]:
     return out
 
 
+def device_timelines(kt: KernelTable, k: np.ndarray, comm: np.ndarray) -> tuple[int, float, float]:
+    """(devices, busy ns, hidden communication ns) of the kernels `k` (indices; `comm`
+    marks the communication ones), both summed over devices: busy is the union of all
+    their intervals per device, over every stream; hidden the part of each communication
+    stream's union that runs under the device's other kernels on other streams."""
+    devices = np.unique(kt.device[k])
+    busy = hidden = 0
+    for device in devices:
+        on = k[kt.device[k] == device]
+        on_comm = comm[kt.device[k] == device]
+        busy += int(np.sum(np.subtract(*union(kt.start[on], kt.end[on])[::-1])))
+        for stream in np.unique(kt.stream[on[on_comm]]):
+            mine, others = on[on_comm & (kt.stream[on] == stream)], on[~on_comm & (kt.stream[on] != stream)]
+            hidden += covered_measure(union(kt.start[mine], kt.end[mine]), union(kt.start[others], kt.end[others]))
+    return max(len(devices), 1), float(busy), float(hidden)
+
+
 def phase_times(ranges: Sequence[Range]) -> dict[str, float]:
     """Median wall time (ms) of each harness phase range and the step, as a rank's timer saw it."""
     out = {}

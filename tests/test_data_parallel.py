@@ -144,7 +144,7 @@ from tests.test_data_parallel import _one_device_step
 out = {}
 opts = RunOptions(backend="jax", model="tiny", ctx=16, batch=2, data_parallel=2)
 l1, p1, moved = _one_device_step(opts)
-for parallel in ("ddp", "fsdp"):
+for parallel in ("ddp", "fsdp", "zero1"):
     l2, p2 = parity_step(RunOptions(**{**opts.__dict__, "parallel": parallel}))
     out[parallel] = {"loss": [l1, l2], "max_abs": max(float(np.max(np.abs(p1[k] - p2[k]))) for k in p1),
                      "moved": moved, "same_keys": p1.keys() == p2.keys()}

@@ -34,8 +34,25 @@ def test_efficiency_by_hand() -> None:
     assert by_n[4]["efficiency"] == pytest.approx(100 / 160)
     assert rows[0]["efficiency"] is None  # jax has no N = 1 run
     text = format_scaling(rows)
-    assert "| torch | large ctx 1024 batch 4/device bf16 naive cuda | ddp | 4 | 160.000 | 102400 | 62.5% |" in text
-    assert "| jax | large ctx 1024 batch 4/device bf16 naive cuda | ddp | 2 | 100.000 | 81920 | - |" in text
+    assert "| torch | large ctx 1024 batch 4/device bf16 naive cuda | DDP | 4 | step | 160.000 | 102400 | - | 62.5% |" \
+        in text
+    assert "| jax | large ctx 1024 batch 4/device bf16 naive cuda | replicated | 2 | step | 100.000 | 81920 | - | - |" \
+        in text
+
+
+def test_jax_takes_its_fused_step_and_mfu_is_per_device() -> None:
+    """JAX's fused step, where faster, is its step; MFU is one device's FLOPs over the
+    slowest device's step against one device's peak, whatever N."""
+    one, four = _doc("jax", 1, 90.0), _doc("jax", 4, 130.0)
+    one["phases"]["fused_step"] = {"median_ms": 60.0, "mfu": 0.40}
+    # the fused step's own median 35 ms at MFU 0.6 (FLOPs/0.035 s), paced by the slowest device's 70 ms
+    four["phases"]["fused_step"] = {"median_ms": 35.0, "mfu": 0.60}
+    four["data_parallel"]["spread"] = {"step": {"max_ms": 130.0}, "fused_step": {"max_ms": 70.0}}
+    rows = scaling_rows([one, four])
+    assert [(r["n"], r["phase"], r["step_ms"]) for r in rows] == [(1, "fused_step", 60.0), (4, "fused_step", 70.0)]
+    assert rows[1]["mfu"] == pytest.approx(0.60 * 35 / 70)
+    assert rows[1]["efficiency"] == pytest.approx(60 / 70)
+    assert rows[1]["parallel"] == "replicated"
 
 
 def test_two_runs_of_one_point_are_refused() -> None:

@@ -275,8 +275,12 @@ def _overlap(run: Run) -> dict | None:
     o = run.overlap
     if not o or o.get("hidden_share") is None:
         return None
-    return {"communication_ms": o["communication_ms"], "hidden_ms": o["hidden_ms"], "exposed_ms": o["exposed_ms"],
-            "exposed_share": 1 - o["hidden_share"]}
+    out = {"communication_ms": o["communication_ms"], "hidden_ms": o["hidden_ms"], "exposed_ms": o["exposed_ms"],
+           "exposed_share": 1 - o["hidden_share"]}
+    if split := o.get("split"):  # per rank (JAX: per device), the mean over them per measured step
+        for key in ("waiting", "transfer"):
+            out[f"{key}_ms_per_step"] = sum(r[f"{key}_ms_per_step"] for r in split["ranks"]) / len(split["ranks"])
+    return out
 
 
 def _phase_diff(a: Run, b: Run, pair: tuple[str, str, str]) -> PhaseDiff:

@@ -131,10 +131,28 @@ def data_parallel_lines(summary: dict) -> list[str]:
     out += markdown_table(["backend", "rank", "device", "communication ms", "hidden ms", "exposed ms", "hidden"], rows)
     exposed = "; ".join(f"{b} {_share(1 - a['hidden_share'])}" for b, a in overlap.items()
                         if a["hidden_share"] is not None)
+    out += split_lines(summary)
     out += ["", "Communication kernels (NCCL's, XLA's collectives) summed over the measured steps of each rank's "
             "profile: hidden is the part of a stream's communication that runs while compute kernels run on "
             "the device's other streams, exposed the rest, which the step waits for."
             + (f" Exposed share of the communication: {exposed}." if exposed else ""), ""]
+    return out
+
+
+def split_lines(summary: dict) -> list[str]:
+    """Per backend, communication split into transfer and waiting on each rank (JAX: each
+    device), bandwidth per collective kind against the link measured in the run, and the
+    rank that arrived last (`harness.trace.analyses.collectives`)."""
+    from harness.trace.analyses.collectives import format_split
+
+    out = []
+    for backend, a in (summary.get("overlap") or {}).items():
+        if a.get("split"):
+            link = (summary["runs"].get(backend, {}).get("data_parallel") or {}).get("link")
+            out += ["", f"### {backend}: transfer and waiting", "", "```", *format_split(a["split"], link), "```"]
+    if out:
+        out += ["", "Each collective aligned across ranks (the k-th of its kind on each): the part of a rank's "
+                "collective before the last rank's starts is waiting for that rank, the rest transfer."]
     return out
 
 
@@ -166,6 +184,9 @@ def render_markdown(summary: dict) -> str:
                 f"`{old['original']}`.",
                 *(f"- {line[0].upper()}{line[1:]}." for line in [*old["dropped"].values(),
                                                                 *([old["kernels"]] if old.get("kernels") else [])]),
+                ""]
+    if summary.get("per_device_upgrade"):
+        out += [f"Re-rendered: {summary['per_device_upgrade']}; the original is kept as `summary-original.json`.",
                 ""]
     notes = _notes(summary)
     if notes:

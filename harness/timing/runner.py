@@ -56,12 +56,15 @@ class RunOptions:
     wide_layer: int | None = None  # a planted wide block (ModelConfig.wide_layer), for attribution tests
     wide_factor: int = 1
     data_parallel: int = 1  # devices; --batch is per device, the global batch data_parallel x batch
-    parallel: str = "ddp"  # torch: ddp or fsdp; jax: parameters replicated (ddp) or sharded (fsdp)
+    parallel: str = "ddp"  # torch: ddp or fsdp; jax: replicated (ddp), sharded (fsdp), AdamW state sharded (zero1)
+    ddp_bucket_mb: float | None = None  # DDP's bucket_cap_mb (None: DDP's default, 25)
+    ddp_static_graph: bool = False  # DDP's static_graph
+    grad_comm: str = "fp32"  # DDP's gradient all-reduce: fp32, or bf16 (bf16_compress_hook)
+    fsdp_reshard_after_forward: bool = True  # FSDP2: free the gathered parameters after the forward
     hlo_dir: str | None = None  # jax with layer_ranges: write the phases' optimized HLO here
 
 
-# What each figure of a phase record covers, written into every result document.
-FIGURES = {"flops": "per device (the work of --batch rows)", "tflops": "per device", "mfu": "per device",
+FIGURES = {"flops": "per device (the work of --batch rows)", "tflops": "per device", "mfu": "per device",  # covers
            "peak_tflops": "per device", "tokens_per_s": "whole job (N devices x --batch rows)"}
 JAX_LAYERS = ("jax.named_scope per block and sub-module in jax_impl: metadata of the compiled program, joined "
               "to the kernels afterwards; nothing is added to the step")
@@ -101,20 +104,16 @@ def make_session(opts: RunOptions, config: ModelConfig):
         return JaxSession(config, tokens, **common, data_parallel=n, parallel=opts.parallel,
                           layer_ranges=opts.layer_ranges)
     from harness.timing.torch_backend import TorchCompileSession, TorchSession
+    from harness.timing.torch_parallel import distribute, world
 
-    if n > 1:
-        from harness.timing.torch_parallel import world
-
-        rank = world()[0]
-        tokens = tokens[rank * opts.batch:(rank + 1) * opts.batch]
+    rank = world()[0]  # 0 outside a process group
+    tokens = tokens[rank * opts.batch:(rank + 1) * opts.batch]
     if opts.backend == "torch":
         session = TorchSession(config, tokens, **common, optimizer=opts.optimizer)
     else:
         session = TorchCompileSession(config, tokens, **common, optimizer=opts.optimizer, backend=opts.backend)
     if n > 1:
-        from harness.timing.torch_parallel import distribute
-
-        distribute(session, opts.parallel, opts.optimizer)
+        distribute(session, opts)
     return session
 
 
@@ -139,8 +138,8 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
     result = {"schema": SCHEMA, "status": "ok", "error": None, "options": dataclasses.asdict(opts),
               "config": dataclasses.asdict(config), "num_params": config.num_params,
               "flops_formula": FORMULA, "warnings": []}
-    result["options"].pop("fail_in")
-    result["options"].pop("hlo_dir")  # where this process wrote, not how it ran
+    for where in ("fail_in", "hlo_dir"):  # a test's fault, and where this process wrote: not how it ran
+        result["options"].pop(where)
     if opts.warmup == 0:
         result["warnings"].append("--warmup 0: the first measured step includes compilation, autotuning and "
                                   "first allocations (see first_step_ms); use --warmup 2 or more for speed figures")
@@ -217,6 +216,9 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
                      "jax: the allocator's peak_bytes_in_use after the phase (a process-wide high-water mark)"),
         env=environment({"device": device_name or "cpu", **session.versions()}),
     )
+    if opts.data_parallel > 1:  # time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for a host's ranks
+        result["intervals_ns"] = {name: [[int(a * 1e9), int(b * 1e9)] for a, b in spans]
+                                  for name, spans in timer.intervals.items()}
     if overhead and overhead.get("flag"):
         result["warnings"].append(f"instrumentation overhead: {overhead['flag']}")
     if (layers := result.get("layer_ranges")) and layers.get("flag"):

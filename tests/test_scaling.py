@@ -71,3 +71,43 @@ def test_entry_point(tmp_path: Path, capsys) -> None:
     assert scaling.main([str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: RUN.json") and "bad.json" in err[0]
+
+
+def _fit_doc(n: int, step_ms: float, busbw: float | None = 200.0) -> dict:
+    doc = _doc("torch", n, step_ms)
+    doc["num_params"] = 1_000_000_000  # 4 GB of float32 gradients
+    if n > 1 and busbw:
+        doc["data_parallel"]["link"] = {"busbw_gbps": busbw}
+    return doc
+
+
+def test_projection_by_hand(tmp_path: Path, capsys) -> None:
+    """compute 100 ms (N = 1); at N = 2 the all-reduce of 4 GB at 200 GB/s bus takes
+    2(1)/2 x 4e9 / 200e9 = 20 ms and the step 110 ms: half of it hidden. N = 4: 1.5 x 20 =
+    30 ms, 15 exposed, step 115 ms, 100/115 = 87.0%. N = 16 on 2 nodes of 8 at 400 Gbit/s
+    (50 GB/s) per device: 2(7)/8 x 20 = 35 ms inside + 2(1)/2 x 4e9/8 / 50e9 = 10 ms
+    across, 45 ms, 22.5 exposed, step 122.5 ms."""
+    from harness.timing.projection import project
+
+    p = project(_fit_doc(1, 100.0), _fit_doc(2, 110.0), [4, 16], inter_gbps=400.0,
+                measured=[_fit_doc(4, 118.0)])
+    assert p["hidden"] == pytest.approx(0.5)
+    four, sixteen = p["rows"]
+    assert (four["comm_ms"], four["exposed_ms"], four["step_ms"]) == pytest.approx((30.0, 15.0, 115.0))
+    assert four["efficiency"] == pytest.approx(100 / 115) and four["measured_step_ms"] == 118.0
+    assert (sixteen["nodes"], sixteen["comm_ms"], sixteen["step_ms"]) == (2, pytest.approx(45.0),
+                                                                         pytest.approx(122.5))
+    paths = []
+    for i, doc in enumerate([_fit_doc(1, 100.0), _fit_doc(2, 110.0), _fit_doc(4, 118.0)]):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(doc))
+    assert scaling.main([*map(str, paths), "--project", "4,16", "--inter-node-gbps", "400"]) == 0
+    out = capsys.readouterr().out
+    assert "| 4 | 1 | 30.000 | 15.000 | 115.000 | 87.0% | 118.000 | 84.7% |" in out
+    assert "step(N) = compute + (1 - hidden) x comm(N)" in out and "Assumptions:" in out
+    # JAX measures no link: the bandwidth must be given; across nodes, the inter-node one
+    (tmp_path / "nolink.json").write_text(json.dumps(_fit_doc(2, 110.0, busbw=None)))
+    assert scaling.main([str(paths[0]), str(tmp_path / "nolink.json"), "--project", "4"]) == 2
+    assert "--busbw-gbps" in capsys.readouterr().err
+    assert scaling.main([*map(str, paths[:2]), "--project", "16"]) == 2
+    assert "--inter-node-gbps" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from collections import defaultdict
 from harness.common.tables import markdown_table
 from harness.timing.distributed import parallel_label
 
-_SHAPE = ("model", "ctx", "batch", "dtype", "attention", "device")
+SHAPE = ("model", "ctx", "batch", "dtype", "attention", "device")
 
 
 def step_figures(doc: dict) -> tuple[int, str, float, float, float | None]:
@@ -47,11 +47,11 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
         o = doc["options"]
         n, phase, step_ms, tps, mfu = step_figures(doc)
         parallel = parallel_label(o["backend"], o.get("parallel", "ddp"), short=True) if n > 1 else "-"
-        key = (o["backend"], o.get("parallel", "ddp") if n > 1 else None, *(o[k] for k in _SHAPE))
+        key = (o["backend"], o.get("parallel", "ddp") if n > 1 else None, *(o[k] for k in SHAPE))
         if n in groups[key]:
             raise ValueError(f"two runs of {o['backend']} at N = {n} with the same shape; give one of each")
         groups[key][n] = {"backend": o["backend"], "parallel": parallel, "n": n, "phase": phase, "step_ms": step_ms,
-                          "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(_SHAPE, key[2:]))}
+                          "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(SHAPE, key[2:]))}
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], str(k[1]), *map(str, k[2:]))):
         base = groups[key].get(1) or _one_device(groups, key)

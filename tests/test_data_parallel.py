@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +228,19 @@ def test_compare_runs_the_other_backend_after_a_dying_rank(tmp_path: Path) -> No
     message = runs["torch"]["error"]["message"]
     assert message.startswith("rank 1 exited with code 1: XFPROF_DP_KILL_RANK asked rank 1 to exit (rank 0 ")
     assert runs["jax"]["status"] == "ok" and runs["jax"]["data_parallel"]["global_batch"] == 4
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")),
+                    reason="Inductor's CPU backend needs a C++ compiler (c++ or g++ on PATH)")
+def test_torch_compile_under_ddp_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """The torch-compile backend with --data-parallel: torch.compile traces the DDP-wrapped
+    model; both ranks train their rows and report per-device figures."""
+    out = tmp_path / "dp.json"
+    proc = _harness(["harness.run", "--backend", "torch-compile", *TINY, "--data-parallel", "2", "--quiet",
+                     "--out", str(out)], _env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["data_parallel"]["label"] == "DDP" and doc["status"] == "ok"
+    assert doc["ranks"][0]["loss"]["first"] != doc["ranks"][1]["loss"]["first"]
+    for rank in doc["ranks"]:
+        _assert_per_device(rank["phases"], devices=2)

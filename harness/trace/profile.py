@@ -135,6 +135,9 @@ class Profile:
     ranges: list[Range]
     notes: list[str] = field(default_factory=list)  # caveats the report repeats
     api: list[ApiStat] = field(default_factory=list)  # CUDA API calls, where the source records them
+    # Where the timestamps count from (UTC ns): nsys's session start. Reports of several
+    # processes on one host share one clock once each is shifted by its own start.
+    session_start_ns: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernels, KernelTable):

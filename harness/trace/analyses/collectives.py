@@ -85,13 +85,13 @@ def range_ops(ranges: Sequence[Range], phase: str = "backward", kind: str = "all
 
 def _elapsed(ranges: Sequence[Range], t: int) -> dict[str, float]:
     """Per harness phase, ns spent in it from the start of the step holding `t` up to `t`;
-    "(before the step)" is the step's start itself, for comparing across ranks."""
+    "step start" is the step's start itself (a rank that began the step late)."""
     step = next((r for r in ranges if r.name in STEP_RANGES and r.start <= t <= r.end), None)
     if step is None:
         return {}
     out = {p: float(sum(max(0, min(r.end, t) - max(r.start, step.start)) for r in ranges
                         if r.name == p and step.start <= r.start < t)) for p in PHASES}
-    out["(before the step)"] = float(step.start)
+    out["step start"] = float(step.start)
     return out
 
 
@@ -99,7 +99,8 @@ def align(ops: Mapping[int, Sequence[Op]], ranges: Mapping[int, Sequence[Range]]
           bytes_per_step: Mapping[str, float] | None = None, steps: int = 1) -> dict:
     """Transfer and waiting of every rank's collectives (`ops`: rank -> its collectives in
     start order), the rank that arrived last, the phase that made it late (from `ranges`,
-    rank -> its harness ranges, where given) and, with `bytes_per_step` (kind -> bytes one
+    rank -> its harness ranges, where given; `late_ms`: how much longer the last rank had
+    spent in it, mean over the collectives) and, with `bytes_per_step` (kind -> bytes one
     step's collectives of that kind move), bandwidth per kind; times in ms over all
     `steps` measured steps and per step."""
     ranks = sorted(ops)
@@ -112,7 +113,7 @@ def align(ops: Mapping[int, Sequence[Op]], ranges: Mapping[int, Sequence[Range]]
     totals = {r: {"communication": 0.0, "waiting": 0.0, "transfer": 0.0, "last": 0} for r in ranks}
     per_kind = {k: {"count": 0, "transfer": 0.0, "waiting": 0.0} for k in kinds}
     culprits: dict[str, float] = defaultdict(float)
-    notes = []
+    late_count, notes = 0, []
     for kind in kinds:
         counts = [len(by_kind[r][kind]) for r in ranks]
         if len(set(counts)) > 1:
@@ -135,6 +136,7 @@ def align(ops: Mapping[int, Sequence[Op]], ranges: Mapping[int, Sequence[Range]]
             if ranges and n > 1 and arrival > min(op.start for op in group.values()):
                 late = _elapsed(ranges[last], arrival)
                 others = [_elapsed(ranges[r], group[r].start) for r in ranks if r != last]
+                late_count += 1
                 for phase, ns in late.items():
                     culprits[phase] += ns - statistics.median(o.get(phase, ns) for o in others)
     ms = lambda ns: ns / 1e6  # noqa: E731
@@ -160,7 +162,7 @@ def align(ops: Mapping[int, Sequence[Op]], ranges: Mapping[int, Sequence[Range]]
     return {"n": n, "steps": steps, "collectives": aligned, "ranks": rank_rows, "kinds": kind_rows,
             "last_rank": last["rank"] if last and n > 1 else None,
             "last_share": last["last_count"] / aligned if last and n > 1 else None,
-            "late_phase": phase, "late_ms_per_step": ms(culprits[phase]) / steps if phase else None,
+            "late_phase": phase, "late_ms": ms(culprits[phase]) / late_count if phase else None,
             "notes": notes}
 
 
@@ -171,9 +173,10 @@ def _steps(ranges: Sequence[Range]) -> int:
 
 
 def profile_split(profiles: Mapping[int, Profile], bytes_per_step: Mapping[str, float] | None = None) -> dict | None:
-    """`align` over a data-parallel run's profiles: one per torch rank, or JAX's one
-    profile read as one timeline per device (its ranges shared by all). None where fewer
-    than two timelines hold collectives."""
+    """`align` over a data-parallel run's profiles: one per torch rank, each shifted onto
+    the host's clock by its session start (an nsys report counts from its own), or JAX's
+    one profile read as one timeline per device (its ranges shared by all). None where
+    fewer than two timelines hold collectives."""
     if len(profiles) == 1:
         (p,) = profiles.values()
         devices = np.unique(p.kernels.device).tolist()
@@ -181,8 +184,13 @@ def profile_split(profiles: Mapping[int, Profile], bytes_per_step: Mapping[str, 
         ranges = {int(d): p.ranges for d in devices}
         steps = _steps(p.ranges)
     else:
-        ops = {r: kernel_ops(p.kernels, p.ranges) for r, p in profiles.items()}
-        ranges = {r: p.ranges for r, p in profiles.items()}
+        starts = {r: p.session_start_ns for r, p in profiles.items()}
+        known = None not in starts.values()
+        shift = {r: starts[r] - min(starts.values()) if known else 0 for r in profiles}
+        ops = {r: [Op(o.kind, o.start + shift[r], o.end + shift[r]) for o in kernel_ops(p.kernels, p.ranges)]
+               for r, p in profiles.items()}
+        ranges = {r: [Range(x.name, x.start + shift[r], x.end + shift[r], x.thread) for x in p.ranges]
+                  for r, p in profiles.items()}
         steps = _steps(profiles[min(profiles)].ranges)
     if sum(1 for o in ops.values() if o) < 2:
         return None
@@ -213,8 +221,8 @@ def format_split(split: dict, link: dict | None = None) -> list[str]:
         lines.append(f"{k['kind']}: {k['count']} aligned, transfer {k['transfer_ms_per_step']:.3f} ms/step, waiting "
                      f"{k['waiting_ms_per_step']:.3f} ms/step (mean over ranks){bw}")
     if split["last_rank"] is not None:
-        late = (f"; late from its {split['late_phase']} (+{split['late_ms_per_step']:.3f} ms/step against the others' "
-                "median)" if split["late_phase"] else "")
+        late = (f"; late from its {split['late_phase']} (+{split['late_ms']:.3f} ms against the others' median, "
+                "mean over the collectives)" if split["late_phase"] else "")
         lines.append(f"last to arrive: rank {split['last_rank']} in {100 * split['last_share']:.0f}% of the "
                      f"collectives{late}")
     return lines + [f"note: {n}" for n in split["notes"]]

@@ -123,3 +123,21 @@ def test_data_parallel_diff_is_per_device_and_has_no_negative_part() -> None:
     assert all(p.a_ms >= 0 and p.b_ms >= 0 for ph in d.phases for p in ph.parts)
     assert ("per device: torch: rank 0's own profile (one of 2 ranks); jax: the mean of its 2 device timelines "
             "(one process drives them all)") in d.notes
+
+
+def test_real_data_parallel_profiles_diff_without_a_negative_part() -> None:
+    """Torch rank 0's own profile against JAX's one process over two GPUs (the real
+    fixtures of tests/data/dp_small_bf16): the host part is range time with no kernel
+    running on the device, so neither side goes below zero, and JAX's figures are the
+    mean of its two device timelines."""
+    from pathlib import Path
+
+    from harness.diffs.inputs import resolve_one
+
+    data = Path(__file__).parent / "data" / "dp_small_bf16"
+    a, b = resolve_one(data / "torch_dp2.rank0.sqlite.gz"), resolve_one(data / "jax_dp2.sqlite.gz")
+    assert b.doc["data_parallel"]["n"] == 2 and all(p.devices == 2 for p in b.phases.values())
+    d = diff_runs(a, b, force=True)
+    parts = [p for ph in d.phases for p in ph.parts]
+    assert parts and all(p.a_ms >= 0 and p.b_ms >= 0 for p in parts)
+    assert any("jax_dp2: the mean of its 2 device timelines" in n for n in d.notes)

@@ -230,10 +230,12 @@ def add_data_parallel(parser: argparse.ArgumentParser, *, many: bool = False) ->
                              "keeps them for the backward (false: one all-gather fewer per step, more memory)")
 
 
-def data_parallel_argv(args: argparse.Namespace) -> list[str]:
-    """The `add_data_parallel` options of `args` as harness.run arguments (for the runs a
-    compare or a sweep starts), the defaults left out."""
+def data_parallel_argv(args: argparse.Namespace, backend: str) -> list[str]:
+    """The `add_data_parallel` options of `args` as `backend`'s harness.run arguments (for
+    the runs a compare starts), the defaults left out; JAX gets no torch DDP/FSDP2 option."""
     out = ["--data-parallel", str(args.data_parallel), "--parallel", args.parallel]
+    if backend == "jax":
+        return out
     if getattr(args, "ddp_bucket_mb", None):
         out += ["--ddp-bucket-mb", f"{args.ddp_bucket_mb:g}"]
     if getattr(args, "ddp_static_graph", False):

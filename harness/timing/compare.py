@@ -97,7 +97,7 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
     if getattr(args, "layer_ranges", False) and backend not in ("torch-compile", "torch-compile-cg"):
         program.append("--layer-ranges")
     if getattr(args, "data_parallel", 1) > 1:
-        program += data_parallel_argv(args)
+        program += data_parallel_argv(args, backend)
     if args.fail_in and args.fail_in.split(":")[0] == backend:
         program += ["--fail-in", args.fail_in.split(":")[1]]
     profile = None

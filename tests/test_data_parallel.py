@@ -149,6 +149,18 @@ for parallel in ("ddp", "fsdp", "zero1"):
     l2, p2 = parity_step(RunOptions(**{**opts.__dict__, "parallel": parallel}))
     out[parallel] = {"loss": [l1, l2], "max_abs": max(float(np.max(np.abs(p1[k] - p2[k]))) for k in p1),
                      "moved": moved, "same_keys": p1.keys() == p2.keys()}
+    # two more split steps: the update compiled once, handing back the layouts it was given
+    import jax
+    from harness.config import get_config
+    from harness.timing.runner import make_session
+    s = make_session(RunOptions(**{**opts.__dict__, "parallel": parallel}), get_config("tiny"))
+    before = [x.sharding for x in jax.tree.leaves((s.state, s.opt_state))]
+    for _ in range(2):
+        s.forward(); s.backward(); s.optimizer_step()
+    out[parallel]["update_compiles"] = s._update._cache_size()
+    out[parallel]["layouts_kept"] = before == [x.sharding for x in jax.tree.leaves((s.state, s.opt_state))]
+    out[parallel]["moments_split"] = any(len(x.sharding.device_set) == 2 and not x.sharding.is_fully_replicated
+                                         for x in jax.tree.leaves(s.opt_state))
 print(json.dumps(out))
 """
 
@@ -172,6 +184,8 @@ def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
         assert r["same_keys"], parallel
         np.testing.assert_allclose(r["loss"][1], r["loss"][0], rtol=1e-6, err_msg=parallel)
         assert r["max_abs"] < 1e-5 < 1e-4 < r["moved"], parallel
+        assert r["update_compiles"] == 1 and r["layouts_kept"], parallel
+        assert r["moments_split"] == (parallel != "ddp"), parallel  # zero1 and fsdp split the AdamW state
 
 
 def test_jax_without_host_devices_is_one_line() -> None:

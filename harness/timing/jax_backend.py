@@ -103,13 +103,13 @@ class JaxSession:
             params_at = shard_params(params, mesh) if parallel == "fsdp" else NamedSharding(mesh, P())
         self.state = jax.device_put(params, params_at)
         self.tx = jax_impl.adamw()
-        # The moments follow the parameters' shardings (zeros_like keeps them); zero1 splits
-        # them along the data axis while the parameters stay whole on every device.
+        # The AdamW state on the mesh: replicated, or (fsdp, zero1) split like `shard_params`
+        # splits the parameters (its step count replicated), the parameters whole on every
+        # device under zero1.
         self.opt_state = self.tx.init(self.state)
-        if parallel == "zero1" and data_parallel > 1:
-            self.opt_state = jax.device_put(self.opt_state, shard_params(self.opt_state, mesh))
-        elif parallel != "fsdp":
-            self.opt_state = jax.device_put(self.opt_state, params_at)
+        if data_parallel > 1:
+            self.opt_state = jax.device_put(self.opt_state, shard_params(self.opt_state, mesh)
+                                            if parallel in ("fsdp", "zero1") else params_at)
         batch = jax.device_put(jnp.asarray(tokens, dtype=jnp.int32), batch_at)
         self.inputs, self.targets = batch[:, :-1], batch[:, 1:]
         self._vjp = None

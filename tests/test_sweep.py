@@ -590,3 +590,16 @@ def test_best_mfu_ranks_per_device_and_regime_is_judged_on_one_device() -> None:
     assert [(b["data_parallel"], b["mfu"]) for b in best] == [(1, 0.385)]
     assert regime(row(1, 0.385, 380.0)) == "compute-bound"
     assert regime(row(4, 0.321, 317.0)).startswith("not judged")
+
+
+def test_ddp_options_reach_the_torch_cells_only() -> None:
+    from harness.sweeps.records import Cell
+    from harness.sweeps.runner import cell_command
+
+    opts = {"attention": "naive", "warmup": 1, "steps": 2, "device": "cuda", "mode": "train", "optimizer": "fused",
+            "batch": 4, "parallel": "ddp", "ddp_bucket_mb": 100.0, "ddp_static_graph": True, "grad_comm": "bf16"}
+    torch_cmd = cell_command(Cell("large", 1024, "torch", "bf16", data_parallel=4), opts, "o.json")
+    jax_cmd = cell_command(Cell("large", 1024, "jax", "bf16", data_parallel=4), opts, "o.json")
+    assert " ".join(torch_cmd).endswith("--data-parallel 4 --parallel ddp --ddp-bucket-mb 100 --ddp-static-graph "
+                                        "--grad-comm bf16")
+    assert "--ddp-bucket-mb" not in jax_cmd and jax_cmd[-4:] == ["--data-parallel", "4", "--parallel", "ddp"]

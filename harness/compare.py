@@ -130,10 +130,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         select_platform(args)
         args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "compare")
         if args.data_parallel > 1:
-            from harness.timing.distributed import check_devices
+            from harness.timing.distributed import check_devices, parallel_problem
 
             for backend in args.backend:
                 check_devices(backend, args.device, args.data_parallel)
+                # JAX's runs leave out torch's DDP/FSDP2 options (data_parallel_argv)
+                if backend != "jax" and (problem := parallel_problem(
+                        backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph, args.grad_comm,
+                        args.fsdp_reshard_after_forward)):
+                    raise UsageError(problem)
         if problem := dir_problem(args.out, "--out"):
             raise UsageError(problem)
         args.profiler = profiler(args)

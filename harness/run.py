@@ -93,6 +93,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     opts = {k: v for k, v in vars(args).items() if k in fields}
     if args.wide_layer is None:
         opts["wide_factor"] = 1
+    opts["fsdp_reshard_after_forward"] = args.fsdp_reshard_after_forward == "true"
     if args.layer_ranges and args.backend == "jax" and args.out:
         opts["hlo_dir"] = str(hlo_dir(args.out))  # the report joins kernels to layers through it
     return RunOptions(**opts)
@@ -121,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")
         if args.out and (problem := file_problem(args.out, "--out")):
             raise UsageError(problem)
+        from harness.timing.distributed import parallel_problem
+
         if args.data_parallel > 1:
             from harness.timing.distributed import check_devices
 
@@ -128,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError("--annotate-attention synchronizes inside attention, which stalls the other ranks; "
                                  "drop it or use --data-parallel 1")
             check_devices(args.backend, args.device, args.data_parallel)
+        if problem := parallel_problem(args.backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph,
+                                       args.grad_comm, args.fsdp_reshard_after_forward):
+            raise UsageError(problem)
         if args.nsys_ranks and (args.data_parallel == 1 or args.backend == "jax"):
             raise UsageError("--nsys-ranks profiles torch's ranks of --data-parallel 2 or more; for one process "
                              "run nsys profile around harness.run")

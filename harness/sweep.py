@@ -138,10 +138,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError("--gpus runs cells on GPUs; drop it for --device cpu")
         if args.gpus and max(args.data_parallel) > 1:
             raise UsageError("--gpus runs one-GPU cells side by side; drop it with --data-parallel above 1")
-        from harness.timing.distributed import check_devices
+        from harness.timing.distributed import check_devices, parallel_problem
 
         for backend in args.backend:
             check_devices(backend, args.device, max(args.data_parallel))
+            # JAX's cells leave out torch's DDP/FSDP2 options (data_parallel_argv)
+            if backend != "jax" and (problem := parallel_problem(
+                    backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph, args.grad_comm,
+                    args.fsdp_reshard_after_forward)):
+                raise UsageError(problem)
         opts = {k: getattr(args, k) for k in FIXED}
         opts["batch"] = args.batch[0]
         axes = {"models": args.model, "ctx": args.ctx, "batches": args.batch, "backends": args.backend,

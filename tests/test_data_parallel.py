@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,22 @@ def test_torch_two_gloo_ranks_end_to_end(tmp_path: Path) -> None:
     assert "straggler" in proc.stdout and "global batch 4" in proc.stdout
     # both ranks trained on different rows of the global batch
     assert doc["ranks"][0]["loss"]["first"] != doc["ranks"][1]["loss"]["first"]
+    for rank in doc["ranks"]:
+        _assert_per_device(rank["phases"], devices=2)
+
+
+def _assert_per_device(phases: dict, devices: int) -> None:
+    """TFLOP/s of every phase: one device's work (the FLOPs of --batch 2 rows, not of the
+    global 4) over the phase's median; tokens/s: the whole job's rows."""
+    from harness.config import get_config
+    from harness.timing.flops import phase_flops
+
+    work = phase_flops(get_config("tiny"), 2, 16)
+    for name, p in phases.items():
+        assert p["flops"] == work[name], name
+        rate = work[name] / (p["median_ms"] / 1e3) / 1e12 if work[name] else None
+        assert p["tflops"] == pytest.approx(rate, rel=1e-12), name
+        assert p["tokens_per_s"] == pytest.approx(devices * 2 * 16 / (p["median_ms"] / 1e3), rel=1e-12), name
 
 
 def test_worker_environment_keeps_every_variable(monkeypatch) -> None:
@@ -128,10 +145,22 @@ from tests.test_data_parallel import _one_device_step
 out = {}
 opts = RunOptions(backend="jax", model="tiny", ctx=16, batch=2, data_parallel=2)
 l1, p1, moved = _one_device_step(opts)
-for parallel in ("ddp", "fsdp"):
+for parallel in ("ddp", "fsdp", "zero1"):
     l2, p2 = parity_step(RunOptions(**{**opts.__dict__, "parallel": parallel}))
     out[parallel] = {"loss": [l1, l2], "max_abs": max(float(np.max(np.abs(p1[k] - p2[k]))) for k in p1),
                      "moved": moved, "same_keys": p1.keys() == p2.keys()}
+    # two more split steps: the update compiled once, handing back the layouts it was given
+    import jax
+    from harness.config import get_config
+    from harness.timing.runner import make_session
+    s = make_session(RunOptions(**{**opts.__dict__, "parallel": parallel}), get_config("tiny"))
+    before = [x.sharding for x in jax.tree.leaves((s.state, s.opt_state))]
+    for _ in range(2):
+        s.forward(); s.backward(); s.optimizer_step()
+    out[parallel]["update_compiles"] = s._update._cache_size()
+    out[parallel]["layouts_kept"] = before == [x.sharding for x in jax.tree.leaves((s.state, s.opt_state))]
+    out[parallel]["moments_split"] = any(len(x.sharding.device_set) == 2 and not x.sharding.is_fully_replicated
+                                         for x in jax.tree.leaves(s.opt_state))
 print(json.dumps(out))
 """
 
@@ -146,6 +175,8 @@ def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
     assert doc["data_parallel"]["global_batch"] == 4
     assert doc["data_parallel"]["step_ms"] == doc["phases"]["step"]["median_ms"]
     assert doc["phases"]["step"]["tokens_per_s"] == pytest.approx(4 * 16 / (doc["phases"]["step"]["median_ms"] / 1e3))
+    _assert_per_device(doc["phases"], devices=2)  # one device's work, not the sum over two
+    assert doc["figures"]["tflops"] == "per device"
     proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -153,6 +184,8 @@ def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
         assert r["same_keys"], parallel
         np.testing.assert_allclose(r["loss"][1], r["loss"][0], rtol=1e-6, err_msg=parallel)
         assert r["max_abs"] < 1e-5 < 1e-4 < r["moved"], parallel
+        assert r["update_compiles"] == 1 and r["layouts_kept"], parallel
+        assert r["moments_split"] == (parallel != "ddp"), parallel  # zero1 and fsdp split the AdamW state
 
 
 def test_jax_without_host_devices_is_one_line() -> None:
@@ -209,3 +242,19 @@ def test_compare_runs_the_other_backend_after_a_dying_rank(tmp_path: Path) -> No
     message = runs["torch"]["error"]["message"]
     assert message.startswith("rank 1 exited with code 1: XFPROF_DP_KILL_RANK asked rank 1 to exit (rank 0 ")
     assert runs["jax"]["status"] == "ok" and runs["jax"]["data_parallel"]["global_batch"] == 4
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")),
+                    reason="Inductor's CPU backend needs a C++ compiler (c++ or g++ on PATH)")
+def test_torch_compile_under_ddp_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """The torch-compile backend with --data-parallel: torch.compile traces the DDP-wrapped
+    model; both ranks train their rows and report per-device figures."""
+    out = tmp_path / "dp.json"
+    proc = _harness(["harness.run", "--backend", "torch-compile", *TINY, "--data-parallel", "2", "--quiet",
+                     "--out", str(out)], _env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["data_parallel"]["label"] == "DDP" and doc["status"] == "ok"
+    assert doc["ranks"][0]["loss"]["first"] != doc["ranks"][1]["loss"]["first"]
+    for rank in doc["ranks"]:
+        _assert_per_device(rank["phases"], devices=2)

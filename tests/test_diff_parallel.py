@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harness.diffs.decompose import COMMUNICATION, HOST, diff_runs
 from harness.diffs.inputs import KernelRow, PhaseProfile, Run
 from harness.diffs.render import render_markdown, sentences
@@ -74,3 +76,68 @@ def test_compare_folder_overlap_reaches_the_run(tmp_path) -> None:
                                                        "overlap": {"torch": _overlap(4.0, 1.0)}}))
     assert resolve_one(f"{tmp_path}:torch").overlap == _overlap(4.0, 1.0)
     assert resolve_one(f"{tmp_path}:jax").overlap is None
+
+
+def _profile(label: str, kernels: list, steps: int = 2):
+    """Ranges of `steps` steps 100 ns apart (forward [0,40), backward [40,90), optimizer
+    [90,100) of each) after a warm-up range; `kernels` (name, start, end, device, stream)
+    repeat in every step."""
+    from harness.trace.profile import Kernel, Profile, Range
+
+    ranges, ks = [Range("warmup", -50, -1)], [Kernel(GEMM, -40, -30, 0, 7)]
+    for s in range(steps):
+        t = 100 * s
+        ranges += [Range("step", t, t + 100), Range("forward", t, t + 40), Range("backward", t + 40, t + 90),
+                   Range("optimizer", t + 90, t + 100)]
+        ks += [Kernel(name, t + a, t + b, dev, stream) for name, a, b, dev, stream in kernels]
+    return Profile(label, label, "nsys", ks, ranges)
+
+
+def test_data_parallel_diff_is_per_device_and_has_no_negative_part() -> None:
+    """Torch rank 0 with NCCL on its own stream beside the backward's GEMMs, against JAX's
+    one process over two devices: host time is range minus the union of the kernels, the
+    communication part its exposed share, and JAX's figures the mean of its two devices."""
+    from harness.diffs.inputs import _phase
+    from harness.trace.analyses.breakdown import breakdown
+
+    ew = "vectorized_elementwise_kernel"
+    torch_prof = _profile("torch", [(GEMM, 0, 30, 0, 7), (GEMM, 40, 80, 0, 7), (NCCL, 50, 88, 0, 13),
+                                    (ew, 90, 95, 0, 7)])
+    jax_prof = _profile("jax", [(k, a, b, dev, 7) for dev in (0, 1) for k, a, b in
+                                ((GEMM, 0, 30), (GEMM, 40, 70), (NCCL, 70, 80), (ew, 90, 95))])
+    runs = []
+    for prof, backend in ((torch_prof, "torch"), (jax_prof, "jax")):
+        phases = {name: _phase(p) for name, p in breakdown(prof).phases.items()}
+        doc = {"options": {"model": "tiny", "ctx": 16, "batch": 2, "dtype": "bf16", "mode": "train",
+                           "backend": backend}, "env": {"device": "NVIDIA H200"}, "data_parallel": {"n": 2}}
+        runs.append(Run(backend, backend, doc, phases))
+    back = runs[1].phases["backward"]
+    assert (back.devices, back.gpu_ns, back.busy_ns) == (2, 40, 40)  # per device, not 80 summed over two
+    d = diff_runs(*runs)
+    parts = {p.name: p for p in d.phase("backward").parts}
+    # torch: range 50, kernels 40 + 38 = 78 but their union [40,88) 48: host 2 (the kernel sum gave -28);
+    # NCCL [50,88) under the GEMM [40,80) for 30 of its 38 ns: 8 exposed. JAX: union 40 of 50: host 10.
+    assert (parts[HOST].a_ms, parts[HOST].b_ms) == (2e-6, 10e-6)
+    # float64 ns / 1e6 after a subtraction: equal to ~1e-16 relative
+    assert (parts[COMMUNICATION].a_ms, parts[COMMUNICATION].b_ms) == pytest.approx((8e-6, 10e-6), rel=1e-12)
+    assert all(p.a_ms >= 0 and p.b_ms >= 0 for ph in d.phases for p in ph.parts)
+    assert ("per device: torch: rank 0's own profile (one of 2 ranks); jax: the mean of its 2 device timelines "
+            "(one process drives them all)") in d.notes
+
+
+def test_real_data_parallel_profiles_diff_without_a_negative_part() -> None:
+    """Torch rank 0's own profile against JAX's one process over two GPUs (the real
+    fixtures of tests/data/dp_small_bf16): the host part is range time with no kernel
+    running on the device, so neither side goes below zero, and JAX's figures are the
+    mean of its two device timelines."""
+    from pathlib import Path
+
+    from harness.diffs.inputs import resolve_one
+
+    data = Path(__file__).parent / "data" / "dp_small_bf16"
+    a, b = resolve_one(data / "torch_dp2.rank0.sqlite.gz"), resolve_one(data / "jax_dp2.sqlite.gz")
+    assert b.doc["data_parallel"]["n"] == 2 and all(p.devices == 2 for p in b.phases.values())
+    d = diff_runs(a, b, force=True)
+    parts = [p for ph in d.phases for p in ph.parts]
+    assert parts and all(p.a_ms >= 0 and p.b_ms >= 0 for p in parts)
+    assert any("jax_dp2: the mean of its 2 device timelines" in n for n in d.notes)

@@ -145,3 +145,50 @@ def test_compare_without_ctx_names_ctx_and_render(capsys):
     assert compare.main(["--model", "tiny", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "error: --ctx is required (or --render FOLDER to re-render a result folder)"
+
+
+def _dp_run(backend: str, times: list[float], flops: int, tokens: int, peak: float) -> dict:
+    """A data-parallel run document as written before per-device figures (2 devices,
+    --batch 4, ctx 256): JAX's FLOPs and peak summed over its devices, a torch rank's
+    tokens/s over its own rows."""
+    from harness.common.stats import summarize
+
+    rec = {**summarize(times), "times_ms": times, "flops": flops, "peak_memory_bytes": None}
+    seconds = rec["median_ms"] / 1e3
+    rec.update(tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12, mfu=flops / seconds / 1e12 / peak)
+    doc = _old_run(backend, times, 1.0)
+    doc.update(phases={"backward": rec}, peak_tflops=peak, overhead=None,
+               data_parallel={"n": 2, "parallel": "ddp", "step_ms": 70.0, "global_batch": 8, "tokens_per_s": 1.0,
+                              "ranks": [{"rank": 0}], "note": "one process", "spread": {}})
+    doc["options"]["data_parallel"] = 2
+    if backend == "torch":
+        doc["ranks"] = [{"rank": r, "phases": {"backward": dict(rec)}, "loss": doc["loss"]} for r in (0, 1)]
+    return doc
+
+
+def test_data_parallel_folder_from_before_per_device_figures_is_upgraded(tmp_path):
+    folder = tmp_path / "large-ctx256-bf16-ddp2-h200"
+    folder.mkdir()
+    summary = _old_summary()
+    summary["runs"] = {"torch": _dp_run("torch", TORCH_BACKWARD, FLOPS, 4 * 256, PEAK),
+                       "jax": _dp_run("jax", JAX_BACKWARD, 2 * FLOPS, 8 * 256, 2 * PEAK)}
+    summary["data_parallel"] = {"n": 2, "parallel": "ddp"}
+    summary["parity"]["tolerances"] = {"jax": {"loss": 0.01}}  # today's form: one table per backend
+    (folder / "summary.json").write_text(json.dumps(summary))
+    assert compare.main(["--render", str(folder)]) == 0
+    new = json.loads((folder / "summary.json").read_text())
+    jax, torch = new["runs"]["jax"], new["runs"]["torch"]
+    med_t, med_j = np.median(TORCH_BACKWARD), np.median(JAX_BACKWARD)
+    assert jax["peak_tflops"] == PEAK and jax["phases"]["backward"]["flops"] == FLOPS
+    assert jax["phases"]["backward"]["tflops"] == pytest.approx(FLOPS / (med_j / 1e3) / 1e12, rel=1e-12)
+    assert jax["phases"]["backward"]["mfu"] == pytest.approx(FLOPS / (med_j / 1e3) / 1e12 / PEAK, rel=1e-12)
+    assert torch["phases"]["backward"]["tokens_per_s"] == pytest.approx(8 * 256 / (med_t / 1e3), rel=1e-12)
+    assert torch["ranks"][1]["phases"]["backward"]["tokens_per_s"] == pytest.approx(8 * 256 / (med_t / 1e3))
+    assert new["table"][0]["jax"]["tflops"] == jax["phases"]["backward"]["tflops"]
+    report = (folder / "report.md").read_text()
+    assert "per-device figures recomputed" in report and "jax TFLOP/s per device" in report
+    assert "data-parallel 2 (replicated (parameters and AdamW state on every device))" in report
+    assert "data-parallel 2 (DDP)" in report
+    assert (folder / "summary-original.json").exists()
+    first = (folder / "summary.json").read_bytes()
+    assert compare.main(["--render", str(folder)]) == 0 and (folder / "summary.json").read_bytes() == first

@@ -34,8 +34,25 @@ def test_efficiency_by_hand() -> None:
     assert by_n[4]["efficiency"] == pytest.approx(100 / 160)
     assert rows[0]["efficiency"] is None  # jax has no N = 1 run
     text = format_scaling(rows)
-    assert "| torch | large ctx 1024 batch 4/device bf16 naive cuda | ddp | 4 | 160.000 | 102400 | 62.5% |" in text
-    assert "| jax | large ctx 1024 batch 4/device bf16 naive cuda | ddp | 2 | 100.000 | 81920 | - |" in text
+    assert "| torch | large ctx 1024 batch 4/device bf16 naive cuda | DDP | 4 | step | 160.000 | 102400 | - | 62.5% |" \
+        in text
+    assert "| jax | large ctx 1024 batch 4/device bf16 naive cuda | replicated | 2 | step | 100.000 | 81920 | - | - |" \
+        in text
+
+
+def test_jax_takes_its_fused_step_and_mfu_is_per_device() -> None:
+    """JAX's fused step, where faster, is its step; MFU is one device's FLOPs over the
+    slowest device's step against one device's peak, whatever N."""
+    one, four = _doc("jax", 1, 90.0), _doc("jax", 4, 130.0)
+    one["phases"]["fused_step"] = {"median_ms": 60.0, "mfu": 0.40}
+    # the fused step's own median 35 ms at MFU 0.6 (FLOPs/0.035 s), paced by the slowest device's 70 ms
+    four["phases"]["fused_step"] = {"median_ms": 35.0, "mfu": 0.60}
+    four["data_parallel"]["spread"] = {"step": {"max_ms": 130.0}, "fused_step": {"max_ms": 70.0}}
+    rows = scaling_rows([one, four])
+    assert [(r["n"], r["phase"], r["step_ms"]) for r in rows] == [(1, "fused_step", 60.0), (4, "fused_step", 70.0)]
+    assert rows[1]["mfu"] == pytest.approx(0.60 * 35 / 70)
+    assert rows[1]["efficiency"] == pytest.approx(60 / 70)
+    assert rows[1]["parallel"] == "replicated"
 
 
 def test_two_runs_of_one_point_are_refused() -> None:
@@ -54,3 +71,43 @@ def test_entry_point(tmp_path: Path, capsys) -> None:
     assert scaling.main([str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: RUN.json") and "bad.json" in err[0]
+
+
+def _fit_doc(n: int, step_ms: float, busbw: float | None = 200.0) -> dict:
+    doc = _doc("torch", n, step_ms)
+    doc["num_params"] = 1_000_000_000  # 4 GB of float32 gradients
+    if n > 1 and busbw:
+        doc["data_parallel"]["link"] = {"busbw_gbps": busbw}
+    return doc
+
+
+def test_projection_by_hand(tmp_path: Path, capsys) -> None:
+    """compute 100 ms (N = 1); at N = 2 the all-reduce of 4 GB at 200 GB/s bus takes
+    2(1)/2 x 4e9 / 200e9 = 20 ms and the step 110 ms: half of it hidden. N = 4: 1.5 x 20 =
+    30 ms, 15 exposed, step 115 ms, 100/115 = 87.0%. N = 16 on 2 nodes of 8 at 400 Gbit/s
+    (50 GB/s) per device: 2(7)/8 x 20 = 35 ms inside + 2(1)/2 x 4e9/8 / 50e9 = 10 ms
+    across, 45 ms, 22.5 exposed, step 122.5 ms."""
+    from harness.timing.projection import project
+
+    p = project(_fit_doc(1, 100.0), _fit_doc(2, 110.0), [4, 16], inter_gbps=400.0,
+                measured=[_fit_doc(4, 118.0)])
+    assert p["hidden"] == pytest.approx(0.5)
+    four, sixteen = p["rows"]
+    assert (four["comm_ms"], four["exposed_ms"], four["step_ms"]) == pytest.approx((30.0, 15.0, 115.0))
+    assert four["efficiency"] == pytest.approx(100 / 115) and four["measured_step_ms"] == 118.0
+    assert (sixteen["nodes"], sixteen["comm_ms"], sixteen["step_ms"]) == (2, pytest.approx(45.0),
+                                                                         pytest.approx(122.5))
+    paths = []
+    for i, doc in enumerate([_fit_doc(1, 100.0), _fit_doc(2, 110.0), _fit_doc(4, 118.0)]):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(doc))
+    assert scaling.main([*map(str, paths), "--project", "4,16", "--inter-node-gbps", "400"]) == 0
+    out = capsys.readouterr().out
+    assert "| 4 | 1 | 30.000 | 15.000 | 115.000 | 87.0% | 118.000 | 84.7% |" in out
+    assert "step(N) = compute + (1 - hidden) x comm(N)" in out and "Assumptions:" in out
+    # JAX measures no link: the bandwidth must be given; across nodes, the inter-node one
+    (tmp_path / "nolink.json").write_text(json.dumps(_fit_doc(2, 110.0, busbw=None)))
+    assert scaling.main([str(paths[0]), str(tmp_path / "nolink.json"), "--project", "4"]) == 2
+    assert "--busbw-gbps" in capsys.readouterr().err
+    assert scaling.main([*map(str, paths[:2]), "--project", "16"]) == 2
+    assert "--inter-node-gbps" in capsys.readouterr().err

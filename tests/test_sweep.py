@@ -447,7 +447,7 @@ def test_batch_axis_runs_each_batch_and_records_its_oom(tmp_path, capsys) -> Non
     assert report.startswith("# Sweep: batch 1, 2,")
     assert "| tiny | 16 | 2 | OOM | OOM | OOM | OOM |" in report  # the batch column
     ok = records["tiny:16:torch:fp32"]["result"]["phases"]["step"]
-    assert _row(report, "torch", "fp32", "tiny", "16", "1", "step", "-", f"{ok['tflops']:.2f}")
+    assert _row(report, "torch", "fp32", "tiny", "16", "1", "1", "step", "-", f"{ok['tflops']:.2f}")
     with open(os.path.join(out, "cells.csv")) as f:
         assert sorted(r["batch"] for r in csv.DictReader(f)) == ["1", "2"]
 
@@ -469,7 +469,7 @@ def test_best_cell_per_backend_is_the_fastest_whole_step(rendered: dict, h200: d
     jax_bf16 = next(b for b in h200["data"]["best"] if (b["backend"], b["dtype"]) == ("jax", "bf16"))
     assert (jax_bf16["model"], jax_bf16["ctx"], jax_bf16["batch"], jax_bf16["phase"]) == ("large", 1024, 4,
                                                                                           "fused_step")
-    assert f"| jax | bf16 | large | 1024 | 4 | fused_step | {100 * jax_bf16['mfu']:.1f}% |" in h200["report"]
+    assert f"| jax | bf16 | large | 1024 | 4 | 1 | fused_step | {100 * jax_bf16['mfu']:.1f}% |" in h200["report"]
 
 
 def test_a_cell_that_was_not_run_never_reads_oom(tmp_path) -> None:
@@ -568,8 +568,8 @@ def test_data_parallel_axis_renders_the_scaling_table(tmp_path) -> None:
     with open(os.path.join(out, "report.md")) as f:
         report = f.read()
     assert "## Scaling over devices" in report
-    assert _row(report, "torch", "tiny ctx 16 batch 1/device fp32 naive cpu", "ddp", "2", f"{step2:.3f}",
-                f"{tps2:.0f}", f"{100 * tps2 / (2 * tps1):.1f}%")
+    assert _row(report, "torch", "tiny ctx 16 batch 1/device fp32 naive cpu", "DDP", "2", "step", f"{step2:.3f}",
+                f"{tps2:.0f}", "-", f"{100 * tps2 / (2 * tps1):.1f}%")
     assert _row(report, "torch", "tiny ctx 16 batch 1/device fp32 naive cpu", "-", "1")
     assert "| tiny | 16 | 2 |" in report  # the N column of the phase tables
     with open(os.path.join(out, "cells.csv")) as f:
@@ -633,3 +633,32 @@ def test_time_colours_follow_the_backend_over_two_batches(rendered: dict) -> Non
         for line in ax.get_lines():
             colours.setdefault(line.get_label().split()[0], set()).add(line.get_color())
         assert all(len(c) == 1 for c in colours.values()) and len(set.union(*colours.values())) == len(colours)
+
+
+def test_best_mfu_ranks_per_device_and_regime_is_judged_on_one_device() -> None:
+    """The issue's case: JAX at N=4 had the larger summed TFLOP/s but the lower MFU per
+    device (32.1% against 38.5% at N=1); the best cell is the N=1 one, and N is shown."""
+    from harness.sweeps.analysis import best_rows, regime
+
+    def row(n: int, mfu: float, tflops: float) -> dict:
+        return {"backend": "jax", "dtype": "bf16", "model": "large", "ctx": 1024, "batch": 4, "data_parallel": n,
+                "key": f"n{n}", "status": "ok", "step": None, "bwd_over_fwd": 2.74,
+                "fused_step": {"tflops": tflops, "mfu": mfu, "tokens_per_s": 1.0, "median_ms": 1.0}}
+
+    best = best_rows([row(1, 0.385, 380.0), row(4, 0.321, 317.0)])
+    assert [(b["data_parallel"], b["mfu"]) for b in best] == [(1, 0.385)]
+    assert regime(row(1, 0.385, 380.0)) == "compute-bound"
+    assert regime(row(4, 0.321, 317.0)).startswith("not judged")
+
+
+def test_ddp_options_reach_the_torch_cells_only() -> None:
+    from harness.sweeps.records import Cell
+    from harness.sweeps.runner import cell_command
+
+    opts = {"attention": "naive", "warmup": 1, "steps": 2, "device": "cuda", "mode": "train", "optimizer": "fused",
+            "batch": 4, "parallel": "ddp", "ddp_bucket_mb": 100.0, "ddp_static_graph": True, "grad_comm": "bf16"}
+    torch_cmd = cell_command(Cell("large", 1024, "torch", "bf16", data_parallel=4), opts, "o.json")
+    jax_cmd = cell_command(Cell("large", 1024, "jax", "bf16", data_parallel=4), opts, "o.json")
+    assert " ".join(torch_cmd).endswith("--data-parallel 4 --parallel ddp --ddp-bucket-mb 100 --ddp-static-graph "
+                                        "--grad-comm bf16")
+    assert "--ddp-bucket-mb" not in jax_cmd and jax_cmd[-4:] == ["--data-parallel", "4", "--parallel", "ddp"]

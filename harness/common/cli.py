@@ -24,7 +24,8 @@ DEVICES = ("cuda", "cpu")
 # The torch backends' AdamW: torch_impl.AdamW foreach, the same under torch.compile, the per-parameter loop.
 OPTIMIZERS = ("foreach", "foreach-compiled", "fused", "loop")
 # Data-parallel flavours: torch DDP or FSDP2; JAX parameters replicated or sharded to match.
-PARALLEL = ("ddp", "fsdp")
+PARALLEL = ("ddp", "fsdp", "zero1")
+GRAD_COMM = ("fp32", "bf16")
 
 
 class UsageError(argparse.ArgumentTypeError):
@@ -104,6 +105,16 @@ def non_negative_float(value: str) -> float:
         number = float("nan")
     if not number >= 0:
         raise UsageError(f"expected a number >= 0, got {value!r}")
+    return number
+
+
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not number > 0:
+        raise UsageError(f"expected a number > 0, got {value!r}")
     return number
 
 
@@ -204,7 +215,36 @@ def add_data_parallel(parser: argparse.ArgumentParser, *, many: bool = False) ->
                              "batch over N devices of one process; --batch is per device (global batch N x batch)")
     parser.add_argument("--parallel", type=choice("parallel", PARALLEL), default="ddp",
                         help=f"{', '.join(PARALLEL)}: torch DistributedDataParallel or FSDP2 fully_shard; JAX "
-                             "parameters replicated or sharded along their first axis N divides")
+                             "parameters replicated, or sharded along their first axis N divides (with their AdamW "
+                             "state), or (zero1, JAX only) replicated with the AdamW state sharded")
+    parser.add_argument("--ddp-bucket-mb", type=positive_float, default=None, metavar="MB",
+                        help="torch DDP: gradient bucket size (bucket_cap_mb); None: DDP's default, 25")
+    parser.add_argument("--ddp-static-graph", action="store_true",
+                        help="torch DDP: static_graph=True (the same parameters used every step)")
+    parser.add_argument("--grad-comm", type=choice("grad-comm", GRAD_COMM), default="fp32",
+                        help=f"{', '.join(GRAD_COMM)}: torch DDP's gradient all-reduce in float32, or in bf16 "
+                             "(bf16_compress_hook: half the bytes, bf16 rounding of the summed gradients)")
+    parser.add_argument("--fsdp-reshard-after-forward", type=choice("fsdp-reshard-after-forward", ("true", "false")),
+                        default="true",
+                        help="true, false: torch FSDP2 frees the gathered parameters after the forward (true) or "
+                             "keeps them for the backward (false: one all-gather fewer per step, more memory)")
+
+
+def data_parallel_argv(args: argparse.Namespace, backend: str) -> list[str]:
+    """The `add_data_parallel` options of `args` as `backend`'s harness.run arguments (for
+    the runs a compare starts), the defaults left out; JAX gets no torch DDP/FSDP2 option."""
+    out = ["--data-parallel", str(args.data_parallel), "--parallel", args.parallel]
+    if backend == "jax":
+        return out
+    if getattr(args, "ddp_bucket_mb", None):
+        out += ["--ddp-bucket-mb", f"{args.ddp_bucket_mb:g}"]
+    if getattr(args, "ddp_static_graph", False):
+        out.append("--ddp-static-graph")
+    if getattr(args, "grad_comm", "fp32") != "fp32":
+        out += ["--grad-comm", args.grad_comm]
+    if getattr(args, "fsdp_reshard_after_forward", "true") != "true":
+        out += ["--fsdp-reshard-after-forward", args.fsdp_reshard_after_forward]
+    return out
 
 
 def add_nsys_bin(parser: argparse.ArgumentParser) -> None:

@@ -5,9 +5,12 @@ against the other's step when only one side has it), the whole is the gap betwee
 medians of the harness timer (without a run document: of the profile's range times).
 With a profile on both sides the gap is split into
 
-1. host: range time not covered by GPU work (range - sum of kernel times), with the
-   kernel-launch calls per step and the host time per call where the export has them;
+1. host: range time during which no kernel runs (range - the union of the kernels'
+   intervals over every stream; never negative), with the kernel-launch calls per step
+   and the host time per call where the export has them;
 2. GPU time per category group (`GROUPS`), with the kernels that moved most in each;
+   communication counts only its exposed part, since the part hidden under compute on
+   other streams costs the step nothing beyond the compute it runs beside;
 
 and, where both runs recorded layers, the forward's and backward's GPU time per layer
 and per kind of layer (`harness.diffs.layers`), a second view of the same kernels;
@@ -23,7 +26,10 @@ A gap is inside the noise when the two runs' p10-p90 intervals overlap.
 With a data-parallel run on either side, communication (NCCL's kernels, XLA's
 collectives) is always one of the parts, zero where a side has none; where both runs
 carry overlap figures, the diff keeps each side's share of communication hidden under
-compute and exposed.
+compute and exposed. Every figure is per device: a torch rank's own profile (rank 0's
+in a compare folder), and for JAX's one process over N devices the mean of its N device
+timelines; a synchronous data-parallel step gives every device the same work, so both
+sides stand for one device's share of the step (`Diff.notes` says which).
 """
 
 from __future__ import annotations
@@ -31,11 +37,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from harness.common.hardware import hbm_tbps, peak_tflops
-from harness.config import ModelConfig
 from harness.diffs.inputs import PhaseProfile, Run
 from harness.diffs.layers import LayerPhase, diff_layers
-from harness.timing.flops import optimizer_bytes, phase_flops
+from harness.diffs.throughput import Throughput, throughput
+from harness.diffs.throughput import doc_field as _get
 from harness.trace.kernels import Category
 
 SCHEMA = "harness.diff/1"
@@ -97,17 +102,6 @@ class Part:
     @property
     def delta_ms(self) -> float:
         return self.b_ms - self.a_ms
-
-
-@dataclass
-class Throughput:
-    what: str  # "GEMM", "optimizer"
-    unit: str  # "TFLOP/s", "GB/s"
-    bound_name: str  # "bf16 dense peak", "HBM"
-    a: float | None
-    b: float | None
-    a_bound: float | None
-    b_bound: float | None
 
 
 @dataclass
@@ -176,12 +170,6 @@ def _fused_sides_ms(fused: PhaseDiff, p: PhaseDiff) -> float:
 def phase_words(p: PhaseDiff, a_label: str, b_label: str) -> str:
     """The phase compared, naming each side's where they differ ("step (A: step, B: fused_step)")."""
     return p.a_phase if p.a_phase == p.b_phase else f"step ({a_label}: {p.a_phase}, {b_label}: {p.b_phase})"
-
-
-def _get(doc: dict | None, path: tuple[str, ...]) -> object:
-    for key in path:
-        doc = doc.get(key) if isinstance(doc, dict) else None
-    return doc
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -266,49 +254,32 @@ def _gemm_choices(p: PhaseProfile) -> list[dict]:
     return sorted(out.values(), key=lambda r: -r["ms"])
 
 
-def _config(run: Run) -> ModelConfig | None:
-    cfg = _get(run.doc, ("config",))
-    try:
-        return ModelConfig(**cfg) if isinstance(cfg, dict) else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _gemm_flops(run: Run, phase: str, p: PhaseProfile) -> float | None:
-    """Matmul FLOPs of `phase` run as GEMM kernels: all of them, less the attention
-    products where fused-attention kernels ran them."""
-    config, batch, ctx = _config(run), _get(run.doc, ("options", "batch")), _get(run.doc, ("options", "ctx"))
-    if config is None or not batch or not ctx:
-        return None
-    total = phase_flops(config, batch, ctx).get(phase, 0)
-    passes = total / phase_flops(config, batch, ctx)["forward"]
-    attention = passes * config.num_layers * 4 * batch * ctx * ctx * config.d_model
-    return total - attention if p.categories.get(Category.ATTENTION.value) else total
-
-
-def _throughput(a: Run, b: Run, pair: tuple[str, str, str], pa: PhaseProfile, pb: PhaseProfile) -> list[Throughput]:
-    out = []
-    gemm, opt = {}, {}
-    for side, run, phase, p in (("a", a, pair[1], pa), ("b", b, pair[2], pb)):
-        ns = p.categories.get(Category.GEMM.value, 0.0)
-        flops = _gemm_flops(run, phase, p)
-        device, dtype = _get(run.doc, ("env", "device")), _get(run.doc, ("options", "dtype"))
-        gemm[side] = (flops / ns / 1e3 if flops and ns else None, peak_tflops(device, dtype))
-        config = _config(run)
-        ons = p.categories.get(Category.OPTIMIZER.value, 0.0)
-        opt[side] = (optimizer_bytes(config) / ons if config and ons and phase != "forward" else None,
-                     (tbps * 1e3 if (tbps := hbm_tbps(device)) else None))
-    dtype = _get(a.doc, ("options", "dtype")) or "?"
-    if gemm["a"][0] or gemm["b"][0]:
-        out.append(Throughput("GEMM", "TFLOP/s", f"{dtype} dense peak", gemm["a"][0], gemm["b"][0],
-                              gemm["a"][1], gemm["b"][1]))
-    if opt["a"][0] or opt["b"][0]:
-        out.append(Throughput("optimizer", "GB/s", "HBM bandwidth", opt["a"][0], opt["b"][0], opt["a"][1], opt["b"][1]))
-    return out
-
-
 def _launches(p: PhaseProfile) -> dict | None:
     return {"per_step": p.launches.per_step, "us_per_launch": p.launches.ns_per_launch / 1e3} if p.launches else None
+
+
+def host_ms(p: PhaseProfile) -> float:
+    """Range time per step during which no kernel of the phase runs on the device: range
+    minus the union of kernel intervals (a profile read before the union was recorded:
+    minus the kernel sum, floored at zero, as overlapping streams make the sum exceed it)."""
+    busy = p.busy_ns if p.busy_ns is not None else p.gpu_ns
+    return max(p.range_ns - busy, 0.0) / 1e6
+
+
+def per_device_note(a: Run, b: Run) -> str | None:
+    """Which device each side's profile figures stand for, where either runs on several."""
+    if max(devices(a), devices(b)) == 1:
+        return None
+
+    def side(run: Run) -> str:
+        n = devices(run)
+        if n == 1:
+            return f"{run.label}: its one device"
+        if _get(run.doc, ("options", "backend")) == "jax":
+            return f"{run.label}: the mean of its {n} device timelines (one process drives them all)"
+        return f"{run.label}: rank 0's own profile (one of {n} ranks)"
+
+    return f"per device: {side(a)}; {side(b)}"
 
 
 def devices(run: Run) -> int:
@@ -320,8 +291,12 @@ def _overlap(run: Run) -> dict | None:
     o = run.overlap
     if not o or o.get("hidden_share") is None:
         return None
-    return {"communication_ms": o["communication_ms"], "hidden_ms": o["hidden_ms"], "exposed_ms": o["exposed_ms"],
-            "exposed_share": 1 - o["hidden_share"]}
+    out = {"communication_ms": o["communication_ms"], "hidden_ms": o["hidden_ms"], "exposed_ms": o["exposed_ms"],
+           "exposed_share": 1 - o["hidden_share"]}
+    if split := o.get("split"):  # per rank (JAX: per device), the mean over them per measured step
+        for key in ("waiting", "transfer"):
+            out[f"{key}_ms_per_step"] = sum(r[f"{key}_ms_per_step"] for r in split["ranks"]) / len(split["ranks"])
+    return out
 
 
 def _phase_diff(a: Run, b: Run, pair: tuple[str, str, str]) -> PhaseDiff:
@@ -340,7 +315,9 @@ def _phase_diff(a: Run, b: Run, pair: tuple[str, str, str]) -> PhaseDiff:
     if pa is None or pb is None:
         return out
     ga, gb, ka, kb = _group_ms(pa), _group_ms(pb), _group_kernels(pa), _group_kernels(pb)
-    out.parts = [Part(HOST, (pa.range_ns - pa.gpu_ns) / 1e6, (pb.range_ns - pb.gpu_ns) / 1e6)]
+    ga[COMMUNICATION] -= pa.hidden_communication_ns / 1e6
+    gb[COMMUNICATION] -= pb.hidden_communication_ns / 1e6
+    out.parts = [Part(HOST, host_ms(pa), host_ms(pb))]
     parallel = max(devices(a), devices(b)) > 1
     out.parts += [Part(g, ga[g], gb[g], ka[g], kb[g], _movers(pa, pb, g))
                   for g, _ in GROUPS if ga[g] or gb[g] or (parallel and g == COMMUNICATION)]
@@ -348,7 +325,7 @@ def _phase_diff(a: Run, b: Run, pair: tuple[str, str, str]) -> PhaseDiff:
     out.a_kernels, out.b_kernels = pa.kernels, pb.kernels
     out.launches = {side: lp for side, p in (("a", pa), ("b", pb)) if (lp := _launches(p))}
     out.gemms = {"a": _gemm_choices(pa), "b": _gemm_choices(pb)}
-    out.throughput = _throughput(a, b, pair, pa, pb)
+    out.throughput = throughput(a, b, pair, pa, pb)
     return out
 
 
@@ -370,6 +347,8 @@ def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
     if devices(a) != devices(b):
         notes.append(f"A runs on {devices(a)} device(s), B on {devices(b)}, each with its --batch per device: "
                      "B's step covers a global batch of another size")
+    if note := per_device_note(a, b):
+        notes.append(note)
     phases = [_phase_diff(a, b, pair) for pair in _pairs(a, b)]
     if bool(a.layers) != bool(b.layers):
         notes.append(f"{(b if a.layers else a).label}: no layer ranges recorded; no per-layer table")

@@ -62,6 +62,9 @@ class PhaseProfile:
     categories: dict[str, float]  # category -> ns
     rows: list[KernelRow]
     launches: Launches | None = None
+    busy_ns: float | None = None  # union of the kernels' intervals over streams (None: not recorded)
+    hidden_communication_ns: float = 0.0  # communication under compute on other streams
+    devices: int = 1  # the device timelines the figures are the per-device mean of
 
 
 @dataclass
@@ -100,8 +103,11 @@ def _phase(p: object, launches: Launches | None = None) -> PhaseProfile:
         rows[key] = (KernelRow(key[0], category, calls, ns, _gemm_fields(k["gemm"] if isinstance(k, dict) else k.gemm))
                      if seen is None else replace(seen, calls_per_step=seen.calls_per_step + calls,
                                                   ns_per_step=seen.ns_per_step + ns))
+    opt = (lambda k, d: p.get(k, d)) if isinstance(p, dict) else (lambda k, d: getattr(p, k, d))
     return PhaseProfile(get("range_ns_per_step"), get("gpu_ns_per_step"), get("kernels_per_step"),
-                        dict(get("categories")), sorted(rows.values(), key=lambda r: -r.ns_per_step), launches)
+                        dict(get("categories")), sorted(rows.values(), key=lambda r: -r.ns_per_step), launches,
+                        opt("busy_ns_per_step", None), opt("hidden_communication_ns_per_step", 0.0),
+                        opt("devices", 1))
 
 
 def _load_json(path: Path) -> dict:

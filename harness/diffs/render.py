@@ -59,7 +59,7 @@ def _cause(p: PhaseDiff, name: str) -> str:
     part = next(x for x in p.parts if x.name == name)
     more = "more" if part.delta_ms > 0 else "less"
     if name == HOST:
-        text = (f"Host side: B spends {abs(part.delta_ms):.3f} ms {more} per step outside GPU work "
+        text = (f"Host side: B spends {abs(part.delta_ms):.3f} ms {more} per step with no kernel running "
                 f"({part.a_ms:.3f} -> {part.b_ms:.3f} ms; {_num(p.a_kernels)} -> {_num(p.b_kernels)} kernels")
         la, lb = p.launches.get("a"), p.launches.get("b")
         if la and lb:
@@ -83,10 +83,15 @@ def _overlap_sentence(d: Diff) -> str | None:
     if not d.overlap:
         return None
     a, b = d.overlap["a"], d.overlap["b"]
-    return (f"Exposed communication: {b['exposed_share']:.1%} of B's communication kernel time is not hidden "
+    text = (f"Exposed communication: {b['exposed_share']:.1%} of B's communication kernel time is not hidden "
             f"under compute against A's {a['exposed_share']:.1%} ({a['exposed_ms']:.3f} of "
             f"{a['communication_ms']:.3f} ms -> {b['exposed_ms']:.3f} of {b['communication_ms']:.3f} ms, "
-            "summed over each profile's measured steps).")
+            "summed over each profile's measured steps)")
+    if "waiting_ms_per_step" in a and "waiting_ms_per_step" in b:
+        text += (f"; of it, waiting for the last rank {a['waiting_ms_per_step']:.3f} -> {b['waiting_ms_per_step']:.3f}"
+                 f" ms and transfer {a['transfer_ms_per_step']:.3f} -> {b['transfer_ms_per_step']:.3f} ms per step "
+                 "and device")
+    return text + "."
 
 
 def sentences(d: Diff) -> list[str]:

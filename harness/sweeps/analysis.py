@@ -13,6 +13,7 @@ from harness.sweeps.memory_model import predict
 from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
 from harness.timing.runner import PHASE_ORDER
 from harness.timing.scaling import scaling_rows
+from harness.timing.upgrade import per_device_run
 
 DEFAULT_DEVICE_GB = 80
 MIB = 2**20
@@ -42,8 +43,9 @@ def sweep_cells(sweep: dict, records: list[dict]) -> list[dict]:
     out = [by_key.get(c.key) or {"key": c.key, "cell": dataclasses.asdict(c), "status": "not run",
                                   "reason": None, "result": None, "profile": None} for c in cells]
     out += [r for r in records if r["key"] not in keys]  # recorded under an earlier grid
-    out = [{**r, "cell": {**r["cell"], "batch": r["cell"].get("batch") or base,
-                          "data_parallel": r["cell"].get("data_parallel") or 1}} for r in out]
+    out = [{**r, "result": per_device_run(r["result"]) if r.get("result") else r.get("result"),
+            "cell": {**r["cell"], "batch": r["cell"].get("batch") or base,
+                     "data_parallel": r["cell"].get("data_parallel") or 1}} for r in out]
     return sorted(out, key=lambda r: _order(r["cell"]))
 
 
@@ -110,12 +112,21 @@ def bound_label(ratio: float | None) -> str | None:
     return "memory-bound" if ratio < 1.35 else "compute-bound" if ratio >= 1.7 else "in between"
 
 
+def regime(r: dict) -> str:
+    """A phase row's backward/forward regime; judged on one device only, since under data
+    parallelism the backward also holds the gradients' communication, whose growth with N
+    says nothing of the compute."""
+    if r["data_parallel"] > 1:
+        return "not judged (N > 1: the backward holds the gradient communication)" if r["bwd_over_fwd"] else ""
+    return bound_label(r["bwd_over_fwd"]) or ""
+
+
 def bound_notes(rows: list[dict]) -> list[dict]:
     """Per backend x dtype x model x batch: the backward/forward ratio over context and the
     first context where it reaches 1.5x (None when it never does)."""
     series: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["bwd_over_fwd"] is not None:
+        if r["bwd_over_fwd"] is not None and r["data_parallel"] == 1:  # see `regime`
             series.setdefault((r["backend"], r["dtype"], r["model"], r["batch"], r["data_parallel"]), []).append(r)
     notes = []
     for (backend, dtype, model, batch, n), rs in series.items():
@@ -193,21 +204,24 @@ def speedup_rows(rows: list[dict]) -> list[dict]:
 
 
 def best_rows(rows: list[dict]) -> list[dict]:
-    """Per backend x dtype, the cell (model, ctx, batch) with the highest whole-step
-    throughput: the step, or JAX's fused step where it is faster. Ranked by TFLOP/s, which
-    orders cells of one device and dtype as MFU does and also ranks CPU cells, whose MFU
-    is None (no datasheet peak)."""
+    """Per backend x dtype, the cell (model, ctx, batch, devices) whose whole training step
+    (the step, or JAX's fused step where it is faster) reaches the highest MFU per device;
+    where no cell has an MFU (a device without a datasheet peak, e.g. CPU), the highest
+    TFLOP/s per device, which ranks cells of one device and dtype alike."""
     best: dict[tuple, dict] = {}
+    rank = lambda b: (b["mfu"] is not None, b["mfu"] or 0.0, b["tflops"])  # noqa: E731
     for r in rows:
         for phase in ("step", "fused_step"):
             p = r[phase]
             if not p or not p.get("tflops"):
                 continue
             key = (r["backend"], r["dtype"])
-            if key not in best or p["tflops"] > best[key]["tflops"]:
-                best[key] = {"backend": r["backend"], "dtype": r["dtype"], "model": r["model"], "ctx": r["ctx"],
-                             "batch": r["batch"], "phase": phase, "tflops": p["tflops"], "mfu": p.get("mfu"),
-                             "tokens_per_s": p.get("tokens_per_s"), "median_ms": p["median_ms"], "key": r["key"]}
+            cand = {"backend": r["backend"], "dtype": r["dtype"], "model": r["model"], "ctx": r["ctx"],
+                    "batch": r["batch"], "data_parallel": r["data_parallel"], "phase": phase, "tflops": p["tflops"],
+                    "mfu": p.get("mfu"), "tokens_per_s": p.get("tokens_per_s"), "median_ms": p["median_ms"],
+                    "key": r["key"]}
+            if key not in best or rank(cand) > rank(best[key]):
+                best[key] = cand
     return sorted(best.values(), key=lambda b: (_index(BACKENDS, b["backend"]), _index(DTYPES, b["dtype"])))
 
 

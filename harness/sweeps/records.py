@@ -27,8 +27,10 @@ CELL_SCHEMA = "harness.sweep.cell/1"
 CELLS_FILE, SWEEP_FILE = "cells.jsonl", "sweep.json"
 WARMUP_STUDY = (0, 1, 2, 5)
 # Options every cell of one sweep folder must share (a resume with other values would mix them).
-FIXED = ("warmup", "steps", "attention", "mode", "device", "nsys", "optimizer", "parallel")
-FIXED_DEFAULTS = {"parallel": "ddp"}  # what a sweep from before an option ran with
+FIXED = ("warmup", "steps", "attention", "mode", "device", "nsys", "optimizer", "parallel", "ddp_bucket_mb",
+         "ddp_static_graph", "grad_comm", "fsdp_reshard_after_forward")
+FIXED_DEFAULTS = {"parallel": "ddp", "ddp_bucket_mb": None, "ddp_static_graph": False, "grad_comm": "fp32",
+                  "fsdp_reshard_after_forward": "true"}  # what a sweep from before an option ran with
 AXES = ("models", "ctx", "batches", "backends", "dtypes", "data_parallel")
 FAILED = ("oom", "error", "crashed", "timeout")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from harness.common.html import svg_of, write_html
 from harness.common.tables import markdown_table
-from harness.sweeps.analysis import STATUS_TEXT, bound_label
+from harness.sweeps.analysis import STATUS_TEXT, regime
 from harness.sweeps.plots import GIB, groups, plot_memory, plot_phase_bars, plot_time_vs_ctx
 from harness.timing.runner import PHASE_ORDER
 from harness.timing.scaling import format_scaling
@@ -35,7 +35,10 @@ def _value(row: dict, value: object, fmt: Callable[[object], str]) -> str:
 
 
 def _ms(p: dict) -> str:
-    return f"{p['median_ms']:.2f} ± {p['std_ms']:.2f}"
+    """Median and, as compare prints it, the 10th-90th percentile of the measured steps."""
+    if "p10_ms" not in p:  # a record from before the robust statistics
+        return f"{p['median_ms']:.2f}"
+    return f"{p['median_ms']:.2f} ({p['p10_ms']:.2f}-{p['p90_ms']:.2f})"
 
 
 def _x(v: float) -> str:
@@ -70,7 +73,7 @@ def _phases_present(rows: list[dict], candidates: tuple[str, ...] = PHASE_ORDER)
 
 # -- markdown sections -------------------------------------------------------------------
 def section_times(data: dict) -> list[str]:
-    out = ["## Phase times (ms, median ± std)", ""]
+    out = ["## Phase times (ms, median and p10-p90 of the measured steps)", ""]
     for (backend, dtype), rows in groups(data["phases"], "backend", "dtype").items():
         phases = _phases_present(rows)
         out += [f"### {backend} {dtype}", ""]
@@ -88,10 +91,11 @@ def section_times(data: dict) -> list[str]:
 def section_bound(data: dict) -> list[str]:
     out = ["## Backward / forward", "",
            "Backward does twice the forward's matmul FLOPs, so a compute-bound step approaches 2x; a step "
-           "dominated by memory traffic, launches or fixed overheads stays near 1x.", ""]
+           "dominated by memory traffic, launches or fixed overheads stays near 1x. Judged on one device only: "
+           "on several, the backward also waits for the gradients' communication.", ""]
     out += _table([*_size_header(data), "backend", "dtype", "backward/forward", "regime"],
                   [[*_size(r, data), r["backend"], r["dtype"], _value(r, r["bwd_over_fwd"], _x),
-                    bound_label(r["bwd_over_fwd"]) or ""] for r in data["phases"]])
+                    regime(r)] for r in data["phases"]])
     for n in data["bound_notes"]:
         trend = ", ".join(f"{ctx}: {v:.2f}x" for ctx, v in n["ratios"])
         where = (f"reaches 1.5x at ctx {n['reaches_1_5x_at']}" if n["reaches_1_5x_at"] is not None
@@ -107,9 +111,10 @@ def section_bound(data: dict) -> list[str]:
 
 def section_throughput(data: dict) -> list[str]:
     phases = _phases_present(data["phases"], ("forward", "backward", "step", "fused_step"))
-    out = ["## Achieved TFLOP/s and MFU", "",
-           "MFU is against the datasheet peak of the device for the dtype; '-' where the device is not in the "
-           "peak table (e.g. CPU).", ""]
+    out = ["## Achieved TFLOP/s and MFU (per device)", "",
+           "TFLOP/s and MFU are per device: one device's FLOPs (its --batch rows) over the phase's time, against "
+           "the datasheet peak of one device for the dtype; '-' where the device is not in the peak table (e.g. "
+           "CPU).", ""]
     rows = [[*_size(r, data), r["backend"], r["dtype"],
              *(_value(r, (r[p] or {}).get("tflops"), lambda v: f"{v:.2f}") for p in phases),
              *(_value(r, (r[p] or {}).get("mfu"), _pct) for p in phases)] for r in data["phases"]]
@@ -121,13 +126,14 @@ def section_best(data: dict) -> list[str]:
     if not data["best"]:
         return []
     out = ["## Best MFU per backend", "",
-           "Per backend and dtype, the cell with the highest whole-training-step throughput (AdamW included; "
-           "JAX: its fused step where that is faster), over every model, context and batch of the sweep.", ""]
-    rows = [[b["backend"], b["dtype"], b["model"], str(b["ctx"]), str(b["batch"]), b["phase"],
-             _pct(b["mfu"]) if b["mfu"] is not None else "-", f"{b['tflops']:.2f}",
+           "Per backend and dtype, the cell whose whole training step (AdamW included; JAX: its fused step where "
+           "that is faster) reaches the highest MFU per device (TFLOP/s per device where no peak is known), over "
+           "every model, context, batch and device count N of the sweep; tokens/s is the whole job's.", ""]
+    rows = [[b["backend"], b["dtype"], b["model"], str(b["ctx"]), str(b["batch"]), str(b["data_parallel"]),
+             b["phase"], _pct(b["mfu"]) if b["mfu"] is not None else "-", f"{b['tflops']:.2f}",
              f"{b['tokens_per_s']:,.0f}" if b["tokens_per_s"] else "-"] for b in data["best"]]
-    return out + _table(["backend", "dtype", "model", "ctx", "batch", "step range", "step MFU", "TFLOP/s",
-                         "tokens/s"], rows)
+    return out + _table(["backend", "dtype", "model", "ctx", "batch/device", "N", "step range", "MFU per device",
+                         "TFLOP/s per device", "tokens/s (job)"], rows)
 
 
 def section_scaling(data: dict) -> list[str]:
@@ -265,7 +271,9 @@ def render_markdown(data: dict, plots: list[str]) -> str:
     for section in (section_times, section_bound, section_throughput, section_best, section_scaling, section_memory,
                     section_speedups, section_warmup, section_kernels, section_failed):
         lines += section(data)
-    one = f"Cells on {data['data_parallel'][0]} device(s) only." if len(data["data_parallel"]) > 1 else ""
+    counts = ", ".join(map(str, data["data_parallel"]))
+    one = (f"The plots draw the cells on {data['data_parallel'][0]} device(s) only; the tables above hold every "
+           f"device count (N = {counts})." if len(data["data_parallel"]) > 1 else "")
     lines += ["## Plots", "", *([one, ""] if one else []), *(f"![{p}]({p})" for p in plots), ""]
     return "\n".join(lines)
 

@@ -6,6 +6,7 @@ recorded with its reason (`harness.sweeps.records`) and the sweep goes on.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -16,8 +17,9 @@ import sys
 import time
 from collections.abc import Callable
 
+from harness.common.cli import data_parallel_argv
 from harness.config import backend_attention, get_config
-from harness.sweeps.records import Cell, append_record, cell_record, load_records
+from harness.sweeps.records import FIXED_DEFAULTS, Cell, append_record, cell_record, load_records
 
 
 # -- running one cell ------------------------------------------------------------------
@@ -31,7 +33,8 @@ def cell_command(cell: Cell, opts: dict, out_json: str, fail_in: str | None = No
            "--device", opts["device"], "--mode", opts["mode"], "--warmup", str(warmup), "--steps", str(opts["steps"]),
            "--optimizer", opts["optimizer"], "--out", out_json]
     if cell.data_parallel:
-        cmd += ["--data-parallel", str(cell.data_parallel), "--parallel", opts.get("parallel", "ddp")]
+        fixed = {**FIXED_DEFAULTS, **opts, "data_parallel": cell.data_parallel}
+        cmd += data_parallel_argv(argparse.Namespace(**fixed), cell.backend)
     return cmd + (["--fail-in", fail_in] if fail_in else [])
 
 

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 
+from harness.common.cli import data_parallel_argv
 from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
 from harness.config import backend_attention
 from harness.timing.distributed import rank_path
@@ -96,7 +97,7 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
     if getattr(args, "layer_ranges", False) and backend not in ("torch-compile", "torch-compile-cg"):
         program.append("--layer-ranges")
     if getattr(args, "data_parallel", 1) > 1:
-        program += ["--data-parallel", str(args.data_parallel), "--parallel", args.parallel]
+        program += data_parallel_argv(args, backend)
     if args.fail_in and args.fail_in.split(":")[0] == backend:
         program += ["--fail-in", args.fail_in.split(":")[1]]
     profile = None
@@ -142,17 +143,21 @@ def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Name
                            [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=args.nsys_bin)
 
 
-def communication_overlap(profiles: dict[str, str], args: argparse.Namespace) -> dict[str, dict]:
+def communication_overlap(profiles: dict[str, str], args: argparse.Namespace,
+                          runs: dict[str, dict] | None = None) -> dict[str, dict]:
     """Per backend, communication hidden under compute and exposed, per rank (torch: every
-    rank's profile beside rank 0's) or per device (JAX's one profile)."""
+    rank's profile beside rank 0's) or per device (JAX's one profile), and split into
+    transfer and waiting, with bandwidth from the gradients' size of the run in `runs`."""
+    from harness.trace.analyses.collectives import gradient_bytes
     from harness.trace.analyses.overlap import rank_profiles
 
-    return {backend: rank_profiles(_rank_files(first, args), args.nsys_bin) for backend, first in profiles.items()}
+    return {backend: rank_profiles(_rank_files(first, args), args.nsys_bin, gradient_bytes((runs or {}).get(backend)))
+            for backend, first in profiles.items()}
 
 
 def _rank_files(first: str, args: argparse.Namespace) -> list[str]:
     """A backend's profiles: every rank's beside rank 0's (torch, data parallel), else the one."""
-    paths = [first.replace(".rank0.", f".rank{r}.") for r in range(getattr(args, "data_parallel", 1))] \
+    paths = [first.replace(".rank0.", f".rank{r}.") for r in range(args.data_parallel)] \
         if ".rank0." in first else [first]
     return [p for p in paths if os.path.exists(p)]
 
@@ -378,7 +383,7 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
                     if bd.layers:  # the per-layer time joins the run's document
                         runs[backend]["layers"] = bd.layers
                 if getattr(args, "data_parallel", 1) > 1:
-                    summary["overlap"] = communication_overlap(profiles, args)
+                    summary["overlap"] = communication_overlap(profiles, args, runs)
             except ProfileError as exc:
                 summary["kernel_breakdown_error"] = str(exc)
             if args.keep_profiles:

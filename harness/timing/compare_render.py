@@ -118,6 +118,9 @@ def table_rows(summary: dict) -> list[list[str]]:
     header = ["phase", *(f"{who[b]} ms (median, p10-p90)" for b in backends), *(f"{b}/{ref}" for b in backends[1:]),
               *(f"{b} TFLOP/s" for b in backends), *(f"{b} MFU" for b in backends),
               *(f"{b} peak GiB" for b in backends)]
+    if (summary.get("data_parallel") or {}).get("n", 1) > 1:
+        per = " per device"
+        header = [h.replace(" TFLOP/s", " TFLOP/s" + per).replace(" MFU", " MFU" + per) for h in header]
     rows = [header]
     firsts = {b: r.get("first_step") for b, r in summary["runs"].items() if r.get("status") == "ok"}
     for row in summary["table"]:
@@ -197,10 +200,28 @@ def data_parallel_lines(summary: dict) -> list[str]:
     out += markdown_table(["backend", "rank", "device", "communication ms", "hidden ms", "exposed ms", "hidden"], rows)
     exposed = "; ".join(f"{b} {_share(1 - a['hidden_share'])}" for b, a in overlap.items()
                         if a["hidden_share"] is not None)
+    out += split_lines(summary)
     out += ["", "Communication kernels (NCCL's, XLA's collectives) summed over the measured steps of each rank's "
             "profile: hidden is the part of a stream's communication that runs while compute kernels run on "
             "the device's other streams, exposed the rest, which the step waits for."
             + (f" Exposed share of the communication: {exposed}." if exposed else ""), ""]
+    return out
+
+
+def split_lines(summary: dict) -> list[str]:
+    """Per backend, communication split into transfer and waiting on each rank (JAX: each
+    device), bandwidth per collective kind against the link measured in the run, and the
+    rank that arrived last (`harness.trace.analyses.collectives`)."""
+    from harness.trace.analyses.collectives import format_split
+
+    out = []
+    for backend, a in (summary.get("overlap") or {}).items():
+        if a.get("split"):
+            link = (summary["runs"].get(backend, {}).get("data_parallel") or {}).get("link")
+            out += ["", f"### {backend}: transfer and waiting", "", "```", *format_split(a["split"], link), "```"]
+    if out:
+        out += ["", "Each collective aligned across ranks (the k-th of its kind on each): the part of a rank's "
+                "collective before the last rank's starts is waiting for that rank, the rest transfer."]
     return out
 
 
@@ -235,6 +256,9 @@ def render_markdown(summary: dict) -> str:
                 *(f"- {line[0].upper()}{line[1:]}." for line in [*old["dropped"].values(),
                                                                 *([old["kernels"]] if old.get("kernels") else [])]),
                 ""]
+    if summary.get("per_device_upgrade"):
+        out += [f"Re-rendered: {summary['per_device_upgrade']}; the original is kept as `summary-original.json`.",
+                ""]
     notes = _notes(summary)
     if notes:
         out += ["## Overhead, outliers and warnings", ""] + [f"- {n}" for n in notes] + [""]
@@ -268,10 +292,10 @@ def render_markdown(summary: dict) -> str:
     ok = [r for r in runs.values() if r.get("status") == "ok"]
     if ok:
         r = ok[0]
-        peak = (f"Peak used for MFU: {r['peak_tflops']} TFLOP/s ({o['dtype']})" if r["peak_tflops"] else
+        peak = (f"Peak used for MFU: {r['peak_tflops']} TFLOP/s per device ({o['dtype']})" if r["peak_tflops"] else
                 "No MFU: this device is not in the peak table (`harness/common/hardware.py`)")
-        out += ["", f"FLOPs: {r['flops_formula']}. {peak}. Parameters: {r['num_params']:,}.", "",
-                "## Environment", ""]
+        out += ["", f"FLOPs: {r['flops_formula']}. {peak}. Parameters: {r['num_params']:,}.",
+                *_figures_line(summary), "", "## Environment", ""]
         if command := (summary.get("env") or {}).get("command"):
             out.append(f"- command: `{command}` (each backend ran `harness.run` in a subprocess, with the "
                        "command listed beside it)")
@@ -286,6 +310,16 @@ def render_markdown(summary: dict) -> str:
     if summary.get("kernel_breakdown"):
         out += ["", summary["kernel_breakdown"]]
     return "\n".join(out) + "\n"
+
+
+def _figures_line(summary: dict) -> list[str]:
+    """What TFLOP/s, MFU and tokens/s cover, for a data-parallel comparison."""
+    n = (summary.get("data_parallel") or {}).get("n", 1)
+    if n <= 1:
+        return []
+    return ["", f"Each of the {n} devices runs --batch {summary['options']['batch']} rows: TFLOP/s and MFU are per "
+            "device (a torch rank's own work and time; one of JAX's devices, whose one program steps them all "
+            "together), tokens/s is for the whole job (N x --batch rows per step)."]
 
 
 def plot_phases(summary: dict, path: str) -> bool:

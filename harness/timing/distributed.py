@@ -37,6 +37,42 @@ GRACE_S = 5.0  # how long a stopped rank gets to exit before SIGKILL
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# What each --parallel value does, in each framework's own words.
+PARALLEL_LABELS = {
+    ("torch", "ddp"): "DDP",
+    ("torch", "fsdp"): "FSDP2",
+    ("jax", "ddp"): "replicated (parameters and AdamW state on every device)",
+    ("jax", "fsdp"): "sharded parameters (each parameter and its AdamW state split along its first axis N divides)",
+    ("jax", "zero1"): "sharded optimizer state (parameters replicated, AdamW state split along the data axis)",
+}
+
+
+def parallel_label(backend: str, parallel: str, short: bool = False) -> str:
+    """The data-parallel strategy of `backend` under `--parallel`, as its framework names
+    it (torch-compile is torch's); `short`: the words before any bracket."""
+    label = PARALLEL_LABELS.get(("jax" if backend == "jax" else "torch", parallel), parallel)
+    return label.split(" (")[0] if short else label
+
+
+def parallel_problem(backend: str, parallel: str, ddp_bucket_mb: float | None = None, ddp_static_graph: bool = False,
+                     grad_comm: str = "fp32", fsdp_reshard_after_forward: str = "true") -> str | None:
+    """Why these data-parallel options do not go together (one line naming the option and
+    the fix), or None."""
+    ddp = [name for name, on in (("--ddp-bucket-mb", ddp_bucket_mb), ("--ddp-static-graph", ddp_static_graph),
+                                 ("--grad-comm bf16", grad_comm != "fp32")) if on]
+    fsdp = ["--fsdp-reshard-after-forward false"] if fsdp_reshard_after_forward != "true" else []
+    if backend == "jax" and ddp + fsdp:
+        return f"{(ddp + fsdp)[0]} is an option of torch's DDP/FSDP2; JAX's strategies are --parallel ddp, fsdp, zero1"
+    if backend != "jax" and parallel == "zero1":
+        return ("--parallel zero1 (AdamW state sharded, parameters replicated) is JAX's; for torch use --parallel "
+                "fsdp (FSDP2) or ddp")
+    if ddp and parallel != "ddp":
+        return f"{ddp[0]} configures DDP; use it with --parallel ddp"
+    if fsdp and parallel != "fsdp":
+        return f"{fsdp[0]} configures FSDP2; use it with --parallel fsdp"
+    return None
+
+
 def apply_safe_env() -> None:
     """Set each `SAFE_ENV` variable that is unset, in this process (so children inherit it)."""
     for key, value in SAFE_ENV.items():
@@ -201,10 +237,31 @@ def data_parallel_record(per_rank: list[dict], opts, note: str) -> dict:
                         "straggler": medians[slow] / min(medians) if min(medians) else None}
     step_ms = spread["step"]["max_ms"]
     tokens = n * opts.batch * opts.ctx
-    return {"n": n, "parallel": opts.parallel, "per_device_batch": opts.batch, "global_batch": n * opts.batch,
+    return {"n": n, "parallel": opts.parallel, "label": parallel_label(opts.backend, opts.parallel),
+            "per_device_batch": opts.batch, "global_batch": n * opts.batch,
             "ranks": [{"rank": r, "median_ms": m} for r, m in enumerate(per_rank)], "spread": spread,
             "step_ms": step_ms, "tokens_per_s": tokens / (step_ms / 1e3) if step_ms else None,
             "environment": {k: os.environ.get(k) for k in SAFE_ENV}, "note": note}
+
+
+def host_split(doc: dict) -> dict | None:
+    """Waiting and transfer of a torch data-parallel run from the ranks' own host timings
+    (`harness.trace.analyses.collectives`): each rank's backward, which holds DDP's gradient
+    all-reduce, aligned across ranks on the host clock they share; the rank that reached
+    it last and the phase that made it late. None without the timings."""
+    from harness.trace.analyses.collectives import align, range_ops
+    from harness.trace.profile import Range
+
+    ranks = doc.get("ranks") or []
+    if len(ranks) < 2 or not all(r.get("intervals_ns") for r in ranks):
+        return None
+    ranges = {r["rank"]: sorted((Range(name, a, b) for name, spans in r["intervals_ns"].items() for a, b in spans),
+                                key=lambda x: x.start) for r in ranks}
+    steps = len(ranks[0]["intervals_ns"].get("step", []))
+    split = align({r: range_ops(rs) for r, rs in ranges.items()}, ranges, steps=steps)
+    split["method"] = ("host timings: each rank's backward (holding the gradient all-reduce) aligned across ranks; "
+                       "the part before the last rank's backward starts is waiting")
+    return split
 
 
 def format_data_parallel(doc: dict) -> list[str]:
@@ -212,7 +269,8 @@ def format_data_parallel(doc: dict) -> list[str]:
     dp = doc.get("data_parallel")
     if not dp:
         return []
-    lines = [f"data-parallel {dp['n']} ({dp['parallel']}), global batch {dp['global_batch']}: step "
+    label = dp.get("label") or parallel_label((doc.get("options") or {}).get("backend", "torch"), dp["parallel"])
+    lines = [f"data-parallel {dp['n']} ({label}), global batch {dp['global_batch']}: step "
              f"{dp['step_ms']:.3f} ms, {dp['tokens_per_s']:.0f} tokens/s"]
     if len(dp["ranks"]) > 1:
         lines += [f"  {name:<10} per-rank medians {s['min_ms']:.3f}-{s['max_ms']:.3f} ms, "
@@ -220,6 +278,14 @@ def format_data_parallel(doc: dict) -> list[str]:
                   for name, s in dp["spread"].items()]
     else:
         lines.append(f"  {dp['note']}")
+    if link := dp.get("link"):
+        lines.append(f"  link: all-reduce of {link['bytes'] / 1e6:.1f} MB in {link['median_ms']:.3f} ms, "
+                     f"bus bandwidth {link['busbw_gbps']:.1f} GB/s ({link['backend']})")
+    if split := dp.get("host_split"):
+        waits = ", ".join(f"rank {r['rank']} {r['waiting_ms_per_step']:.3f}" for r in split["ranks"])
+        late = f", late from its {split['late_phase']}" if split.get("late_phase") else ""
+        lines.append(f"  waiting per step in the backward's all-reduce (host timings): {waits} ms; last to arrive: "
+                     f"rank {split['last_rank']} in {100 * split['last_share']:.0f}% of steps{late}")
     return lines
 
 
@@ -276,7 +342,10 @@ def run_data_parallel(opts, progress: Callable[[str], None] = lambda m: None, qu
     merged["data_parallel"] = data_parallel_record(
         [_medians(d) for d in docs], opts, "one process per device; each rank's phases timed by its own timer")
     merged["data_parallel"]["environment"] = docs[0]["environment_seen"]
-    merged["ranks"] = [{"rank": d["rank"], "phases": d["phases"], "loss": d["loss"]} for d in docs]
+    merged["ranks"] = [{"rank": d["rank"], "phases": d["phases"], "loss": d["loss"],
+                        "intervals_ns": d.get("intervals_ns")} for d in docs]
+    merged["data_parallel"]["link"] = docs[0].get("link")
+    merged["data_parallel"]["host_split"] = host_split(merged)
     return merged
 
 

@@ -79,7 +79,8 @@ class JaxSession:
     None keeps Flax's own initialisation from `seed`. `data_parallel` > 1: the first N
     devices form a mesh with one `data` axis, the batch is sharded along it, parameters and
     optimizer state are replicated (`parallel` "ddp") or sharded (`shard_params`, "fsdp"),
-    and the same jitted functions run under those shardings (XLA inserts the collectives)."""
+    or the parameters replicated and the optimizer state sharded ("zero1"), and the same
+    jitted functions run under those shardings (XLA inserts the collectives)."""
 
     backend = "jax"
 
@@ -102,10 +103,13 @@ class JaxSession:
             params_at = shard_params(params, mesh) if parallel == "fsdp" else NamedSharding(mesh, P())
         self.state = jax.device_put(params, params_at)
         self.tx = jax_impl.adamw()
-        # The moments follow the parameters' shardings (zeros_like keeps them).
+        # The AdamW state on the mesh: replicated, or (fsdp, zero1) split like `shard_params`
+        # splits the parameters (its step count replicated), the parameters whole on every
+        # device under zero1.
         self.opt_state = self.tx.init(self.state)
-        if parallel != "fsdp":
-            self.opt_state = jax.device_put(self.opt_state, params_at)
+        if data_parallel > 1:
+            self.opt_state = jax.device_put(self.opt_state, shard_params(self.opt_state, mesh)
+                                            if parallel in ("fsdp", "zero1") else params_at)
         batch = jax.device_put(jnp.asarray(tokens, dtype=jnp.int32), batch_at)
         self.inputs, self.targets = batch[:, :-1], batch[:, 1:]
         self._vjp = None
@@ -114,9 +118,18 @@ class JaxSession:
         donate = (0, 1) if self.device.platform != "cpu" else ()
         self._loss = jax.jit(self._loss_fn)
         self._fwd = jax.jit(lambda p, x, y: jax.vjp(lambda q: self._loss_fn(q, x, y), p))
-        self._bwd = jax.jit(lambda vjp: vjp(jnp.ones((), jnp.float32))[0])
-        self._update = jax.jit(self._apply_update, donate_argnums=donate)
-        self._fused = jax.jit(self._fused_step, donate_argnums=donate)
+        # Under data parallelism every program hands back the layouts it was given: the
+        # gradients the parameters', the update the parameters' and the optimizer state's,
+        # so no step reshards (or recompiles for) what the previous one returned.
+        keep = {}
+        if data_parallel > 1:
+            shardings = lambda tree: jax.tree.map(lambda a: a.sharding, tree)  # noqa: E731
+            params_sh, opt_sh = shardings(self.state), shardings(self.opt_state)
+            keep = {"bwd": params_sh, "update": (params_sh, opt_sh),
+                    "fused": (params_sh, opt_sh, NamedSharding(mesh, P()))}
+        self._bwd = jax.jit(lambda vjp: vjp(jnp.ones((), jnp.float32))[0], **_out(keep, "bwd"))
+        self._update = jax.jit(self._apply_update, donate_argnums=donate, **_out(keep, "update"))
+        self._fused = jax.jit(self._fused_step, donate_argnums=donate, **_out(keep, "fused"))
 
     def _loss_fn(self, params, inputs, targets):
         model = nnx.merge(self.graphdef, compute_params(params, self.dtype))
@@ -223,6 +236,11 @@ class JaxSession:
 
         return {"jax": jax.__version__, "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None,
                 "flax": flax.__version__, "optax": optax.__version__}
+
+
+def _out(keep: dict, name: str) -> dict:
+    """`jax.jit`'s out_shardings for program `name`, where `keep` fixes them."""
+    return {"out_shardings": keep[name]} if name in keep else {}
 
 
 def _flat(state) -> dict[str, jax.Array]:

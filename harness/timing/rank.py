@@ -10,7 +10,9 @@ written to `<dir>/rank<r>.json`) or "parity" (one optimizer step; rank 0 writes 
 global-mean loss and the full parameters to `<dir>/parity.npz`). Exit status 3 when the
 rank's run failed. `XFPROF_DP_KILL_RANK=r:SIGNAL` makes rank r kill itself with SIGNAL
 (`r:exit`: exit with status 1) once the group is up, to test that the launcher ends the
-run and names the rank.
+run and names the rank; `XFPROF_DP_SLOW_RANK=r:seconds` makes rank r sleep that long at
+the start of every forward, a planted straggler. Before a timed run every rank measures
+the link: a few all-reduces of the gradients' size (`measure_link`), kept as `link`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,9 +29,33 @@ import torch
 import torch.distributed as dist
 
 from harness.timing.distributed import SAFE_ENV, rank_path
-from harness.timing.torch_parallel import full_params
+from harness.timing.torch_parallel import full_params, measure_link
 
 KILL_HOOK = "XFPROF_DP_KILL_RANK"
+SLOW_HOOK = "XFPROF_DP_SLOW_RANK"  # r:seconds: rank r sleeps that long at the start of every forward
+
+
+def _slow_if_asked(rank: int) -> None:
+    """Test-only fault: a planted straggler, rank r late into every forward."""
+    target, _, seconds = os.environ.get(SLOW_HOOK, "").partition(":")
+    if target != str(rank):
+        return
+    from harness.timing import runner
+
+    make = runner.make_session
+
+    def slowed(opts, config):
+        session = make(opts, config)
+        forward = session.forward
+
+        def late_forward(*args, **kwargs):
+            time.sleep(float(seconds))
+            return forward(*args, **kwargs)
+
+        session.forward = late_forward
+        return session
+
+    runner.make_session = slowed
 
 
 def _kill_if_asked(rank: int) -> None:
@@ -73,10 +100,15 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if opts.profile:
         opts.profile = rank_path(opts.profile, rank)
+    config = get_config(opts.model, attention=opts.attention)
+    link = measure_link(config.num_params, torch.device(f"cuda:{os.environ['LOCAL_RANK']}" if opts.device == "cuda"
+                                                        else "cpu"))
+    _slow_if_asked(rank)
     quiet = spec.get("quiet") or rank != 0
     doc = run(opts, (lambda m: None) if quiet else (lambda m: print(f"[rank {rank}] {m}", file=sys.stderr,
                                                                      flush=True)))
     doc["rank"] = rank
+    doc["link"] = link
     doc["environment_seen"] = {k: os.environ.get(k) for k in SAFE_ENV}
     with open(os.path.join(workdir, f"rank{rank}.json"), "w") as f:
         json.dump(doc, f)

@@ -56,10 +56,16 @@ class RunOptions:
     wide_layer: int | None = None  # a planted wide block (ModelConfig.wide_layer), for attribution tests
     wide_factor: int = 1
     data_parallel: int = 1  # devices; --batch is per device, the global batch data_parallel x batch
-    parallel: str = "ddp"  # torch: ddp or fsdp; jax: parameters replicated (ddp) or sharded (fsdp)
+    parallel: str = "ddp"  # torch: ddp or fsdp; jax: replicated (ddp), sharded (fsdp), AdamW state sharded (zero1)
+    ddp_bucket_mb: float | None = None  # DDP's bucket_cap_mb (None: DDP's default, 25)
+    ddp_static_graph: bool = False  # DDP's static_graph
+    grad_comm: str = "fp32"  # DDP's gradient all-reduce: fp32, or bf16 (bf16_compress_hook)
+    fsdp_reshard_after_forward: bool = True  # FSDP2: free the gathered parameters after the forward
     hlo_dir: str | None = None  # jax with layer_ranges: write the phases' optimized HLO here
 
 
+FIGURES = {"flops": "per device (the work of --batch rows)", "tflops": "per device", "mfu": "per device",  # covers
+           "peak_tflops": "per device", "tokens_per_s": "whole job (N devices x --batch rows)"}
 JAX_LAYERS = ("jax.named_scope per block and sub-module in jax_impl: metadata of the compiled program, joined "
               "to the kernels afterwards; nothing is added to the step")
 # Every phase a result document may hold, in report order.
@@ -98,20 +104,16 @@ def make_session(opts: RunOptions, config: ModelConfig):
         return JaxSession(config, tokens, **common, data_parallel=n, parallel=opts.parallel,
                           layer_ranges=opts.layer_ranges)
     from harness.timing.torch_backend import TorchCompileSession, TorchSession
+    from harness.timing.torch_parallel import distribute, world
 
-    if n > 1:
-        from harness.timing.torch_parallel import world
-
-        rank = world()[0]
-        tokens = tokens[rank * opts.batch:(rank + 1) * opts.batch]
+    rank = world()[0]  # 0 outside a process group
+    tokens = tokens[rank * opts.batch:(rank + 1) * opts.batch]
     if opts.backend == "torch":
         session = TorchSession(config, tokens, **common, optimizer=opts.optimizer)
     else:
         session = TorchCompileSession(config, tokens, **common, optimizer=opts.optimizer, backend=opts.backend)
     if n > 1:
-        from harness.timing.torch_parallel import distribute
-
-        distribute(session, opts.parallel, opts.optimizer)
+        distribute(session, opts)
     return session
 
 
@@ -136,8 +138,8 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
     result = {"schema": SCHEMA, "status": "ok", "error": None, "options": dataclasses.asdict(opts),
               "config": dataclasses.asdict(config), "num_params": config.num_params,
               "flops_formula": FORMULA, "warnings": []}
-    result["options"].pop("fail_in")
-    result["options"].pop("hlo_dir")  # where this process wrote, not how it ran
+    for where in ("fail_in", "hlo_dir"):  # a test's fault, and where this process wrote: not how it ran
+        result["options"].pop(where)
     if opts.warmup == 0:
         result["warnings"].append("--warmup 0: the first measured step includes compilation, autotuning and "
                                   "first allocations (see first_step_ms); use --warmup 2 or more for speed figures")
@@ -183,13 +185,13 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
             return _failed(result, phase, exc, opts)
 
     device_name = session.device_name()
-    # The batch and devices this process steps: JAX drives every data-parallel device.
-    devices = opts.data_parallel if opts.backend == "jax" else 1
+    # Every device of a data-parallel step does the work of --batch rows (a torch rank, or
+    # one of the devices JAX's one process drives): FLOPs, TFLOP/s, MFU and the peak are
+    # per device; tokens/s counts the whole job's N x --batch rows.
     peak_tf = peak_tflops(device_name, opts.dtype)
-    peak_tf = peak_tf * devices if peak_tf else None
-    flops = phase_flops(config, opts.batch * devices, opts.ctx)
+    flops = phase_flops(config, opts.batch, opts.ctx)
     flops["step"] = sum(flops[p] for p in PHASES[opts.mode])
-    tokens = opts.batch * devices * opts.ctx
+    tokens = opts.batch * opts.data_parallel * opts.ctx
     phases = {}
     for name, times in timer.times.items():
         extra = None
@@ -209,10 +211,14 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
                             "compilation, autotuning, first allocations and the step itself"},
         loss=_loss_record(timer.losses),
         peak_tflops=peak_tf,
+        figures=FIGURES,
         memory_note=("torch: max_memory_allocated after a reset before each phase" if opts.backend != "jax" else
                      "jax: the allocator's peak_bytes_in_use after the phase (a process-wide high-water mark)"),
         env=environment({"device": device_name or "cpu", **session.versions()}),
     )
+    if opts.data_parallel > 1:  # time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for a host's ranks
+        result["intervals_ns"] = {name: [[int(a * 1e9), int(b * 1e9)] for a, b in spans]
+                                  for name, spans in timer.intervals.items()}
     if overhead and overhead.get("flag"):
         result["warnings"].append(f"instrumentation overhead: {overhead['flag']}")
     if (layers := result.get("layer_ranges")) and layers.get("flag"):
@@ -361,6 +367,8 @@ def format_result(doc: dict) -> str:
             f"{o['mode']} on {o['device']}")
     if doc["status"] != "ok":
         return f"{head}: FAILED: {doc['error']['message']}"
+    n = o.get("data_parallel", 1)
+    head += f", {n} devices (TFLOP/s and MFU per device)" if n > 1 else ""
     lines = [head]
     if len((doc.get("data_parallel") or {}).get("ranks") or ()) > 1:  # each rank timed its own phases
         lines.append("rank 0's phases (the data-parallel step below is the slowest rank's median):")

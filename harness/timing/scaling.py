@@ -1,11 +1,13 @@
-"""Scaling table: step time, tokens/s and scaling efficiency of one backend over device counts.
+"""Scaling table: step time, tokens/s, MFU and scaling efficiency of one backend over device counts.
 
 Runs at N = 1, 2, 4, 8 (harness.run result documents) keep the per-device batch fixed, so
 ideal (weak) scaling multiplies tokens/s by N: efficiency = tokens/s at N / (N x tokens/s
-at N = 1). The step of a data-parallel run is its slowest rank's median `step`
-(`data_parallel.step_ms`); a one-device run's is its median `step`. Rows group by backend,
-data-parallel flavour and the shape of the run (model, ctx, per-device batch, dtype,
-attention, device); a group without an N = 1 run has no efficiency.
+at N = 1). Each run contributes its fastest whole training step: JAX's fused step where it
+ran and is faster than its split step (what JAX users run), else `step`. The step of a
+data-parallel run is its slowest rank's median (the pace of a synchronous step); MFU is
+per device (one device's FLOPs over that step and the device's peak). Rows group by
+backend, data-parallel strategy and the shape of the run (model, ctx, per-device batch,
+dtype, attention, device); a group without an N = 1 run has no efficiency.
 """
 
 from __future__ import annotations
@@ -13,16 +15,26 @@ from __future__ import annotations
 from collections import defaultdict
 
 from harness.common.tables import markdown_table
+from harness.timing.distributed import parallel_label
 
-_SHAPE = ("model", "ctx", "batch", "dtype", "attention", "device")
+SHAPE = ("model", "ctx", "batch", "dtype", "attention", "device")
 
 
-def step_figures(doc: dict) -> tuple[int, float, float]:
-    """(devices, step ms, global tokens/s) of an ok result document."""
+def step_figures(doc: dict) -> tuple[int, str, float, float, float | None]:
+    """(devices, step phase, step ms, global tokens/s, MFU per device) of an ok result
+    document, for its fastest whole step (`step` or JAX's `fused_step`)."""
     o, dp = doc["options"], doc.get("data_parallel")
     n = dp["n"] if dp else 1
-    step_ms = dp["step_ms"] if dp else doc["phases"]["step"]["median_ms"]
-    return n, step_ms, n * o["batch"] * o["ctx"] / (step_ms / 1e3)
+    times = {}
+    for phase in ("step", "fused_step"):
+        if phase not in doc["phases"]:
+            continue
+        slowest = (dp.get("spread") or {}).get(phase, {}).get("max_ms") if dp else None
+        times[phase] = slowest or (dp["step_ms"] if dp and phase == "step" else doc["phases"][phase]["median_ms"])
+    phase = min(times, key=times.__getitem__)
+    step_ms, rec = times[phase], doc["phases"][phase]
+    mfu = rec["mfu"] * rec["median_ms"] / step_ms if rec.get("mfu") else None  # the same FLOPs over the step
+    return n, phase, step_ms, n * o["batch"] * o["ctx"] / (step_ms / 1e3), mfu
 
 
 def scaling_rows(docs: list[dict]) -> list[dict]:
@@ -33,21 +45,26 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
         if doc.get("status") != "ok":
             continue
         o = doc["options"]
-        n, step_ms, tps = step_figures(doc)
-        parallel = o.get("parallel", "ddp") if n > 1 else "-"
-        key = (o["backend"], *(o[k] for k in _SHAPE))
+        n, phase, step_ms, tps, mfu = step_figures(doc)
+        parallel = parallel_label(o["backend"], o.get("parallel", "ddp"), short=True) if n > 1 else "-"
+        key = (o["backend"], o.get("parallel", "ddp") if n > 1 else None, *(o[k] for k in SHAPE))
         if n in groups[key]:
             raise ValueError(f"two runs of {o['backend']} at N = {n} with the same shape; give one of each")
-        groups[key][n] = {"backend": o["backend"], "parallel": parallel, "n": n, "step_ms": step_ms,
-                          "tokens_per_s": tps, "shape": dict(zip(_SHAPE, key[1:]))}
+        groups[key][n] = {"backend": o["backend"], "parallel": parallel, "n": n, "phase": phase, "step_ms": step_ms,
+                          "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(SHAPE, key[2:]))}
     rows = []
-    for key in sorted(groups):
-        base = groups[key].get(1)
+    for key in sorted(groups, key=lambda k: (k[0], str(k[1]), *map(str, k[2:]))):
+        base = groups[key].get(1) or _one_device(groups, key)
         for n in sorted(groups[key]):
             row = groups[key][n]
             row["efficiency"] = row["tokens_per_s"] / (n * base["tokens_per_s"]) if base else None
             rows.append(row)
     return rows
+
+
+def _one_device(groups: dict[tuple, dict[int, dict]], key: tuple) -> dict | None:
+    """The N = 1 run of a data-parallel group's shape (one device has no strategy)."""
+    return groups.get((key[0], None, *key[2:]), {}).get(1)
 
 
 def format_scaling(rows: list[dict]) -> str:
@@ -56,10 +73,11 @@ def format_scaling(rows: list[dict]) -> str:
     for r in rows:
         s = r["shape"]
         eff = f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "-"
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         body.append([r["backend"], f"{s['model']} ctx {s['ctx']} batch {s['batch']}/device {s['dtype']} "
-                     f"{s['attention']} {s['device']}", r["parallel"], r["n"], f"{r['step_ms']:.3f}",
-                     f"{r['tokens_per_s']:.0f}", eff])
-    header = ["backend", "run", "parallel", "N", "step ms", "tokens/s", "efficiency"]
+                     f"{s['attention']} {s['device']}", r["parallel"], r["n"], r["phase"], f"{r['step_ms']:.3f}",
+                     f"{r['tokens_per_s']:.0f}", mfu, eff])
+    header = ["backend", "run", "parallel", "N", "step", "step ms", "tokens/s (job)", "MFU per device", "efficiency"]
     note = ("efficiency: tokens/s at N over N x tokens/s at N = 1, the per-device batch fixed; "
-            "step: the slowest rank's median step")
+            "step: each run's fastest whole step (JAX's fused_step where faster), the slowest rank's median")
     return "\n".join([*markdown_table(header, body), "", note]) + "\n"

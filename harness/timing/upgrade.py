@@ -1,7 +1,8 @@
 """Render an existing compare folder again from its summary.json with today's report code
 (the library behind `python -m harness.compare --render FOLDER`).
 
-Documents written before the robust statistics (each phase with mean, std, median, min,
+Data-parallel runs written before the per-device figures are brought to today's units
+(`per_device_run`). Documents written before the robust statistics (each phase with mean, std, median, min,
 max and its step times only) are upgraded first, as far as their data allows: each
 phase's figures are recomputed from its recorded step times (`harness.common.stats`), and
 throughput, TFLOP/s, MFU and the phase table's ratios from the recorded FLOPs and peaks,
@@ -46,6 +47,37 @@ def is_legacy(summary: dict) -> bool:
     """True for a compare document whose phase records predate the robust statistics."""
     return any("p10_ms" not in rec for r in summary.get("runs", {}).values() if r.get("status") == "ok"
                for rec in r.get("phases", {}).values())
+
+
+PER_DEVICE = ("per-device figures recomputed: this run predates them (JAX's TFLOP/s and peak were summed over its "
+              "devices, a torch rank's tokens/s counted its own rows only)")
+
+
+def per_device_run(doc: dict) -> dict:
+    """A run document in today's units (`harness.timing.runner.FIGURES`): a data-parallel
+    run written before them gets JAX's FLOPs, TFLOP/s and peak divided by N (MFU, a
+    ratio of the two, is unchanged) and a torch rank's tokens/s multiplied by N (the
+    whole job's rows). Documents that carry `figures`, and one-device runs, come back as
+    they are; nothing is changed in place."""
+    from harness.timing.runner import FIGURES
+
+    n = (doc.get("data_parallel") or {}).get("n") or (doc.get("options") or {}).get("data_parallel") or 1
+    if doc.get("status") != "ok" or "figures" in doc or n == 1:
+        return doc
+    new = copy.deepcopy(doc)
+    jax = new["options"]["backend"] == "jax"
+    records = [new["phases"], *(r["phases"] for r in new.get("ranks", []))]
+    for rec in (p for phases in records for p in phases.values()):
+        if jax:
+            rec["flops"] = rec["flops"] // n if rec.get("flops") else rec.get("flops")
+            rec["tflops"] = rec["tflops"] / n if rec.get("tflops") else rec.get("tflops")
+        elif rec.get("tokens_per_s"):
+            rec["tokens_per_s"] *= n
+    if jax and new.get("peak_tflops"):
+        new["peak_tflops"] /= n
+    new["figures"] = FIGURES
+    new["upgraded"] = PER_DEVICE
+    return new
 
 
 def _upgrade_phase(rec: dict, tokens: int, peak_tflops: float | None) -> dict:
@@ -122,6 +154,13 @@ def rerender(folder: str) -> list[str]:
     if is_legacy(summary):
         schemas = sorted({r.get("schema", "?") for r in summary["runs"].values()})
         summary = upgrade(summary, f"{summary['schema']} with {', '.join(schemas)} runs")
+        original = os.path.join(folder, ORIGINAL)
+        if not os.path.exists(original):
+            shutil.copy2(os.path.join(folder, "summary.json"), original)
+            written.append(original)
+    runs = {b: per_device_run(r) for b, r in summary["runs"].items()}
+    if any(runs[b] is not r for b, r in summary["runs"].items()):
+        summary = {**summary, "runs": runs, "table": phase_table(runs), "per_device_upgrade": PER_DEVICE}
         original = os.path.join(folder, ORIGINAL)
         if not os.path.exists(original):
             shutil.copy2(os.path.join(folder, "summary.json"), original)

@@ -68,12 +68,19 @@ def _unit(bds: Sequence[Breakdown]) -> str:
 
 
 def _summary(bds: Sequence[Breakdown]) -> list[str]:
+    """Per phase: GPU time (summed over streams), busy time (their union), range time,
+    counts; with several device timelines, every GPU figure is per device (their mean)."""
     rows = []
-    metrics = [(f"{busy(bds)} ms/step", lambda p: _ms(p.gpu_ns_per_step)),
+    several = any(p.devices > 1 for bd in bds for p in bd.phases.values())
+    unit = busy(bds)
+    metrics = [(f"{unit} ms/step", lambda p: _ms(p.gpu_ns_per_step)),
+               (f"{unit} busy ms/step", lambda p: _ms(p.busy_ns_per_step or 0.0)),
                ("range ms/step", lambda p: _ms(p.range_ns_per_step)),
                (f"{_unit(bds)}s/step", lambda p: f"{p.kernels_per_step:.1f}")]
     if not all(bd.cpu_ops for bd in bds):  # a CPU profile has no copies of its own
         metrics.append(("memcpys+memsets/step", lambda p: f"{p.copies_per_step:.1f}"))
+    if several:
+        metrics.insert(0, ("devices", lambda p: str(p.devices)))
     for phase in _phases(bds):
         for metric, get in metrics:
             rows.append([phase, metric, *(get(bd.phases[phase]) if phase in bd.phases else "-" for bd in bds)])

@@ -39,6 +39,9 @@ class PhaseStats:
     copies_per_step: float = 0.0
     gpu_ns_median: float = 0.0  # median over the steps of the kernel time per step
     range_ns_median: float = 0.0  # median over the steps of the range wall time per step
+    devices: int = 1  # device timelines the figures are the per-device mean over
+    busy_ns_per_step: float | None = None  # union of kernel intervals over streams (None: not recorded)
+    hidden_communication_ns_per_step: float = 0.0  # communication under compute kernels on other streams
 
     def share(self, category: Category) -> float:
         return self.categories.get(category.value, 0.0) / self.gpu_ns_per_step if self.gpu_ns_per_step else 0.0

@@ -28,8 +28,9 @@ autotuning candidates, one-off initialisation) are kept out of the per-step figu
 unless that instance is numbered past 1.
 XLA autotuner kernels are never computation: they are reported apart, wherever they ran.
 A profile without any range gets one pseudo-phase, the whole profile.  GPU time is the
-sum of kernel durations (overlap on several streams counts twice); "range" time is the
-wall time of the ranges themselves.
+sum of kernel durations (overlap on several streams counts twice), "busy" time the union
+of their intervals over streams, "range" time the wall time of the ranges.  One process
+driving N devices (JAX data-parallel) is N device timelines: GPU figures are per device.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from harness.trace.analyses import attribution as attr
 from harness.trace.analyses.answers import answers, attention_flops, harness_metadata
 from harness.trace.analyses.hlo_join import hlo_dir, label_kernels, load_schedules
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
+from harness.trace.analyses.overlap import device_timelines
 from harness.trace.kernels import PHASE_RULES, Category, classify, decode_gemm, short_name
 from harness.trace.profile import (
     ATTENTION_RANGES,
@@ -164,8 +166,7 @@ def _steady(ranges: Sequence[Range], warm: np.ndarray, root: np.ndarray) -> tupl
 
 
 def _categories(kt: KernelTable, inner: np.ndarray, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Category index per kernel (classified once per distinct name, then PHASE_RULES by
-    the ranges around it) and the rule that set it (-1: the name did)."""
+    """Category index per kernel (by name, then PHASE_RULES) and the rule that set it (-1: the name)."""
     base = np.array([_CAT[classify(n)] for n in kt.names], np.int8)[kt.name]
     cats, rule = base.copy(), np.full(len(kt), -1, np.int8)
     kbits = np.where(inner >= 0, bits[np.maximum(inner, 0)], 0)
@@ -178,12 +179,13 @@ def _categories(kt: KernelTable, inner: np.ndarray, bits: np.ndarray) -> tuple[n
 
 def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray, cats: np.ndarray,
            rule: np.ndarray, instances: list[int], walls: dict[int, int], occurrences: int) -> PhaseStats:
-    """The statistics of one phase from its kernels `k` (indices) and their root instance `inst`."""
-    n = max(len(instances), 1)
+    """Statistics of one phase from its kernels `k` and their root instance `inst`, per device."""
+    devs, busy, hidden = device_timelines(kt, k, cats[k] == _CAT[Category.COMMUNICATION])
+    n = max(len(instances), 1) * devs
     dur = kt.duration[k].astype(np.float64)
     total = dur.sum() / n
     u, inv = np.unique(inst, return_inverse=True)
-    per_inst = dict(zip(u.tolist(), np.bincount(inv, weights=dur).tolist()))
+    per_inst = dict(zip(u.tolist(), (np.bincount(inv, weights=dur) / devs).tolist()))
     by_cat = np.bincount(cats[k], weights=dur, minlength=len(_CATS)) / n
     categories = {_CATS[c].value: float(by_cat[c]) for c in np.argsort(-by_cat, kind="stable") if by_cat[c]}
     # one row per (name, category, deciding rule): a name can sit both inside and outside attn_softmax
@@ -199,11 +201,12 @@ def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray
                                 ns[j] / n / total if total else 0.0, _decode(name),
                                 PHASE_RULES[rule_j - 1][0] if rule_j else None))
     kinds = kt.kind[k]
-    return PhaseStats(key, root, len(instances), occurrences, sum(walls.values()) / n, float(total),
+    return PhaseStats(key, root, len(instances), occurrences, sum(walls.values()) * devs / n, float(total),
                       float(np.count_nonzero(kinds == KERNEL)) / n, categories, stats,
                       float(np.count_nonzero((kinds == MEMCPY) | (kinds == MEMSET))) / n,
                       float(statistics.median([per_inst.get(i, 0.0) for i in instances])) if instances else 0.0,
-                      float(statistics.median([walls.get(i, 0) for i in instances])) if instances else 0.0)
+                      float(statistics.median([walls.get(i, 0) for i in instances])) if instances else 0.0,
+                      devs, busy / n, hidden / n)
 
 
 def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto",

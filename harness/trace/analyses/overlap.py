@@ -99,6 +99,23 @@ def overlap(kt: KernelTable, ranges: Sequence[Range] = ()) -> list[dict]:
     return out
 
 
+def device_timelines(kt: KernelTable, k: np.ndarray, comm: np.ndarray) -> tuple[int, float, float]:
+    """(devices, busy ns, hidden communication ns) of the kernels `k` (indices; `comm`
+    marks the communication ones), both summed over devices: busy is the union of all
+    their intervals per device, over every stream; hidden the part of each communication
+    stream's union that runs under the device's other kernels on other streams."""
+    devices = np.unique(kt.device[k])
+    busy = hidden = 0
+    for device in devices:
+        on = k[kt.device[k] == device]
+        on_comm = comm[kt.device[k] == device]
+        busy += int(np.sum(np.subtract(*union(kt.start[on], kt.end[on])[::-1])))
+        for stream in np.unique(kt.stream[on[on_comm]]):
+            mine, others = on[on_comm & (kt.stream[on] == stream)], on[~on_comm & (kt.stream[on] != stream)]
+            hidden += covered_measure(union(kt.start[mine], kt.end[mine]), union(kt.start[others], kt.end[others]))
+    return max(len(devices), 1), float(busy), float(hidden)
+
+
 def phase_times(ranges: Sequence[Range]) -> dict[str, float]:
     """Median wall time (ms) of each harness phase range and the step, as a rank's timer saw it."""
     out = {}
@@ -117,9 +134,13 @@ def rank_of(path: str | Path) -> int:
     return int(found.group(1))
 
 
-def rank_analysis(profiles: dict[int, Profile]) -> dict:
+def rank_analysis(profiles: dict[int, Profile], bytes_per_step: dict[str, float] | None = None) -> dict:
     """One analysis of a data-parallel run's per-rank profiles: each rank's overlap and
-    phase times, and per phase the spread over ranks (straggler = slowest/fastest median)."""
+    phase times, per phase the spread over ranks (straggler = slowest/fastest median), and
+    communication split into transfer and waiting (`harness.trace.analyses.collectives`,
+    with bandwidth where `bytes_per_step` gives the bytes of each collective kind)."""
+    from harness.trace.analyses.collectives import profile_split
+
     ranks = []
     for rank in sorted(profiles):
         p = profiles[rank]
@@ -134,10 +155,12 @@ def rank_analysis(profiles: dict[int, Profile]) -> dict:
     total = sum(d["communication_ms"] for d in comm)
     hidden = sum(d["hidden_ms"] for d in comm)
     return {"ranks": ranks, "spread": spread, "communication_ms": total, "hidden_ms": hidden,
-            "exposed_ms": total - hidden, "hidden_share": hidden / total if total else None}
+            "exposed_ms": total - hidden, "hidden_share": hidden / total if total else None,
+            "split": profile_split(profiles, bytes_per_step)}
 
 
-def rank_profiles(paths: Sequence[str | Path], nsys_bin: str | None = None) -> dict:
+def rank_profiles(paths: Sequence[str | Path], nsys_bin: str | None = None,
+                  bytes_per_step: dict[str, float] | None = None) -> dict:
     """Load per-rank profiles (the rank read from each name; a lone profile without one is
     rank 0, as JAX's one process over every device) and analyse them together."""
     from harness.trace.analyses.breakdown import load_profile
@@ -148,7 +171,7 @@ def rank_profiles(paths: Sequence[str | Path], nsys_bin: str | None = None) -> d
         if rank in by_rank:
             raise ProfileError(f"{path}: a second profile of rank {rank}")
         by_rank[rank] = load_profile(path, f"rank{rank}", nsys_bin)
-    return rank_analysis(by_rank)
+    return rank_analysis(by_rank, bytes_per_step)
 
 
 def format_overlap(analysis: dict) -> str:
@@ -162,6 +185,10 @@ def format_overlap(analysis: dict) -> str:
             lines.append(f"{r['rank']:>4} {d['device']:>6} {d['communication_ms']:>9.3f} {d['hidden_ms']:>10.3f} "
                          f"{d['exposed_ms']:>11.3f} {share:>7} {step if step is not None else float('nan'):>8.3f}")
     share = analysis["hidden_share"]
+    if analysis.get("split"):
+        from harness.trace.analyses.collectives import format_split
+
+        lines += format_split(analysis["split"])
     lines.append(f"all: {analysis['communication_ms']:.3f} ms of communication, {analysis['exposed_ms']:.3f} ms "
                  f"exposed" + (f" ({100 * (1 - share):.1f}%)" if share is not None else ""))
     return "\n".join(lines) + "\n"

@@ -333,6 +333,8 @@ def read_sqlite(path: str | Path, label: str | None = None, force: bool = False)
         pending_kernels = _kernels(reader, tables) if "CUPTI_ACTIVITY_KIND_KERNEL" in tables else lambda: None
         ranges = _ranges(reader.db, tables)
         gpu = _gpu_name(reader.db, tables)
+        start = (reader.db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+                 if "TARGET_INFO_SESSION_START_TIME" in tables else None)
         launches, missing = pending_missing()
         kernels, api = pending_kernels(), pending_api()
     tsl = "for JAX profile with --nvtx-domain-exclude=TSL (XLA's NVTX domain breaks the importer)"
@@ -356,4 +358,5 @@ def read_sqlite(path: str | Path, label: str | None = None, force: bool = False)
     if graphs.any():
         ns = int(kernels.duration[graphs].sum())
         notes.append(GRAPH_NOTE.format(count=int(graphs.sum()), ms=ns / 1e6, name=GRAPH_NAME))
-    return Profile(str(path), label or label_from_path(path), "nsys", kernels, ranges, notes, api, gpu=gpu)
+    return Profile(str(path), label or label_from_path(path), "nsys", kernels, ranges, notes, api, gpu=gpu,
+                   session_start_ns=int(start[0]) if start and start[0] is not None else None)

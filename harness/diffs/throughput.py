@@ -1,0 +1,74 @@
+"""GEMM TFLOP/s against the dtype's dense peak and the optimizer's GB/s against HBM, per
+side of a diff: the FLOPs and bytes the harness counts for one device's --batch rows
+over that device's kernel time (figures of the diff are per device)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.common.hardware import hbm_tbps, peak_tflops
+from harness.config import ModelConfig
+from harness.diffs.inputs import PhaseProfile, Run
+from harness.timing.flops import optimizer_bytes, phase_flops
+from harness.trace.kernels import Category
+
+
+def doc_field(doc: dict | None, path: tuple[str, ...]) -> object:
+    """`doc[path[0]][path[1]]...`, None where a level is missing."""
+    for key in path:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
+@dataclass
+class Throughput:
+    what: str  # "GEMM", "optimizer"
+    unit: str  # "TFLOP/s", "GB/s"
+    bound_name: str  # "bf16 dense peak", "HBM"
+    a: float | None
+    b: float | None
+    a_bound: float | None
+    b_bound: float | None
+
+
+def _config(run: Run) -> ModelConfig | None:
+    cfg = doc_field(run.doc, ("config",))
+    try:
+        return ModelConfig(**cfg) if isinstance(cfg, dict) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _gemm_flops(run: Run, phase: str, p: PhaseProfile) -> float | None:
+    """Matmul FLOPs of `phase` run as GEMM kernels: all of them, less the attention
+    products where fused-attention kernels ran them."""
+    config, batch, ctx = _config(run), doc_field(run.doc, ("options", "batch")), doc_field(run.doc, ("options", "ctx"))
+    if config is None or not batch or not ctx:
+        return None
+    total = phase_flops(config, batch, ctx).get(phase, 0)
+    passes = total / phase_flops(config, batch, ctx)["forward"]
+    attention = passes * config.num_layers * 4 * batch * ctx * ctx * config.d_model
+    return total - attention if p.categories.get(Category.ATTENTION.value) else total
+
+
+def throughput(a: Run, b: Run, pair: tuple[str, str, str], pa: PhaseProfile, pb: PhaseProfile) -> list[Throughput]:
+    out = []
+    gemm, opt = {}, {}
+    for side, run, phase, p in (("a", a, pair[1], pa), ("b", b, pair[2], pb)):
+        ns = p.categories.get(Category.GEMM.value, 0.0)
+        flops = _gemm_flops(run, phase, p)
+        device, dtype = doc_field(run.doc, ("env", "device")), doc_field(run.doc, ("options", "dtype"))
+        gemm[side] = (flops / ns / 1e3 if flops and ns else None, peak_tflops(device, dtype))
+        config = _config(run)
+        ons = p.categories.get(Category.OPTIMIZER.value, 0.0)
+        opt[side] = (optimizer_bytes(config) / ons if config and ons and phase != "forward" else None,
+                     (tbps * 1e3 if (tbps := hbm_tbps(device)) else None))
+    dtype = doc_field(a.doc, ("options", "dtype")) or "?"
+    if gemm["a"][0] or gemm["b"][0]:
+        out.append(Throughput("GEMM", "TFLOP/s", f"{dtype} dense peak", gemm["a"][0], gemm["b"][0],
+                              gemm["a"][1], gemm["b"][1]))
+    if opt["a"][0] or opt["b"][0]:
+        out.append(Throughput("optimizer", "GB/s", "HBM bandwidth", opt["a"][0], opt["b"][0], opt["a"][1], opt["b"][1]))
+    return out
+
+

@@ -1,0 +1,228 @@
+"""Communication split into transfer and waiting, by aligning each collective across ranks.
+
+A collective kernel (NCCL's `ncclDevKernel_*`, XLA's all-reduce and the like) starts when
+its own rank reaches it and cannot finish before the last rank has reached it, so its
+duration on an early rank is waiting for the others plus the transfer itself. The k-th
+collective of one kind (all-reduce, all-gather, ...) on each rank is the same operation:
+the ranks of a data-parallel job issue the same collectives in the same order. On every
+rank, the part of the k-th collective before the last rank's k-th collective starts is
+waiting, the rest transfer. This needs one clock for all ranks: nsys gives every process
+of one host the same one, a JAX process's devices share its clock, and the harness's own
+host timings (`time.perf_counter`, CLOCK_MONOTONIC on Linux) are one clock per host.
+
+The rank that arrived last is named per collective; the phase that made it late is the
+harness phase (`forward`, `backward`, `optimizer`) in which the last rank spent more time
+than the others' median, from its step's start up to the collective's start.
+
+Bandwidth per kind, where the bytes a step moves are known (the gradients' size the
+harness counts): algorithm bandwidth = bytes / transfer time, and NCCL's bus bandwidth =
+algorithm bandwidth x 2(N-1)/N for an all-reduce, x (N-1)/N for an all-gather or a
+reduce-scatter, which makes it comparable with the link's peak whatever N.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.trace.analyses.overlap import _categories, _measured, union
+from harness.trace.kernels import Category
+from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, KernelTable, Profile, Range
+
+# Collective kinds: (name, pattern in a kernel name), first match wins.
+KINDS = (("all-reduce", re.compile(r"all_?-?reduce", re.IGNORECASE)),
+         ("reduce-scatter", re.compile(r"reduce_?-?scatter", re.IGNORECASE)),
+         ("all-gather", re.compile(r"all_?-?gather", re.IGNORECASE)),
+         ("all-to-all", re.compile(r"all_?-?to_?-?all", re.IGNORECASE)),
+         ("broadcast", re.compile(r"broadcast", re.IGNORECASE)),
+         ("send/recv", re.compile(r"send|recv", re.IGNORECASE)))
+
+
+def kind_of(name: str) -> str:
+    """The collective kind of a communication kernel's name ("other" where none matches)."""
+    return next((kind for kind, pattern in KINDS if pattern.search(name)), "other")
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """NCCL's bus-bandwidth factor: what a link carries per byte of the operation's size."""
+    if kind == "all-reduce":
+        return 2 * (n - 1) / n
+    if kind in ("all-gather", "reduce-scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Op:
+    """One collective on one rank: its kind and interval (ns, the clock shared by all ranks)."""
+
+    kind: str
+    start: int
+    end: int
+
+
+def kernel_ops(kt: KernelTable, ranges: Sequence[Range] = (), device: int | None = None) -> list[Op]:
+    """The communication kernels of the measured steps (of one `device` where given), in
+    start order."""
+    cats = _categories(kt)
+    keep = _measured(kt, ranges) & (kt.kind == KERNEL) & (cats == list(Category).index(Category.COMMUNICATION))
+    if device is not None:
+        keep &= kt.device == device
+    return [Op(kind_of(kt.name_of(i)), int(kt.start[i]), int(kt.end[i])) for i in np.flatnonzero(keep)]
+
+
+def range_ops(ranges: Sequence[Range], phase: str = "backward", kind: str = "all-reduce") -> list[Op]:
+    """The `phase` ranges of the measured steps as collectives: for host timings without
+    kernels, where the phase holds the collective (DDP's gradient all-reduce inside the
+    backward) and waiting shows as the phase starting before the last rank's."""
+    return [Op(kind, r.start, r.end) for r in ranges if r.name == phase]
+
+
+def _elapsed(ranges: Sequence[Range], t: int) -> dict[str, float]:
+    """Per harness phase, ns spent in it from the start of the step holding `t` up to `t`;
+    "step start" is the step's start itself (a rank that began the step late)."""
+    step = next((r for r in ranges if r.name in STEP_RANGES and r.start <= t <= r.end), None)
+    if step is None:
+        return {}
+    out = {p: float(sum(max(0, min(r.end, t) - max(r.start, step.start)) for r in ranges
+                        if r.name == p and step.start <= r.start < t)) for p in PHASES}
+    out["step start"] = float(step.start)
+    return out
+
+
+def align(ops: Mapping[int, Sequence[Op]], ranges: Mapping[int, Sequence[Range]] | None = None,
+          bytes_per_step: Mapping[str, float] | None = None, steps: int = 1) -> dict:
+    """Transfer and waiting of every rank's collectives (`ops`: rank -> its collectives in
+    start order), the rank that arrived last, the phase that made it late (from `ranges`,
+    rank -> its harness ranges, where given; `late_ms`: how much longer the last rank had
+    spent in it, mean over the collectives) and, with `bytes_per_step` (kind -> bytes one
+    step's collectives of that kind move), bandwidth per kind; times in ms over all
+    `steps` measured steps and per step."""
+    ranks = sorted(ops)
+    n = len(ranks)
+    by_kind = {r: defaultdict(list) for r in ranks}
+    for r in ranks:
+        for op in ops[r]:
+            by_kind[r][op.kind].append(op)
+    kinds = sorted({k for r in ranks for k in by_kind[r]})
+    totals = {r: {"communication": 0.0, "waiting": 0.0, "transfer": 0.0, "last": 0} for r in ranks}
+    per_kind = {k: {"count": 0, "transfer": 0.0, "waiting": 0.0} for k in kinds}
+    culprits: dict[str, float] = defaultdict(float)
+    late_count, notes = 0, []
+    for kind in kinds:
+        counts = [len(by_kind[r][kind]) for r in ranks]
+        if len(set(counts)) > 1:
+            notes.append(f"{kind}: {', '.join(f'rank {r} {c}' for r, c in zip(ranks, counts))} collectives; "
+                         f"the first {min(counts)} of each were aligned")
+        for k in range(min(counts)):
+            group = {r: by_kind[r][kind][k] for r in ranks}
+            last = max(ranks, key=lambda r: group[r].start)
+            arrival = group[last].start
+            totals[last]["last"] += 1
+            per_kind[kind]["count"] += 1
+            for r, op in group.items():
+                duration = op.end - op.start
+                waiting = min(max(arrival - op.start, 0), duration)
+                totals[r]["communication"] += duration
+                totals[r]["waiting"] += waiting
+                totals[r]["transfer"] += duration - waiting
+                per_kind[kind]["transfer"] += (duration - waiting) / n
+                per_kind[kind]["waiting"] += waiting / n
+            if ranges and n > 1 and arrival > min(op.start for op in group.values()):
+                late = _elapsed(ranges[last], arrival)
+                others = [_elapsed(ranges[r], group[r].start) for r in ranks if r != last]
+                late_count += 1
+                for phase, ns in late.items():
+                    culprits[phase] += ns - statistics.median(o.get(phase, ns) for o in others)
+    ms = lambda ns: ns / 1e6  # noqa: E731
+    steps = max(steps, 1)
+    rank_rows = [{"rank": r, **{f"{key}_ms": ms(totals[r][key]) for key in ("communication", "waiting", "transfer")},
+                  **{f"{key}_ms_per_step": ms(totals[r][key]) / steps for key in ("communication", "waiting",
+                                                                                  "transfer")},
+                  "last_count": totals[r]["last"]} for r in ranks]
+    kind_rows = []
+    for kind, v in per_kind.items():
+        row = {"kind": kind, "count": v["count"], "transfer_ms_per_step": ms(v["transfer"]) / steps,
+               "waiting_ms_per_step": ms(v["waiting"]) / steps, "bytes_per_step": None, "algbw_gbps": None,
+               "busbw_gbps": None}
+        size = (bytes_per_step or {}).get(kind)
+        if size and v["transfer"]:
+            row["bytes_per_step"] = size
+            row["algbw_gbps"] = size / (v["transfer"] / steps)  # bytes per ns = GB/s
+            row["busbw_gbps"] = row["algbw_gbps"] * bus_factor(kind, n)
+        kind_rows.append(row)
+    aligned = sum(v["count"] for v in per_kind.values())
+    last = max(rank_rows, key=lambda x: x["last_count"]) if aligned else None
+    phase = max(culprits, key=culprits.__getitem__) if culprits and max(culprits.values()) > 0 else None
+    return {"n": n, "steps": steps, "collectives": aligned, "ranks": rank_rows, "kinds": kind_rows,
+            "last_rank": last["rank"] if last and n > 1 else None,
+            "last_share": last["last_count"] / aligned if last and n > 1 else None,
+            "late_phase": phase, "late_ms": ms(culprits[phase]) / late_count if phase else None,
+            "notes": notes}
+
+
+def _steps(ranges: Sequence[Range]) -> int:
+    """Measured steps: the disjoint spans of the step ranges."""
+    steps = [r for r in ranges if r.name in STEP_RANGES]
+    return len(union(np.array([r.start for r in steps]), np.array([r.end for r in steps]))[0]) if steps else 1
+
+
+def profile_split(profiles: Mapping[int, Profile], bytes_per_step: Mapping[str, float] | None = None) -> dict | None:
+    """`align` over a data-parallel run's profiles: one per torch rank, each shifted onto
+    the host's clock by its session start (an nsys report counts from its own), or JAX's
+    one profile read as one timeline per device (its ranges shared by all). None where
+    fewer than two timelines hold collectives."""
+    if len(profiles) == 1:
+        (p,) = profiles.values()
+        devices = np.unique(p.kernels.device).tolist()
+        ops = {int(d): kernel_ops(p.kernels, p.ranges, device=d) for d in devices}
+        ranges = {int(d): p.ranges for d in devices}
+        steps = _steps(p.ranges)
+    else:
+        starts = {r: p.session_start_ns for r, p in profiles.items()}
+        known = None not in starts.values()
+        shift = {r: starts[r] - min(starts.values()) if known else 0 for r in profiles}
+        ops = {r: [Op(o.kind, o.start + shift[r], o.end + shift[r]) for o in kernel_ops(p.kernels, p.ranges)]
+               for r, p in profiles.items()}
+        ranges = {r: [Range(x.name, x.start + shift[r], x.end + shift[r], x.thread) for x in p.ranges]
+                  for r, p in profiles.items()}
+        steps = _steps(profiles[min(profiles)].ranges)
+    if sum(1 for o in ops.values() if o) < 2:
+        return None
+    return align(ops, ranges, bytes_per_step, steps)
+
+
+def gradient_bytes(doc: dict | None) -> dict[str, float]:
+    """Bytes per step of the gradient collective the harness knows of a run document: the
+    float32 gradients all-reduced (DDP, JAX replicated) or reduce-scattered (FSDP2, JAX
+    sharded); empty where unknown."""
+    if not doc or not doc.get("num_params"):
+        return {}
+    parallel = (doc.get("options") or {}).get("parallel", "ddp")
+    return {"all-reduce" if parallel in ("ddp", "zero1") else "reduce-scatter": 4.0 * doc["num_params"]}
+
+
+def format_split(split: dict, link: dict | None = None) -> list[str]:
+    """Lines: per rank communication, transfer and waiting per step; per kind bandwidth
+    against the link measured in the run; who arrived last and why."""
+    lines = [f"{'rank':>4} {'comm ms/step':>13} {'transfer ms':>12} {'waiting ms':>11}"]
+    lines += [f"{r['rank']:>4} {r['communication_ms_per_step']:>13.3f} {r['transfer_ms_per_step']:>12.3f} "
+              f"{r['waiting_ms_per_step']:>11.3f}" for r in split["ranks"]]
+    for k in split["kinds"]:
+        bw = (f", {k['bytes_per_step'] / 1e9:.3f} GB/step: algorithm {k['algbw_gbps']:.1f} GB/s, bus "
+              f"{k['busbw_gbps']:.1f} GB/s" if k["algbw_gbps"] else "")
+        if bw and link:
+            bw += f" (the link measured {link['busbw_gbps']:.1f} GB/s bus)"
+        lines.append(f"{k['kind']}: {k['count']} aligned, transfer {k['transfer_ms_per_step']:.3f} ms/step, waiting "
+                     f"{k['waiting_ms_per_step']:.3f} ms/step (mean over ranks){bw}")
+    if split["last_rank"] is not None:
+        late = (f"; late from its {split['late_phase']} (+{split['late_ms']:.3f} ms against the others' median, "
+                "mean over the collectives)" if split["late_phase"] else "")
+        lines.append(f"last to arrive: rank {split['last_rank']} in {100 * split['last_share']:.0f}% of the "
+                     f"collectives{late}")
+    return lines + [f"note: {n}" for n in split["notes"]]

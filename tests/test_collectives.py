@@ -1,0 +1,167 @@
+"""Transfer and waiting of collectives aligned across ranks, counted by hand on kernel
+tables with NCCL's and XLA's real kernel names, and a planted straggler on two gloo ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.trace.analyses.collectives import align, bus_factor, kernel_ops, kind_of
+from harness.trace.profile import Kernel, KernelTable, Range
+
+ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    (ALL_REDUCE, "all-reduce"), ("ncclKernel_AllGather_RING_LL_Sum_int8_t", "all-gather"),
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "reduce-scatter"), ("all-reduce-start", "all-reduce"),
+    ("reduce-scatter.3", "reduce-scatter"), ("loop_all_gather_fusion", "all-gather")])
+def test_kinds_from_real_kernel_names(name: str, kind: str) -> None:
+    assert kind_of(name) == kind
+
+
+def test_bus_factors_are_nccls() -> None:
+    assert (bus_factor("all-reduce", 4), bus_factor("all-gather", 4), bus_factor("reduce-scatter", 2)) == (1.5, 0.75,
+                                                                                                         0.5)
+
+
+# One step [0, 1000) on each rank; rank 1's forward is 150 ns longer, so it reaches both
+# all-reduces of its backward last.
+RANGES = {0: [Range("step", 0, 1000), Range("forward", 0, 300), Range("backward", 300, 900),
+              Range("optimizer", 900, 1000)],
+          1: [Range("step", 0, 1000), Range("forward", 0, 450), Range("backward", 450, 950),
+              Range("optimizer", 950, 1000)]}
+COLLECTIVES = {0: [(400, 600), (700, 850)], 1: [(500, 600), (720, 860)]}
+
+
+def _table(device_of_rank: dict[int, int]) -> KernelTable:
+    kernels = [Kernel(GEMM, 10, 290, device_of_rank[r], 7) for r in COLLECTIVES]
+    kernels += [Kernel(ALL_REDUCE, s, e, device_of_rank[r], 13) for r, spans in COLLECTIVES.items() for s, e in spans]
+    return KernelTable.from_kernels(kernels)
+
+
+def _check(split: dict) -> None:
+    ranks = {r["rank"]: r for r in split["ranks"]}
+    # all-reduce 1: rank 1 arrives at 500; rank 0 (from 400, 200 ns) waits 100, transfers 100.
+    # all-reduce 2: rank 1 arrives at 720; rank 0 (from 700, 150 ns) waits 20, transfers 130.
+    assert ranks[0]["waiting_ms"] == pytest.approx(120e-6) and ranks[0]["transfer_ms"] == pytest.approx(230e-6)
+    assert ranks[1]["waiting_ms"] == 0 and ranks[1]["transfer_ms"] == pytest.approx(240e-6)
+    for r in ranks.values():
+        assert r["waiting_ms"] + r["transfer_ms"] == pytest.approx(r["communication_ms"])
+    assert (split["last_rank"], split["last_share"], split["collectives"]) == (1, 1.0, 2)
+    # rank 1 had spent 450 ns in its forward at both arrivals, rank 0 300: 150 ns late from the forward
+    assert split["late_phase"] == "forward" and split["late_ms"] == pytest.approx(150e-6)
+    (kind,) = split["kinds"]
+    # 1000 bytes per step over a transfer of (230 + 240) / 2 ns: 4.255 GB/s; x 2(N-1)/N = 1 at N = 2
+    assert kind["kind"] == "all-reduce" and kind["algbw_gbps"] == pytest.approx(1000 / 235)
+    assert kind["busbw_gbps"] == pytest.approx(kind["algbw_gbps"])
+
+
+def test_torch_ranks_each_with_its_profile() -> None:
+    ops = {r: kernel_ops(_table({0: 0, 1: 0}), RANGES[r]) for r in RANGES}
+    # each rank's own profile holds only its kernels: keep rank r's by their start times
+    ops = {r: [op for op in ops[r] if (op.start, op.end) in COLLECTIVES[r]] for r in ops}
+    _check(align(ops, RANGES, {"all-reduce": 1000}))
+
+
+def test_jax_devices_of_one_process() -> None:
+    table = _table({0: 0, 1: 1})
+    ops = {d: kernel_ops(table, RANGES[0] + RANGES[1], device=d) for d in (0, 1)}
+    _check(align(ops, RANGES, {"all-reduce": 1000}))
+
+
+def test_planted_straggler_shows_as_waiting_on_the_other_rank(tmp_path) -> None:
+    """Rank 1 sleeps 1 s at the start of every forward (the test-only fault hook): rank 0
+    reaches the backward's all-reduce first and waits there for it, each step about the
+    sleep; rank 1, always last, barely waits; its forward is what made it late. The sleep
+    is long against a tiny step's CPU time (tens of ms, up to a few hundred on a busy
+    machine), so the bounds hold on a loaded CPU; forward-backward mode skips the
+    overhead check's extra steps. Two warm-up steps: DDP rebuilds its buckets in the
+    second step's forward, a collective there that would make rank 0 wait in its forward."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "dp.json"
+    env = {**os.environ, "PYTHONPATH": str(root), "XFPROF_DP_SLOW_RANK": "1:1.0"}
+    proc = subprocess.run([sys.executable, "-m", "harness.run", "--backend", "torch", "--model", "tiny", "--ctx", "16",
+                           "--batch", "2", "--warmup", "2", "--steps", "3", "--mode", "forward-backward", "--device", "cpu",
+                           "--data-parallel", "2",
+                           "--quiet", "--out", str(out)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dp = json.loads(out.read_text())["data_parallel"]
+    split = dp["host_split"]
+    ranks = {r["rank"]: r for r in split["ranks"]}
+    assert (split["last_rank"], split["last_share"], split["late_phase"]) == (1, 1.0, "forward")
+    assert 700 < ranks[0]["waiting_ms_per_step"] < 1300  # the 1000 ms sleep, give or take the step's CPU time
+    assert ranks[0]["transfer_ms_per_step"] < 0.5 * ranks[0]["waiting_ms_per_step"]
+    assert ranks[1]["waiting_ms_per_step"] < 0.2 * ranks[0]["waiting_ms_per_step"]
+    assert dp["link"]["bytes"] > 0 and len(dp["link"]["times_ms"]) == 5
+    assert "last to arrive: rank 1 in 100% of steps, late from its forward" in proc.stdout
+
+
+# Real profiles of a 2-GPU run (tests/data/dp_small_bf16/README.md): torch DDP, one nsys
+# report per rank, and JAX's one process over two devices; `small`, ctx 128, bf16, the
+# first two measured steps of each.
+DP = Path(__file__).parent / "data" / "dp_small_bf16"
+
+
+@pytest.fixture(scope="module")
+def torch_ranks() -> dict:
+    from harness.trace.analyses.breakdown import load_profile
+
+    return {r: load_profile(DP / f"torch_dp2.rank{r}.sqlite.gz", f"rank{r}") for r in (0, 1)}
+
+
+def test_real_torch_ranks_waiting_plus_transfer_is_communication(torch_ranks: dict) -> None:
+    from harness.trace.analyses.collectives import profile_split
+
+    split = profile_split(torch_ranks)
+    for r in split["ranks"]:
+        assert r["waiting_ms"] + r["transfer_ms"] == pytest.approx(r["communication_ms"], rel=1e-12)
+    # every NCCL kernel of the measured steps on both ranks is one aligned all-reduce
+    counts = {r: len(kernel_ops(p.kernels, p.ranges)) for r, p in torch_ranks.items()}
+    assert counts[0] == counts[1] == split["collectives"] > 0
+    # the transfer itself is the same operation on both ranks: within 10% of each other
+    t0, t1 = (r["transfer_ms"] for r in split["ranks"])
+    assert abs(t0 - t1) < 0.1 * max(t0, t1)
+
+
+def test_real_torch_arrival_order_agrees_with_the_nvtx_ranges(torch_ranks: dict) -> None:
+    """The last rank to reach the all-reduces is, step by step, the one whose `backward`
+    range (where DDP issues them) starts later on the host clock the reports share."""
+    from harness.trace.analyses.collectives import profile_split
+
+    base = min(p.session_start_ns for p in torch_ranks.values())
+    later = []
+    for step in range(2):
+        starts = {r: [x.start for x in p.ranges if x.name == "backward"][step] + p.session_start_ns - base
+                  for r, p in torch_ranks.items()}
+        later.append(max(starts, key=starts.__getitem__))
+    split = profile_split(torch_ranks)
+    assert later == [split["last_rank"]] * 2
+    waits = {r["rank"]: r["waiting_ms"] for r in split["ranks"]}
+    assert waits[1 - split["last_rank"]] > waits[split["last_rank"]]  # the early rank does the waiting
+
+
+def test_real_jax_devices_of_one_process() -> None:
+    from harness.trace.analyses.breakdown import breakdown, load_profile
+    from harness.trace.analyses.collectives import profile_split
+
+    profile = load_profile(DP / "jax_dp2.sqlite.gz", "jax")
+    split = profile_split({0: profile})
+    assert [r["rank"] for r in split["ranks"]] == [0, 1]  # the two devices
+    for r in split["ranks"]:
+        assert r["waiting_ms"] + r["transfer_ms"] == pytest.approx(r["communication_ms"], rel=1e-12)
+    counts = [len(kernel_ops(profile.kernels, profile.ranges, device=d)) for d in (0, 1)]
+    assert counts[0] == counts[1] == split["collectives"] > 0
+    # per-device figures: each phase's kernel time is the mean of the two devices' own
+    bd = breakdown(profile)
+    for name, phase in bd.phases.items():
+        assert phase.devices == 2, name
+        assert phase.busy_ns_per_step <= phase.gpu_ns_per_step * (1 + 1e-12) <= phase.range_ns_per_step, name

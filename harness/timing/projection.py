@@ -3,7 +3,7 @@
 From one backend's runs at N = 1 and at one N > 1 (the same per-device batch), the model
 predicts the step at other N, on one node or several:
 
-    step(N)      = compute + exposed(N)
+    step(N)      = compute + exposed(N) + other
     compute      = the N = 1 step (weak scaling: every device's work stays that of one)
     comm(N)      = ring all-reduce of the gradients: 2 (N - 1) / N x bytes / bus bandwidth
                    on one node; over k nodes of D devices, hierarchical: reduce-scatter and
@@ -11,14 +11,18 @@ predicts the step at other N, on one node or several:
                    plus an all-reduce of each device's 1/D share across nodes,
                    2 (k - 1) / k x bytes / D / inter-node bandwidth per device
     exposed(N)   = (1 - hidden) x comm(N)
-    hidden       = 1 - (step(N_fit) - compute) / comm(N_fit), from the measured run at N_fit
+    hidden       = 1 - (step(N_fit) - compute) / comm(N_fit), from the measured run at N_fit,
+                   between 0 and 1
+    other        = step(N_fit) - compute - comm(N_fit) where the fitted step grew by more than
+                   its whole all-reduce (waiting for a straggler, the wrapper's bookkeeping),
+                   else 0; kept at every N, so no projection undercuts the fitted run
     efficiency   = compute / step(N)
 
 The bytes are the float32 gradients (4 x parameters; 2 x under `--grad-comm bf16`); the
 bus bandwidth is the link the run measured (`data_parallel.link`, torch) or given. What
 it leaves out: latency terms of the ring (small next to gigabyte all-reduces), bandwidth
 that changes with N inside a node (an NVSwitch node gives every pair the same), and any
-straggler or waiting beyond what the fitted run had, which `hidden` absorbs.
+straggler or waiting beyond what the fitted run had (`other` keeps the fitted run's).
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from harness.timing.scaling import step_figures
 
 ASSUMPTIONS = ("weak scaling: per-device batch and compute fixed at the N = 1 step; ring all-reduce "
                "2(N-1)/N x bytes / bus bandwidth inside a node, hierarchical across nodes (intra-node "
-               "reduce-scatter + all-gather, inter-node all-reduce of each device's 1/D share); the hidden share of "
-               "communication fitted at the measured N and kept; ring latency and stragglers not modelled")
+               "reduce-scatter + all-gather, inter-node all-reduce of each device's 1/D share); the hidden share "
+               "of communication fitted at the measured N and kept, and growth beyond the whole all-reduce kept "
+               "as a fixed other term; ring latency and stragglers beyond the fitted run's not modelled")
 
 
 def comm_ms(n: int, grad_bytes: float, busbw_gbps: float, per_node: int = 8,
@@ -63,13 +68,14 @@ def project(base: dict, fit: dict, targets: Sequence[int], busbw_gbps: float | N
     grad_bytes = (2 if fit["options"].get("grad_comm") == "bf16" else 4) * fit["num_params"]
     fit_comm = comm_ms(nf, grad_bytes, busbw, per_node, inter_gbps)
     hidden = min(max(1 - (fit_step - compute) / fit_comm, 0.0), 1.0) if fit_comm else 1.0
+    other = max(fit_step - compute - fit_comm, 0.0)
     by_n = {step_figures(d)[0]: d for d in measured}
     rows = []
     for n in targets:
         comm = comm_ms(n, grad_bytes, busbw, per_node, inter_gbps)
         exposed = (1 - hidden) * comm
         row = {"n": n, "nodes": -(-n // per_node), "comm_ms": comm, "exposed_ms": exposed,
-               "step_ms": compute + exposed, "efficiency": compute / (compute + exposed),
+               "step_ms": compute + exposed + other, "efficiency": compute / (compute + exposed + other),
                "measured_step_ms": None, "measured_efficiency": None}
         if n in by_n:
             row["measured_step_ms"] = step_figures(by_n[n])[2]
@@ -77,7 +83,7 @@ def project(base: dict, fit: dict, targets: Sequence[int], busbw_gbps: float | N
         rows.append(row)
     return {"backend": base["options"]["backend"], "compute_ms": compute, "fit_n": nf, "fit_step_ms": fit_step,
             "grad_bytes": grad_bytes, "busbw_gbps": busbw, "busbw_source": "given" if busbw_gbps else "measured link",
-            "hidden": hidden, "per_node": per_node, "inter_gbps": inter_gbps, "rows": rows}
+            "hidden": hidden, "other_ms": other, "per_node": per_node, "inter_gbps": inter_gbps, "rows": rows}
 
 
 def format_projection(p: dict) -> str:
@@ -90,12 +96,12 @@ def format_projection(p: dict) -> str:
              f"{100 * r['measured_efficiency']:.1f}%" if r["measured_efficiency"] else "-"] for r in p["rows"]]
     inter = f"{p['inter_gbps']:g} Gbit/s per device" if p["inter_gbps"] else "not given"
     lines = [f"Projection for {p['backend']}: compute {p['compute_ms']:.3f} ms (the N = 1 step); fitted at N = "
-             f"{p['fit_n']} ({p['fit_step_ms']:.3f} ms): {100 * p['hidden']:.1f}% of the all-reduce hidden; gradients "
-             f"{p['grad_bytes'] / 1e9:.3f} GB; bus bandwidth {p['busbw_gbps']:.1f} GB/s ({p['busbw_source']}); "
+             f"{p['fit_n']} ({p['fit_step_ms']:.3f} ms): {100 * p['hidden']:.1f}% of the all-reduce hidden, "
+             f"other {p['other_ms']:.3f} ms; gradients {p['grad_bytes'] / 1e9:.3f} GB; bus bandwidth {p['busbw_gbps']:.1f} GB/s ({p['busbw_source']}); "
              f"{p['per_node']} devices per node; inter-node {inter}.", "",
              *markdown_table(["N", "nodes", "all-reduce ms", "exposed ms", "step ms", "efficiency",
                               "measured step ms", "measured efficiency"], body), "",
-             "step(N) = compute + (1 - hidden) x comm(N); comm(N) = 2(N-1)/N x bytes / bus bandwidth on one node, "
-             "+ 2(k-1)/k x bytes / D / inter-node bandwidth over k nodes of D devices; efficiency = compute / "
+             "step(N) = compute + (1 - hidden) x comm(N) + other; comm(N) = 2(N-1)/N x bytes / bus bandwidth on "
+             "one node, + 2(k-1)/k x bytes / D / inter-node bandwidth over k nodes of D devices; efficiency = compute / "
              "step(N).", f"Assumptions: {ASSUMPTIONS}."]
     return "\n".join(lines) + "\n"

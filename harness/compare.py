@@ -26,6 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from harness.common.cli import (
+    DEFAULT_BACKENDS,
     UsageError,
     add_backend,
     add_data_parallel,
@@ -34,33 +35,32 @@ from harness.common.cli import (
     add_nsys_bin,
     add_optimizer,
     add_out,
+    add_overwrite,
     add_steps,
     fail,
+    given_options,
     make_parser,
     parse_args,
+    refuse_with,
     select_platform,
 )
 from harness.common.results import dir_problem
-from harness.run import add_layer_ranges, layer_ranges_problem
+from harness.run import add_layer_ranges, annotate_attention_problem, layer_ranges_problem
 from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
 from harness.timing.torch_backend import choose_backends
-
-DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.compare", __doc__)
     add_model_args(p, ctx_required=False)  # not needed with --render
     add_backend(p, many=True)
-    p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
     add_steps(p)
     add_mode(p)
     add_optimizer(p)
     add_data_parallel(p)
     add_out(p, "parent folder of the result folder", default="results", metavar="DIR")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing result folder of the same name (without it, compare refuses to start)")
+    add_overwrite(p, "result folder of the same name")
     p.add_argument("--no-parity", action="store_true", help="skip the parity check")
     p.add_argument("--nsys", action="store_true",
                    help="run each backend under nsys profile and add a kernel breakdown to the report")
@@ -111,22 +111,49 @@ def render(folder: str) -> int:
     return 0
 
 
+def default_backends(args: argparse.Namespace) -> list[str]:
+    """DEFAULT_BACKENDS less those that cannot honour the options given, each named on
+    stderr (a documented command such as --annotate-attention must not fail on a default)."""
+    chosen = []
+    for backend in DEFAULT_BACKENDS:
+        if args.annotate_attention and (problem := annotate_attention_problem(backend)):
+            print(f"compare: skipping {backend}: {problem}", file=sys.stderr)
+        else:
+            chosen.append(backend)
+    return chosen
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Every folder compare writes, checked before any backend starts."""
+    for option, folder in (("--out", args.out), ("--keep-profiles", args.keep_profiles),
+                           ("--compile-cache", args.compile_cache)):
+        if folder and (problem := dir_problem(folder, option)):
+            raise UsageError(problem)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
-    if args.render:
-        return render(args.render)
+    parser = build_parser()
+    args = parse_args(parser, argv)
     try:
+        if args.render:
+            refuse_with(f"--render {args.render}", given_options(parser, args, keep=("render",)))
+            return render(args.render)
         if args.ctx is None:
             raise UsageError("--ctx is required (or --render FOLDER to re-render a result folder)")
         select_platform(args)
-        args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "compare")
+        if args.annotate_attention:
+            for backend in args.backend or ("torch",):  # --data-parallel refuses it for every backend
+                if problem := annotate_attention_problem(backend, args.data_parallel):
+                    raise UsageError(problem)
+        args.backend = choose_backends(args.backend, default_backends(args), args.device, "compare")
+        if not args.backend:
+            raise UsageError("no backend can run here with these options; name one with --backend")
         if args.data_parallel > 1:
             from harness.timing.distributed import check_devices
 
             for backend in args.backend:
                 check_devices(backend, args.device, args.data_parallel)
-        if problem := dir_problem(args.out, "--out"):
-            raise UsageError(problem)
+        check_paths(args)
         args.profiler = profiler(args)
         if args.layer_ranges:
             for backend in args.backend:

@@ -20,6 +20,7 @@ from harness.common.cli import (
     UsageError,
     add_model_args,
     add_out,
+    add_overwrite,
     choice,
     comma_list,
     fail,
@@ -29,7 +30,7 @@ from harness.common.cli import (
     select_platform,
 )
 from harness.common.errors import describe_failure
-from harness.common.results import write_json
+from harness.common.results import new_file_problem, save_json
 from harness.config import get_config
 from harness.timing.parity import COMPARED, check_parity, format_table
 from harness.timing.torch_backend import choose_backends
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated backends compared with eager torch: {', '.join(COMPARED)} "
                         "(None: every one that can run here)")
     add_out(p, "also write the result as JSON here", metavar="PATH.json")
+    add_overwrite(p, "--out file")
     return p
 
 
@@ -51,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         select_platform(args)
         args.backend = choose_backends(args.backend, COMPARED, args.device, "parity")
+        if args.out and (problem := new_file_problem(args.out, "--out", args.overwrite)):
+            raise UsageError(problem)
     except UsageError as exc:
         return fail(str(exc))
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU here
@@ -61,8 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # an OOM or a backend failure is reported, not a traceback
         return fail(describe_failure(exc, "parity", args))
     print(format_table(result))
-    if args.out:
-        write_json(args.out, result.to_json())
+    if args.out and (lost := save_json(args.out, result.to_json(), "--out")):
+        return fail(lost)
     return 0 if result.ok else 1
 
 

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from harness.common.cli import (
+    DEFAULT_BACKENDS,
     UsageError,
     add_attention,
     add_backend,
@@ -40,10 +41,12 @@ from harness.common.cli import (
     add_steps,
     comma_list,
     fail,
+    given_options,
     make_parser,
     non_negative_float,
     parse_args,
     positive_int,
+    refuse_with,
     select_platform,
 )
 from harness.common.results import dir_problem
@@ -53,8 +56,6 @@ from harness.sweeps.render import write_report
 from harness.sweeps.runner import run_sweep
 from harness.timing.runner import FAULT_PHASES
 from harness.timing.torch_backend import choose_backends
-
-DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
 
 
 def gpu_index(value: str) -> str:
@@ -68,7 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_model(p, many=True, default=None)
     add_ctx(p, many=True)
     add_backend(p, many=True)
-    p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
     add_dtype(p, many=True)
     add_batch(p, many=True)
     add_data_parallel(p, many=True)
@@ -126,9 +126,11 @@ def render(out_dir: str, device_memory_gb: float | None) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
+    parser = build_parser()
+    args = parse_args(parser, argv)
     try:
         if args.render:
+            refuse_with(f"--render {args.render}", given_options(parser, args, keep=("render", "device_memory_gb")))
             render(args.render, args.device_memory_gb)
             return 0
         check(args)

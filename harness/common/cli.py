@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from harness.config import ATTENTION_CHOICES, PRESETS
 
 BACKENDS = ("torch", "torch-compile", "torch-compile-cg", "jax")
+# What compare and sweep run without --backend, less what cannot run here.
+DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
 DTYPES = ("fp32", "tf32", "bf16")
 MODES = ("forward", "forward-backward", "train")
 DEVICES = ("cuda", "cpu")
@@ -32,8 +34,19 @@ class UsageError(argparse.ArgumentTypeError):
     argparse `type=` callable, argparse names the option in front of the message."""
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults appended to every option's help; the description's layout kept."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's default appended to its help as the user would type it ("fp32,bf16",
+    not a Python list); none for a required option, a switch, or a default of None (whose
+    meaning, where it has one, the help text gives). The description's layout kept."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (action.required or default is None or default is argparse.SUPPRESS or isinstance(default, bool)
+                or not action.option_strings):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
 
 class Parser(argparse.ArgumentParser):
@@ -66,13 +79,17 @@ def choice(kind: str, valid: Sequence[str]) -> Callable[[str], str]:
 
 
 def comma_list(parse: Callable[[str], object]) -> Callable[[str], list]:
-    """An argparse type for "a,b,c", each item checked by `parse`, duplicates dropped."""
+    """An argparse type for "a,b,c", each item checked by `parse`; an item given twice is
+    refused (a sweep or comparison would run it twice, or the second would silently go)."""
 
     def parse_list(value: str) -> list:
         items = [parse(v.strip()) for v in value.split(",") if v.strip()]
         if not items:
             raise UsageError(f"expected a comma-separated list, got {value!r}")
-        return list(dict.fromkeys(items))
+        repeated = [v for i, v in enumerate(items) if v in items[:i]]
+        if repeated:
+            raise UsageError(f"{repeated[0]} is listed twice in {value!r}; list each value once")
+        return items
 
     parse_list.__name__ = getattr(parse, "__name__", "list")
     parse_list.valid = getattr(parse, "valid", None)  # type: ignore[attr-defined]
@@ -146,8 +163,10 @@ def add_attention(parser: argparse.ArgumentParser) -> None:
 
 def add_backend(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
     if many:
-        parser.add_argument("--backend", type=comma_list(choice("backend", BACKENDS)), default=list(BACKENDS),
-                            help=f"comma-separated: {', '.join(BACKENDS)}")
+        parser.add_argument("--backend", type=comma_list(choice("backend", BACKENDS)), default=None,
+                            help=f"comma-separated: {', '.join(BACKENDS)} (None: {','.join(DEFAULT_BACKENDS)}, "
+                                 "less those that cannot run here or cannot honour the other options, each "
+                                 "named on stderr)")
     else:
         parser.add_argument("--backend", type=choice("backend", BACKENDS), required=True,
                             help=f"{', '.join(BACKENDS)}")
@@ -216,11 +235,32 @@ def add_out(parser: argparse.ArgumentParser, help: str, default: str | None = No
     parser.add_argument("--out", default=default, metavar=metavar, help=help)
 
 
+def add_overwrite(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace an existing {what} (without it, the tool refuses to start)")
+
+
 # -- parsing and failing -----------------------------------------------------------------
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """parse_args of a `make_parser` parser: a bad value ends the program with one line
     that names the option (exit code 2)."""
     return parser.parse_args(argv)
+
+
+def given_options(parser: argparse.ArgumentParser, args: argparse.Namespace, keep: Sequence[str] = ()) -> list[str]:
+    """The options of `args` set away from their defaults, less the destinations in `keep`:
+    for a mode such as --render that runs nothing, so that an option that cannot apply is
+    refused instead of silently ignored."""
+    return [action.option_strings[0] for action in parser._actions
+            if action.option_strings and action.dest not in keep and action.default is not argparse.SUPPRESS
+            and getattr(args, action.dest, action.default) != action.default]
+
+
+def refuse_with(mode: str, given: Sequence[str]) -> None:
+    """UsageError for options `given` beside `mode`, which uses none of them."""
+    if given:
+        raise UsageError(f"{mode} runs nothing, so {', '.join(given)} cannot apply; drop "
+                         f"{'it' if len(given) == 1 else 'them'}")
 
 
 def gpu_available() -> bool:

@@ -32,6 +32,7 @@ from harness.common.cli import (
     add_ctx,
     add_data_parallel,
     add_device,
+    add_device_memory,
     add_dtype,
     add_mode,
     add_model,
@@ -43,7 +44,6 @@ from harness.common.cli import (
     fail,
     given_options,
     make_parser,
-    non_negative_float,
     parse_args,
     positive_int,
     refuse_with,
@@ -90,9 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-study", action="store_true",
                    help=f"also run the first model x ctx x dtype with {', '.join(map(str, WARMUP_STUDY))} "
                         "warm-up steps")
-    p.add_argument("--device-memory-gb", type=non_negative_float, default=None, metavar="GIB",
-                   help="device memory for the fit prediction (None: what the runs recorded, else the GPU's "
-                        "datasheet memory, else 80)")
+    add_device_memory(p, "device memory for the fit prediction (None: what the runs recorded, else the GPU's "
+                         "datasheet memory, else 80)")
     p.add_argument("--render", metavar="DIR", help="only render the report of the sweep in DIR")
     p.add_argument("--fail-cell", default=None, help=argparse.SUPPRESS)  # "model:ctx:backend:dtype:phase"
     return p

@@ -124,6 +124,26 @@ def non_negative_float(value: str) -> float:
     return number
 
 
+# The largest device memory a --device-memory-gb may name: beyond any accelerator made (the
+# largest hold a few hundred GiB), so a larger figure is a unit slip (bytes, MiB), not a device.
+MAX_DEVICE_GIB = 10_000
+
+
+def device_gib(value: str) -> float:
+    """An argparse type for --device-memory-gb: GiB above 0 and at most MAX_DEVICE_GIB."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not 0 < number <= MAX_DEVICE_GIB:
+        raise UsageError(f"expected GiB of one device, above 0 and at most {MAX_DEVICE_GIB} (e.g. 80), got {value!r}")
+    return number
+
+
+def add_device_memory(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--device-memory-gb", type=device_gib, default=None, metavar="GIB", help=help)
+
+
 def _one_or_many(parse: Callable[[str], object], many: bool) -> Callable[[str], object]:
     return comma_list(parse) if many else parse
 

@@ -135,6 +135,7 @@ class Profile:
     ranges: list[Range]
     notes: list[str] = field(default_factory=list)  # caveats the report repeats
     api: list[ApiStat] = field(default_factory=list)  # CUDA API calls, where the source records them
+    device: str | None = None  # the GPU's name, where the source records it (nsys) and it is one GPU
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernels, KernelTable):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -91,12 +92,24 @@ def profiler(args: argparse.Namespace) -> str | None:
     from harness.trace.sources.nsys import find_nsys
 
     try:
-        find_nsys(args.nsys_bin)
+        nsys = find_nsys(args.nsys_bin)
+        if not is_nsys(nsys):
+            raise ProfileError(f"--nsys-bin {nsys}: `{nsys} --version` does not name NVIDIA Nsight Systems, so it "
+                               "would not profile; name the nsys binary")
     except ProfileError as exc:
-        if args.nsys:
+        if args.nsys or args.nsys_bin:
             raise UsageError(str(exc)) from exc
         return "framework"
     return "nsys"
+
+
+def is_nsys(binary: str) -> bool:
+    """Whether `binary --version` says it is Nsight Systems (a file named nsys may be anything)."""
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Nsight Systems" in done.stdout + done.stderr
 
 
 def render(folder: str) -> int:
@@ -131,6 +144,37 @@ def check_paths(args: argparse.Namespace) -> None:
             raise UsageError(problem)
 
 
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every option against the others and against this machine, before anything runs; a
+    UsageError names the option and the fix. Resolves --device, --backend and the profiler."""
+    if args.ctx is None:
+        raise UsageError("--ctx is required (or --render FOLDER to re-render a result folder)")
+    select_platform(args)
+    if args.annotate_attention:
+        for backend in args.backend or ("torch",):  # --data-parallel refuses it for every backend
+            if problem := annotate_attention_problem(backend, args.data_parallel):
+                raise UsageError(problem)
+    args.backend = choose_backends(args.backend, default_backends(args), args.device, "compare")
+    if not args.backend:
+        raise UsageError("no backend can run here with these options; name one with --backend")
+    if args.data_parallel > 1:
+        from harness.timing.distributed import check_devices
+
+        for backend in args.backend:
+            check_devices(backend, args.device, args.data_parallel)
+    check_paths(args)
+    args.profiler = profiler(args)
+    if args.layer_ranges:
+        for backend in args.backend:
+            if problem := layer_ranges_problem(backend):
+                print(f"compare: {problem}; {backend} runs without them", file=sys.stderr)
+    device = expected_device(args)
+    existing = os.path.join(args.out, result_dir_name(args, device)) if device else None
+    if existing and os.path.exists(existing) and not args.overwrite:
+        raise UsageError(f"--out {args.out}: {existing} already holds a comparison; pass --overwrite to replace "
+                         "it, or another --out to keep both")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse_args(parser, argv)
@@ -138,38 +182,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.render:
             refuse_with(f"--render {args.render}", given_options(parser, args, keep=("render",)))
             return render(args.render)
-        if args.ctx is None:
-            raise UsageError("--ctx is required (or --render FOLDER to re-render a result folder)")
-        select_platform(args)
-        if args.annotate_attention:
-            for backend in args.backend or ("torch",):  # --data-parallel refuses it for every backend
-                if problem := annotate_attention_problem(backend, args.data_parallel):
-                    raise UsageError(problem)
-        args.backend = choose_backends(args.backend, default_backends(args), args.device, "compare")
-        if not args.backend:
-            raise UsageError("no backend can run here with these options; name one with --backend")
-        if args.data_parallel > 1:
-            from harness.timing.distributed import check_devices
-
-            for backend in args.backend:
-                check_devices(backend, args.device, args.data_parallel)
-        check_paths(args)
-        args.profiler = profiler(args)
-        if args.layer_ranges:
-            for backend in args.backend:
-                if problem := layer_ranges_problem(backend):
-                    print(f"compare: {problem}; {backend} runs without them", file=sys.stderr)
-        device = expected_device(args)
-        existing = os.path.join(args.out, result_dir_name(args, device)) if device else None
-        if existing and os.path.exists(existing) and not args.overwrite:
-            raise UsageError(f"--out {args.out}: {existing} already holds a comparison; pass --overwrite to replace "
-                             "it, or another --out to keep both")
+        check(parser, args)
     except UsageError as exc:
         return fail(str(exc))
+    except KeyboardInterrupt:
+        return fail("interrupted before any backend started; nothing was written", 130)
     try:
         summary, path = compare(args, args.backend)
     except Interrupted as exc:
         return fail(str(exc), 130)
+    return report(summary, path)
+
+
+def report(summary: dict, path: str) -> int:
+    """The terminal's table and the exit code of a finished comparison."""
     print(format_table(summary))
     if summary.get("overlap"):
         from harness.trace.analyses.overlap import format_overlap

@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from harness import started
 from harness.config import ATTENTION_CHOICES, PRESETS
 
 BACKENDS = ("torch", "torch-compile", "torch-compile-cg", "jax")
@@ -263,7 +264,9 @@ def add_overwrite(parser: argparse.ArgumentParser, what: str) -> None:
 # -- parsing and failing -----------------------------------------------------------------
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """parse_args of a `make_parser` parser: a bad value ends the program with one line
-    that names the option (exit code 2)."""
+    that names the option (exit code 2). From here on Ctrl-C raises KeyboardInterrupt
+    (`harness.started`)."""
+    started()
     return parser.parse_args(argv)
 
 

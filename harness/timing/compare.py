@@ -120,7 +120,11 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
     if os.path.exists(out):
         with open(out) as f:
             return json.load(f), profile if profile and os.path.exists(profile) else None
-    message = f"harness.run exited with code {code} and no result; last output:\n{tail}"
+    if code == 0 and args.profiler == "nsys" and not ranks:  # harness.run exits 0 only after writing `out`
+        message = (f"--nsys-bin {program[0]} exited with code 0 without running harness.run, so it did not "
+                   "profile; name the Nsight Systems binary (nsys) or drop --nsys-bin")
+    else:
+        message = f"harness.run exited with code {code} and no result; last output:\n{tail.strip() or '(none)'}"
     return {"status": "error", "error": {"phase": "process", "message": message}}, None
 
 

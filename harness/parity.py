@@ -51,10 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
-        select_platform(args)
-        args.backend = choose_backends(args.backend, COMPARED, args.device, "parity")
         if args.out and (problem := new_file_problem(args.out, "--out", args.overwrite)):
             raise UsageError(problem)
+        select_platform(args)
+        args.backend = choose_backends(args.backend, COMPARED, args.device, "parity")
     except UsageError as exc:
         return fail(str(exc))
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU here

@@ -397,3 +397,17 @@ def test_ctrl_c_while_compare_starts_is_one_line(tmp_path) -> None:
     assert proc.returncode == 130 and os.listdir(tmp_path) == []
     assert err in ("error: interrupted while starting; nothing ran\n",  # still importing, as a rule
                    "error: interrupted before any backend started; nothing was written\n")  # a fast machine
+
+
+@pytest.mark.parametrize("layout", [["notes/deep/jax.xplane.pb.gz"],
+                                    ["plugins/profile/a/h.xplane.pb.gz", "plugins/profile/b/h.xplane.pb.gz"]],
+                         ids=["a trace far below", "two traces"])
+def test_report_on_a_folder_that_is_not_one_jax_trace_is_refused(layout, tmp_path, capsys) -> None:
+    """Only the folder jax.profiler.start_trace wrote, holding one trace, stands for its trace."""
+    fixture = os.path.join(DATA, "jax_fallback", "jax_tiny_fallback.xplane.pb.gz")
+    for relative in layout:
+        (tmp_path / relative).parent.mkdir(parents=True)
+        (tmp_path / relative).write_bytes(open(fixture, "rb").read())
+    code, err = _main(report, [str(tmp_path), "--out", str(tmp_path / "rep"), "--no-plot"], capsys)
+    assert code == 2 and not (tmp_path / "rep").exists()
+    _one_line(err, f"{tmp_path}:", "JAX trace", "name the")

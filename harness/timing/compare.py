@@ -363,6 +363,11 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
                 summary["kernel_breakdown_error"] = str(exc)
             if args.keep_profiles:
                 keep_profiles(profiles, args.keep_profiles)
-        path = write_results(summary, args.out, result_dir_name(args, summary["device"]), kernels,
-                             overwrite=args.overwrite)
+        name = result_dir_name(args, summary["device"])
+        try:
+            path = write_results(summary, args.out, name, kernels, overwrite=args.overwrite)
+        except OSError as exc:  # --out was checked; it went away or filled up since: keep the result anyway
+            path = write_results(summary, tempfile.mkdtemp(prefix="compare-kept-"), name, kernels)
+            print(f"error: --out {args.out}: could not write the result folder ({exc.strerror or exc}); "
+                  f"it is kept in {path}", file=sys.stderr)
     return summary, path

@@ -65,8 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # an OOM or a backend failure is reported, not a traceback
         return fail(describe_failure(exc, "parity", args))
     print(format_table(result))
-    if args.out and (lost := save_json(args.out, result.to_json(), "--out")):
-        return fail(lost)
+    if args.out and (kept_elsewhere := save_json(args.out, result.to_json(), "--out")):
+        return fail(kept_elsewhere)
     return 0 if result.ok else 1
 
 

@@ -167,14 +167,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = run_data_parallel(opts, progress, quiet=args.quiet, wrap=wrap)
     else:
         doc = run(opts, progress)
-    lost = save_json(args.out, doc, "--out") if args.out else None
+    kept_elsewhere = save_json(args.out, doc, "--out") if args.out else None
     print(format_result(doc))
     if opts.data_parallel > 1 and doc["status"] == "ok":
         from harness.timing.distributed import format_data_parallel
 
         print("\n".join(format_data_parallel(doc)))
-    if lost:
-        return fail(lost)
+    if kept_elsewhere:
+        return fail(kept_elsewhere)
     return 0 if doc["status"] == "ok" else 3
 
 

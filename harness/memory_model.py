@@ -37,8 +37,8 @@ TABLE_CTX = (128, 256, 512, 1024)
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.memory_model", __doc__)
-    add_model(p, many=True, default=None)
-    add_ctx(p, many=True)
+    add_model(p, many=True, default=None, without="None: every preset")
+    add_ctx(p, many=True, without="None: 128,256,512,1024")
     add_batch(p)
     add_dtype(p)
     add_attention(p)

@@ -66,8 +66,8 @@ def gpu_index(value: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.sweep", __doc__)
-    add_model(p, many=True, default=None)
-    add_ctx(p, many=True)
+    add_model(p, many=True, default=None, without="required unless --render")
+    add_ctx(p, many=True, without="required unless --render")
     add_backend(p, many=True)
     add_dtype(p, many=True)
     add_batch(p, many=True)

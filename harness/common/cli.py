@@ -150,18 +150,24 @@ def _one_or_many(parse: Callable[[str], object], many: bool) -> Callable[[str], 
 
 
 # -- options shared by several tools -----------------------------------------------------
-def add_model(parser: argparse.ArgumentParser, *, many: bool = False, default: str | None = "tiny") -> None:
+def add_model(parser: argparse.ArgumentParser, *, many: bool = False, default: str | None = "tiny",
+              without: str = "") -> None:
+    """--model; `without`: what a default of None means, for the help."""
     what = "comma-separated presets" if many else "preset"
     parser.add_argument("--model", type=_one_or_many(choice("model", list(PRESETS)), many),
                         default=[default] if many and default else default,
-                        help=f"{what} of harness/config.py: {', '.join(PRESETS)}")
+                        help=f"{what} of harness/config.py: {', '.join(PRESETS)}"
+                        + (f" ({without})" if without else ""))
 
 
 def add_ctx(parser: argparse.ArgumentParser, *, many: bool = False, default: int | None = None,
-            required: bool = True) -> None:
+            required: bool = True, without: str = "") -> None:
+    """--ctx; `required=False` for a tool that requires it itself outside a mode such as
+    --render, and `without` what its absence means, for the help."""
     parser.add_argument("--ctx", type=_one_or_many(positive_int, many), default=default,
                         required=required and default is None and not many,
-                        help="context lengths, comma-separated" if many else "context length (tokens per sequence)")
+                        help=("context lengths, comma-separated" if many else "context length (tokens per sequence)")
+                        + (f" ({without})" if without else ""))
 
 
 def add_batch(parser: argparse.ArgumentParser, default: int = 4, *, many: bool = False) -> None:
@@ -227,7 +233,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, ctx_default: int | None =
     """The model-and-batch options of run, compare and parity; `ctx_required=False` for a
     tool that checks --ctx itself (compare, which does without it under --render)."""
     add_model(parser)
-    add_ctx(parser, default=ctx_default, required=ctx_required)
+    add_ctx(parser, default=ctx_default, required=ctx_required,
+            without="" if ctx_required or ctx_default else "required unless --render")
     add_batch(parser, batch_default)
     add_dtype(parser)
     add_attention(parser)

@@ -110,8 +110,8 @@ def test_compare_default_skips_what_cannot_run_here(monkeypatch, capsys):
      "error: argument --optimizer: unknown optimizer 'adam'; choose one of foreach, foreach-compiled, fused, loop "
      "(see python -m harness.run --help)"),
     ("harness.run", ["--backend", "torch-compile", "--annotate-attention"],
-     "error: --annotate-attention synchronizes inside attention, which a compiled graph cannot hold; "
-     "use --backend torch"),
+     "error: --annotate-attention with --backend torch-compile: it synchronizes inside attention, which a "
+     "compiled graph cannot hold; use --backend torch or jax"),
 ])
 def test_compiled_backends_bad_input_is_one_line(tool, args, message):
     proc = cli(tool, "--model", "tiny", "--ctx", "8", "--device", "cpu", *args)

@@ -190,7 +190,7 @@ def test_jax_split_step_out_of_memory_still_times_the_fused_step(tmp_path):
     assert first["time_to_first_step_ms"] == pytest.approx(first["setup_ms"] + first["fused_step_ms"])
     assert "split step: out of memory in backward" in proc.stdout
     proc = cli("harness.run", "--backend", "jax", "--model", "tiny", "--ctx", "16", "--batch", "1", "--warmup", "1",
-               "--steps", "1", "--device", "cpu", "--fail-in", "fused_step", "--out", str(out))
+               "--steps", "1", "--device", "cpu", "--fail-in", "fused_step", "--out", str(out), "--overwrite")
     assert proc.returncode != 0 and json.loads(out.read_text())["status"] == "oom"
 
 

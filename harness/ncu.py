@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.attention import roofline
 from harness.attention.ncu import NcuError, read_details, render_markdown, summary
-from harness.common.cli import emit, fail, make_parser
+from harness.common.cli import emit, fail, make_parser, parse_args
 
 
 def build_parser():
@@ -56,7 +56,7 @@ def _roofline(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         if args.roofline:
             return _roofline(args)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.attention.ncu_source import NcuSourceError, read_source, render_markdown
-from harness.common.cli import emit, make_parser
+from harness.common.cli import emit, make_parser, parse_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=25, help="instructions to list")
     p.add_argument("--min-share", type=float, default=0.01, help="smallest loop to list, as a share of samples")
     p.add_argument("--out", type=Path, default=None, metavar="PATH.md", help="write the markdown here (None: stdout)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     if args.top < 1 or not 0 <= args.min_share < 1:
         p.error("--top must be >= 1 and --min-share in [0, 1)")
     try:

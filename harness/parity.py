@@ -21,6 +21,7 @@ from harness.common.cli import (
     UsageError,
     add_model_args,
     add_out,
+    add_overwrite,
     choice,
     comma_list,
     fail,
@@ -30,7 +31,7 @@ from harness.common.cli import (
     select_platform,
 )
 from harness.common.errors import describe_failure
-from harness.common.results import write_json
+from harness.common.results import new_file_problem, save_json
 from harness.config import get_config
 from harness.timing.parity import COMPARED, check_parity, format_table
 from harness.timing.torch_backend import choose_backends
@@ -49,12 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated backends compared with eager torch: {', '.join(COMPARED)} "
                         "(None: every one that can run here; torch-compile-cg on a GPU only)")
     add_out(p, "also write the result as JSON here", metavar="PATH.json")
+    add_overwrite(p, "--out file")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
+        if args.out and (problem := new_file_problem(args.out, "--out", args.overwrite)):
+            raise UsageError(problem)
         select_platform(args)
         args.backend = choose_backends(args.backend, default_backends(args.device), args.device, "parity")
     except UsageError as exc:
@@ -67,8 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # an OOM or a backend failure is reported, not a traceback
         return fail(describe_failure(exc, "parity", args))
     print(format_table(result))
-    if args.out:
-        write_json(args.out, result.to_json())
+    if args.out and (kept_elsewhere := save_json(args.out, result.to_json(), "--out")):
+        return fail(kept_elsewhere)
     return 0 if result.ok else 1
 
 

@@ -25,6 +25,7 @@ from harness.common.cli import (
     add_nsys_bin,
     add_optimizer,
     add_out,
+    add_overwrite,
     add_steps,
     fail,
     make_parser,
@@ -33,7 +34,7 @@ from harness.common.cli import (
     positive_int,
     select_platform,
 )
-from harness.common.results import file_problem, write_json
+from harness.common.results import dir_problem, new_file_problem, save_json
 from harness.timing.runner import FAULT_PHASES, RunOptions, format_result, run
 from harness.timing.torch_backend import choose_backends
 from harness.trace.analyses.hlo_join import hlo_dir
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "STEM.rank<r>.nsys-rep (None: no profile; for JAX's one process wrap harness.run in nsys)")
     add_nsys_bin(p)
     add_out(p, "write the result document here", metavar="PATH.json")
+    add_overwrite(p, "--out file")
     p.add_argument("--compile-cache", metavar="DIR",
                    help="persistent compile caches in DIR, kept for later runs: JAX's, and torch-compile's "
                         "Inductor (DIR/inductor) and Triton (DIR/triton) caches (None: the compilers' defaults)")
@@ -80,6 +82,17 @@ def add_layer_ranges(p: argparse.ArgumentParser) -> None:
                         "reported), named scopes (jax)")
 
 
+def annotate_attention_problem(backend: str, data_parallel: int = 1) -> str | None:
+    """Why --annotate-attention cannot run with `backend` on `data_parallel` devices, or None."""
+    if backend not in ("torch", "jax"):
+        return (f"--annotate-attention with --backend {backend}: it synchronizes inside attention, which a "
+                "compiled graph cannot hold; use --backend torch or jax")
+    if data_parallel > 1:
+        return ("--annotate-attention synchronizes inside attention, which stalls the other ranks; drop it or use "
+                "--data-parallel 1")
+    return None
+
+
 def layer_ranges_problem(backend: str) -> str | None:
     """Why --layer-ranges cannot run with `backend`, or None."""
     if backend in ("torch-compile", "torch-compile-cg"):
@@ -105,9 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         select_platform(args)
         if args.attention == "pallas" and args.backend != "jax":
             raise UsageError("--attention pallas is a JAX kernel; for torch use naive or fused")
-        if args.annotate_attention and args.backend not in ("torch", "jax"):
-            raise UsageError("--annotate-attention synchronizes inside attention, which a compiled graph cannot "
-                             "hold; use --backend torch")
+        if args.annotate_attention and (problem := annotate_attention_problem(args.backend, args.data_parallel)):
+            raise UsageError(problem)
         choose_backends([args.backend], (), args.device, "run")
         if args.layer_ranges and (problem := layer_ranges_problem(args.backend)):
             raise UsageError(problem)
@@ -120,16 +132,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"--wide-layer: {exc}") from None
         if args.fail_in is not None and args.fail_in not in FAULT_PHASES:
             raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")
-        if args.out and (problem := file_problem(args.out, "--out")):
+        if args.out and (problem := new_file_problem(args.out, "--out", args.overwrite)):
+            raise UsageError(problem)
+        if args.profile and (problem := dir_problem(os.path.dirname(os.path.abspath(args.profile)), "--profile")):
+            raise UsageError(problem)
+        if args.compile_cache and (problem := dir_problem(args.compile_cache, "--compile-cache")):
             raise UsageError(problem)
         from harness.timing.distributed import parallel_problem
 
         if args.data_parallel > 1:
             from harness.timing.distributed import check_devices
 
-            if args.annotate_attention:
-                raise UsageError("--annotate-attention synchronizes inside attention, which stalls the other ranks; "
-                                 "drop it or use --data-parallel 1")
             check_devices(args.backend, args.device, args.data_parallel)
         if problem := parallel_problem(args.backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph,
                                        args.grad_comm, args.fsdp_reshard_after_forward):
@@ -160,13 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = run_data_parallel(opts, progress, quiet=args.quiet, wrap=wrap)
     else:
         doc = run(opts, progress)
-    if args.out:
-        write_json(args.out, doc)
+    kept_elsewhere = save_json(args.out, doc, "--out") if args.out else None
     print(format_result(doc))
     if opts.data_parallel > 1 and doc["status"] == "ok":
         from harness.timing.distributed import format_data_parallel
 
         print("\n".join(format_data_parallel(doc)))
+    if kept_elsewhere:
+        return fail(kept_elsewhere)
     return 0 if doc["status"] == "ok" else 3
 
 

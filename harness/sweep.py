@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from harness.common.cli import (
+    DEFAULT_BACKENDS,
     UsageError,
     add_attention,
     add_backend,
@@ -31,6 +32,7 @@ from harness.common.cli import (
     add_ctx,
     add_data_parallel,
     add_device,
+    add_device_memory,
     add_dtype,
     add_mode,
     add_model,
@@ -40,10 +42,11 @@ from harness.common.cli import (
     add_steps,
     comma_list,
     fail,
+    given_options,
     make_parser,
-    non_negative_float,
     parse_args,
     positive_int,
+    refuse_with,
     select_platform,
 )
 from harness.common.results import dir_problem
@@ -54,8 +57,6 @@ from harness.sweeps.runner import run_sweep
 from harness.timing.runner import FAULT_PHASES
 from harness.timing.torch_backend import choose_backends
 
-DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
-
 
 def gpu_index(value: str) -> str:
     if not value.isdigit():
@@ -65,10 +66,9 @@ def gpu_index(value: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.sweep", __doc__)
-    add_model(p, many=True, default=None)
-    add_ctx(p, many=True)
+    add_model(p, many=True, default=None, without="required unless --render")
+    add_ctx(p, many=True, without="required unless --render")
     add_backend(p, many=True)
-    p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
     add_dtype(p, many=True)
     add_batch(p, many=True)
     add_data_parallel(p, many=True)
@@ -90,9 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-study", action="store_true",
                    help=f"also run the first model x ctx x dtype with {', '.join(map(str, WARMUP_STUDY))} "
                         "warm-up steps")
-    p.add_argument("--device-memory-gb", type=non_negative_float, default=None, metavar="GIB",
-                   help="device memory for the fit prediction (None: what the runs recorded, else the GPU's "
-                        "datasheet memory, else 80)")
+    add_device_memory(p, "device memory for the fit prediction (None: what the runs recorded, else the GPU's "
+                         "datasheet memory, else 80)")
     p.add_argument("--render", metavar="DIR", help="only render the report of the sweep in DIR")
     p.add_argument("--fail-cell", default=None, help=argparse.SUPPRESS)  # "model:ctx:backend:dtype:phase"
     return p
@@ -126,9 +125,11 @@ def render(out_dir: str, device_memory_gb: float | None) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
+    parser = build_parser()
+    args = parse_args(parser, argv)
     try:
         if args.render:
+            refuse_with(f"--render {args.render}", given_options(parser, args, keep=("render", "device_memory_gb")))
             render(args.render, args.device_memory_gb)
             return 0
         check(args)

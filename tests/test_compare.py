@@ -111,8 +111,8 @@ def test_compare_default_skips_what_cannot_run_here(monkeypatch, capsys):
      "error: argument --optimizer: unknown optimizer 'adam'; choose one of foreach, foreach-compiled, fused, loop "
      "(see python -m harness.run --help)"),
     ("harness.run", ["--backend", "torch-compile", "--annotate-attention"],
-     "error: --annotate-attention synchronizes inside attention, which a compiled graph cannot hold; "
-     "use --backend torch"),
+     "error: --annotate-attention with --backend torch-compile: it synchronizes inside attention, which a "
+     "compiled graph cannot hold; use --backend torch or jax"),
 ])
 def test_compiled_backends_bad_input_is_one_line(tool, args, message):
     proc = cli(tool, "--model", "tiny", "--ctx", "8", "--device", "cpu", *args)
@@ -191,7 +191,7 @@ def test_jax_split_step_out_of_memory_still_times_the_fused_step(tmp_path):
     assert first["time_to_first_step_ms"] == pytest.approx(first["setup_ms"] + first["fused_step_ms"])
     assert "split step: out of memory in backward" in proc.stdout
     proc = cli("harness.run", "--backend", "jax", "--model", "tiny", "--ctx", "16", "--batch", "1", "--warmup", "1",
-               "--steps", "1", "--device", "cpu", "--fail-in", "fused_step", "--out", str(out))
+               "--steps", "1", "--device", "cpu", "--fail-in", "fused_step", "--out", str(out), "--overwrite")
     assert proc.returncode != 0 and json.loads(out.read_text())["status"] == "oom"
 
 

@@ -205,7 +205,10 @@ def test_more_ranks_than_gpus_is_one_line(monkeypatch) -> None:
     with pytest.raises(UsageError, match=r"--data-parallel 4: only 2 CUDA device\(s\).*--data-parallel 2"):
         distributed.check_devices("torch", "cuda", 4)
     distributed.check_devices("torch", "cuda", 2)
-    distributed.check_devices("torch", "cpu", 8)  # gloo: any number of processes
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    distributed.check_devices("torch", "cpu", 8)  # gloo: one process per core
+    with pytest.raises(UsageError, match=r"--data-parallel 9: .* 8 core\(s\); use --data-parallel 8 or fewer"):
+        distributed.check_devices("torch", "cpu", 9)
 
 
 def _processes_mentioning(text: str) -> list[int]:

@@ -67,7 +67,13 @@ def test_help_shows_every_option_s_choices_and_default(name: str) -> None:
         flag = action.option_strings[0]
         for valid in action.choices or getattr(action.type, "valid", None) or ():
             assert str(valid) in text, f"{name} {flag}: choice {valid!r} not in its help: {text}"
-        assert "default:" in text or "%(default)" in (action.help or ""), f"{name} {flag}: no default in: {text}"
+        if action.required or isinstance(action.default, bool):  # nothing to show: it must be given, or a switch
+            assert "default:" not in text, f"{name} {flag}: a default shown for a required option or switch: {text}"
+        elif action.default is None:  # "(default: None)" says nothing; the help says what None means, if anything
+            assert "default:" not in text, f"{name} {flag}: (default: None) in: {text}"
+        else:
+            assert "default:" in text or "%(default)" in (action.help or ""), f"{name} {flag}: no default in: {text}"
+            assert "[" not in text.split("default:")[-1], f"{name} {flag}: a Python list as default: {text}"
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)

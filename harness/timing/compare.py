@@ -121,7 +121,11 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
     if os.path.exists(out):
         with open(out) as f:
             return json.load(f), profile if profile and os.path.exists(profile) else None
-    message = f"harness.run exited with code {code} and no result; last output:\n{tail}"
+    if code == 0 and args.profiler == "nsys" and not ranks:  # harness.run exits 0 only after writing `out`
+        message = (f"--nsys-bin {program[0]} exited with code 0 without running harness.run, so it did not "
+                   "profile; name the Nsight Systems binary (nsys) or drop --nsys-bin")
+    else:
+        message = f"harness.run exited with code {code} and no result; last output:\n{tail.strip() or '(none)'}"
     return {"status": "error", "error": {"phase": "process", "message": message}}, None
 
 
@@ -388,8 +392,13 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
                 summary["kernel_breakdown_error"] = str(exc)
             if args.keep_profiles:
                 keep_profiles(profiles, args.keep_profiles)
-        path = write_results(summary, args.out, result_dir_name(args, summary["device"]), kernels,
-                             overwrite=args.overwrite)
+        name = result_dir_name(args, summary["device"])
+        try:
+            path = write_results(summary, args.out, name, kernels, overwrite=args.overwrite)
+        except OSError as exc:  # --out was checked; it went away or filled up since: keep the result anyway
+            path = write_results(summary, tempfile.mkdtemp(prefix="compare-kept-"), name, kernels)
+            print(f"error: --out {args.out}: could not write the result folder ({exc.strerror or exc}); "
+                  f"it is kept in {path}", file=sys.stderr)
         if kernels and getattr(args, "timeline", False):
             from harness.trace.timeline import write_timeline
 

@@ -90,8 +90,15 @@ def check_devices(backend: str, device: str, n: int) -> None:
     """UsageError unless `n` devices are there for `backend` on `device`: CUDA devices (as
     torch counts them, without creating a context or starting JAX's GPU client, which would
     take memory from the runs), JAX's host devices on CPU (its XLA_FLAGS flag), or for torch
-    on CPU any number of gloo processes."""
-    if n == 1 or (backend != "jax" and device == "cpu"):
+    on CPU one core per gloo process (more ranks than cores would time-share the cores, and
+    the step would measure the scheduler)."""
+    if n == 1:
+        return
+    if backend != "jax" and device == "cpu":
+        cores = len(os.sched_getaffinity(0))
+        if cores < n:
+            raise UsageError(f"--data-parallel {n}: torch on cpu runs one process per core and this process may "
+                             f"use {cores} core(s); use --data-parallel {cores} or fewer")
         return
     if device == "cuda":
         import torch

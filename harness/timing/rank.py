@@ -80,9 +80,11 @@ def _parity_step(opts, config) -> tuple[float, dict[str, np.ndarray]]:
 
 
 def main(argv: Sequence[str]) -> int:
+    from harness import started
     from harness.config import get_config
     from harness.timing.runner import RunOptions, run
 
+    started()  # imports done: Ctrl-C is KeyboardInterrupt again
     spec_path, rank = argv[0], int(argv[1])
     with open(spec_path) as f:
         spec = json.load(f)

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.trace.analyses import attribution as attr
-from harness.trace.analyses.answers import answers, attention_flops, harness_metadata
+from harness.trace.analyses.answers import answers, attention_flops, harness_metadata, run_json_problems
 from harness.trace.analyses.hlo_join import hlo_dir, label_kernels, load_schedules
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
 from harness.trace.analyses.overlap import device_timelines
@@ -381,6 +381,7 @@ def breakdown_files(paths: Sequence[str | Path], labels: Sequence[str | None] = 
         hlo = hlo_dir(path)
         bd = breakdown(profile, require, attribution, schedules=load_schedules(hlo) if hlo.is_dir() else None)
         meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
+        bd.warnings += run_json_problems(profile, bd, meta) if meta else []
         bds.append(bd)
         answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
     return bds, answer_sets

@@ -298,30 +298,40 @@ def _gpu_name(db: sqlite3.Connection, tables: set[str]) -> str | None:
 
 def _unpack(path: Path, tmp: Path) -> Path:
     """The SQLite file of the export `path`; a gzipped one is unpacked into `tmp` first."""
+    sqlite = path
     if path.suffix == ".gz":
-        target = tmp / "profile.sqlite"
+        sqlite = tmp / "profile.sqlite"
         try:
-            with gzip.open(path) as src, open(target, "wb") as dst:
+            with gzip.open(path) as src, open(sqlite, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
         except (OSError, EOFError) as exc:
             raise ProfileError(f"{path}: not a gzip file ({exc}); expected .sqlite.gz from "
                                "`nsys export --type sqlite` then gzip") from None
-        path = target
-    with open(path, "rb") as f:
+    with open(sqlite, "rb") as f:  # errors name `path`, the user's file, never the unpacked copy
         if f.read(len(_SQLITE_MAGIC)) != _SQLITE_MAGIC:
-            raise ProfileError(f"{path}: not an SQLite file; pass an .nsys-rep, or its export "
-                               "from `nsys export --type sqlite`")
-    return path
+            what = "empty" if os.path.getsize(sqlite) == 0 else "not an SQLite file"
+            raise ProfileError(f"{path}: {what}{' once unpacked' if sqlite != path else ''}; pass an .nsys-rep, "
+                               "or its export from `nsys export --type sqlite`")
+    return sqlite
 
 
 def read_sqlite(path: str | Path, label: str | None = None, force: bool = False) -> Profile:
+    """Read an nsys SQLite export (``.sqlite`` or ``.sqlite.gz``) into a `Profile`; a
+    damaged file (truncated in a copy, say) is a ProfileError naming it."""
+    try:
+        return _read_sqlite(Path(path), label, force)
+    except sqlite3.DatabaseError as exc:
+        raise ProfileError(f"{path}: the SQLite file is damaged ({exc}), truncated perhaps; export it again with "
+                           "`nsys export --type sqlite`") from None
+
+
+def _read_sqlite(path: Path, label: str | None, force: bool) -> Profile:
     """Read an nsys SQLite export (``.sqlite`` or ``.sqlite.gz``) into a `Profile`.
 
     The large tables are read on a pool of threads (`harness.trace.sources.sqlite_load`) while this
     thread reads the small ones. When nsys's importer reported errors, the profile is refused
     only if kernel records are actually missing (kernel launches without a kernel); `force`
     reads it anyway."""
-    path = Path(path)
     with tempfile.TemporaryDirectory() as tmp, ParallelReader(_unpack(path, Path(tmp))) as reader:
         tables = _tables(reader.db)
         if not tables & {"StringIds", "TARGET_INFO_SESSION_START_TIME", "NVTX_EVENTS"}:

@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.common.cli import (
     UsageError,
     add_backend,
@@ -44,16 +45,13 @@ from harness.common.results import dir_problem
 from harness.run import add_layer_ranges, layer_ranges_problem
 from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
-from harness.timing.torch_backend import choose_backends
-
-DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.compare", __doc__)
     add_model_args(p, ctx_required=False)  # not needed with --render
     add_backend(p, many=True)
-    p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
+    p.set_defaults(backend=None)  # the registry's defaults, less what cannot run here
     add_steps(p)
     add_mode(p)
     add_optimizer(p)
@@ -119,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.ctx is None:
             raise UsageError("--ctx is required (or --render FOLDER to re-render a result folder)")
         select_platform(args)
-        args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "compare")
+        args.backend = backends.choose_backends(args.backend, backends.defaults(), args.device, "compare")
         if args.data_parallel > 1:
             from harness.timing.distributed import check_devices
 

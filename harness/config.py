@@ -91,8 +91,3 @@ def get_config(name: str, **overrides) -> ModelConfig:
         raise ValueError(f"unknown config field(s) {unknown}; valid fields: {', '.join(sorted(fields))}")
     return ModelConfig(name=name, **{**PRESETS[name], **overrides})
 
-
-def backend_attention(backend: str, attention: str) -> str:
-    """The attention a backend runs when `attention` is asked of both: the Pallas kernel is
-    JAX's, and torch runs its fused SDPA opposite it."""
-    return "fused" if backend != "jax" and attention == "pallas" else attention

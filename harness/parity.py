@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.common.cli import (
     UsageError,
     add_model_args,
@@ -31,16 +32,16 @@ from harness.common.cli import (
 from harness.common.errors import describe_failure
 from harness.common.results import write_json
 from harness.config import get_config
-from harness.timing.parity import COMPARED, check_parity, format_table
-from harness.timing.torch_backend import choose_backends
+from harness.timing.parity import check_parity, format_table
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.parity", __doc__)
     add_model_args(p, ctx_default=64, batch_default=2)
     p.add_argument("--steps", type=positive_int, default=5, help="AdamW steps before comparing parameters")
-    p.add_argument("--backend", type=comma_list(choice("backend", COMPARED)), default=None,
-                   help=f"comma-separated backends compared with eager torch: {', '.join(COMPARED)} "
+    compared = backends.compared()
+    p.add_argument("--backend", type=comma_list(choice("backend", compared)), default=None,
+                   help=f"comma-separated backends compared with eager torch: {', '.join(compared)} "
                         "(None: every one that can run here)")
     add_out(p, "also write the result as JSON here", metavar="PATH.json")
     return p
@@ -50,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         select_platform(args)
-        args.backend = choose_backends(args.backend, COMPARED, args.device, "parity")
+        args.backend = backends.choose_backends(args.backend, backends.compared(), args.device, "parity")
     except UsageError as exc:
         return fail(str(exc))
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU here

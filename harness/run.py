@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.common.cli import (
     UsageError,
     add_backend,
@@ -35,7 +36,6 @@ from harness.common.cli import (
 )
 from harness.common.results import file_problem, write_json
 from harness.timing.runner import FAULT_PHASES, RunOptions, format_result, run
-from harness.timing.torch_backend import choose_backends
 from harness.trace.analyses.hlo_join import hlo_dir
 
 
@@ -82,10 +82,8 @@ def add_layer_ranges(p: argparse.ArgumentParser) -> None:
 
 def layer_ranges_problem(backend: str) -> str | None:
     """Why --layer-ranges cannot run with `backend`, or None."""
-    if backend in ("torch-compile", "torch-compile-cg"):
-        return (f"--layer-ranges with --backend {backend}: module hooks would break the compiled graph at every "
-                "layer (no fusion across layers, another program than the one timed); use --backend torch or jax")
-    return None
+    record = backends.get(backend)
+    return None if record.layer_ranges else f"--layer-ranges with --backend {backend}: {record.layer_ranges_problem}"
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
@@ -93,7 +91,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     opts = {k: v for k, v in vars(args).items() if k in fields}
     if args.wide_layer is None:
         opts["wide_factor"] = 1
-    if args.layer_ranges and args.backend == "jax" and args.out:
+    if args.layer_ranges and backends.get(args.backend).layer_ranges == "hlo" and args.out:
         opts["hlo_dir"] = str(hlo_dir(args.out))  # the report joins kernels to layers through it
     return RunOptions(**opts)
 
@@ -102,12 +100,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         select_platform(args)
-        if args.attention == "pallas" and args.backend != "jax":
-            raise UsageError("--attention pallas is a JAX kernel; for torch use naive or fused")
-        if args.annotate_attention and args.backend not in ("torch", "jax"):
+        if problem := backends.attention_problem(args.backend, args.attention):
+            raise UsageError(problem)
+        if args.annotate_attention and backends.get(args.backend).annotate_attention is None:
+            able = [b for b in backends.names() if backends.get(b).annotate_attention]
             raise UsageError("--annotate-attention synchronizes inside attention, which a compiled graph cannot "
-                             "hold; use --backend torch")
-        choose_backends([args.backend], (), args.device, "run")
+                             f"hold; use --backend {' or '.join(able)}")
+        backends.choose_backends([args.backend], (), args.device, "run")
         if args.layer_ranges and (problem := layer_ranges_problem(args.backend)):
             raise UsageError(problem)
         if args.wide_layer is not None:
@@ -128,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError("--annotate-attention synchronizes inside attention, which stalls the other ranks; "
                                  "drop it or use --data-parallel 1")
             check_devices(args.backend, args.device, args.data_parallel)
-        if args.nsys_ranks and (args.data_parallel == 1 or args.backend == "jax"):
+        if args.nsys_ranks and (args.data_parallel == 1 or backends.get(args.backend).one_process):
             raise UsageError("--nsys-ranks profiles torch's ranks of --data-parallel 2 or more; for one process "
                              "run nsys profile around harness.run")
         if args.nsys_ranks:

@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.common.cli import (
     UsageError,
     add_attention,
@@ -52,9 +53,6 @@ from harness.sweeps.records import FIXED, WARMUP_STUDY, grid, prepare
 from harness.sweeps.render import write_report
 from harness.sweeps.runner import run_sweep
 from harness.timing.runner import FAULT_PHASES
-from harness.timing.torch_backend import choose_backends
-
-DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
 
 
 def gpu_index(value: str) -> str:
@@ -68,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model(p, many=True, default=None)
     add_ctx(p, many=True)
     add_backend(p, many=True)
-    p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
+    p.set_defaults(backend=None)  # the registry's defaults, less what cannot run here
     add_dtype(p, many=True)
     add_batch(p, many=True)
     add_data_parallel(p, many=True)
@@ -102,8 +100,10 @@ def check(args: argparse.Namespace) -> None:
     """Options that argparse cannot check alone; a UsageError names the fix."""
     if args.model is None or args.ctx is None:
         raise UsageError("--model and --ctx are required (or --render DIR)")
-    if args.attention == "pallas" and args.backend is not None and "jax" not in args.backend:
-        raise UsageError("--attention pallas is a JAX kernel; include jax in --backend")
+    if args.backend is not None and not any(args.attention in backends.get(b).attention for b in args.backend):
+        runs = [b for b in backends.names() if args.attention in backends.get(b).attention]
+        raise UsageError(f"--attention {args.attention} is no kernel of {', '.join(args.backend)}; include one of "
+                         f"{', '.join(runs)} in --backend")
     if args.fail_cell is not None and args.fail_cell.rpartition(":")[2] not in FAULT_PHASES:
         raise UsageError(f"--fail-cell {args.fail_cell!r}: end with :{', :'.join(FAULT_PHASES)}")
     if args.nsys:
@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         check(args)
         select_platform(args)
-        args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "sweep")
+        args.backend = backends.choose_backends(args.backend, backends.defaults(), args.device, "sweep")
         if args.gpus and args.device == "cpu":
             raise UsageError("--gpus runs cells on GPUs; drop it for --device cpu")
         if args.gpus and max(args.data_parallel) > 1:

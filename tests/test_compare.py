@@ -59,7 +59,7 @@ def test_compare_runs_torch_compile_beside_eager_torch_and_jax(compare_run, indu
     """By default compare runs the compiled backend too (where Inductor builds on this CPU):
     a column of its own, parity against eager torch inside the compiled bound, and its
     compiled graphs left in the named compile cache."""
-    from harness.timing.parity import COMPILE_TOLERANCES
+    from harness.backends.torch import COMPILE_TOLERANCES
 
     proc, out = compare_run
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -86,16 +86,17 @@ def test_compare_runs_torch_compile_beside_eager_torch_and_jax(compare_run, indu
 def test_compare_default_skips_what_cannot_run_here(monkeypatch, capsys):
     """Without a C++ compiler the default drops torch-compile with one line saying why;
     named explicitly, a backend that cannot run is bad input."""
+    from harness import backends
+    from harness.backends import torch as torch_family
     from harness.common.cli import UsageError
-    from harness.timing import torch_backend
 
-    monkeypatch.setattr(torch_backend, "inductor_cpu_compiler", lambda: None)
-    assert torch_backend.choose_backends(None, compare.DEFAULT_BACKENDS, "cpu", "compare") == ["torch", "jax"]
+    monkeypatch.setattr(torch_family, "inductor_cpu_compiler", lambda: None)
+    assert backends.choose_backends(None, backends.defaults(), "cpu", "compare") == ["torch", "jax"]
     err = capsys.readouterr().err.strip()
     assert err == ("compare: skipping torch-compile on CPU needs a C++ compiler for Inductor's kernels and found "
                    "none (install g++ or set $CXX)")
     with pytest.raises(UsageError, match="--backend torch-compile on CPU needs a C\\+\\+ compiler"):
-        torch_backend.choose_backends(["torch-compile"], compare.DEFAULT_BACKENDS, "cpu", "compare")
+        backends.choose_backends(["torch-compile"], backends.defaults(), "cpu", "compare")
 
 
 @pytest.mark.parametrize("tool, args, message", [

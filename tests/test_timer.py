@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from harness import backends
 from harness.common.stats import cell, outliers, summarize
 from harness.timing import runner
 from harness.timing.events import EventLog
@@ -59,7 +60,7 @@ class FakeSession:
 
 def _timer(session, warmup=3, steps=8):
     opts = SimpleNamespace(mode="train", warmup=warmup, steps=steps)
-    events = EventLog("torch").__enter__()
+    events = EventLog(backends.get("torch").compile_events).__enter__()
     return Timer(session, opts, lambda m: None, events), events
 
 

@@ -129,8 +129,6 @@ def failure_status(exc: BaseException, caught: list) -> str:
 
 
 def release_memory() -> None:
-    if "torch" in sys.modules:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    torch = sys.modules.get("torch")  # only a framework already in use holds cached memory
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -15,9 +15,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from harness import backends
+from harness.common.errors import UsageError
 from harness.config import ATTENTION_CHOICES, PRESETS
 
-BACKENDS = ("torch", "torch-compile", "torch-compile-cg", "jax")
 DTYPES = ("fp32", "tf32", "bf16")
 MODES = ("forward", "forward-backward", "train")
 DEVICES = ("cuda", "cpu")
@@ -25,11 +26,6 @@ DEVICES = ("cuda", "cpu")
 OPTIMIZERS = ("foreach", "foreach-compiled", "fused", "loop")
 # Data-parallel flavours: torch DDP or FSDP2; JAX parameters replicated or sharded to match.
 PARALLEL = ("ddp", "fsdp")
-
-
-class UsageError(argparse.ArgumentTypeError):
-    """Bad input: the message names the bad value and the valid choices. Raised from an
-    argparse `type=` callable, argparse names the option in front of the message."""
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -145,12 +141,14 @@ def add_attention(parser: argparse.ArgumentParser) -> None:
 
 
 def add_backend(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
+    """--backend, one or comma-separated, from the registered backends (`harness.backends`)."""
+    names = backends.names()
     if many:
-        parser.add_argument("--backend", type=comma_list(choice("backend", BACKENDS)), default=list(BACKENDS),
-                            help=f"comma-separated: {', '.join(BACKENDS)}")
+        parser.add_argument("--backend", type=comma_list(choice("backend", names)), default=list(names),
+                            help=f"comma-separated: {', '.join(names)}")
     else:
-        parser.add_argument("--backend", type=choice("backend", BACKENDS), required=True,
-                            help=f"{', '.join(BACKENDS)}")
+        parser.add_argument("--backend", type=choice("backend", names), required=True,
+                            help=f"{', '.join(names)}")
 
 
 def add_optimizer(parser: argparse.ArgumentParser) -> None:

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+
+
+class UsageError(argparse.ArgumentTypeError):
+    """Bad input: the message names the bad value and the valid choices. Raised from an
+    argparse `type=` callable, argparse names the option in front of the message."""
+
+
 
 def is_oom(exc: BaseException) -> bool:
     """An out-of-memory error from either framework (checked by name: no framework import)."""

@@ -6,7 +6,8 @@ import dataclasses
 import os
 import re
 
-from harness.common.cli import BACKENDS, DTYPES
+from harness import backends
+from harness.common.cli import DTYPES
 from harness.common.hardware import memory_mib
 from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict
@@ -15,6 +16,8 @@ from harness.timing.runner import PHASE_ORDER
 from harness.timing.scaling import scaling_rows
 
 DEFAULT_DEVICE_GB = 80
+# The ratio table: the first backend's medians over the second's (its fused step over the other's step).
+RATIO_BACKENDS = ("jax", "torch")
 MIB = 2**20
 
 
@@ -24,7 +27,7 @@ def _index(values: tuple | list, value: object) -> int:
 
 def _order(cell: dict) -> tuple:
     return (_index(list(PRESETS), cell["model"]), cell["ctx"], cell.get("batch") or 0, cell["data_parallel"],
-            _index(DTYPES, cell["dtype"]), _index(BACKENDS, cell["backend"]), cell["warmup"] or 0)
+            _index(DTYPES, cell["dtype"]), _index(backends.names(), cell["backend"]), cell["warmup"] or 0)
 
 
 def sweep_cells(sweep: dict, records: list[dict]) -> list[dict]:
@@ -73,11 +76,12 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
     index = {(r["model"], r["ctx"], r["batch"], r["data_parallel"], r["dtype"], r["backend"]): r for r in rows}
     out = []
     for (model, ctx, batch, n, dtype, backend), t in index.items():
-        j = index.get((model, ctx, batch, n, dtype, "jax"))
-        if backend != "torch" or j is None:
+        over, under = RATIO_BACKENDS
+        j = index.get((model, ctx, batch, n, dtype, over))
+        if backend != under or j is None:
             continue
         row = {"model": model, "ctx": ctx, "batch": batch, "data_parallel": n, "dtype": dtype,
-               "status": _pair_status({"torch": t, "jax": j})}
+               "status": _pair_status({under: t, over: j})}
         for name in PHASE_ORDER:
             tp = t["step" if name == "fused_step" else name]
             jp = j[name]
@@ -208,7 +212,7 @@ def best_rows(rows: list[dict]) -> list[dict]:
                 best[key] = {"backend": r["backend"], "dtype": r["dtype"], "model": r["model"], "ctx": r["ctx"],
                              "batch": r["batch"], "phase": phase, "tflops": p["tflops"], "mfu": p.get("mfu"),
                              "tokens_per_s": p.get("tokens_per_s"), "median_ms": p["median_ms"], "key": r["key"]}
-    return sorted(best.values(), key=lambda b: (_index(BACKENDS, b["backend"]), _index(DTYPES, b["dtype"])))
+    return sorted(best.values(), key=lambda b: (_index(backends.names(), b["backend"]), _index(DTYPES, b["dtype"])))
 
 
 def warmup_rows(cells: list[dict]) -> list[dict]:

@@ -15,6 +15,7 @@ import csv
 import os
 from collections.abc import Callable
 
+from harness import backends
 from harness.common.tables import markdown_table
 from harness.sweeps.analysis import STATUS_TEXT, bound_label
 from harness.sweeps.plots import GIB, groups, plot_memory, plot_phase_bars, plot_time_vs_ctx
@@ -183,7 +184,7 @@ def section_warmup(data: dict) -> list[str]:
         return _value(r, p, lambda v: f"{v['mean_ms']:.2f} ± {v['std_ms']:.2f} (first {v['first_ms']:.2f})")
 
     rows = [[r["model"], str(r["ctx"]), r["backend"], r["dtype"], str(r["warmup"]), stat(r, "step"),
-             stat(r, "fused_step") if r["backend"] == "jax" else "-"] for r in data["warmup"]]
+             stat(r, "fused_step") if backends.get(r["backend"]).fused_step else "-"] for r in data["warmup"]]
     return out + _table(["model", "ctx", "backend", "dtype", "warm-up steps", "step mean ± std ms",
                          "fused_step mean ± std ms"], rows)
 

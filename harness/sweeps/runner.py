@@ -16,7 +16,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from harness.config import backend_attention, get_config
+from harness import backends
+from harness.backends import backend_attention
+from harness.config import get_config
 from harness.sweeps.records import Cell, append_record, cell_record, load_records
 
 
@@ -120,7 +122,7 @@ def start_cell(cell: Cell, opts: dict, out_dir: str, *, timeout: float | None = 
     if report:
         from harness.trace.sources.nsys import profile_command
 
-        cmd = profile_command(cell.backend, report, cmd, nsys_bin)
+        cmd = profile_command(report, cmd, nsys_bin, backends.get(cell.backend).nsys_flags)
     if os.path.exists(os.path.join(out_dir, out_json)):
         os.remove(os.path.join(out_dir, out_json))  # left by an interrupted attempt
     env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
@@ -185,7 +187,7 @@ def longest_first(cells: list[Cell], base_batch: int = 1) -> list[Cell]:
 
     def cost(cell: Cell) -> float:
         flops = forward_flops(get_config(cell.model), cell.batch or base_batch, cell.ctx)
-        return flops * (3 if cell.backend == "jax" else 1)
+        return flops * backends.get(cell.backend).compile_weight
 
     return sorted(cells, key=cost, reverse=True)
 

@@ -25,8 +25,9 @@ import sys
 import tempfile
 import time
 
+from harness.backends import backend_attention
+from harness.backends import get as backend_record
 from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
-from harness.config import backend_attention
 from harness.timing.distributed import rank_path
 from harness.timing.runner import PHASE_ORDER
 
@@ -93,14 +94,15 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
                "--optimizer", args.optimizer]
     if args.annotate_attention:
         program.append("--annotate-attention")
-    if getattr(args, "layer_ranges", False) and backend not in ("torch-compile", "torch-compile-cg"):
+    record = backend_record(backend)
+    if getattr(args, "layer_ranges", False) and record.layer_ranges:
         program.append("--layer-ranges")
     if getattr(args, "data_parallel", 1) > 1:
         program += ["--data-parallel", str(args.data_parallel), "--parallel", args.parallel]
     if args.fail_in and args.fail_in.split(":")[0] == backend:
         program += ["--fail-in", args.fail_in.split(":")[1]]
     profile = None
-    ranks = getattr(args, "data_parallel", 1) > 1 and backend != "jax"  # torch ranks: one profile each
+    ranks = getattr(args, "data_parallel", 1) > 1 and not record.one_process  # a process per device: a profile each
     if args.profiler == "nsys" and ranks:
         stem = os.path.join(workdir, backend)
         program += ["--nsys-ranks", stem, *(["--nsys-bin", args.nsys_bin] if args.nsys_bin else [])]
@@ -109,9 +111,9 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[d
         from harness.trace.sources.nsys import profile_command
 
         stem = os.path.join(workdir, f"{backend}")
-        program, profile = profile_command(backend, stem, program, args.nsys_bin), stem + ".nsys-rep"
+        program, profile = profile_command(stem, program, args.nsys_bin, record.nsys_flags), stem + ".nsys-rep"
     elif args.profiler == "framework":
-        profile = os.path.join(workdir, "jax-trace" if backend == "jax" else f"{backend}-trace.json")
+        profile = os.path.join(workdir, record.profile_file.format(name=backend))
         program += ["--profile", profile]
         profile = rank_path(profile, 0) if ranks else profile
     start = time.perf_counter()
@@ -193,8 +195,8 @@ def parity_or_skip(args: argparse.Namespace, runs: dict[str, dict], workdir: str
 
 def phase_table(runs: dict[str, dict]) -> list[dict]:
     """One row per phase: each backend's phase record and its median over the first
-    backend's (`ratios`). In the `fused_step` row the torch backends, which have no fused
-    step, stand with their (only) step."""
+    backend's (`ratios`). In the `fused_step` row a backend without a fused step stands
+    with its (only) step."""
     table = []
     phases = [p for p in PHASE_ORDER
               if any(p in r.get("phases", {}) for r in runs.values())]
@@ -202,7 +204,7 @@ def phase_table(runs: dict[str, dict]) -> list[dict]:
     for name in phases:
         row = {"phase": name}
         for backend, r in runs.items():
-            own = name if name != "fused_step" or backend == "jax" else "step"
+            own = "step" if name == "fused_step" and name not in r.get("phases", {}) else name
             row[backend] = r["phases"].get(own) if r["status"] == "ok" else None
         ref = row.get(reference)
         row["ratios"] = {b: row[b]["median_ms"] / ref["median_ms"] if ref and row[b] else None
@@ -338,7 +340,7 @@ def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
             for b in backends:
                 results[b] = run_backend(b, args, work)
             runs = {b: doc for b, (doc, _) in results.items()}
-            compared = [b for b in backends if b != "torch"]
+            compared = [b for b in backends if not backend_record(b).reference]
             parity = None if args.no_parity or len(backends) < 2 else parity_or_skip(args, runs, work, compared)
         except KeyboardInterrupt:
             raise Interrupted(keep_interrupted(args, backends, finished_runs(backends, work))) from None

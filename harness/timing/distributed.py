@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from harness import backends
 from harness.common.cli import UsageError
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -55,7 +56,7 @@ def check_devices(backend: str, device: str, n: int) -> None:
     torch counts them, without creating a context or starting JAX's GPU client, which would
     take memory from the runs), JAX's host devices on CPU (its XLA_FLAGS flag), or for torch
     on CPU any number of gloo processes."""
-    if n == 1 or (backend != "jax" and device == "cpu"):
+    if n == 1 or (not backends.get(backend).one_process and device == "cpu"):
         return
     if device == "cuda":
         import torch
@@ -243,7 +244,8 @@ def nsys_per_rank(backend: str, stem: str, nsys_bin: str | None) -> Callable[[in
     """A `launch` wrap that runs rank r under `nsys profile`, writing `stem.rank<r>.nsys-rep`."""
     from harness.trace.sources.nsys import profile_command
 
-    return lambda rank, argv: profile_command(backend, rank_path(stem, rank), argv, nsys_bin)
+    flags = backends.get(backend).nsys_flags
+    return lambda rank, argv: profile_command(rank_path(stem, rank), argv, nsys_bin, flags)
 
 
 def run_data_parallel(opts, progress: Callable[[str], None] = lambda m: None, quiet: bool = False,
@@ -257,7 +259,7 @@ def run_data_parallel(opts, progress: Callable[[str], None] = lambda m: None, qu
     from harness.timing.runner import run
 
     apply_safe_env()
-    if opts.backend == "jax":
+    if backends.get(opts.backend).one_process:
         doc = run(opts, progress)
         if doc["status"] == "ok":
             doc["data_parallel"] = data_parallel_record(
@@ -287,7 +289,7 @@ def parity_step(opts) -> tuple[float, dict]:
 
     import numpy as np
 
-    if opts.backend == "jax":
+    if backends.get(opts.backend).one_process:
         from harness.config import get_config
         from harness.timing.runner import make_session
 

@@ -17,12 +17,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness import backends
+from harness.backends import Backend
+from harness.backends.session import Session
 from harness.common.cli import UsageError
 from harness.common.errors import describe_failure, is_oom
 from harness.common.hardware import peak_tflops
 from harness.common.results import environment
 from harness.common.stats import cell, summarize
-from harness.config import ModelConfig, backend_attention, get_config
+from harness.config import ModelConfig, get_config
 from harness.timing.events import EventLog
 from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
 from harness.timing.timer import OVERHEAD_ROUNDS, OVERHEAD_STEPS, PhaseFailure, Timer, collector_paused, overhead_flag
@@ -67,52 +70,16 @@ PHASE_ORDER = ("forward", "backward", "optimizer", "step", "fused_step")
 FAULT_PHASES = ("forward", "backward", "optimizer", "fused_step")
 
 
-def _simulated_oom(backend: str) -> BaseException:
-    if backend != "jax":
-        import torch
-
-        return torch.OutOfMemoryError("CUDA out of memory (simulated by --fail-in)")
-    import jax
-
-    return jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory (simulated by --fail-in)")
-
-
-def make_session(opts: RunOptions, config: ModelConfig):
-    """The backend's session on the shared token batch and the shared torch_impl weights.
+def make_session(opts: RunOptions, config: ModelConfig) -> Session:
+    """The backend's session on the shared token batch and the shared seeded weights.
 
     Data-parallel: the global batch is the one a one-device run of `data_parallel x batch`
-    trains on; JAX shards it over its devices, a torch rank takes its rows and wraps its
-    model (`harness.timing.torch_parallel.distribute`)."""
+    trains on; a backend that drives every device from one process shards it, one with a
+    process per device takes this rank's rows (`Backend.make_session`)."""
     from harness.timing.tokens import make_tokens
-    from harness.timing.torch_backend import init_model
 
-    n = opts.data_parallel
-    tokens = make_tokens(config.vocab_size, opts.batch * n, opts.ctx, opts.seed)
-    # Both backends start from these weights. They do not depend on the attention
-    # kernel; torch has no Pallas kernel, so they come from torch's counterpart.
-    weights = init_model(dataclasses.replace(config, attention=backend_attention("torch", config.attention)), opts.seed)
-    common = dict(device=opts.device, dtype=opts.dtype, seed=opts.seed, weights=weights)
-    if opts.backend == "jax":
-        from harness.timing.jax_backend import JaxSession
-
-        return JaxSession(config, tokens, **common, data_parallel=n, parallel=opts.parallel,
-                          layer_ranges=opts.layer_ranges)
-    from harness.timing.torch_backend import TorchCompileSession, TorchSession
-
-    if n > 1:
-        from harness.timing.torch_parallel import world
-
-        rank = world()[0]
-        tokens = tokens[rank * opts.batch:(rank + 1) * opts.batch]
-    if opts.backend == "torch":
-        session = TorchSession(config, tokens, **common, optimizer=opts.optimizer)
-    else:
-        session = TorchCompileSession(config, tokens, **common, optimizer=opts.optimizer, backend=opts.backend)
-    if n > 1:
-        from harness.timing.torch_parallel import distribute
-
-        distribute(session, opts.parallel, opts.optimizer)
-    return session
+    tokens = make_tokens(config.vocab_size, opts.batch * opts.data_parallel, opts.ctx, opts.seed)
+    return backends.get(opts.backend).make_session(opts, config, tokens)
 
 
 def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | None,
@@ -142,38 +109,39 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
         result["warnings"].append("--warmup 0: the first measured step includes compilation, autotuning and "
                                   "first allocations (see first_step_ms); use --warmup 2 or more for speed figures")
     phase = "setup"
-    fault = (lambda name: _simulated_oom(opts.backend) if name == opts.fail_in else None)
-    with EventLog(opts.backend) as events:
+    backend = backends.get(opts.backend)
+    fault = (lambda name: backend.simulated_oom() if name == opts.fail_in else None)
+    with EventLog(backend.compile_events) as events:
         try:
             t0 = time.perf_counter()
             session = make_session(opts, config)
             setup_ms = (time.perf_counter() - t0) * 1e3
-            result["precision"] = _precision(opts)
+            result["precision"] = backend.precision[opts.dtype]
             timer = Timer(session, opts, lambda m: progress(f"[{opts.backend}] {m}"), events, fault)
-            layers = LayerRanges(session) if opts.layer_ranges and opts.backend != "jax" else None
-            if opts.layer_ranges and opts.backend == "jax":
+            layers = LayerRanges(session) if opts.layer_ranges and backend.layer_ranges == "hooks" else None
+            if opts.layer_ranges and backend.layer_ranges == "hlo":
                 result["layer_ranges"] = {"overhead_ratio": None, "method": JAX_LAYERS}
-            with _instrumented(opts):
+            with _instrumented(opts, backend):
                 try:
                     timer.loop("split step", PHASES[opts.mode])
                 except PhaseFailure as exc:
-                    if not _fused_step_still_runs(opts, exc):
+                    if not _fused_step_still_runs(opts, backend, exc):
                         raise
                     result["split_step_failure"] = _drop_split_step(timer, session, exc, opts)
                     result["warnings"].append(f"split step: {result['split_step_failure']['message']}; "
                                               "the fused step, one program with less to keep, was timed alone")
-                if opts.backend == "jax" and opts.mode == "train":
+                if backend.fused_step and opts.mode == "train":
                     phase = "fused_step"
                     timer.loop("fused step", ("fused_step",), outer=None)
             overhead = None
             if opts.mode == "train":
                 phase = "overhead check"
-                fused = opts.backend == "jax"
+                fused = backend.fused_step
                 overhead = timer.overhead(("fused_step",) if fused else PHASES[opts.mode], None if fused else "step")
             if layers is not None:
                 phase = "layer ranges overhead check"
                 result["layer_ranges"] = layers.overhead(timer, PHASES[opts.mode])
-            if opts.layer_ranges and opts.backend == "jax" and opts.hlo_dir:
+            if opts.layer_ranges and backend.layer_ranges == "hlo" and opts.hlo_dir:
                 # the folder's name beside the result (an absolute path would not survive a move)
                 written = session.write_hlo(opts.hlo_dir)
                 result["layer_ranges"]["hlo"] = {"folder": Path(opts.hlo_dir).name, "phases": sorted(written)}
@@ -183,8 +151,8 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
             return _failed(result, phase, exc, opts)
 
     device_name = session.device_name()
-    # The batch and devices this process steps: JAX drives every data-parallel device.
-    devices = opts.data_parallel if opts.backend == "jax" else 1
+    # The batch and devices this process steps: all of them where one process drives every device.
+    devices = opts.data_parallel if backend.one_process else 1
     peak_tf = peak_tflops(device_name, opts.dtype)
     peak_tf = peak_tf * devices if peak_tf else None
     flops = phase_flops(config, opts.batch * devices, opts.ctx)
@@ -209,8 +177,7 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
                             "compilation, autotuning, first allocations and the step itself"},
         loss=_loss_record(timer.losses),
         peak_tflops=peak_tf,
-        memory_note=("torch: max_memory_allocated after a reset before each phase" if opts.backend != "jax" else
-                     "jax: the allocator's peak_bytes_in_use after the phase (a process-wide high-water mark)"),
+        memory_note=backend.memory_note,
         env=environment({"device": device_name or "cpu", **session.versions()}),
     )
     if overhead and overhead.get("flag"):
@@ -268,12 +235,12 @@ class LayerRanges:
                 "note": "the phase times of this run were measured with the layer ranges on"}
 
 
-def _fused_step_still_runs(opts: RunOptions, exc: PhaseFailure) -> bool:
-    """Whether JAX's fused step is still worth timing after its split step failed: it ran
+def _fused_step_still_runs(opts: RunOptions, backend: Backend, exc: PhaseFailure) -> bool:
+    """Whether the fused step is still worth timing after the split step failed: it ran
     out of memory in the forward or backward (the split step keeps the forward's residuals
     between two programs; the fused step frees them inside one), which leave the weights
-    and optimizer state as they were (the update donates them)."""
-    return (opts.backend == "jax" and opts.mode == "train" and exc.phase in ("forward", "backward")
+    and optimizer state as they were (JAX's update donates them)."""
+    return (backend.fused_step and opts.mode == "train" and exc.phase in ("forward", "backward")
             and is_oom(exc.cause))
 
 
@@ -298,54 +265,21 @@ def _loss_record(losses: list[dict]) -> dict:
 
 
 @contextlib.contextmanager
-def _instrumented(opts: RunOptions):
+def _instrumented(opts: RunOptions, backend: Backend):
     """The optional extras around the timed loops: attention ranges, a framework profiler."""
     with contextlib.ExitStack() as stack:
         if opts.annotate_attention:
             if opts.attention != "naive":
                 raise UsageError("--annotate-attention needs --attention naive (the fused kernels have no steps)")
-            _annotate_attention(opts)
-            if opts.backend == "jax":
-                # Ranges inside a jitted function would be traced away: run op by op.
-                import jax
-
-                stack.enter_context(jax.disable_jit())
+            if backend.annotate_attention is None:
+                raise UsageError(f"--annotate-attention: --backend {backend.name} cannot hold ranges inside attention")
+            stack.enter_context(backend.annotate_attention(opts.device))
         if opts.profile:
             from harness.timing.ranges import use_framework_annotations
-            from harness.trace.sources import framework_profile
 
-            use_framework_annotations("jax" if opts.backend == "jax" else "torch")
-            recorder = framework_profile.jax_profiler if opts.backend == "jax" else framework_profile.torch_profiler
-            stack.enter_context(recorder(opts.profile))
+            use_framework_annotations(backend.annotation())
+            stack.enter_context(backend.profiler(opts.profile))
         yield
-
-
-def _annotate_attention(opts: RunOptions) -> None:
-    from harness.timing.ranges import annotate_attention
-
-    if opts.backend != "jax":
-        import torch
-
-        from torch_impl.model import CausalSelfAttention
-
-        sync = (lambda out: torch.cuda.synchronize()) if opts.device == "cuda" else (lambda out: None)
-        annotate_attention(CausalSelfAttention, sync)
-    else:
-        import jax
-
-        from jax_impl.model import CausalSelfAttention
-
-        annotate_attention(CausalSelfAttention, jax.block_until_ready)
-
-
-def _precision(opts: RunOptions) -> str:
-    if opts.backend == "jax":
-        from harness.timing.jax_backend import PRECISION
-    elif opts.backend == "torch":
-        from harness.timing.torch_backend import PRECISION
-    else:
-        from harness.timing.torch_backend import COMPILED_PRECISION as PRECISION
-    return PRECISION[opts.dtype]
 
 
 def _failed(result: dict, phase: str, exc: BaseException, opts: RunOptions) -> dict:

@@ -184,3 +184,27 @@ def test_cyclic_garbage_is_freed_between_measured_steps() -> None:
         assert sum(r() is not None for r in alive) <= 3
     finally:
         gc.enable()
+
+
+def test_drop_forgets_the_failed_loop_only() -> None:
+    """`drop` removes a loop's phases, its step, first step and losses, and keeps another loop's."""
+    timer, events = _timer(FakeSession(garbage=10), warmup=1, steps=2)
+    with events:
+        timer.loop("fused step", ("fused_step",), outer=None)
+        timer.loop("split step", ("forward", "backward", "optimizer"))
+        timer.drop("split step", ("forward", "backward", "optimizer"))
+    assert list(timer.times) == ["fused_step"] and list(timer.intervals) == ["fused_step"]
+    assert list(timer.first_step_ms) == ["fused step"]
+    assert [x["loop"] for x in timer.losses] == ["fused step", "fused step"]
+
+
+def test_rounds_alternate_and_run_before_untimed() -> None:
+    """Each round runs every loop once for steps_per_round steps; `alternate` reverses the
+    order every other round and `before` runs ahead of each loop, outside its time."""
+    timer, events = _timer(FakeSession(garbage=10), steps=2)
+    order: list[str] = []
+    loops = {"a": lambda n: order.append(f"a{n}"), "b": lambda n: order.append(f"b{n}")}
+    with events:
+        means = timer.rounds(loops, "test", alternate=True, before=lambda key: time.sleep(0.02))
+    assert order == ["a2", "b2", "b2", "a2"] * (len(means["a"]) // 2)
+    assert len(means["a"]) == len(means["b"]) == 4 and max(means["a"] + means["b"]) < 10  # ms per step

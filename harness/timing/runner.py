@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +26,8 @@ from harness.common.stats import cell, summarize
 from harness.config import ModelConfig, get_config
 from harness.timing.events import EventLog
 from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
-from harness.timing.timer import OVERHEAD_ROUNDS, OVERHEAD_STEPS, PhaseFailure, Timer, collector_paused, overhead_flag
+from harness.timing.layer_ranges import LayerRanges
+from harness.timing.timer import PhaseFailure, Timer
 
 SCHEMA = "harness.run/1"
 PHASES = {
@@ -127,7 +126,7 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
                 except PhaseFailure as exc:
                     if not _fused_step_still_runs(opts, backend, exc):
                         raise
-                    result["split_step_failure"] = _drop_split_step(timer, session, exc, opts)
+                    result["split_step_failure"] = _drop_split_step(timer, exc, opts)
                     result["warnings"].append(f"split step: {result['split_step_failure']['message']}; "
                                               "the fused step, one program with less to keep, was timed alone")
                 if backend.fused_step and opts.mode == "train":
@@ -187,54 +186,6 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
     return result
 
 
-class LayerRanges:
-    """The layer ranges of a torch session (`harness.timing.ranges.install_layer_ranges`),
-    on from construction; `overhead` measures what they cost."""
-
-    def __init__(self, session) -> None:
-        from harness.timing.ranges import install_layer_ranges
-
-        self.session, self.install = session, install_layer_ranges
-        self.handles = install_layer_ranges(session.layer_modules())
-
-    def _set(self, on: bool) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = self.install(self.session.layer_modules()) if on else []
-
-    def overhead(self, timer: Timer, phases: tuple[str, ...]) -> dict:
-        """Steps with layer ranges against the same steps without, like with like: the
-        timer's instrumented steps (phase ranges, a sync after each phase) in interleaved
-        rounds of the same number of steps, which of the two goes first alternating by
-        round, with the collector paused; the ratio of the medians of the round means.
-        The steps run under `warmup` ranges, so a profile keeps them out of its figures.
-        The ranges are off afterwards."""
-        n = max(1, min(timer.opts.steps, OVERHEAD_STEPS))
-        means: dict[bool, list[float]] = {True: [], False: []}
-        with collector_paused():
-            for r in range(OVERHEAD_ROUNDS):
-                timer.progress(f"layer ranges round {r + 1}/{OVERHEAD_ROUNDS}: {n} steps with, {n} without")
-                for on in (True, False) if r % 2 == 0 else (False, True):
-                    self._set(on)
-                    t0 = time.perf_counter()
-                    for _ in range(n):
-                        timer.step(phases, False, "step")
-                    means[on].append((time.perf_counter() - t0) * 1e3 / n)
-                    gc.collect()
-        self._set(False)
-        with_ms, without_ms = statistics.median(means[True]), statistics.median(means[False])
-        ratios = [a / b for a, b in zip(means[True], means[False])]
-        flag = overhead_flag(with_ms / without_ms, ratios, "steps with layer ranges", "steps without")
-        return {"overhead_ratio": with_ms / without_ms, "with_ms": with_ms, "without_ms": without_ms,
-                **({"flag": flag} if flag else {}), "round_ratios": ratios, "rounds": OVERHEAD_ROUNDS,
-                "steps_per_round": n,
-                "method": (f"NVTX ranges per block and sub-module from module hooks (forward) and pre-hooks on "
-                           f"the forward's autograd nodes (backward), no synchronization; {n} timed steps with "
-                           f"them vs {n} without, in {OVERHEAD_ROUNDS} interleaved rounds (order alternating); "
-                           "medians of the round means"),
-                "note": "the phase times of this run were measured with the layer ranges on"}
-
-
 def _fused_step_still_runs(opts: RunOptions, backend: Backend, exc: PhaseFailure) -> bool:
     """Whether the fused step is still worth timing after the split step failed: it ran
     out of memory in the forward or backward (the split step keeps the forward's residuals
@@ -244,15 +195,9 @@ def _fused_step_still_runs(opts: RunOptions, backend: Backend, exc: PhaseFailure
             and is_oom(exc.cause))
 
 
-def _drop_split_step(timer: Timer, session, exc: PhaseFailure, opts: RunOptions) -> dict:
+def _drop_split_step(timer: Timer, exc: PhaseFailure, opts: RunOptions) -> dict:
     """Forget a failed split step's partial figures and buffers; returns its failure record."""
-    for name in (*PHASES[opts.mode], "step"):
-        timer.times.pop(name, None)
-        timer.intervals.pop(name, None)
-        timer.peaks.pop(name, None)
-    timer.first_step_ms.pop("split step", None)
-    timer.losses.clear()
-    session.zero_grad()
+    timer.drop("split step", PHASES[opts.mode])
     return {"status": "oom", "phase": exc.phase, "message": describe_failure(exc.cause, exc.phase, opts)}
 
 

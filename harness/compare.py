@@ -21,6 +21,7 @@ written before the robust statistics (library: `harness.timing.upgrade`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ from harness.common.results import dir_problem
 from harness.run import add_layer_ranges, layer_ranges_problem
 from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
+from harness.timing.spec import Comparison, RunSpec
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,6 +111,16 @@ def render(folder: str) -> int:
     return 0
 
 
+def comparison_from_args(args: argparse.Namespace, chosen: Sequence[str], profiled: str | None) -> Comparison:
+    """The comparison the parsed options describe, on the backends `chosen`, under `profiled`."""
+    shared = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSpec)
+              if hasattr(args, f.name) and f.name not in ("backend", "profile", "fail_in")}
+    return Comparison(run=RunSpec(backend=chosen[0], **shared), backends=tuple(chosen), out=args.out,
+                      profiler=profiled, nsys_bin=args.nsys_bin, compile_cache=args.compile_cache,
+                      overwrite=args.overwrite, no_parity=args.no_parity, keep_profiles=args.keep_profiles,
+                      fail_in=args.fail_in)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     if args.render:
@@ -117,28 +129,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.ctx is None:
             raise UsageError("--ctx is required (or --render FOLDER to re-render a result folder)")
         select_platform(args)
-        args.backend = backends.choose_backends(args.backend, backends.defaults(), args.device, "compare")
+        chosen = backends.choose_backends(args.backend, backends.defaults(), args.device, "compare")
         if args.data_parallel > 1:
             from harness.timing.distributed import check_devices
 
-            for backend in args.backend:
+            for backend in chosen:
                 check_devices(backend, args.device, args.data_parallel)
         if problem := dir_problem(args.out, "--out"):
             raise UsageError(problem)
-        args.profiler = profiler(args)
+        spec = comparison_from_args(args, chosen, profiler(args))
         if args.layer_ranges:
-            for backend in args.backend:
+            for backend in chosen:
                 if problem := layer_ranges_problem(backend):
                     print(f"compare: {problem}; {backend} runs without them", file=sys.stderr)
-        device = expected_device(args)
-        existing = os.path.join(args.out, result_dir_name(args, device)) if device else None
+        device = expected_device(args.device)
+        existing = os.path.join(args.out, result_dir_name(spec, device)) if device else None
         if existing and os.path.exists(existing) and not args.overwrite:
             raise UsageError(f"--out {args.out}: {existing} already holds a comparison; pass --overwrite to replace "
                              "it, or another --out to keep both")
     except UsageError as exc:
         return fail(str(exc))
     try:
-        summary, path = compare(args, args.backend)
+        summary, path = compare(spec)
     except Interrupted as exc:
         return fail(str(exc), 130)
     print(format_table(summary))

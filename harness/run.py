@@ -35,7 +35,8 @@ from harness.common.cli import (
     select_platform,
 )
 from harness.common.results import file_problem, write_json
-from harness.timing.runner import FAULT_PHASES, RunOptions, format_result, run
+from harness.timing.runner import FAULT_PHASES, format_result, run
+from harness.timing.spec import RunSpec
 from harness.trace.analyses.hlo_join import hlo_dir
 
 
@@ -86,14 +87,14 @@ def layer_ranges_problem(backend: str) -> str | None:
     return None if record.layer_ranges else f"--layer-ranges with --backend {backend}: {record.layer_ranges_problem}"
 
 
-def options_from_args(args: argparse.Namespace) -> RunOptions:
-    fields = {f.name for f in dataclasses.fields(RunOptions)}
+def options_from_args(args: argparse.Namespace) -> RunSpec:
+    fields = {f.name for f in dataclasses.fields(RunSpec)}
     opts = {k: v for k, v in vars(args).items() if k in fields}
     if args.wide_layer is None:
         opts["wide_factor"] = 1
     if args.layer_ranges and backends.get(args.backend).layer_ranges == "hlo" and args.out:
         opts["hlo_dir"] = str(hlo_dir(args.out))  # the report joins kernels to layers through it
-    return RunOptions(**opts)
+    return RunSpec(**opts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

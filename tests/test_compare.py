@@ -10,7 +10,8 @@ import pytest
 from harness import compare
 from harness.common.cli import parse_args
 from harness.timing import compare as compare_lib
-from harness.timing.runner import RunOptions, run
+from harness.timing.runner import run
+from harness.timing.spec import RunSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,7 +128,7 @@ def test_compare_accepts_the_compiled_backends():
 
 
 def test_run_in_forward_mode_has_only_forward_and_step():
-    doc = run(RunOptions(backend="jax", model="tiny", ctx=16, batch=1, warmup=1, steps=2, mode="forward"))
+    doc = run(RunSpec(backend="jax", model="tiny", ctx=16, batch=1, warmup=1, steps=2, mode="forward"))
     assert doc["status"] == "ok" and set(doc["phases"]) == {"forward", "step"}
     assert doc["phases"]["step"]["flops"] == doc["phases"]["forward"]["flops"]
 
@@ -136,8 +137,8 @@ def test_jax_run_with_the_pallas_kernel_matches_naive_attention():
     """--attention pallas reaches the JAX model (interpret mode on CPU) and starts
     from the same weights as naive attention: same first loss."""
     common = dict(backend="jax", model="tiny", ctx=16, batch=1, warmup=0, steps=1, mode="forward")
-    pallas = run(RunOptions(**common, attention="pallas"))
-    naive = run(RunOptions(**common, attention="naive"))
+    pallas = run(RunSpec(**common, attention="pallas"))
+    naive = run(RunSpec(**common, attention="naive"))
     assert pallas["status"] == "ok", pallas["error"]
     assert pallas["options"]["attention"] == "pallas"
     assert pallas["loss"]["first"] == pytest.approx(naive["loss"]["first"], rel=1e-5)
@@ -200,9 +201,7 @@ def test_result_folder_is_named_after_the_device():
     (no device reported) the requested device does, so a failed GPU run is
     not filed under -cpu."""
     def parse(*argv):
-        args = parse_args(compare.build_parser(), list(argv))
-        args.profiler = None
-        return args
+        return compare.comparison_from_args(parse_args(compare.build_parser(), list(argv)), ["torch"], None)
 
     args = parse("--model", "large", "--ctx", "1024", "--dtype", "bf16", "--attention", "pallas", "--device", "cuda")
     assert compare_lib.result_dir_name(args, "NVIDIA H100 80GB HBM3") == "large-ctx1024-bf16-pallas-h100-80gb-hbm3"
@@ -267,9 +266,10 @@ def test_nsys_compare_wraps_each_backend_in_nsys_profile(tmp_path, monkeypatch, 
     fake.chmod(0o755)
     seen = []
     monkeypatch.setattr(compare_lib, "_stream", lambda program, env: (seen.append(program), (1, ""))[1])
-    args = parse_args(compare.build_parser(), ["--model", "tiny", "--ctx", "8", "--nsys", "--nsys-bin", str(fake)])
-    args.profiler, args.fail_in, args.compile_cache = "nsys", None, str(tmp_path / "cache")
-    doc, profile = compare_lib.run_backend(backend, args, str(tmp_path))
+    args = parse_args(compare.build_parser(), ["--model", "tiny", "--ctx", "8", "--nsys", "--nsys-bin", str(fake),
+                                               "--compile-cache", str(tmp_path / "cache")])
+    spec = compare.comparison_from_args(args, [backend], "nsys")
+    doc, profile = compare_lib.run_backend(backend, spec, str(tmp_path))
     assert doc["status"] == "error" and profile is None
     (program,) = seen
     assert program[:2] == [str(fake), "profile"] and "harness.run" in program

@@ -3,7 +3,6 @@ fails on a planted slowdown and passes on two runs of the same code."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -18,6 +17,7 @@ from harness.diffs.decompose import GROUPS, HOST, diff_runs, regression
 from harness.diffs.inputs import resolve, resolve_one
 from harness.diffs.render import render
 from harness.timing.compare import summarize_compare, write_results
+from harness.timing.spec import Comparison, RunSpec
 from harness.trace.analyses.breakdown import breakdown, load_profile
 
 DATA = Path(__file__).parent / "data"
@@ -128,9 +128,9 @@ def test_gate_passes_on_two_runs_of_the_same_code(tmp_path) -> None:
 def test_compare_folder_names_its_backends(tmp_path) -> None:
     """A folder written by harness.compare's own writer: FOLDER:BACKEND and FOLDER alone."""
     runs = {"torch": json.loads(TORCH.read_text()), "jax": json.loads(JAX.read_text())}
-    args = argparse.Namespace(model="small", ctx=128, batch=4, dtype="fp32", attention="naive", mode="train",
-                              device="cuda", warmup=2, steps=3, seed=0, profiler=None,
-                              optimizer="foreach")
+    args = Comparison(run=RunSpec(backend="torch", model="small", ctx=128, batch=4, dtype="fp32", attention="naive",
+                                  mode="train", device="cuda", warmup=2, steps=3, seed=0, optimizer="foreach"),
+                      backends=("torch", "jax"))
     folder = write_results(summarize_compare(args, runs, None), str(tmp_path), "small-ctx128")
     assert [r.label for r in resolve(folder)] == ["small-ctx128:torch", "small-ctx128:jax"]
     d = diff_runs(resolve_one(f"{folder}:torch"), resolve_one(f"{folder}:jax"))

@@ -145,7 +145,7 @@ def test_summary_is_robust() -> None:
 
 
 def test_run_reports_first_step_warmup_zero_and_losses_at_equal_steps() -> None:
-    opts = runner.RunOptions(backend="torch", model="tiny", ctx=32, batch=2, warmup=0, steps=3, device="cpu")
+    opts = runner.RunSpec(backend="torch", model="tiny", ctx=32, batch=2, warmup=0, steps=3, device="cpu")
     doc = runner.run(opts)
     assert doc["status"] == "ok"
     assert any(w.startswith("--warmup 0") for w in doc["warnings"])

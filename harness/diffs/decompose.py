@@ -36,10 +36,10 @@ from harness.config import ModelConfig
 from harness.diffs.inputs import PhaseProfile, Run
 from harness.diffs.layers import LayerPhase, diff_layers
 from harness.timing.flops import optimizer_bytes, phase_flops
+from harness.timing.spec import PHASE_ORDER
 from harness.trace.kernels import Category
 
 SCHEMA = "harness.diff/1"
-PHASE_ORDER = ("forward", "backward", "optimizer", "step", "fused_step")
 COMMUNICATION = "communication"  # the group of NCCL's kernels and XLA's collectives
 # Report groups of harness.trace.kernels.Category, in the order tables list them.
 GROUPS: tuple[tuple[str, tuple[Category, ...]], ...] = (

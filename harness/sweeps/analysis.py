@@ -12,8 +12,8 @@ from harness.common.hardware import memory_mib
 from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict
 from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
-from harness.timing.runner import PHASE_ORDER
 from harness.timing.scaling import scaling_rows
+from harness.timing.spec import PHASE_ORDER
 
 DEFAULT_DEVICE_GB = 80
 # The ratio table: the first backend's medians over the second's (its fused step over the other's step).

@@ -19,8 +19,8 @@ from harness import backends
 from harness.common.tables import markdown_table
 from harness.sweeps.analysis import STATUS_TEXT, bound_label
 from harness.sweeps.plots import GIB, groups, plot_memory, plot_phase_bars, plot_time_vs_ctx
-from harness.timing.runner import PHASE_ORDER
 from harness.timing.scaling import format_scaling
+from harness.timing.spec import PHASE_ORDER
 
 
 def status_text(status: str) -> str:

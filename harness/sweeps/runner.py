@@ -17,24 +17,25 @@ import time
 from collections.abc import Callable
 
 from harness import backends
-from harness.backends import backend_attention
 from harness.config import get_config
 from harness.sweeps.records import Cell, append_record, cell_record, load_records
+from harness.timing.spec import RunSpec, run_argv
 
 
 # -- running one cell ------------------------------------------------------------------
+def cell_spec(cell: Cell, opts: dict, fail_in: str | None = None) -> RunSpec:
+    """The run of one cell: the sweep's options `opts` at the cell's point of the grid."""
+    spec = RunSpec(backend=cell.backend, model=cell.model, ctx=cell.ctx, batch=cell.batch or opts["batch"],
+                   dtype=cell.dtype, attention=opts["attention"], device=opts["device"], mode=opts["mode"],
+                   warmup=opts["warmup"] if cell.warmup is None else cell.warmup, steps=opts["steps"],
+                   optimizer=opts["optimizer"], data_parallel=cell.data_parallel or 1,
+                   parallel=opts.get("parallel", "ddp"))
+    return spec.on(cell.backend, fail_in)
+
+
 def cell_command(cell: Cell, opts: dict, out_json: str, fail_in: str | None = None) -> list[str]:
     """The `harness.run` argv of one cell."""
-    attention = backend_attention(cell.backend, opts["attention"])
-    warmup = opts["warmup"] if cell.warmup is None else cell.warmup
-    batch = cell.batch or opts["batch"]
-    cmd = [sys.executable, "-m", "harness.run", "--backend", cell.backend, "--model", cell.model,
-           "--ctx", str(cell.ctx), "--batch", str(batch), "--dtype", cell.dtype, "--attention", attention,
-           "--device", opts["device"], "--mode", opts["mode"], "--warmup", str(warmup), "--steps", str(opts["steps"]),
-           "--optimizer", opts["optimizer"], "--out", out_json]
-    if cell.data_parallel:
-        cmd += ["--data-parallel", str(cell.data_parallel), "--parallel", opts.get("parallel", "ddp")]
-    return cmd + (["--fail-in", fail_in] if fail_in else [])
+    return run_argv(cell_spec(cell, opts, fail_in), out_json)
 
 
 def _tail(path: str, lines: int = 3) -> str:

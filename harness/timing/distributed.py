@@ -141,7 +141,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def launch(options: dict, job: str, workdir: str, n: int, progress: bool = True,
            wrap: Callable[[int, list[str]], list[str]] | None = None) -> None:
     """Run `n` ranks of `harness.timing.rank` on `job` ("run" or "parity") with `options`
-    (RunOptions as a dict) in `workdir`; return when all exited 0, else raise RankFailure
+    (RunSpec as a dict) in `workdir`; return when all exited 0, else raise RankFailure
     after stopping the others. Rank 0's progress lines pass through when `progress`.
     `wrap(rank, argv)`: the command that runs a rank's argv (a profiler around it)."""
     spec = os.path.join(workdir, "spec.json")

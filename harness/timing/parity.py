@@ -100,10 +100,11 @@ def check_parity(config: ModelConfig, *, batch: int = 2, ctx: int = 64, device: 
     `steps` must be at least 1: with none, the parameter and update checks compare nothing."""
     if steps < 1:
         raise ValueError(f"steps={steps}: parity needs at least one AdamW step to compare updates")
-    from harness.timing.runner import RunOptions, make_session
+    from harness.timing.runner import make_session
+    from harness.timing.spec import RunSpec
 
     def session(backend: str):
-        return make_session(RunOptions(backend=backend, model=config.name, ctx=ctx, batch=batch, dtype=dtype,
+        return make_session(RunSpec(backend=backend, model=config.name, ctx=ctx, batch=batch, dtype=dtype,
                                        attention=config.attention, device=device, seed=seed), config)
 
     reference_name = reference()

@@ -15,6 +15,7 @@ run and names the rank.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -54,12 +55,13 @@ def _parity_step(opts, config) -> tuple[float, dict[str, np.ndarray]]:
 
 def main(argv: Sequence[str]) -> int:
     from harness.config import get_config
-    from harness.timing.runner import RunOptions, run
+    from harness.timing.runner import run
+    from harness.timing.spec import RunSpec
 
     spec_path, rank = argv[0], int(argv[1])
     with open(spec_path) as f:
         spec = json.load(f)
-    opts = RunOptions(**spec["options"])
+    opts = RunSpec(**spec["options"])
     if opts.device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if opts.device == "cuda" else "gloo")
@@ -72,7 +74,7 @@ def main(argv: Sequence[str]) -> int:
         dist.destroy_process_group()
         return 0
     if opts.profile:
-        opts.profile = rank_path(opts.profile, rank)
+        opts = dataclasses.replace(opts, profile=rank_path(opts.profile, rank))
     quiet = spec.get("quiet") or rank != 0
     doc = run(opts, (lambda m: None) if quiet else (lambda m: print(f"[rank {rank}] {m}", file=sys.stderr,
                                                                      flush=True)))

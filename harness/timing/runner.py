@@ -27,6 +27,7 @@ from harness.config import ModelConfig, get_config
 from harness.timing.events import EventLog
 from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
 from harness.timing.layer_ranges import LayerRanges
+from harness.timing.spec import RunSpec
 from harness.timing.timer import PhaseFailure, Timer
 
 SCHEMA = "harness.run/1"
@@ -37,39 +38,12 @@ PHASES = {
 }
 
 
-@dataclasses.dataclass
-class RunOptions:
-    backend: str
-    model: str
-    ctx: int
-    batch: int = 4
-    warmup: int = 5
-    steps: int = 10
-    dtype: str = "fp32"
-    attention: str = "naive"
-    mode: str = "train"
-    device: str = "cpu"
-    seed: int = 0
-    annotate_attention: bool = False
-    profile: str | None = None  # write a framework-profiler trace here
-    fail_in: str | None = None  # fault injection for tests: raise an OOM in this phase
-    optimizer: str = "fused"  # the torch backends' AdamW: one of harness.common.cli.OPTIMIZERS
-    layer_ranges: bool = False  # NVTX ranges per block and sub-module (torch eager)
-    wide_layer: int | None = None  # a planted wide block (ModelConfig.wide_layer), for attribution tests
-    wide_factor: int = 1
-    data_parallel: int = 1  # devices; --batch is per device, the global batch data_parallel x batch
-    parallel: str = "ddp"  # torch: ddp or fsdp; jax: parameters replicated (ddp) or sharded (fsdp)
-    hlo_dir: str | None = None  # jax with layer_ranges: write the phases' optimized HLO here
-
-
 JAX_LAYERS = ("jax.named_scope per block and sub-module in jax_impl: metadata of the compiled program, joined "
               "to the kernels afterwards; nothing is added to the step")
-# Every phase a result document may hold, in report order.
-PHASE_ORDER = ("forward", "backward", "optimizer", "step", "fused_step")
 FAULT_PHASES = ("forward", "backward", "optimizer", "fused_step")
 
 
-def make_session(opts: RunOptions, config: ModelConfig) -> Session:
+def make_session(opts: RunSpec, config: ModelConfig) -> Session:
     """The backend's session on the shared token batch and the shared seeded weights.
 
     Data-parallel: the global batch is the one a one-device run of `data_parallel x batch`
@@ -95,7 +69,7 @@ def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | N
     return rec
 
 
-def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) -> dict:
+def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> dict:
     """Build, warm up and time one backend; returns the result document (status ok or failed)."""
     config = get_config(opts.model, attention=opts.attention, wide_layer=opts.wide_layer,
                         wide_factor=opts.wide_factor)
@@ -186,7 +160,7 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
     return result
 
 
-def _fused_step_still_runs(opts: RunOptions, backend: Backend, exc: PhaseFailure) -> bool:
+def _fused_step_still_runs(opts: RunSpec, backend: Backend, exc: PhaseFailure) -> bool:
     """Whether the fused step is still worth timing after the split step failed: it ran
     out of memory in the forward or backward (the split step keeps the forward's residuals
     between two programs; the fused step frees them inside one), which leave the weights
@@ -195,7 +169,7 @@ def _fused_step_still_runs(opts: RunOptions, backend: Backend, exc: PhaseFailure
             and is_oom(exc.cause))
 
 
-def _drop_split_step(timer: Timer, exc: PhaseFailure, opts: RunOptions) -> dict:
+def _drop_split_step(timer: Timer, exc: PhaseFailure, opts: RunSpec) -> dict:
     """Forget a failed split step's partial figures and buffers; returns its failure record."""
     timer.drop("split step", PHASES[opts.mode])
     return {"status": "oom", "phase": exc.phase, "message": describe_failure(exc.cause, exc.phase, opts)}
@@ -210,7 +184,7 @@ def _loss_record(losses: list[dict]) -> dict:
 
 
 @contextlib.contextmanager
-def _instrumented(opts: RunOptions, backend: Backend):
+def _instrumented(opts: RunSpec, backend: Backend):
     """The optional extras around the timed loops: attention ranges, a framework profiler."""
     with contextlib.ExitStack() as stack:
         if opts.annotate_attention:
@@ -227,7 +201,7 @@ def _instrumented(opts: RunOptions, backend: Backend):
         yield
 
 
-def _failed(result: dict, phase: str, exc: BaseException, opts: RunOptions) -> dict:
+def _failed(result: dict, phase: str, exc: BaseException, opts: RunSpec) -> dict:
     result.update(status="oom" if is_oom(exc) else "error",
                   error={"phase": phase, "message": describe_failure(exc, phase, opts)})
     result["env"] = environment()

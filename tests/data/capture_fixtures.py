@@ -130,7 +130,7 @@ def capture_fallback(backend: str, device: str) -> Path:
 
     work = WORK / f"{backend}_fallback"
     work.mkdir(parents=True, exist_ok=True)
-    opts = runner.RunOptions(backend=backend, model="tiny", ctx=64, warmup=2, steps=3, device=device)
+    opts = runner.RunSpec(backend=backend, model="tiny", ctx=64, warmup=2, steps=3, device=device)
     ranges.use_framework_annotations(backends.get(backend).annotation())
     if backend == "torch":
         with framework_profile.torch_profiler(work / "trace.json"):

@@ -29,7 +29,7 @@ from harness.common.cli import (
     positive_int,
     select_platform,
 )
-from harness.common.errors import describe_failure
+from harness.common.errors import describe_failure, is_oom
 from harness.common.results import write_json
 from harness.config import get_config
 from harness.timing.parity import check_parity, format_table
@@ -60,7 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = check_parity(config, batch=args.batch, ctx=args.ctx, device=args.device, dtype=args.dtype,
                               seed=args.seed, steps=args.steps, backends=tuple(args.backend))
     except Exception as exc:  # an OOM or a backend failure is reported, not a traceback
-        return fail(describe_failure(exc, "parity", args))
+        message = describe_failure(exc, "parity", args)
+        if args.out:
+            write_json(args.out, {"ok": None, "status": "oom" if is_oom(exc) else "error", "error": message,
+                                  "batch": args.batch})
+        return fail(message)
     print(format_table(result))
     if args.out:
         write_json(args.out, result.to_json())

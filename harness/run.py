@@ -104,9 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem := backends.attention_problem(args.backend, args.attention):
             raise UsageError(problem)
         if args.annotate_attention and backends.get(args.backend).annotate_attention is None:
-            able = [b for b in backends.names() if backends.get(b).annotate_attention]
             raise UsageError("--annotate-attention synchronizes inside attention, which a compiled graph cannot "
-                             f"hold; use --backend {' or '.join(able)}")
+                             f"hold; use --backend {backends.reference()}")
         backends.choose_backends([args.backend], (), args.device, "run")
         if args.layer_ranges and (problem := layer_ranges_problem(args.backend)):
             raise UsageError(problem)

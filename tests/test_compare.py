@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -275,3 +276,34 @@ def test_nsys_compare_wraps_each_backend_in_nsys_profile(tmp_path, monkeypatch, 
     assert program[:2] == [str(fake), "profile"] and "harness.run" in program
     assert program[program.index("--backend") + 1] == backend
     assert ("--nvtx-domain-exclude=TSL" in program) == (backend == "jax")
+
+
+def test_parity_halves_the_batch_when_its_process_reports_out_of_memory(tmp_path, monkeypatch):
+    """harness.parity writes status "oom" to its --out; compare retries at half the batch,
+    and a process that failed otherwise ends the retries with its message."""
+    from harness.timing.spec import Comparison, RunSpec
+
+    batches = []
+
+    def fake_parity(program, env):
+        batch = int(program[program.index("--batch") + 1])
+        batches.append(batch)
+        out = program[program.index("--out") + 1]
+        doc = {"ok": True, "rows": []} if batch == 2 else {"ok": None, "status": "oom", "error": "oom", "batch": batch}
+        Path(out).write_text(json.dumps(doc))
+        return (0 if batch == 2 else 2), ""
+
+    monkeypatch.setattr(compare_lib, "_stream", fake_parity)
+    spec = Comparison(run=RunSpec(backend="torch", model="tiny", ctx=16, batch=8), backends=("torch", "jax"),
+                      compile_cache=str(tmp_path / "cache"))
+    doc = compare_lib.run_parity(spec, str(tmp_path), ["jax"])
+    assert batches == [8, 4, 2] and doc["ok"] and doc["reduced_batch"]
+
+    def failing(program, env):
+        Path(program[program.index("--out") + 1]).write_text(json.dumps(
+            {"ok": None, "status": "error", "error": "ValueError in parity", "batch": 8}))
+        return 2, ""
+
+    monkeypatch.setattr(compare_lib, "_stream", failing)
+    assert compare_lib.run_parity(spec, str(tmp_path), ["jax"]) == {"ok": None, "error": "ValueError in parity",
+                                                                    "batch": 8}

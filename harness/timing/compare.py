@@ -153,15 +153,19 @@ def run_parity(comparison: Comparison, workdir: str, backends: list[str]) -> dic
         start = time.perf_counter()
         code, tail = _stream(cmd, env)
         print(f"[parity] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        doc = None
         if os.path.exists(out):
             with open(out) as f:
                 doc = json.load(f)
-            doc["reduced_batch"] = batch != r.batch
-            return doc
-        if "out of memory" in tail and batch > 1:
+        if doc is not None and doc.get("status") == "oom" and batch > 1:
             print(f"[parity] out of memory at batch {batch}; retrying at batch {batch // 2}", file=sys.stderr)
             batch //= 2
             continue
+        if doc is not None and "status" not in doc:
+            doc["reduced_batch"] = batch != r.batch
+            return doc
+        if doc is not None:
+            return {"ok": None, "error": doc["error"], "batch": batch}
         return {"ok": None, "error": tail.strip().splitlines()[-1] if tail.strip() else f"exit code {code}",
                 "batch": batch}
 

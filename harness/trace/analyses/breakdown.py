@@ -22,9 +22,8 @@ the first, which carries compilation, allocation and autotuning and is reported 
 Kernel names that ran only in the first steady instance of a root that repeats (XLA's
 autotuning candidates, one-off initialisation) are kept out of the per-step figures too.
 XLA autotuner kernels are never computation: they are reported apart, wherever they ran.
-A profile without any range gets one pseudo-phase, the whole profile.  GPU time is the
-sum of kernel durations (overlap on several streams counts twice); "range" time is the
-wall time of the ranges themselves.
+A profile without any range gets one pseudo-phase, the whole profile.  GPU time is the sum of
+kernel durations (overlap on several streams counts twice); "range" time is the wall time of the ranges themselves.
 """
 
 from __future__ import annotations
@@ -107,9 +106,8 @@ def _bucket(kt: KernelTable, mask: np.ndarray, inner: np.ndarray, ranges: Sequen
     for r, ns in zip(uniq, np.bincount(inv, weights=dur)):
         where[ranges[r].name if r >= 0 else "(no range)"] += int(ns)
     names, ninv = np.unique(kt.name[idx], return_inverse=True)
-    by_name = np.bincount(ninv, weights=dur)
-    top = [kt.names[names[i]] for i in np.argsort(-by_name)[:5]]
-    return Bucket(len(idx), int(dur.sum()), dict(where), top)
+    top = [kt.names[names[i]] for i in np.argsort(-np.bincount(ninv, weights=dur))[:5]]
+    return Bucket(count=len(idx), ns=int(dur.sum()), ranges=dict(where), names=top)
 
 
 def _spill(dur: np.ndarray, by_exec: np.ndarray, by_launch: np.ndarray | None,
@@ -216,16 +214,17 @@ def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray
     for j in np.argsort(-ns, kind="stable"):
         rest, rule_j = divmod(int(u[j]), len(PHASE_RULES) + 1)
         name_id, cat = divmod(rest, len(_CATS))
-        name = kt.names[name_id]
-        stats.append(KernelStat(name, _CATS[cat].value, calls[j] / n, ns[j] / n, ns[j] / calls[j],
-                                ns[j] / n / total if total else 0.0, _decode(name),
-                                PHASE_RULES[rule_j - 1][0] if rule_j else None))
-    kinds = kt.kind[k]
-    return PhaseStats(key, root, len(instances), occurrences, sum(walls.values()) / n, float(total),
-                      float(np.count_nonzero(kinds == KERNEL)) / n, categories, stats,
-                      float(np.count_nonzero((kinds == MEMCPY) | (kinds == MEMSET))) / n,
-                      float(statistics.median([per_inst.get(i, 0.0) for i in instances])) if instances else 0.0,
-                      float(statistics.median([walls.get(i, 0) for i in instances])) if instances else 0.0)
+        stats.append(KernelStat(name=(name := kt.names[name_id]), category=_CATS[cat].value,
+                                calls_per_step=calls[j] / n, ns_per_step=ns[j] / n, mean_ns=ns[j] / calls[j],
+                                share=ns[j] / n / total if total else 0.0, gemm=_decode(name),
+                                inferred_from=PHASE_RULES[rule_j - 1][0] if rule_j else None))
+    kinds, median = kt.kind[k], (lambda per: float(statistics.median([per.get(i, 0) for i in instances] or [0])))
+
+    return PhaseStats(phase=key, root=root, steps=len(instances), occurrences=occurrences,
+                      range_ns_per_step=sum(walls.values()) / n, gpu_ns_per_step=float(total),
+                      kernels_per_step=float(np.count_nonzero(kinds == KERNEL)) / n, categories=categories,
+                      kernels=stats, copies_per_step=float(np.count_nonzero((kinds == MEMCPY) | (kinds == MEMSET))) / n,
+                      gpu_ns_median=median(per_inst), range_ns_median=median(walls))
 
 
 def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto",
@@ -296,10 +295,12 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
         warnings += [f"the layer join covers only {c:.1%} of the {p} GPU time" for p, c in join.coverage.items()
                      if c < 0.95]
     layers = {} if labels is None else layer_totals(kt, layer_ranges, labels)
-    return Breakdown(profile.label, profile.source, profile.path, phases, bucket(kwarm & ~tune), bucket(tune),
-                     bucket(none), [*warnings, *_warnings(phases)], notes,
-                     bucket(kfirst & ~tune & ~none & ~kwarm), bucket(only_first), mode, reason, outside, moved,
-                     steady_rule, list(profile.api), layers)
+    return Breakdown(label=profile.label, source=profile.source, path=profile.path, phases=phases,
+                     warmup=bucket(kwarm & ~tune), autotuning=bucket(tune), unattributed=bucket(none),
+                     warnings=[*warnings, *_warnings(phases)], notes=notes,
+                     first_step=bucket(kfirst & ~tune & ~none & ~kwarm), first_only=bucket(only_first),
+                     attribution=mode, attribution_reason=reason, outside_share=outside, moved_share=moved,
+                     steady_rule=steady_rule, api=list(profile.api), layers=layers)
 
 
 
@@ -355,10 +356,10 @@ def _whole_profile(profile: Profile) -> Breakdown:
     note = ("no annotation ranges: the tables cover the whole profile (one \"step\"); add NVTX ranges "
             "(torch.cuda.nvtx.range_push/pop, jax.profiler.TraceAnnotation) around steps and phases "
             "for per-step figures")
-    return Breakdown(profile.label, profile.source, profile.path, {WHOLE_PROFILE: whole}, Bucket(),
-                     _bucket(kt, tune, inner, []), Bucket(), _warnings({WHOLE_PROFILE: whole}),
-                     [note, *profile.notes], attribution="none", attribution_reason="no ranges",
-                     steady_rule="no ranges: the whole profile", api=list(profile.api))
+    return Breakdown(label=profile.label, source=profile.source, path=profile.path, phases={WHOLE_PROFILE: whole},
+                     warmup=Bucket(), autotuning=_bucket(kt, tune, inner, []), unattributed=Bucket(),
+                     warnings=_warnings({WHOLE_PROFILE: whole}), notes=[note, *profile.notes], attribution="none",
+                     attribution_reason="no ranges", steady_rule="no ranges: the whole profile", api=list(profile.api))
 
 
 _ORDER = (*STEP_RANGES, *PHASES, *ATTENTION_RANGES)

@@ -134,7 +134,7 @@ def bound_notes(rows: list[dict]) -> list[dict]:
 def device_memory_bytes(cells: list[dict], gb: float | None = None) -> tuple[int, str]:
     """Device memory for the fit prediction and where it came from: `gb` (GiB) when given,
     else the total memory a run recorded (nvidia-smi's memory.total), else the datasheet
-    memory of the device name (`harness.common.hardware.MEMORY_MIB`), else "<N>GB" in
+    memory of the device name (`harness.common.hardware.GPUS`), else "<N>GB" in
     the name, else 80 GiB."""
     if gb is not None:
         return int(gb * 2**30), f"{gb:g} GiB (--device-memory-gb)"

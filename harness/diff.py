@@ -22,7 +22,7 @@ from pathlib import Path
 from harness.common.cli import add_nsys_bin, add_out, fail, make_parser, non_negative_float, parse_args
 from harness.diffs.decompose import MismatchError, diff_runs, regression
 from harness.diffs.inputs import InputError, resolve, resolve_one
-from harness.diffs.render import render, render_markdown
+from harness.diffs.render import diff_markdown, render
 
 
 def build_parser():
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc))
     for d in diffs:
         if args.out is None:
-            print(render_markdown(d))
+            print(diff_markdown(d))
             continue
         folder = Path(args.out) if len(diffs) == 1 else Path(args.out) / f"{d.a_label}-vs-{d.b_label}".replace(":", "-")
         print("\n".join(str(p) for p in render(d, folder).values()))

@@ -35,7 +35,8 @@ from harness.common.cli import (
     select_platform,
 )
 from harness.common.results import file_problem, write_json
-from harness.timing.runner import FAULT_PHASES, format_result, run
+from harness.timing.run_render import format_data_parallel, format_result
+from harness.timing.runner import FAULT_PHASES, run
 from harness.timing.spec import RunSpec
 from harness.trace.analyses.hlo_join import hlo_dir
 
@@ -157,8 +158,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json(args.out, doc)
     print(format_result(doc))
     if opts.data_parallel > 1 and doc["status"] == "ok":
-        from harness.timing.distributed import format_data_parallel
-
         print("\n".join(format_data_parallel(doc)))
     return 0 if doc["status"] == "ok" else 3
 

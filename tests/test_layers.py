@@ -19,7 +19,7 @@ from harness.config import get_config
 from harness.diffs.decompose import diff_runs
 from harness.diffs.inputs import Run
 from harness.diffs.layers import largest_moves
-from harness.diffs.render import render_markdown, to_json
+from harness.diffs.render import diff_markdown, to_json
 from harness.timing import ranges
 from harness.timing.tokens import make_tokens
 from harness.timing.torch_backend import TorchSession
@@ -302,7 +302,7 @@ def test_diff_tables_layers_and_kinds_and_names_the_largest_moves() -> None:
     assert [(p, r.name, r.delta_ms) for p, r in moves] == [("backward", "layers.1.ffn", 24),
                                                            ("forward", "layers.1.ffn", 12),
                                                            ("backward", "layers.0.attn", -2)]
-    text = render_markdown(d)
+    text = diff_markdown(d)
     assert "Layers that moved most: backward layers.1.ffn +24.000 ms (10.000 -> 34.000)" in text
     assert "FFN: +36.000 ms" in text and "## backward by layer" in text
     doc = to_json(d)

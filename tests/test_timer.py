@@ -13,7 +13,7 @@ import pytest
 
 from harness import backends
 from harness.common.stats import cell, outliers, summarize
-from harness.timing import runner
+from harness.timing import run_render, runner
 from harness.timing.events import EventLog
 from harness.timing.timer import Timer, overhead_flag
 
@@ -153,7 +153,7 @@ def test_run_reports_first_step_warmup_zero_and_losses_at_equal_steps() -> None:
     assert first["split_step_ms"] == pytest.approx(doc["phases"]["step"]["times_ms"][0])
     assert first["time_to_first_step_ms"] == pytest.approx(first["setup_ms"] + first["split_step_ms"])
     assert (doc["loss"]["first_after_steps"], doc["loss"]["last_after_steps"]) == (0, 2)
-    text = runner.format_result(doc)
+    text = run_render.format_result(doc)
     assert "time to first step" in text and "warning: --warmup 0" in text
 
 

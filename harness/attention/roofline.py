@@ -141,7 +141,7 @@ def points(launches: list[Launch], ccs: dict[str, str]) -> list[Point]:
     return [point(x, ccs.get(x.id, "")) for x in launches]
 
 
-def render_markdown(pts: list[Point], r: Roofs, source: str) -> str:
+def roofline_markdown(pts: list[Point], r: Roofs, source: str) -> str:
     ridge_t, ridge_f = r.ridge(r.tensor_tflops), r.ridge(r.fp32_tflops)
     rows = []
     for p in pts:

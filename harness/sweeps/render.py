@@ -229,7 +229,7 @@ def section_environment(data: dict) -> list[str]:
     return ["## Environment", "", *lines, ""] if lines else []
 
 
-def render_markdown(data: dict, plots: list[str]) -> str:
+def sweep_markdown(data: dict, plots: list[str]) -> str:
     o = data["sweep"]["options"]
     counts: dict[str, int] = {}
     for c in data["cells"]:
@@ -282,5 +282,5 @@ def write_report(data: dict, out_dir: str) -> list[str]:
             writer.writeheader()
             writer.writerows(rows)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(render_markdown(data, plots))
+        f.write(sweep_markdown(data, plots))
     return ["report.md", "cells.csv", *plots]

@@ -254,7 +254,7 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
     <backend>.json) into a temp dir, then move it into place: an interrupted run leaves no
     half-written folder. An existing folder `name` is replaced with `overwrite`, else kept
     and the new one written beside it (`name-2`, ...)."""
-    from harness.timing.compare_render import plot_phases, render_markdown
+    from harness.timing.compare_render import compare_markdown, plot_phases
 
     ensure_dir(results_root)
     if not overwrite and os.path.exists(os.path.join(results_root, name)):
@@ -267,19 +267,18 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
     try:
         for backend, doc in (runs or {}).items():
             write_json(os.path.join(tmp, f"{backend}.json"), doc)
+        kernels_md = None
         if kernels:
-            from harness.trace.render import render_markdown as render_kernels
-            from harness.trace.render import write_report
+            from harness.trace.render import breakdown_markdown, write_report
 
             write_report(tmp, *kernels, stem="kernels")
-            summary["kernel_breakdown"] = render_kernels(*kernels).replace("# Kernel breakdown",
-                                                                           "## Kernel breakdown", 1)
+            kernels_md = breakdown_markdown(*kernels)
         if plot_phases(summary, os.path.join(tmp, "phases.png")):
             summary["plot"] = "phases.png"
         with open(os.path.join(tmp, "summary.json"), "w") as f:
-            json.dump({k: v for k, v in summary.items() if k != "kernel_breakdown"}, f, indent=1)
+            json.dump(summary, f, indent=1)
         with open(os.path.join(tmp, "report.md"), "w") as f:
-            f.write(render_markdown(summary))
+            f.write(compare_markdown(summary, kernels_md))
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -208,22 +208,6 @@ def data_parallel_record(per_rank: list[dict], opts, note: str) -> dict:
             "environment": {k: os.environ.get(k) for k in SAFE_ENV}, "note": note}
 
 
-def format_data_parallel(doc: dict) -> list[str]:
-    """The data-parallel lines under a run's table: global step, tokens/s, per-rank spread."""
-    dp = doc.get("data_parallel")
-    if not dp:
-        return []
-    lines = [f"data-parallel {dp['n']} ({dp['parallel']}), global batch {dp['global_batch']}: step "
-             f"{dp['step_ms']:.3f} ms, {dp['tokens_per_s']:.0f} tokens/s"]
-    if len(dp["ranks"]) > 1:
-        lines += [f"  {name:<10} per-rank medians {s['min_ms']:.3f}-{s['max_ms']:.3f} ms, "
-                  f"straggler {s['straggler']:.3f}x (slowest rank {s['slowest_rank']})"
-                  for name, s in dp["spread"].items()]
-    else:
-        lines.append(f"  {dp['note']}")
-    return lines
-
-
 def _medians(doc: dict) -> dict:
     return {name: p["median_ms"] for name, p in doc["phases"].items()}
 

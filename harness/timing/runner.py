@@ -22,7 +22,7 @@ from harness.common.cli import UsageError
 from harness.common.errors import describe_failure, is_oom
 from harness.common.hardware import peak_tflops
 from harness.common.results import environment
-from harness.common.stats import cell, summarize
+from harness.common.stats import summarize
 from harness.config import ModelConfig, get_config
 from harness.timing.events import EventLog
 from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
@@ -206,38 +206,3 @@ def _failed(result: dict, phase: str, exc: BaseException, opts: RunSpec) -> dict
                   error={"phase": phase, "message": describe_failure(exc, phase, opts)})
     result["env"] = environment()
     return result
-
-
-def format_result(doc: dict) -> str:
-    o = doc["options"]
-    head = (f"{o['backend']} {o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} {o['attention']} "
-            f"{o['mode']} on {o['device']}")
-    if doc["status"] != "ok":
-        return f"{head}: FAILED: {doc['error']['message']}"
-    lines = [head, f"{'phase':<11} {'median ms (p10-p90)':>26} {'TFLOP/s':>8} {'MFU':>6} {'peak MiB':>9}"]
-    for name, p in doc["phases"].items():
-        tf = f"{p['tflops']:.2f}" if p["tflops"] else "-"
-        mfu = f"{100 * p['mfu']:.1f}%" if p["mfu"] else "-"
-        mem = f"{p['peak_memory_bytes'] / 2**20:.0f}" if p["peak_memory_bytes"] else "-"
-        lines.append(f"{name:<11} {cell(p):>26} {tf:>8} {mfu:>6} {mem:>9}")
-    lines += outlier_lines(doc)
-    first = doc.get("first_step")
-    if first:
-        step_ms = first["time_to_first_step_ms"] - first["setup_ms"]
-        lines.append(f"time to first step: {first['time_to_first_step_ms'] / 1e3:.2f} s "
-                     f"(setup {first['setup_ms'] / 1e3:.2f} s + first step {step_ms / 1e3:.2f} s)")
-    if doc.get("overhead"):
-        lines.append(f"instrumentation overhead: {doc['overhead']['ratio']:.3f}x plain steps "
-                     f"(rounds {min(doc['overhead']['round_ratios']):.3f}-{max(doc['overhead']['round_ratios']):.3f})")
-    if (layers := doc.get("layer_ranges")) and layers.get("overhead_ratio"):
-        lines.append(f"layer ranges: {layers['overhead_ratio']:.3f}x the step without them "
-                     f"(rounds {min(layers['round_ratios']):.3f}-{max(layers['round_ratios']):.3f})")
-    lines += [f"warning: {w}" for w in doc.get("warnings", [])]
-    return "\n".join(lines)
-
-
-def outlier_lines(doc: dict) -> list[str]:
-    """One line per outlier step of a result document: phase, index, time, cause."""
-    return [f"outlier: {name}, measured step {o['index']}: {o['ms']:.2f} ms ({o['x_median']:.1f}x the median)"
-            + (f": {'; '.join(o['causes'])}" if o.get("causes") else "")
-            for name, p in doc.get("phases", {}).items() for o in p.get("outliers", [])]

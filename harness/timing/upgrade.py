@@ -114,7 +114,7 @@ def rerender(folder: str) -> list[str]:
     """Write report.md and phases.png of a compare folder from its summary.json (upgraded
     first when it is old, the original kept as `ORIGINAL`); the kernel breakdown is taken
     from the folder's kernels.md. Returns the paths written; bad folders raise RenderError."""
-    from harness.timing.compare_render import plot_phases, render_markdown
+    from harness.timing.compare_render import compare_markdown, plot_phases
 
     summary = _load(folder)
     written = []
@@ -125,10 +125,10 @@ def rerender(folder: str) -> list[str]:
         if not os.path.exists(original):
             shutil.copy2(os.path.join(folder, "summary.json"), original)
             written.append(original)
-    kernels = os.path.join(folder, "kernels.md")
+    kernels, kernels_md = os.path.join(folder, "kernels.md"), None
     if os.path.exists(kernels):
         with open(kernels) as f:
-            summary["kernel_breakdown"] = f.read().replace("# Kernel breakdown", "## Kernel breakdown", 1)
+            kernels_md = f.read()
         if summary.get("rerendered"):
             summary["rerendered"]["kernels"] = KERNELS_KEPT
     summary.pop("plot", None)
@@ -136,7 +136,7 @@ def rerender(folder: str) -> list[str]:
         summary["plot"] = "phases.png"
         written.append(os.path.join(folder, "phases.png"))
     with open(os.path.join(folder, "report.md"), "w") as f:
-        f.write(render_markdown(summary))
+        f.write(compare_markdown(summary, kernels_md))
     with open(os.path.join(folder, "summary.json"), "w") as f:
-        json.dump({k: v for k, v in summary.items() if k != "kernel_breakdown"}, f, indent=1)
+        json.dump(summary, f, indent=1)
     return [*written, os.path.join(folder, "report.md"), os.path.join(folder, "summary.json")]

@@ -114,7 +114,7 @@ def render(folder: str) -> int:
 def comparison_from_args(args: argparse.Namespace, chosen: Sequence[str], profiled: str | None) -> Comparison:
     """The comparison the parsed options describe, on the backends `chosen`, under `profiled`."""
     shared = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSpec)
-              if hasattr(args, f.name) and f.name not in ("backend", "profile", "fail_in")}
+              if hasattr(args, f.name) and f.name not in ("backend", "fail_in")}
     return Comparison(run=RunSpec(backend=chosen[0], **shared), backends=tuple(chosen), out=args.out,
                       profiler=profiled, nsys_bin=args.nsys_bin, compile_cache=args.compile_cache,
                       overwrite=args.overwrite, no_parity=args.no_parity, keep_profiles=args.keep_profiles,

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(None: all blocks alike)")
     p.add_argument("--wide-factor", type=positive_int, default=8, metavar="F",
                    help="how much wider the FFN of --wide-layer is")
-    p.add_argument("--profile", metavar="PATH",
+    p.add_argument("--framework-profile", metavar="PATH",
                    help="record the run with the framework's own profiler (torch: a .json trace; "
                         "jax: a trace directory) for harness.report, where nsys is not available")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -112,9 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(problem)
         if args.wide_layer is not None:
             from harness.config import get_config
+            from harness.timing.plants import wide_block
 
             try:
-                get_config(args.model, wide_layer=args.wide_layer, wide_factor=args.wide_factor)
+                wide_block(get_config(args.model), args.wide_layer, args.wide_factor)
             except ValueError as exc:
                 raise UsageError(f"--wide-layer: {exc}") from None
         if args.fail_in is not None and args.fail_in not in FAULT_PHASES:

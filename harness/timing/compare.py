@@ -86,8 +86,9 @@ def run_backend(backend: str, comparison: Comparison, workdir: str) -> tuple[dic
     profile = None
     ranks = spec.data_parallel > 1 and not record.one_process  # a process per device: a profile each
     if c.profiler == "framework":
-        spec = dataclasses.replace(spec, profile=os.path.join(workdir, record.profile_file.format(name=backend)))
-        profile = rank_path(spec.profile, 0) if ranks else spec.profile
+        spec = dataclasses.replace(spec, framework_profile=os.path.join(workdir,
+                                                                        record.profile_file.format(name=backend)))
+        profile = rank_path(spec.framework_profile, 0) if ranks else spec.framework_profile
     program = run_argv(spec, out)
     if c.profiler == "nsys" and ranks:
         stem = os.path.join(workdir, backend)

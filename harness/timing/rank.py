@@ -73,8 +73,8 @@ def main(argv: Sequence[str]) -> int:
             np.savez(os.path.join(workdir, "parity.npz"), __loss__=np.float64(loss), **params)
         dist.destroy_process_group()
         return 0
-    if opts.profile:
-        opts = dataclasses.replace(opts, profile=rank_path(opts.profile, rank))
+    if opts.framework_profile:
+        opts = dataclasses.replace(opts, framework_profile=rank_path(opts.framework_profile, rank))
     quiet = spec.get("quiet") or rank != 0
     doc = run(opts, (lambda m: None) if quiet else (lambda m: print(f"[rank {rank}] {m}", file=sys.stderr,
                                                                      flush=True)))

@@ -27,6 +27,7 @@ from harness.config import ModelConfig, get_config
 from harness.timing.events import EventLog
 from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
 from harness.timing.layer_ranges import LayerRanges
+from harness.timing.plants import wide_block
 from harness.timing.spec import RunSpec
 from harness.timing.timer import PhaseFailure, Timer
 
@@ -71,8 +72,7 @@ def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | N
 
 def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> dict:
     """Build, warm up and time one backend; returns the result document (status ok or failed)."""
-    config = get_config(opts.model, attention=opts.attention, wide_layer=opts.wide_layer,
-                        wide_factor=opts.wide_factor)
+    config = wide_block(get_config(opts.model, attention=opts.attention), opts.wide_layer, opts.wide_factor)
     result = {"schema": SCHEMA, "status": "ok", "error": None, "options": dataclasses.asdict(opts),
               "config": dataclasses.asdict(config), "num_params": config.num_params,
               "flops_formula": FORMULA, "warnings": []}
@@ -193,11 +193,11 @@ def _instrumented(opts: RunSpec, backend: Backend):
             if backend.annotate_attention is None:
                 raise UsageError(f"--annotate-attention: --backend {backend.name} cannot hold ranges inside attention")
             stack.enter_context(backend.annotate_attention(opts.device))
-        if opts.profile:
+        if opts.framework_profile:
             from harness.timing.ranges import use_framework_annotations
 
             use_framework_annotations(backend.annotation())
-            stack.enter_context(backend.profiler(opts.profile))
+            stack.enter_context(backend.profiler(opts.framework_profile))
         yield
 
 

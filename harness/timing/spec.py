@@ -33,7 +33,7 @@ class RunSpec:
     device: str = "cpu"
     seed: int = 0
     annotate_attention: bool = False
-    profile: str | None = None  # write a framework-profiler trace here
+    framework_profile: str | None = None  # write the framework profiler's trace here
     fail_in: str | None = None  # fault injection for tests: raise an OOM in this phase
     optimizer: str = "fused"  # the torch backends' AdamW: one of harness.common.cli.OPTIMIZERS
     layer_ranges: bool = False  # per-layer ranges (Backend.layer_ranges says how)
@@ -63,7 +63,7 @@ def run_argv(spec: RunSpec, out: str | None = None) -> list[str]:
         argv += ["--data-parallel", str(spec.data_parallel), "--parallel", spec.parallel]
     if spec.wide_layer is not None:
         argv += ["--wide-layer", str(spec.wide_layer), "--wide-factor", str(spec.wide_factor)]
-    for flag, value in (("--profile", spec.profile), ("--fail-in", spec.fail_in), ("--out", out)):
+    for flag, value in (("--framework-profile", spec.framework_profile), ("--fail-in", spec.fail_in), ("--out", out)):
         if value is not None:
             argv += [flag, value]
     return argv

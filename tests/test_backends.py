@@ -88,3 +88,19 @@ def test_toy_backend_runs_and_compares_end_to_end(toy, tmp_path):
     assert parity["ok"] and parity["tolerances"] == {"toy": EXACT}
     assert {r["backend"] for r in parity["rows"]} == {"toy"}
     assert "**toy**" in (folder / "report.md").read_text()
+
+
+def test_every_session_class_has_the_protocol_s_methods():
+    """The built-in sessions implement `Session` (checked by name and signature's
+    keyword-only `grad` of forward, which the timer passes)."""
+    import inspect
+
+    from harness.backends.session import Session
+    from harness.timing.jax_backend import JaxSession
+    from harness.timing.torch_backend import TorchCompileSession
+
+    wanted = {name for name, _ in inspect.getmembers(Session, inspect.isfunction) if not name.startswith("_")}
+    assert {"forward", "backward", "optimizer_step", "fused_step", "plain_step", "sync", "params"} <= wanted
+    for cls in (TorchSession, TorchCompileSession, JaxSession, ToySession):
+        assert wanted <= {name for name, _ in inspect.getmembers(cls, inspect.isfunction)}, cls
+        assert "grad" in inspect.signature(cls.forward).parameters, cls

@@ -208,3 +208,16 @@ def test_rounds_alternate_and_run_before_untimed() -> None:
         means = timer.rounds(loops, "test", alternate=True, before=lambda key: time.sleep(0.02))
     assert order == ["a2", "b2", "b2", "a2"] * (len(means["a"]) // 2)
     assert len(means["a"]) == len(means["b"]) == 4 and max(means["a"] + means["b"]) < 10  # ms per step
+
+
+def test_layer_ranges_overhead_runs_in_the_timer_s_rounds() -> None:
+    """A torch run with --layer-ranges measures their cost in Timer.rounds: 4 rounds of
+    min(steps, 5) steps with them and without."""
+    opts = runner.RunSpec(backend="torch", model="tiny", ctx=16, batch=1, warmup=1, steps=2, device="cpu",
+                          layer_ranges=True)
+    doc = runner.run(opts)
+    assert doc["status"] == "ok", doc["error"]
+    layers = doc["layer_ranges"]
+    assert layers["rounds"] == 4 and layers["steps_per_round"] == 2 and len(layers["round_ratios"]) == 4
+    assert layers["with_ms"] > 0 and layers["without_ms"] > 0
+    assert layers["overhead_ratio"] == pytest.approx(layers["with_ms"] / layers["without_ms"])

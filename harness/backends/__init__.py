@@ -52,7 +52,7 @@ class Backend:
     # scopes joined to the optimized HLO afterwards; None: no layer ranges (why: `layer_ranges_problem`)
     layer_ranges: str | None = None
     layer_ranges_problem: str = "has no layer ranges"
-    # () -> a context manager in which naive attention's sub-steps get ranges; None: it cannot
+    # (device) -> a context manager in which naive attention's sub-steps get ranges; None: it cannot
     annotate_attention: Callable[[str], AbstractContextManager] | None = None
     nsys_flags: tuple[str, ...] = ()  # extra `nsys profile` flags
     parallel: tuple[str, ...] = ()  # data-parallel strategies (harness.common.cli.PARALLEL)

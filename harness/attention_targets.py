@@ -32,7 +32,7 @@ from harness.attention.targets import (
     latest_cells,
     render_baseline_markdown,
     render_hopper_markdown,
-    render_markdown,
+    targets_markdown,
 )
 from harness.common.cli import emit, make_parser, parse_args
 
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.targets == "hopper":
         text = render_hopper_markdown(check_hopper(rows, args.impl), sources, args.impl)
     else:
-        text = render_markdown(check(rows, args.impl), sources, args.impl)
+        text = targets_markdown(check(rows, args.impl), sources, args.impl)
     if args.baseline:
         text += render_baseline_markdown(against_baseline(rows, base, args.impl), [p.name for p in args.baseline],
                                          args.impl)

@@ -23,13 +23,14 @@ written before the robust statistics (library: `harness.timing.upgrade`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.common.cli import (
-    DEFAULT_BACKENDS,
     UsageError,
     add_backend,
     add_data_parallel,
@@ -53,7 +54,7 @@ from harness.common.results import dir_problem
 from harness.run import add_layer_ranges, annotate_attention_problem, layer_ranges_problem
 from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
-from harness.timing.torch_backend import choose_backends
+from harness.timing.spec import Comparison, RunSpec
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,11 +130,22 @@ def render(folder: str) -> int:
     return 0
 
 
+def comparison_from_args(args: argparse.Namespace, chosen: Sequence[str], profiled: str | None) -> Comparison:
+    """The comparison the parsed options describe, on the backends `chosen`, under `profiled`."""
+    shared = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSpec)
+              if hasattr(args, f.name) and f.name not in ("backend", "fail_in")}
+    shared["fsdp_reshard_after_forward"] = args.fsdp_reshard_after_forward == "true"
+    return Comparison(run=RunSpec(backend=chosen[0], **shared), backends=tuple(chosen), out=args.out,
+                      profiler=profiled, nsys_bin=args.nsys_bin, compile_cache=args.compile_cache,
+                      overwrite=args.overwrite, no_parity=args.no_parity, keep_profiles=args.keep_profiles,
+                      fail_in=args.fail_in, timeline=args.timeline, timeline_steps=args.timeline_steps)
+
+
 def default_backends(args: argparse.Namespace) -> list[str]:
-    """DEFAULT_BACKENDS less those that cannot honour the options given, each named on
+    """The registry's default backends less those that cannot honour the options given, each named on
     stderr (a documented command such as --annotate-attention must not fail on a default)."""
     chosen = []
-    for backend in DEFAULT_BACKENDS:
+    for backend in backends.defaults():
         if args.annotate_attention and (problem := annotate_attention_problem(backend)):
             print(f"compare: skipping {backend}: {problem}", file=sys.stderr)
         else:
@@ -149,9 +161,10 @@ def check_paths(args: argparse.Namespace) -> None:
             raise UsageError(problem)
 
 
-def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check(args: argparse.Namespace) -> Comparison:
     """Every option against the others and against this machine, before anything runs; a
-    UsageError names the option and the fix. Resolves --device, --backend and the profiler."""
+    UsageError names the option and the fix. Resolves --device, --backend and the profiler
+    into the comparison to run."""
     if args.ctx is None:
         raise UsageError("--ctx is required (or --render FOLDER to re-render a result folder)")
     if problem := timeline_problem(args):
@@ -160,10 +173,10 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         raise UsageError("--timeline: lays out the profiles of --nsys or --profile; add one of them")
     select_platform(args)
     if args.annotate_attention:
-        for backend in args.backend or ("torch",):  # --data-parallel refuses it for every backend
+        for backend in args.backend or (backends.reference(),):  # --data-parallel refuses it for every backend
             if problem := annotate_attention_problem(backend, args.data_parallel):
                 raise UsageError(problem)
-    args.backend = choose_backends(args.backend, default_backends(args), args.device, "compare")
+    args.backend = backends.choose_backends(args.backend, default_backends(args), args.device, "compare")
     if not args.backend:
         raise UsageError("no backend can run here with these options; name one with --backend")
     if args.data_parallel > 1:
@@ -171,22 +184,23 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
         for backend in args.backend:
             check_devices(backend, args.device, args.data_parallel)
-            # JAX's runs leave out torch's DDP/FSDP2 options (data_parallel_argv)
-            if backend != "jax" and (problem := parallel_problem(
+            # a backend without the DDP/FSDP2 options runs without them (RunSpec.on)
+            if backends.get(backend).wrap_options and (problem := parallel_problem(
                     backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph, args.grad_comm,
                     args.fsdp_reshard_after_forward)):
                 raise UsageError(problem)
     check_paths(args)
-    args.profiler = profiler(args)
+    comparison = comparison_from_args(args, args.backend, profiler(args))
     if args.layer_ranges:
         for backend in args.backend:
             if problem := layer_ranges_problem(backend):
                 print(f"compare: {problem}; {backend} runs without them", file=sys.stderr)
-    device = expected_device(args)
-    existing = os.path.join(args.out, result_dir_name(args, device)) if device else None
+    device = expected_device(args.device)
+    existing = os.path.join(args.out, result_dir_name(comparison, device)) if device else None
     if existing and os.path.exists(existing) and not args.overwrite:
         raise UsageError(f"--out {args.out}: {existing} already holds a comparison; pass --overwrite to replace "
                          "it, or another --out to keep both")
+    return comparison
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -196,13 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.render:
             refuse_with(f"--render {args.render}", given_options(parser, args, keep=("render",)))
             return render(args.render)
-        check(parser, args)
+        comparison = check(args)
     except UsageError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
         return fail("interrupted before any backend started; nothing was written", 130)
     try:
-        summary, path = compare(args, args.backend)
+        summary, path = compare(comparison)
     except Interrupted as exc:
         return fail(str(exc), 130)
     return report(summary, path)

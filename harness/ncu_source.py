@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.attention.ncu_source import NcuSourceError, read_source, render_markdown
+from harness.attention.ncu_source import NcuSourceError, read_source, source_markdown
 from harness.common.cli import emit, make_parser, parse_args
 
 
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, UnicodeDecodeError, NcuSourceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    text = "\n".join(render_markdown(k, args.csv.name, top=args.top, min_share=args.min_share)
+    text = "\n".join(source_markdown(k, args.csv.name, top=args.top, min_share=args.min_share)
                      for k in kernels if k.instructions)
     emit(text, args.out)
     return 0

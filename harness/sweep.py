@@ -23,8 +23,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.common.cli import (
-    DEFAULT_BACKENDS,
     UsageError,
     add_attention,
     add_backend,
@@ -55,7 +55,6 @@ from harness.sweeps.records import FIXED, WARMUP_STUDY, grid, prepare
 from harness.sweeps.render import write_report
 from harness.sweeps.runner import run_sweep
 from harness.timing.runner import FAULT_PHASES
-from harness.timing.torch_backend import choose_backends
 
 
 def gpu_index(value: str) -> str:
@@ -101,8 +100,10 @@ def check(args: argparse.Namespace) -> None:
     """Options that argparse cannot check alone; a UsageError names the fix."""
     if args.model is None or args.ctx is None:
         raise UsageError("--model and --ctx are required (or --render DIR)")
-    if args.attention == "pallas" and args.backend is not None and "jax" not in args.backend:
-        raise UsageError("--attention pallas is a JAX kernel; include jax in --backend")
+    if args.backend is not None and not any(args.attention in backends.get(b).attention for b in args.backend):
+        runs = [b for b in backends.names() if args.attention in backends.get(b).attention]
+        raise UsageError(f"--attention {args.attention} is no kernel of {', '.join(args.backend)}; include one of "
+                         f"{', '.join(runs)} in --backend")
     if args.fail_cell is not None and args.fail_cell.rpartition(":")[2] not in FAULT_PHASES:
         raise UsageError(f"--fail-cell {args.fail_cell!r}: end with :{', :'.join(FAULT_PHASES)}")
     if args.nsys:
@@ -134,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         check(args)
         select_platform(args)
-        args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "sweep")
+        args.backend = backends.choose_backends(args.backend, backends.defaults(), args.device, "sweep")
         if args.gpus and args.device == "cpu":
             raise UsageError("--gpus runs cells on GPUs; drop it for --device cpu")
         if args.gpus and max(args.data_parallel) > 1:
@@ -143,8 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for backend in args.backend:
             check_devices(backend, args.device, max(args.data_parallel))
-            # JAX's cells leave out torch's DDP/FSDP2 options (data_parallel_argv)
-            if backend != "jax" and (problem := parallel_problem(
+            # a backend without the DDP/FSDP2 options runs without them (RunSpec.on)
+            if backends.get(backend).wrap_options and (problem := parallel_problem(
                     backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph, args.grad_comm,
                     args.fsdp_reshard_after_forward)):
                 raise UsageError(problem)

@@ -12,7 +12,6 @@ import stat
 import subprocess
 import sys
 import time
-from argparse import Namespace
 
 import pytest
 
@@ -22,6 +21,7 @@ from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict
 from harness.timing import compare as compare_lib
 from harness.timing.parity import check_parity
+from harness.timing.spec import Comparison, RunSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -151,7 +151,7 @@ def test_memory_model_without_arguments_prints_the_fit_table(capsys) -> None:
 def test_parity_is_skipped_when_every_backend_ran_out_of_memory(tmp_path, capsys, monkeypatch) -> None:
     calls: list[int] = []
     monkeypatch.setattr(compare_lib, "run_parity", lambda args, work, backends: calls.append(1) or {"ok": True})
-    args = Namespace(batch=8)
+    args = Comparison(run=RunSpec(backend="torch", model="tiny", ctx=16, batch=8), backends=("torch", "jax"))
     doc = compare_lib.parity_or_skip(args, {"torch": {"status": "oom"}, "jax": {"status": "oom"}}, str(tmp_path), ["jax"])
     assert calls == [] and doc["ok"] is None and doc["skipped"]
     assert "every backend ran out of memory at batch 8" in capsys.readouterr().err

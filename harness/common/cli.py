@@ -15,12 +15,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from harness import started
+from harness import backends, started
+from harness.common.errors import UsageError
 from harness.config import ATTENTION_CHOICES, PRESETS
 
-BACKENDS = ("torch", "torch-compile", "torch-compile-cg", "jax")
-# What compare and sweep run without --backend, less what cannot run here.
-DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
 DTYPES = ("fp32", "tf32", "bf16")
 MODES = ("forward", "forward-backward", "train")
 DEVICES = ("cuda", "cpu")
@@ -29,11 +27,6 @@ OPTIMIZERS = ("foreach", "foreach-compiled", "fused", "loop")
 # Data-parallel flavours: torch DDP or FSDP2; JAX parameters replicated or sharded to match.
 PARALLEL = ("ddp", "fsdp", "zero1")
 GRAD_COMM = ("fp32", "bf16")
-
-
-class UsageError(argparse.ArgumentTypeError):
-    """Bad input: the message names the bad value and the valid choices. Raised from an
-    argparse `type=` callable, argparse names the option in front of the message."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -199,15 +192,22 @@ def add_attention(parser: argparse.ArgumentParser) -> None:
                              "or our Pallas kernel (JAX; torch runs its fused SDPA opposite it)")
 
 
+def backend_names() -> tuple[str, ...]:
+    """The --backend choices: every registered backend (`harness.backends`)."""
+    return backends.names()
+
+
 def add_backend(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
+    """--backend, one or comma-separated, from the registered backends (`harness.backends`)."""
+    names = backends.names()
     if many:
-        parser.add_argument("--backend", type=comma_list(choice("backend", BACKENDS)), default=None,
-                            help=f"comma-separated: {', '.join(BACKENDS)} (None: {','.join(DEFAULT_BACKENDS)}, "
+        parser.add_argument("--backend", type=comma_list(choice("backend", names)), default=None,
+                            help=f"comma-separated: {', '.join(names)} (None: {','.join(backends.defaults())}, "
                                  "less those that cannot run here or cannot honour the other options, each "
                                  "named on stderr)")
     else:
-        parser.add_argument("--backend", type=choice("backend", BACKENDS), required=True,
-                            help=f"{', '.join(BACKENDS)}")
+        parser.add_argument("--backend", type=choice("backend", names), required=True,
+                            help=f"{', '.join(names)}")
 
 
 def add_optimizer(parser: argparse.ArgumentParser) -> None:
@@ -275,23 +275,6 @@ def add_data_parallel(parser: argparse.ArgumentParser, *, many: bool = False) ->
                         default="true",
                         help="true, false: torch FSDP2 frees the gathered parameters after the forward (true) or "
                              "keeps them for the backward (false: one all-gather fewer per step, more memory)")
-
-
-def data_parallel_argv(args: argparse.Namespace, backend: str) -> list[str]:
-    """The `add_data_parallel` options of `args` as `backend`'s harness.run arguments (for
-    the runs a compare starts), the defaults left out; JAX gets no torch DDP/FSDP2 option."""
-    out = ["--data-parallel", str(args.data_parallel), "--parallel", args.parallel]
-    if backend == "jax":
-        return out
-    if getattr(args, "ddp_bucket_mb", None):
-        out += ["--ddp-bucket-mb", f"{args.ddp_bucket_mb:g}"]
-    if getattr(args, "ddp_static_graph", False):
-        out.append("--ddp-static-graph")
-    if getattr(args, "grad_comm", "fp32") != "fp32":
-        out += ["--grad-comm", args.grad_comm]
-    if getattr(args, "fsdp_reshard_after_forward", "true") != "true":
-        out += ["--fsdp-reshard-after-forward", args.fsdp_reshard_after_forward]
-    return out
 
 
 def add_nsys_bin(parser: argparse.ArgumentParser) -> None:

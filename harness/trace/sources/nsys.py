@@ -30,7 +30,6 @@ import numpy as np
 
 from harness.trace.analyses.attribution import TID_PROCESS_SHIFT
 from harness.trace.profile import (
-    BACKENDS,
     GRAPH,
     KERNEL,
     MEMCPY,
@@ -48,10 +47,6 @@ from harness.trace.sources.sqlite_load import ParallelReader
 # --cuda-graph-trace=node: XLA replays steps as CUDA graphs, which nsys otherwise records
 # as one graph-level event each, hiding every kernel of the measured steps.
 TRACE_FLAGS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node")
-# XLA's own NVTX ranges (domain "TSL") break the nsys importer ("Cannot find string for
-# an exterior index"), which then drops every kernel record; the harness's ranges live
-# in the default domain, so excluding TSL keeps kernels and phase ranges.
-JAX_FLAGS = ("--nvtx-domain-exclude=TSL",)
 GRAPH_NAME = "[CUDA graph: whole graph, kernels not traced]"
 GRAPH_NOTE = ("CUDA graphs were traced as whole graphs: {count} graph launches, {ms:.3f} ms of GPU time in "
               "`{name}` rows; the per-kernel tables describe only the kernels launched outside graphs. "
@@ -85,16 +80,15 @@ def find_nsys(explicit: str | None = None) -> str:
 
 
 def profile_command(
-    backend: str, output: str | Path, program: Sequence[str], nsys: str | None = None
+    output: str | Path, program: Sequence[str], nsys: str | None = None, flags: Sequence[str] = ()
 ) -> list[str]:
-    """The `nsys profile` argv that runs `program` and writes ``<output>.nsys-rep``."""
-    if backend.split("-")[0] not in BACKENDS:  # torch-compile[-cg] take torch's flags
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    """The `nsys profile` argv that runs `program` and writes ``<output>.nsys-rep``;
+    `flags`: the backend's own (`harness.backends.Backend.nsys_flags`)."""
     return [
         find_nsys(nsys),
         "profile",
         *TRACE_FLAGS,
-        *(JAX_FLAGS if backend == "jax" else ()),
+        *flags,
         "--force-overwrite=true",
         f"--output={output}",
         *program,

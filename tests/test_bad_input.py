@@ -293,8 +293,8 @@ def test_compare_refuses_an_nsys_bin_that_is_not_nsys(fake, tmp_path, capsys) ->
 def test_a_profiler_that_exits_without_running_the_step_is_named(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(compare_lib, "_stream", lambda program, env: (0, ""))
     args = compare.build_parser().parse_args(["--ctx", "8", "--device", "cpu", "--nsys-bin", "/bin/true"])
-    args.profiler, args.compile_cache = "nsys", str(tmp_path / "cache")
-    doc, _ = compare_lib.run_backend("torch", args, str(tmp_path))
+    args.compile_cache = str(tmp_path / "cache")
+    doc, _ = compare_lib.run_backend("torch", compare.comparison_from_args(args, ["torch"], "nsys"), str(tmp_path))
     message = doc["error"]["message"]
     assert message.startswith("--nsys-bin /bin/true exited with code 0 without running harness.run") and "\n" not in message
 

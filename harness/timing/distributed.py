@@ -56,7 +56,7 @@ def parallel_problem(backend: str, parallel: str, ddp_bucket_mb: float | None = 
     if not record.wrap_options and ddp + fsdp:
         return (f"{(ddp + fsdp)[0]} is an option of torch's DDP/FSDP2; {backend}'s strategies are --parallel "
                 f"{', '.join(record.parallel)}")
-    if parallel not in record.parallel:
+    if record.parallel and parallel not in record.parallel:  # none: no data parallelism to choose
         owners = [b.name for b in backends.all_backends() if parallel in b.parallel]
         return (f"--parallel {parallel} ({parallel_label(owners[0], parallel)}) is {', '.join(owners)}'s; for "
                 f"{backend} use --parallel {' or '.join(f'{p} ({label})' for p, label in record.parallel.items())}")

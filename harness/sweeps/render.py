@@ -104,9 +104,9 @@ def section_bound(data: dict) -> list[str]:
         batch = f" batch {n['batch']}" if len(data["batches"]) > 1 else ""
         batch += f" N {n['data_parallel']}" if len(data["data_parallel"]) > 1 else ""
         first, last = n["ratios"][0][0], n["ratios"][-1][0]
-        regime = (f"{n['first']} throughout" if n["first"] == n["last"]
-                  else f"{n['first']} at ctx {first} -> {n['last']} at ctx {last}")
-        out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; {where} ({regime})")
+        span = (f"{n['first']} throughout" if n["first"] == n["last"]
+                else f"{n['first']} at ctx {first} -> {n['last']} at ctx {last}")
+        out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; {where} ({span})")
     return out + [""]
 
 

@@ -104,3 +104,31 @@ def test_every_session_class_has_the_protocol_s_methods():
     for cls in (TorchSession, TorchCompileSession, JaxSession, ToySession):
         assert wanted <= {name for name, _ in inspect.getmembers(cls, inspect.isfunction)}, cls
         assert "grad" in inspect.signature(cls.forward).parameters, cls
+
+
+def test_wrap_options_reach_only_the_backends_that_take_them() -> None:
+    """A comparison's DDP/FSDP2 options go into the torch runs' command lines and not into
+    JAX's (Backend.wrap_options); the defaults are left out of every command line."""
+    from harness.timing.spec import Comparison, RunSpec, run_argv
+
+    run = RunSpec(backend="torch", model="tiny", ctx=16, data_parallel=2, parallel="fsdp", ddp_bucket_mb=50.0,
+                  grad_comm="bf16", fsdp_reshard_after_forward=False)
+    c = Comparison(run=run, backends=("torch", "jax"))
+    torch_argv, jax_argv = run_argv(c.run_spec("torch")), run_argv(c.run_spec("jax"))
+    assert torch_argv[-8:] == ["--parallel", "fsdp", "--ddp-bucket-mb", "50", "--grad-comm", "bf16",
+                               "--fsdp-reshard-after-forward", "false"]
+    assert jax_argv[-4:] == ["--data-parallel", "2", "--parallel", "fsdp"]
+    assert c.run_spec("jax").fsdp_reshard_after_forward and c.run_spec("jax").ddp_bucket_mb is None
+    assert "--parallel" not in run_argv(RunSpec(backend="torch", model="tiny", ctx=16, ddp_bucket_mb=50.0))
+
+
+def test_parallel_strategies_are_asked_of_the_record() -> None:
+    from harness.timing.distributed import parallel_label, parallel_problem
+
+    assert parallel_label("torch-compile", "fsdp") == "FSDP2" and parallel_label("jax", "zero1", short=True) == \
+        "sharded optimizer state"
+    assert parallel_problem("jax", "ddp", ddp_static_graph=True).startswith("--ddp-static-graph is an option of "
+                                                                            "torch's DDP/FSDP2")
+    assert parallel_problem("torch", "zero1") == ("--parallel zero1 (sharded optimizer state) is jax's; for torch use "
+                                                  "--parallel ddp (DDP) or fsdp (FSDP2)")
+    assert parallel_problem("jax", "zero1") is None and parallel_problem("torch", "ddp", 25.0) is None

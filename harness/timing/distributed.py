@@ -58,8 +58,9 @@ def parallel_problem(backend: str, parallel: str, ddp_bucket_mb: float | None = 
                 f"{', '.join(record.parallel)}")
     if record.parallel and parallel not in record.parallel:  # none: no data parallelism to choose
         owners = [b.name for b in backends.all_backends() if parallel in b.parallel]
-        return (f"--parallel {parallel} ({parallel_label(owners[0], parallel)}) is {', '.join(owners)}'s; for "
-                f"{backend} use --parallel {' or '.join(f'{p} ({label})' for p, label in record.parallel.items())}")
+        theirs = parallel_label(owners[0], parallel, short=True)
+        ours = " or ".join(f"{p} ({label})" for p, label in record.parallel.items())
+        return f"--parallel {parallel} ({theirs}) is {', '.join(owners)}'s; for {backend} use --parallel {ours}"
     if ddp and parallel != "ddp":
         return f"{ddp[0]} configures DDP; use it with --parallel ddp"
     if fsdp and parallel != "fsdp":

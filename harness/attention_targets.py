@@ -32,9 +32,9 @@ from harness.attention.targets import (
     latest_cells,
     render_baseline_markdown,
     render_hopper_markdown,
-    render_markdown,
+    targets_markdown,
 )
-from harness.common.cli import emit, make_parser
+from harness.common.cli import emit, make_parser, parse_args
 
 
 def _read(paths: Sequence[Path]) -> list[list[dict]]:
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="earlier results of the same implementation (oldest first): adds its time now over its "
                         "time there, per cell and pass, and whether the two runs' spreads overlap")
     p.add_argument("--out", type=Path, default=None, metavar="PATH.md", help="write the markdown here (None: stdout)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     args.impl = args.impl or ("pallas" if args.targets == "portable" else "pallas_mosaic")
     try:
         rows, base = latest_cells(_read(args.results)), latest_cells(_read(args.baseline))
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.targets == "hopper":
         text = render_hopper_markdown(check_hopper(rows, args.impl), sources, args.impl)
     else:
-        text = render_markdown(check(rows, args.impl), sources, args.impl)
+        text = targets_markdown(check(rows, args.impl), sources, args.impl)
     if args.baseline:
         text += render_baseline_markdown(against_baseline(rows, base, args.impl), [p.name for p in args.baseline],
                                          args.impl)

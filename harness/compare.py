@@ -23,10 +23,13 @@ written before the robust statistics (library: `harness.timing.upgrade`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.common.cli import (
     UsageError,
     add_backend,
@@ -36,35 +39,34 @@ from harness.common.cli import (
     add_nsys_bin,
     add_optimizer,
     add_out,
+    add_overwrite,
     add_steps,
     add_timeline,
     fail,
+    given_options,
     make_parser,
     parse_args,
+    refuse_with,
     select_platform,
     timeline_problem,
 )
 from harness.common.results import dir_problem
-from harness.run import add_layer_ranges, layer_ranges_problem
+from harness.run import add_layer_ranges, annotate_attention_problem, layer_ranges_problem
 from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
-from harness.timing.torch_backend import choose_backends
-
-DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
+from harness.timing.spec import Comparison, RunSpec
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.compare", __doc__)
     add_model_args(p, ctx_required=False)  # not needed with --render
     add_backend(p, many=True)
-    p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
     add_steps(p)
     add_mode(p)
     add_optimizer(p)
     add_data_parallel(p)
     add_out(p, "parent folder of the result folder", default="results", metavar="DIR")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing result folder of the same name (without it, compare refuses to start)")
+    add_overwrite(p, "result folder of the same name")
     p.add_argument("--no-parity", action="store_true", help="skip the parity check")
     p.add_argument("--nsys", action="store_true",
                    help="run each backend under nsys profile and add a kernel breakdown to the report")
@@ -96,12 +98,24 @@ def profiler(args: argparse.Namespace) -> str | None:
     from harness.trace.sources.nsys import find_nsys
 
     try:
-        find_nsys(args.nsys_bin)
+        nsys = find_nsys(args.nsys_bin)
+        if not is_nsys(nsys):
+            raise ProfileError(f"--nsys-bin {nsys}: `{nsys} --version` does not name NVIDIA Nsight Systems, so it "
+                               "would not profile; name the nsys binary")
     except ProfileError as exc:
-        if args.nsys:
+        if args.nsys or args.nsys_bin:
             raise UsageError(str(exc)) from exc
         return "framework"
     return "nsys"
+
+
+def is_nsys(binary: str) -> bool:
+    """Whether `binary --version` says it is Nsight Systems (a file named nsys may be anything)."""
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Nsight Systems" in done.stdout + done.stderr
 
 
 def render(folder: str) -> int:
@@ -116,47 +130,100 @@ def render(folder: str) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
-    if args.render:
-        return render(args.render)
-    try:
-        if args.ctx is None:
-            raise UsageError("--ctx is required (or --render FOLDER to re-render a result folder)")
-        if problem := timeline_problem(args):
-            raise UsageError(problem)
-        if args.timeline and not (args.nsys or args.profile):
-            raise UsageError("--timeline: lays out the profiles of --nsys or --profile; add one of them")
-        select_platform(args)
-        args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "compare")
-        if args.data_parallel > 1:
-            from harness.timing.distributed import check_devices, parallel_problem
+def comparison_from_args(args: argparse.Namespace, chosen: Sequence[str], profiled: str | None) -> Comparison:
+    """The comparison the parsed options describe, on the backends `chosen`, under `profiled`."""
+    shared = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSpec)
+              if hasattr(args, f.name) and f.name not in ("backend", "fail_in")}
+    shared["fsdp_reshard_after_forward"] = args.fsdp_reshard_after_forward == "true"
+    return Comparison(run=RunSpec(backend=chosen[0], **shared), backends=tuple(chosen), out=args.out,
+                      profiler=profiled, nsys_bin=args.nsys_bin, compile_cache=args.compile_cache,
+                      overwrite=args.overwrite, no_parity=args.no_parity, keep_profiles=args.keep_profiles,
+                      fail_in=args.fail_in, timeline=args.timeline, timeline_steps=args.timeline_steps)
 
-            for backend in args.backend:
-                check_devices(backend, args.device, args.data_parallel)
-                # JAX's runs leave out torch's DDP/FSDP2 options (data_parallel_argv)
-                if backend != "jax" and (problem := parallel_problem(
-                        backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph, args.grad_comm,
-                        args.fsdp_reshard_after_forward)):
-                    raise UsageError(problem)
-        if problem := dir_problem(args.out, "--out"):
+
+def default_backends(args: argparse.Namespace) -> list[str]:
+    """The registry's default backends less those that cannot honour the options given, each named on
+    stderr (a documented command such as --annotate-attention must not fail on a default)."""
+    chosen = []
+    for backend in backends.defaults():
+        if args.annotate_attention and (problem := annotate_attention_problem(backend)):
+            print(f"compare: skipping {backend}: {problem}", file=sys.stderr)
+        else:
+            chosen.append(backend)
+    return chosen
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Every folder compare writes, checked before any backend starts."""
+    for option, folder in (("--out", args.out), ("--keep-profiles", args.keep_profiles),
+                           ("--compile-cache", args.compile_cache)):
+        if folder and (problem := dir_problem(folder, option)):
             raise UsageError(problem)
-        args.profiler = profiler(args)
-        if args.layer_ranges:
-            for backend in args.backend:
-                if problem := layer_ranges_problem(backend):
-                    print(f"compare: {problem}; {backend} runs without them", file=sys.stderr)
-        device = expected_device(args)
-        existing = os.path.join(args.out, result_dir_name(args, device)) if device else None
-        if existing and os.path.exists(existing) and not args.overwrite:
-            raise UsageError(f"--out {args.out}: {existing} already holds a comparison; pass --overwrite to replace "
-                             "it, or another --out to keep both")
+
+
+def check(args: argparse.Namespace) -> Comparison:
+    """Every option against the others and against this machine, before anything runs; a
+    UsageError names the option and the fix. Resolves --device, --backend and the profiler
+    into the comparison to run."""
+    if args.ctx is None:
+        raise UsageError("--ctx is required (or --render FOLDER to re-render a result folder)")
+    if problem := timeline_problem(args):
+        raise UsageError(problem)
+    if args.timeline and not (args.nsys or args.profile):
+        raise UsageError("--timeline: lays out the profiles of --nsys or --profile; add one of them")
+    select_platform(args)
+    if args.annotate_attention:
+        for backend in args.backend or (backends.reference(),):  # --data-parallel refuses it for every backend
+            if problem := annotate_attention_problem(backend, args.data_parallel):
+                raise UsageError(problem)
+    args.backend = backends.choose_backends(args.backend, default_backends(args), args.device, "compare")
+    if not args.backend:
+        raise UsageError("no backend can run here with these options; name one with --backend")
+    if args.data_parallel > 1:
+        from harness.timing.distributed import check_devices, parallel_problem
+
+        for backend in args.backend:
+            check_devices(backend, args.device, args.data_parallel)
+            # a backend without the DDP/FSDP2 options runs without them (RunSpec.on)
+            if backends.get(backend).wrap_options and (problem := parallel_problem(
+                    backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph, args.grad_comm,
+                    args.fsdp_reshard_after_forward)):
+                raise UsageError(problem)
+    check_paths(args)
+    comparison = comparison_from_args(args, args.backend, profiler(args))
+    if args.layer_ranges:
+        for backend in args.backend:
+            if problem := layer_ranges_problem(backend):
+                print(f"compare: {problem}; {backend} runs without them", file=sys.stderr)
+    device = expected_device(args.device)
+    existing = os.path.join(args.out, result_dir_name(comparison, device)) if device else None
+    if existing and os.path.exists(existing) and not args.overwrite:
+        raise UsageError(f"--out {args.out}: {existing} already holds a comparison; pass --overwrite to replace "
+                         "it, or another --out to keep both")
+    return comparison
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parse_args(parser, argv)
+    try:
+        if args.render:
+            refuse_with(f"--render {args.render}", given_options(parser, args, keep=("render",)))
+            return render(args.render)
+        comparison = check(args)
     except UsageError as exc:
         return fail(str(exc))
+    except KeyboardInterrupt:
+        return fail("interrupted before any backend started; nothing was written", 130)
     try:
-        summary, path = compare(args, args.backend)
+        summary, path = compare(comparison)
     except Interrupted as exc:
         return fail(str(exc), 130)
+    return report(summary, path)
+
+
+def report(summary: dict, path: str) -> int:
+    """The terminal's table and the exit code of a finished comparison."""
     print(format_table(summary))
     if summary.get("overlap"):
         from harness.trace.analyses.overlap import format_overlap

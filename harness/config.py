@@ -27,10 +27,6 @@ class ModelConfig:
     # "naive": explicit QK^T, masked softmax, PV (profiles show each kernel);
     # "fused": the framework's fused SDPA; "pallas": our Pallas kernel (JAX only).
     attention: str = "naive"
-    # A planted imbalance for layer-attribution tests: block `wide_layer` gets an FFN of
-    # d_ff * wide_factor; None (the default) keeps every block alike.
-    wide_layer: int | None = None
-    wide_factor: int = 1
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads"):
@@ -43,10 +39,6 @@ class ModelConfig:
             )
         if self.d_head % 2:
             raise ValueError(f"d_head={self.d_head} must be even for RoPE pairs")
-        if self.wide_layer is not None and not 0 <= self.wide_layer < self.num_layers:
-            raise ValueError(f"wide_layer={self.wide_layer} must be a block index in [0, {self.num_layers})")
-        if not isinstance(self.wide_factor, int) or self.wide_factor < 1:
-            raise ValueError(f"wide_factor={self.wide_factor!r} must be a positive integer")
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(
                 f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTION_CHOICES)}"
@@ -57,8 +49,8 @@ class ModelConfig:
         return self.d_model // self.num_heads
 
     def layer_d_ff(self, index: int) -> int:
-        """The FFN width of block `index`: d_ff, times wide_factor for the planted wide block."""
-        return self.d_ff * self.wide_factor if index == self.wide_layer else self.d_ff
+        """The FFN width of block `index` (every block alike; `harness.timing.plants` varies it)."""
+        return self.d_ff
 
     @property
     def num_params(self) -> int:
@@ -91,8 +83,3 @@ def get_config(name: str, **overrides) -> ModelConfig:
         raise ValueError(f"unknown config field(s) {unknown}; valid fields: {', '.join(sorted(fields))}")
     return ModelConfig(name=name, **{**PRESETS[name], **overrides})
 
-
-def backend_attention(backend: str, attention: str) -> str:
-    """The attention a backend runs when `attention` is asked of both: the Pallas kernel is
-    JAX's, and torch runs its fused SDPA opposite it."""
-    return "fused" if backend != "jax" and attention == "pallas" else attention

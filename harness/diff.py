@@ -36,7 +36,7 @@ from harness.common.cli import (
 from harness.common.html import svg_of, write_html
 from harness.diffs.decompose import MismatchError, diff_runs, regression
 from harness.diffs.inputs import InputError, mismatch, resolve, resolve_one
-from harness.diffs.render import plot_waterfall, render, render_markdown
+from harness.diffs.render import diff_markdown, plot_waterfall, render
 from harness.diffs.timeline import check_profiles, diff_timeline
 from harness.trace.timeline import write_timeline
 
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc))
     for d in diffs:
         if args.out is None:
-            print(render_markdown(d))
+            print(diff_markdown(d))
             continue
         folder = Path(args.out) if len(diffs) == 1 else Path(args.out) / f"{d.a_label}-vs-{d.b_label}".replace(":", "-")
         paths = render(d, folder)

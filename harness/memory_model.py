@@ -20,10 +20,11 @@ from harness.common.cli import (
     add_attention,
     add_batch,
     add_ctx,
+    add_device_memory,
     add_dtype,
     add_model,
+    fail,
     make_parser,
-    non_negative_float,
     parse_args,
 )
 from harness.common.tables import markdown_table
@@ -36,13 +37,12 @@ TABLE_CTX = (128, 256, 512, 1024)
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.memory_model", __doc__)
-    add_model(p, many=True, default=None)
-    add_ctx(p, many=True)
+    add_model(p, many=True, default=None, without="None: every preset")
+    add_ctx(p, many=True, without="None: 128,256,512,1024")
     add_batch(p)
     add_dtype(p)
     add_attention(p)
-    p.add_argument("--device-memory-gb", type=non_negative_float, default=None, metavar="GIB",
-                   help="device memory to test the step peaks against (None: no fit column)")
+    add_device_memory(p, "device memory to test the step peaks against (None: no fit verdict)")
     return p
 
 
@@ -68,13 +68,42 @@ def format_step_table(models: Sequence[str], ctxs: Sequence[int], batch: int, dt
     return "\n".join(markdown_table(["model", *(f"ctx {c}" for c in ctxs)], rows))
 
 
+# A step peak past this many GiB (1 PiB) fits no machine: the sizes are a slip, and the
+# table would only print 16-digit numbers.
+MAX_PREDICTED_GIB = 2**20
+
+
+def size_problem(models: Sequence[str], ctxs: Sequence[int], batch: int, dtype: str, attention: str) -> str | None:
+    """Why these sizes are beyond any device (one line naming the options), or None."""
+    for model in models:
+        config = get_config(model, attention=attention)
+        for ctx in ctxs:
+            step = predict(config, batch, ctx, dtype)["peaks"]["step"] / GIB
+            if step > MAX_PREDICTED_GIB:
+                return (f"--model {model} --ctx {ctx} --batch {batch}: the step would need {step:.3g} GiB, beyond "
+                        f"any device ({MAX_PREDICTED_GIB} GiB); lower --ctx or --batch")
+    return None
+
+
+def fit_line(pred: dict, device_gib: float) -> str:
+    """Whether the largest phase peak fits in `device_gib`, and by how much."""
+    phase, peak = max(pred["peaks"].items(), key=lambda item: item[1])
+    verdict = "fits" if peak / GIB <= device_gib else "does not fit"
+    return f"{verdict} in {device_gib:g} GiB: largest peak {peak / GIB:.3f} GiB ({phase})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     models, ctxs = args.model or list(PRESETS), args.ctx or list(TABLE_CTX)
+    if problem := size_problem(models, ctxs, args.batch, args.dtype, args.attention):
+        return fail(problem)
     if len(models) == 1 and len(ctxs) == 1:
         config = get_config(models[0], attention=args.attention)
+        pred = predict(config, args.batch, ctxs[0], args.dtype)
         print(f"{models[0]} ctx {ctxs[0]} batch {args.batch} {args.dtype} attention {args.attention}")
-        print(format_prediction(predict(config, args.batch, ctxs[0], args.dtype)))
+        print(format_prediction(pred))
+        if args.device_memory_gb is not None:
+            print(fit_line(pred, args.device_memory_gb))
         return 0
     fits = "" if args.device_memory_gb is None else f"; (no): over {args.device_memory_gb:g} GiB"
     print(f"predicted step peak (GiB), batch {args.batch}, {args.dtype}, {args.attention} attention{fits}; "

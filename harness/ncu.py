@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.attention import roofline
-from harness.attention.ncu import NcuError, read_details, render_markdown, summary
-from harness.common.cli import emit, fail, make_parser
+from harness.attention.ncu import NcuError, ncu_markdown, read_details, summary
+from harness.common.cli import emit, fail, make_parser, parse_args
 
 
 def build_parser():
@@ -44,7 +44,7 @@ def _roofline(args) -> int:
     launches = read_details(args.csv)
     roofs = roofline.roofs(args.gpu)
     pts = roofline.points(launches, roofline.compute_capabilities(args.csv))
-    text = roofline.render_markdown(pts, roofs, args.csv.name)
+    text = roofline.roofline_markdown(pts, roofs, args.csv.name)
     if args.out is None:
         print(text, end="")
         return 0
@@ -56,14 +56,14 @@ def _roofline(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         if args.roofline:
             return _roofline(args)
         launches = read_details(args.csv)
     except (OSError, NcuError) as exc:
         return fail(str(exc))
-    emit(render_markdown([summary(x) for x in launches], args.csv.name), args.out)
+    emit(ncu_markdown([summary(x) for x in launches], args.csv.name), args.out)
     return 0
 
 

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.attention.ncu_source import NcuSourceError, read_source, render_markdown
-from harness.common.cli import emit, make_parser
+from harness.attention.ncu_source import NcuSourceError, read_source, source_markdown
+from harness.common.cli import emit, make_parser, parse_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=25, help="instructions to list")
     p.add_argument("--min-share", type=float, default=0.01, help="smallest loop to list, as a share of samples")
     p.add_argument("--out", type=Path, default=None, metavar="PATH.md", help="write the markdown here (None: stdout)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     if args.top < 1 or not 0 <= args.min_share < 1:
         p.error("--top must be >= 1 and --min-share in [0, 1)")
     try:
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, UnicodeDecodeError, NcuSourceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    text = "\n".join(render_markdown(k, args.csv.name, top=args.top, min_share=args.min_share)
+    text = "\n".join(source_markdown(k, args.csv.name, top=args.top, min_share=args.min_share)
                      for k in kernels if k.instructions)
     emit(text, args.out)
     return 0

@@ -17,10 +17,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.common.cli import (
     UsageError,
     add_model_args,
     add_out,
+    add_overwrite,
     choice,
     comma_list,
     fail,
@@ -29,34 +31,38 @@ from harness.common.cli import (
     positive_int,
     select_platform,
 )
-from harness.common.errors import describe_failure
-from harness.common.results import write_json
+from harness.common.errors import describe_failure, is_oom
+from harness.common.results import new_file_problem, save_json
 from harness.config import get_config
-from harness.timing.parity import COMPARED, check_parity, format_table
-from harness.timing.torch_backend import choose_backends
+from harness.timing.parity import check_parity, format_table
 
 
 def default_backends(device: str) -> tuple[str, ...]:
-    """The backends compared when --backend is not given: the CUDA-graph one on a GPU only."""
-    return COMPARED if device == "cuda" else tuple(b for b in COMPARED if b != "torch-compile-cg")
+    """The backends compared when --backend is not given: those made for `device` (a
+    GPU-only one, such as the CUDA-graph one, on a GPU only)."""
+    return tuple(b for b in backends.compared() if device in backends.get(b).devices)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.parity", __doc__)
     add_model_args(p, ctx_default=64, batch_default=2)
     p.add_argument("--steps", type=positive_int, default=5, help="AdamW steps before comparing parameters")
-    p.add_argument("--backend", type=comma_list(choice("backend", COMPARED)), default=None,
-                   help=f"comma-separated backends compared with eager torch: {', '.join(COMPARED)} "
-                        "(None: every one that can run here; torch-compile-cg on a GPU only)")
+    compared = backends.compared()
+    p.add_argument("--backend", type=comma_list(choice("backend", compared)), default=None,
+                   help=f"comma-separated backends compared with eager torch: {', '.join(compared)} "
+                        "(None: every one that can run here; a GPU-only one such as torch-compile-cg on a GPU only)")
     add_out(p, "also write the result as JSON here", metavar="PATH.json")
+    add_overwrite(p, "--out file")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
+        if args.out and (problem := new_file_problem(args.out, "--out", args.overwrite)):
+            raise UsageError(problem)
         select_platform(args)
-        args.backend = choose_backends(args.backend, default_backends(args.device), args.device, "parity")
+        args.backend = backends.choose_backends(args.backend, default_backends(args.device), args.device, "parity")
     except UsageError as exc:
         return fail(str(exc))
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU here
@@ -65,10 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = check_parity(config, batch=args.batch, ctx=args.ctx, device=args.device, dtype=args.dtype,
                               seed=args.seed, steps=args.steps, backends=tuple(args.backend))
     except Exception as exc:  # an OOM or a backend failure is reported, not a traceback
-        return fail(describe_failure(exc, "parity", args))
+        message = describe_failure(exc, "parity", args)
+        if args.out and (kept_elsewhere := save_json(args.out, {"ok": None, "status": "oom" if is_oom(exc) else "error",
+                                                                "error": message, "batch": args.batch}, "--out")):
+            print(f"error: {kept_elsewhere}", file=sys.stderr)
+        return fail(message)
     print(format_table(result))
-    if args.out:
-        write_json(args.out, result.to_json())
+    if args.out and (kept_elsewhere := save_json(args.out, result.to_json(), "--out")):
+        return fail(kept_elsewhere)
     return 0 if result.ok else 1
 
 

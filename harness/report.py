@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProfileError as exc:
         return fail(str(exc))
     print("\n".join(str(p) for p in paths.values()))
+    for warning in (w for bd in bds for w in bd.warnings if w.startswith("--harness-json")):
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.common.cli import (
     UsageError,
     add_backend,
@@ -25,6 +26,7 @@ from harness.common.cli import (
     add_nsys_bin,
     add_optimizer,
     add_out,
+    add_overwrite,
     add_steps,
     fail,
     make_parser,
@@ -33,9 +35,10 @@ from harness.common.cli import (
     positive_int,
     select_platform,
 )
-from harness.common.results import file_problem, write_json
-from harness.timing.runner import FAULT_PHASES, RunOptions, format_result, run
-from harness.timing.torch_backend import choose_backends
+from harness.common.results import dir_problem, new_file_problem, save_json
+from harness.timing.run_render import format_data_parallel, format_result
+from harness.timing.runner import FAULT_PHASES, run
+from harness.timing.spec import RunSpec
 from harness.trace.analyses.hlo_join import hlo_dir
 
 
@@ -52,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "STEM.rank<r>.nsys-rep (None: no profile; for JAX's one process wrap harness.run in nsys)")
     add_nsys_bin(p)
     add_out(p, "write the result document here", metavar="PATH.json")
+    add_overwrite(p, "--out file")
     p.add_argument("--compile-cache", metavar="DIR",
                    help="persistent compile caches in DIR, kept for later runs: JAX's, and torch-compile's "
                         "Inductor (DIR/inductor) and Triton (DIR/triton) caches (None: the compilers' defaults)")
@@ -64,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(None: all blocks alike)")
     p.add_argument("--wide-factor", type=positive_int, default=8, metavar="F",
                    help="how much wider the FFN of --wide-layer is")
-    p.add_argument("--profile", metavar="PATH",
+    p.add_argument("--framework-profile", metavar="PATH",
                    help="record the run with the framework's own profiler (torch: a .json trace; "
                         "jax: a trace directory) for harness.report, where nsys is not available")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -80,61 +84,73 @@ def add_layer_ranges(p: argparse.ArgumentParser) -> None:
                         "reported), named scopes (jax)")
 
 
-def layer_ranges_problem(backend: str) -> str | None:
-    """Why --layer-ranges cannot run with `backend`, or None."""
-    if backend in ("torch-compile", "torch-compile-cg"):
-        return (f"--layer-ranges with --backend {backend}: module hooks would break the compiled graph at every "
-                "layer (no fusion across layers, another program than the one timed); use --backend torch or jax")
+def annotate_attention_problem(backend: str, data_parallel: int = 1) -> str | None:
+    """Why --annotate-attention cannot run with `backend` on `data_parallel` devices, or None."""
+    if backends.get(backend).annotate_attention is None:
+        able = [b.name for b in backends.all_backends() if b.annotate_attention is not None]
+        return (f"--annotate-attention with --backend {backend}: it synchronizes inside attention, which a "
+                f"compiled graph cannot hold; use --backend {' or '.join(able)}")
+    if data_parallel > 1:
+        return ("--annotate-attention synchronizes inside attention, which stalls the other ranks; drop it or use "
+                "--data-parallel 1")
     return None
 
 
-def options_from_args(args: argparse.Namespace) -> RunOptions:
-    fields = {f.name for f in dataclasses.fields(RunOptions)}
+def layer_ranges_problem(backend: str) -> str | None:
+    """Why --layer-ranges cannot run with `backend`, or None."""
+    record = backends.get(backend)
+    return None if record.layer_ranges else f"--layer-ranges with --backend {backend}: {record.layer_ranges_problem}"
+
+
+def options_from_args(args: argparse.Namespace) -> RunSpec:
+    fields = {f.name for f in dataclasses.fields(RunSpec)}
     opts = {k: v for k, v in vars(args).items() if k in fields}
     if args.wide_layer is None:
         opts["wide_factor"] = 1
     opts["fsdp_reshard_after_forward"] = args.fsdp_reshard_after_forward == "true"
-    if args.layer_ranges and args.backend == "jax" and args.out:
+    if args.layer_ranges and backends.get(args.backend).layer_ranges == "hlo" and args.out:
         opts["hlo_dir"] = str(hlo_dir(args.out))  # the report joins kernels to layers through it
-    return RunOptions(**opts)
+    return RunSpec(**opts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         select_platform(args)
-        if args.attention == "pallas" and args.backend != "jax":
-            raise UsageError("--attention pallas is a JAX kernel; for torch use naive or fused")
-        if args.annotate_attention and args.backend not in ("torch", "jax"):
-            raise UsageError("--annotate-attention synchronizes inside attention, which a compiled graph cannot "
-                             "hold; use --backend torch")
-        choose_backends([args.backend], (), args.device, "run")
+        if problem := backends.attention_problem(args.backend, args.attention):
+            raise UsageError(problem)
+        if args.annotate_attention and (problem := annotate_attention_problem(args.backend, args.data_parallel)):
+            raise UsageError(problem)
+        backends.choose_backends([args.backend], (), args.device, "run")
         if args.layer_ranges and (problem := layer_ranges_problem(args.backend)):
             raise UsageError(problem)
         if args.wide_layer is not None:
             from harness.config import get_config
+            from harness.timing.plants import wide_block
 
             try:
-                get_config(args.model, wide_layer=args.wide_layer, wide_factor=args.wide_factor)
+                wide_block(get_config(args.model), args.wide_layer, args.wide_factor)
             except ValueError as exc:
                 raise UsageError(f"--wide-layer: {exc}") from None
         if args.fail_in is not None and args.fail_in not in FAULT_PHASES:
             raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")
-        if args.out and (problem := file_problem(args.out, "--out")):
+        if args.out and (problem := new_file_problem(args.out, "--out", args.overwrite)):
+            raise UsageError(problem)
+        if args.framework_profile and (problem := dir_problem(os.path.dirname(os.path.abspath(args.framework_profile)),
+                                                              "--framework-profile")):
+            raise UsageError(problem)
+        if args.compile_cache and (problem := dir_problem(args.compile_cache, "--compile-cache")):
             raise UsageError(problem)
         from harness.timing.distributed import parallel_problem
 
         if args.data_parallel > 1:
             from harness.timing.distributed import check_devices
 
-            if args.annotate_attention:
-                raise UsageError("--annotate-attention synchronizes inside attention, which stalls the other ranks; "
-                                 "drop it or use --data-parallel 1")
             check_devices(args.backend, args.device, args.data_parallel)
         if problem := parallel_problem(args.backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph,
                                        args.grad_comm, args.fsdp_reshard_after_forward):
             raise UsageError(problem)
-        if args.nsys_ranks and (args.data_parallel == 1 or args.backend == "jax"):
+        if args.nsys_ranks and (args.data_parallel == 1 or backends.get(args.backend).one_process):
             raise UsageError("--nsys-ranks profiles torch's ranks of --data-parallel 2 or more; for one process "
                              "run nsys profile around harness.run")
         if args.nsys_ranks:
@@ -160,13 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = run_data_parallel(opts, progress, quiet=args.quiet, wrap=wrap)
     else:
         doc = run(opts, progress)
-    if args.out:
-        write_json(args.out, doc)
+    kept_elsewhere = save_json(args.out, doc, "--out") if args.out else None
     print(format_result(doc))
     if opts.data_parallel > 1 and doc["status"] == "ok":
-        from harness.timing.distributed import format_data_parallel
-
         print("\n".join(format_data_parallel(doc)))
+    if kept_elsewhere:
+        return fail(kept_elsewhere)
     return 0 if doc["status"] == "ok" else 3
 
 

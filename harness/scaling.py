@@ -30,8 +30,29 @@ from harness.common.cli import (
     positive_float,
     positive_int,
 )
+from harness.common.results import file_problem
 from harness.timing.projection import format_projection, project
 from harness.timing.scaling import SHAPE, format_scaling, scaling_rows, step_figures
+
+
+def load_run(path: str) -> dict:
+    """One harness.run result document; a UsageError naming `path` for anything else (a
+    folder, a binary file, other JSON, a document without the fields the table needs)."""
+    fix = "give harness.run --out files"
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a folder; {fix}") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror or exc}); {fix}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UsageError(f"{path}: not JSON; {fix}") from None
+    try:
+        scaling_rows([doc])
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{path}: not a harness.run result document (no {exc}); {fix}") from None
+    return doc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,24 +67,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--busbw-gbps", type=positive_float, default=None, metavar="GB/S",
                    help="the all-reduce bus bandwidth in GB/s (None: the link the N > 1 run measured)")
     args = parse_args(p, argv)
-    docs = []
     try:
-        for path in args.runs:
-            try:
-                with open(path) as f:
-                    docs.append(json.load(f))
-            except (OSError, json.JSONDecodeError) as exc:
-                raise UsageError(f"RUN.json {path}: not a readable result document ({exc.__class__.__name__}); "
-                                 "give harness.run --out files") from exc
+        if args.out and (problem := file_problem(args.out, "--out")):
+            raise UsageError(problem)
+        docs = [load_run(path) for path in args.runs]
         rows = scaling_rows(docs)
     except UsageError as exc:
         return fail(str(exc))
-    except ValueError as exc:
-        return fail(f"RUN.json: {exc}")
-    except KeyError as exc:
-        return fail(f"RUN.json: a document lacks {exc}; give harness.run --out files")
+    except ValueError as exc:  # two runs of one backend, N and shape
+        return fail(str(exc))
     if not rows:
-        return fail("RUN.json: no run finished; nothing to tabulate")
+        return fail(f"none of {', '.join(args.runs)} finished (status ok); nothing to tabulate")
     text = format_scaling(rows)
     if args.project:
         try:

@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.common.cli import (
     UsageError,
     add_attention,
@@ -31,6 +32,7 @@ from harness.common.cli import (
     add_ctx,
     add_data_parallel,
     add_device,
+    add_device_memory,
     add_dtype,
     add_mode,
     add_model,
@@ -40,10 +42,11 @@ from harness.common.cli import (
     add_steps,
     comma_list,
     fail,
+    given_options,
     make_parser,
-    non_negative_float,
     parse_args,
     positive_int,
+    refuse_with,
     select_platform,
 )
 from harness.common.results import dir_problem
@@ -52,9 +55,6 @@ from harness.sweeps.records import FIXED, WARMUP_STUDY, grid, prepare
 from harness.sweeps.render import write_report
 from harness.sweeps.runner import run_sweep
 from harness.timing.runner import FAULT_PHASES
-from harness.timing.torch_backend import choose_backends
-
-DEFAULT_BACKENDS = ("torch", "torch-compile", "jax")
 
 
 def gpu_index(value: str) -> str:
@@ -65,10 +65,9 @@ def gpu_index(value: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.sweep", __doc__)
-    add_model(p, many=True, default=None)
-    add_ctx(p, many=True)
+    add_model(p, many=True, default=None, without="required unless --render")
+    add_ctx(p, many=True, without="required unless --render")
     add_backend(p, many=True)
-    p.set_defaults(backend=None)  # DEFAULT_BACKENDS, less what cannot run here
     add_dtype(p, many=True)
     add_batch(p, many=True)
     add_data_parallel(p, many=True)
@@ -90,9 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-study", action="store_true",
                    help=f"also run the first model x ctx x dtype with {', '.join(map(str, WARMUP_STUDY))} "
                         "warm-up steps")
-    p.add_argument("--device-memory-gb", type=non_negative_float, default=None, metavar="GIB",
-                   help="device memory for the fit prediction (None: what the runs recorded, else the GPU's "
-                        "datasheet memory, else 80)")
+    add_device_memory(p, "device memory for the fit prediction (None: what the runs recorded, else the GPU's "
+                         "datasheet memory, else 80)")
     p.add_argument("--render", metavar="DIR", help="only render the report of the sweep in DIR")
     p.add_argument("--fail-cell", default=None, help=argparse.SUPPRESS)  # "model:ctx:backend:dtype:phase"
     return p
@@ -102,8 +100,10 @@ def check(args: argparse.Namespace) -> None:
     """Options that argparse cannot check alone; a UsageError names the fix."""
     if args.model is None or args.ctx is None:
         raise UsageError("--model and --ctx are required (or --render DIR)")
-    if args.attention == "pallas" and args.backend is not None and "jax" not in args.backend:
-        raise UsageError("--attention pallas is a JAX kernel; include jax in --backend")
+    if args.backend is not None and not any(args.attention in backends.get(b).attention for b in args.backend):
+        runs = [b for b in backends.names() if args.attention in backends.get(b).attention]
+        raise UsageError(f"--attention {args.attention} is no kernel of {', '.join(args.backend)}; include one of "
+                         f"{', '.join(runs)} in --backend")
     if args.fail_cell is not None and args.fail_cell.rpartition(":")[2] not in FAULT_PHASES:
         raise UsageError(f"--fail-cell {args.fail_cell!r}: end with :{', :'.join(FAULT_PHASES)}")
     if args.nsys:
@@ -126,14 +126,16 @@ def render(out_dir: str, device_memory_gb: float | None) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
+    parser = build_parser()
+    args = parse_args(parser, argv)
     try:
         if args.render:
+            refuse_with(f"--render {args.render}", given_options(parser, args, keep=("render", "device_memory_gb")))
             render(args.render, args.device_memory_gb)
             return 0
         check(args)
         select_platform(args)
-        args.backend = choose_backends(args.backend, DEFAULT_BACKENDS, args.device, "sweep")
+        args.backend = backends.choose_backends(args.backend, backends.defaults(), args.device, "sweep")
         if args.gpus and args.device == "cpu":
             raise UsageError("--gpus runs cells on GPUs; drop it for --device cpu")
         if args.gpus and max(args.data_parallel) > 1:
@@ -142,8 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for backend in args.backend:
             check_devices(backend, args.device, max(args.data_parallel))
-            # JAX's cells leave out torch's DDP/FSDP2 options (data_parallel_argv)
-            if backend != "jax" and (problem := parallel_problem(
+            # a backend without the DDP/FSDP2 options runs without them (RunSpec.on)
+            if backends.get(backend).wrap_options and (problem := parallel_problem(
                     backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph, args.grad_comm,
                     args.fsdp_reshard_after_forward)):
                 raise UsageError(problem)

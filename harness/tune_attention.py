@@ -19,7 +19,7 @@ from pathlib import Path
 from harness.attention.bench import REPO_ROOT, environment
 from harness.attention.catalog import KERNEL_PASSES, cells, resolve_shapes
 from harness.attention.options import add_device_arg, add_shape_args, add_timing_args
-from harness.attention.tune import CANDIDATES, IMPL, read_rows, render_markdown, run
+from harness.attention.tune import CANDIDATES, IMPL, read_rows, run, tune_markdown
 from harness.common.cli import choice, comma_list, emit, make_parser
 from harness.common.cli import parse_args as parse_cli
 from harness.common.results import gpu_slug
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"tune_attention: {args.render} does not exist (give the .jsonl a run wrote)", file=sys.stderr)
             return 2
         rows, env = read_rows(args.render)
-        emit(render_markdown(rows, env), args.render.with_suffix(".md"))
+        emit(tune_markdown(rows, env), args.render.with_suffix(".md"))
         return 0
     import jax
 
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with path.open("w") as f:
         f.write(json.dumps({"environment": env}) + "\n")
     rows = run(args, path)
-    emit(render_markdown(rows, env), path.with_suffix(".md"))
+    emit(tune_markdown(rows, env), path.with_suffix(".md"))
     return 0
 
 

@@ -4,22 +4,24 @@ command (its `main(argv)`, or a subprocess where the exit path matters)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
 import stat
 import subprocess
 import sys
-from argparse import Namespace
+import time
 
 import pytest
 
-from harness import bench_attention, compare, memory_model, run, sweep
+from harness import bench_attention, compare, memory_model, parity, report, run, scaling, sweep
 from harness.common import results
 from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict
 from harness.timing import compare as compare_lib
 from harness.timing.parity import check_parity
+from harness.timing.spec import Comparison, RunSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -149,7 +151,7 @@ def test_memory_model_without_arguments_prints_the_fit_table(capsys) -> None:
 def test_parity_is_skipped_when_every_backend_ran_out_of_memory(tmp_path, capsys, monkeypatch) -> None:
     calls: list[int] = []
     monkeypatch.setattr(compare_lib, "run_parity", lambda args, work, backends: calls.append(1) or {"ok": True})
-    args = Namespace(batch=8)
+    args = Comparison(run=RunSpec(backend="torch", model="tiny", ctx=16, batch=8), backends=("torch", "jax"))
     doc = compare_lib.parity_or_skip(args, {"torch": {"status": "oom"}, "jax": {"status": "oom"}}, str(tmp_path), ["jax"])
     assert calls == [] and doc["ok"] is None and doc["skipped"]
     assert "every backend ran out of memory at batch 8" in capsys.readouterr().err
@@ -183,3 +185,229 @@ def test_ctrl_c_during_compare_keeps_what_finished(tmp_path) -> None:
     assert torch_doc["status"] == "ok" and torch_doc == summary["runs"]["torch"]
     assert stat.S_IMODE(os.stat(kept).st_mode) == 0o755
     assert not (out / "tiny-ctx16-fp32-cpu").exists()
+
+
+# -- output paths: a real write, before any work; a finished result is never lost ----------
+@pytest.mark.parametrize("module, argv", [
+    (run, ["--backend", "torch", "--ctx", "16", "--steps", "1"]),
+    (parity, ["--ctx", "16", "--steps", "1"]),
+])
+def test_an_out_nothing_can_be_written_in_is_refused_before_running(module, argv, capsys) -> None:
+    """/proc takes no new files, for root too (whose permission bits say it may)."""
+    code, err = _main(module, [*argv, "--device", "cpu", "--out", "/proc/x.json"], capsys)
+    assert code == 2
+    _one_line(err, "--out /proc/x.json:", "cannot write in /proc", "name a folder you can write to")
+    assert "PASS" not in capsys.readouterr().out
+
+
+def test_parity_out_naming_a_folder_is_refused_before_running(tmp_path, capsys) -> None:
+    code, err = _main(parity, ["--device", "cpu", "--steps", "1", "--out", str(tmp_path)], capsys)
+    assert code == 2 and os.listdir(tmp_path) == []
+    _one_line(err, "--out", "is a folder", "name a file in it")
+
+
+@pytest.mark.parametrize("module", [run, parity])
+def test_an_existing_out_file_is_kept_without_overwrite(module, tmp_path, capsys) -> None:
+    target = tmp_path / "result.json"
+    target.write_text("keep me")
+    argv = ["--device", "cpu", "--ctx", "16", "--steps", "1", "--out", str(target)]
+    code, err = _main(module, [*argv, "--backend", "torch"] if module is run else argv, capsys)
+    assert code == 2 and target.read_text() == "keep me"
+    _one_line(err, f"--out {target}: already exists", "--overwrite")
+
+
+def test_a_result_that_cannot_be_written_at_the_end_is_kept(tmp_path) -> None:
+    """The folder went away after the check: the document lands in the temporary folder."""
+    line = results.save_json("/proc/gone/result.json", {"status": "ok", "step": 1.5})
+    kept = line.rsplit(" ", 1)[-1]
+    assert line.startswith("--out /proc/gone/result.json: could not write it") and kept.endswith(".json")
+    try:
+        assert json.loads(open(kept).read()) == {"status": "ok", "step": 1.5}
+    finally:
+        os.remove(kept)
+    assert results.save_json(tmp_path / "r.json", {"a": 1}) is None and json.loads((tmp_path / "r.json").read_text())
+
+
+@pytest.mark.parametrize("module, argv", [
+    (run, ["--backend", "torch", "--ctx", "16"]),
+    (compare, ["--ctx", "16"]),
+])
+def test_compile_cache_naming_a_file_is_refused(module, argv, tmp_path, capsys) -> None:
+    cache = tmp_path / "cache"
+    cache.write_text("not a folder")
+    code, err = _main(module, [*argv, "--device", "cpu", "--compile-cache", str(cache),
+                               "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and cache.read_text() == "not a folder"
+    _one_line(err, f"--compile-cache {cache}: is a file", "name a folder")
+
+
+# -- options that cannot apply, or cannot be honoured here --------------------------------
+@pytest.mark.parametrize("module, extra, named", [
+    (compare, ["--model", "large"], "--model"),
+    (compare, ["--ctx", "64", "--backend", "jax"], "--ctx, --backend"),
+    (sweep, ["--ctx", "16"], "--ctx"),
+])
+def test_render_refuses_options_it_cannot_use(module, extra, named, tmp_path, capsys) -> None:
+    code, err = _main(module, ["--render", str(tmp_path), *extra], capsys)
+    assert code == 2
+    _one_line(err, f"--render {tmp_path} runs nothing, so {named} cannot apply", "drop")
+
+
+@pytest.mark.parametrize("option, value", [("--backend", "jax,torch,jax"), ("--ctx", "16,32,16")])
+def test_a_list_with_a_repeated_value_is_refused(option, value, tmp_path, capsys) -> None:
+    code, err = _main(sweep, ["--model", "tiny", "--ctx", "16", "--device", "cpu", option, value,
+                              "--out", str(tmp_path / "sweep")], capsys)
+    assert code == 2 and not (tmp_path / "sweep").exists()
+    repeated = value.split(",")[0]
+    _one_line(err, f"argument {option}:", f"{repeated} is listed twice", "list each value once")
+
+
+def test_more_torch_ranks_than_cores_is_refused_up_front(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    code, err = _main(run, ["--backend", "torch", "--ctx", "16", "--device", "cpu", "--data-parallel", "64",
+                            "--out", str(tmp_path / "r.json")], capsys)
+    assert code == 2 and not (tmp_path / "r.json").exists()
+    _one_line(err, "--data-parallel 64:", "2 core(s)", "use --data-parallel 2 or fewer")
+
+
+def test_annotate_attention_leaves_out_the_default_backends_that_cannot_hold_it(capsys) -> None:
+    """The README's `compare --model tiny --ctx 64 --profile --annotate-attention` runs torch
+    and jax and says torch-compile was left out; asked for by name, torch-compile is refused."""
+    args = compare.build_parser().parse_args(["--ctx", "64", "--annotate-attention"])
+    assert compare.default_backends(args) == ["torch", "jax"]
+    _one_line(capsys.readouterr().err, "compare: skipping torch-compile: --annotate-attention")
+    code, err = _main(compare, ["--ctx", "64", "--device", "cpu", "--annotate-attention",
+                                "--backend", "torch,torch-compile"], capsys)
+    assert code == 2
+    _one_line(err, "--annotate-attention with --backend torch-compile", "use --backend torch or jax")
+
+
+@pytest.mark.parametrize("fake", ["/bin/true", "/bin/false"])
+def test_compare_refuses_an_nsys_bin_that_is_not_nsys(fake, tmp_path, capsys) -> None:
+    code, err = _main(compare, ["--ctx", "16", "--device", "cpu", "--nsys", "--nsys-bin", fake,
+                                "--out", str(tmp_path)], capsys)
+    assert code == 2 and os.listdir(tmp_path) == []
+    _one_line(err, f"--nsys-bin {fake}:", "does not name NVIDIA Nsight Systems", "name the nsys binary")
+
+
+def test_a_profiler_that_exits_without_running_the_step_is_named(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(compare_lib, "_stream", lambda program, env: (0, ""))
+    args = compare.build_parser().parse_args(["--ctx", "8", "--device", "cpu", "--nsys-bin", "/bin/true"])
+    args.compile_cache = str(tmp_path / "cache")
+    doc, _ = compare_lib.run_backend("torch", compare.comparison_from_args(args, ["torch"], "nsys"), str(tmp_path))
+    message = doc["error"]["message"]
+    assert message.startswith("--nsys-bin /bin/true exited with code 0 without running harness.run") and "\n" not in message
+
+
+# -- memory_model ----------------------------------------------------------------------------
+def test_memory_model_answers_whether_one_size_fits(capsys) -> None:
+    peak = max(predict(get_config("large"), 4, 1024, "fp32")["peaks"].values()) / 2**30
+    assert memory_model.main(["--model", "large", "--ctx", "1024", "--device-memory-gb", "80"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"fits in 80 GiB: largest peak {peak:.3f} GiB (backward)"
+    assert memory_model.main(["--model", "large", "--ctx", "1024", "--device-memory-gb", "16"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("does not fit in 16 GiB")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--model", "large", "--ctx", "100000000", "--batch", "100000"], ("--ctx 100000000 --batch 100000:",
+                                                                        "beyond any device", "lower --ctx")),
+    (["--ctx", "1024", "--device-memory-gb", "1e30"], ("argument --device-memory-gb:", "at most 10000", "'1e30'")),
+    (["--ctx", "1024", "--device-memory-gb", "0"], ("argument --device-memory-gb:", "above 0")),
+])
+def test_memory_model_refuses_sizes_no_device_has(argv, needles, capsys) -> None:
+    code, err = _main(memory_model, argv, capsys)
+    assert code == 2 and capsys.readouterr().out == ""
+    _one_line(err, *needles)
+
+
+# -- profiles and run documents that are not what they claim ---------------------------------
+DATA = os.path.join(ROOT, "tests", "data")
+TORCH_ATTN = os.path.join(DATA, "torch_tiny_attn", "torch_tiny_attn.sqlite.gz")
+
+
+def test_a_truncated_sqlite_export_is_one_line(tmp_path, capsys) -> None:
+    with gzip.open(TORCH_ATTN) as f:
+        raw = f.read()
+    cut = tmp_path / "torch.sqlite"
+    cut.write_bytes(raw[: len(raw) // 2])
+    code, err = _main(report, [str(cut), "--out", str(tmp_path / "rep"), "--no-plot"], capsys)
+    assert code == 2
+    _one_line(err, f"{cut}: the SQLite file is damaged", "export it again")
+
+
+@pytest.mark.parametrize("content", [b"", gzip.compress(b"")], ids=["empty file", "empty gzip"])
+def test_an_empty_sqlite_gz_is_named_as_given(content, tmp_path, capsys) -> None:
+    empty = tmp_path / "torch.sqlite.gz"
+    empty.write_bytes(content)
+    code, err = _main(report, [str(empty), "--out", str(tmp_path / "rep"), "--no-plot"], capsys)
+    assert code == 2
+    _one_line(err, f"{empty}: empty once unpacked")
+
+
+@pytest.mark.parametrize("harness_json, needle", [
+    ("jax_tiny_train/jax_tiny_train.harness.json", "the document is of backend jax, the profile of torch"),
+    ("layers/torch_tiny_layers_plain.harness.json", "ran on NVIDIA H100 80GB HBM3, the profile on NVIDIA H200"),
+])
+def test_report_refuses_the_run_document_of_another_run(harness_json, needle, tmp_path, capsys) -> None:
+    code, err = _main(report, [TORCH_ATTN, "--harness-json", os.path.join(DATA, harness_json),
+                               "--out", str(tmp_path / "rep"), "--no-plot"], capsys)
+    assert code == 2 and not (tmp_path / "rep").exists()
+    _one_line(err, "--harness-json", needle, "pass the document harness.run wrote in the profiled run")
+
+
+def test_report_warns_where_the_run_document_s_forward_is_far_from_the_profile_s(tmp_path, capsys) -> None:
+    """The `small` run's document beside the `tiny` profile: same backend, steps and GPU,
+    but a forward 3.5x the profile's."""
+    small = os.path.join(DATA, "torch_small_train", "torch_small_train.harness.json")
+    code, err = _main(report, [TORCH_ATTN, "--harness-json", small, "--out", str(tmp_path / "rep"), "--no-plot"],
+                      capsys)
+    assert code == 0
+    _one_line(err, "warning: --harness-json", "model small) is 3.49x the profile's (5.968 ms)")
+    assert "model small) is 3.49x" in (tmp_path / "rep" / "kernels.md").read_text()
+
+
+# -- harness.scaling names the file ---------------------------------------------------------
+@pytest.mark.parametrize("kind, needle", [("binary", "not JSON"), ("folder", "is a folder"),
+                                          ("other JSON", "not a harness.run result document")])
+def test_scaling_names_the_file_that_is_not_a_run_document(kind, needle, tmp_path, capsys) -> None:
+    path = tmp_path / "n2.json"
+    if kind == "binary":
+        path.write_bytes(gzip.compress(b"\xff\xfe" * 100))
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.write_text(json.dumps({"status": "ok", "phases": {}}))
+    code, err = _main(scaling, [str(path)], capsys)
+    assert code == 2
+    _one_line(err, f"error: {path}: {needle}", "give harness.run --out files")
+
+
+# -- Ctrl-C while a tool is still importing --------------------------------------------------
+@pytest.mark.slow
+def test_ctrl_c_while_compare_starts_is_one_line(tmp_path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "harness.compare", "--ctx", "16", "--device", "cpu",
+                             "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    maps = f"/proc/{proc.pid}/maps"
+    deadline = time.monotonic() + 60
+    while "libtorch" not in open(maps).read() and time.monotonic() < deadline:  # torch is loading
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and os.listdir(tmp_path) == []
+    assert err in ("error: interrupted while starting; nothing ran\n",  # still importing, as a rule
+                   "error: interrupted before any backend started; nothing was written\n")  # a fast machine
+
+
+@pytest.mark.parametrize("layout", [["notes/deep/jax.xplane.pb.gz"],
+                                    ["plugins/profile/a/h.xplane.pb.gz", "plugins/profile/b/h.xplane.pb.gz"]],
+                         ids=["a trace far below", "two traces"])
+def test_report_on_a_folder_that_is_not_one_jax_trace_is_refused(layout, tmp_path, capsys) -> None:
+    """Only the folder jax.profiler.start_trace wrote, holding one trace, stands for its trace."""
+    fixture = os.path.join(DATA, "jax_fallback", "jax_tiny_fallback.xplane.pb.gz")
+    for relative in layout:
+        (tmp_path / relative).parent.mkdir(parents=True)
+        (tmp_path / relative).write_bytes(open(fixture, "rb").read())
+    code, err = _main(report, [str(tmp_path), "--out", str(tmp_path / "rep"), "--no-plot"], capsys)
+    assert code == 2 and not (tmp_path / "rep").exists()
+    _one_line(err, f"{tmp_path}:", "JAX trace", "name the")

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness import backends
 from harness.timing import ranges
 from harness.trace.analyses.breakdown import answers, breakdown, load_profile
 from harness.trace.kernels import Category
@@ -167,11 +168,11 @@ def test_nsys_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = tmp_path / "nsys"
     fake.write_text("")
     monkeypatch.setenv("NSYS", str(fake))
-    cmd = profile_command("jax", tmp_path / "out", ["python", "-m", "harness.run"])
+    cmd = profile_command(tmp_path / "out", ["python", "-m", "harness.run"], flags=backends.get("jax").nsys_flags)
     assert cmd[:2] == [str(fake), "profile"]
     assert "--trace=cuda,nvtx" in cmd and "--nvtx-domain-exclude=TSL" in cmd
     assert cmd[-3:] == ["python", "-m", "harness.run"]
-    assert "--nvtx-domain-exclude=TSL" not in profile_command("torch", tmp_path / "o", ["x"])
+    assert "--nvtx-domain-exclude=TSL" not in profile_command(tmp_path / "o", ["x"], flags=backends.get("torch").nsys_flags)
     monkeypatch.delenv("NSYS")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(ProfileError, match="NSYS=/path/to/nsys"):
@@ -199,7 +200,7 @@ def _cpu_session_run(backend: str, tmp_path: Path):
     else:
         from harness.timing.jax_backend import JaxSession as Session
     s = Session(cfg, tokens, device="cpu", dtype="fp32", seed=0)
-    ranges.use_framework_annotations(backend)
+    ranges.use_framework_annotations(backends.get(backend).annotation())
     try:
         for name in ("warmup", "step", "step"):
             with ranges.phase_range(name):

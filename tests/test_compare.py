@@ -5,13 +5,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from harness import compare
 from harness.common.cli import parse_args
 from harness.timing import compare as compare_lib
-from harness.timing.runner import RunOptions, run
+from harness.timing.runner import run
+from harness.timing.spec import RunSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,7 +62,7 @@ def test_compare_runs_torch_compile_beside_eager_torch_and_jax(compare_run, indu
     """By default compare runs the compiled backend too (where Inductor builds on this CPU):
     a column of its own, parity against eager torch inside the compiled bound, and its
     compiled graphs left in the named compile cache."""
-    from harness.timing.parity import COMPILE_TOLERANCES
+    from harness.backends.torch import COMPILE_TOLERANCES
 
     proc, out = compare_run
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -87,16 +89,17 @@ def test_compare_runs_torch_compile_beside_eager_torch_and_jax(compare_run, indu
 def test_compare_default_skips_what_cannot_run_here(monkeypatch, capsys):
     """Without a C++ compiler the default drops torch-compile with one line saying why;
     named explicitly, a backend that cannot run is bad input."""
+    from harness import backends
+    from harness.backends import torch as torch_family
     from harness.common.cli import UsageError
-    from harness.timing import torch_backend
 
-    monkeypatch.setattr(torch_backend, "inductor_cpu_compiler", lambda: None)
-    assert torch_backend.choose_backends(None, compare.DEFAULT_BACKENDS, "cpu", "compare") == ["torch", "jax"]
+    monkeypatch.setattr(torch_family, "inductor_cpu_compiler", lambda: None)
+    assert backends.choose_backends(None, backends.defaults(), "cpu", "compare") == ["torch", "jax"]
     err = capsys.readouterr().err.strip()
     assert err == ("compare: skipping torch-compile on CPU needs a C++ compiler for Inductor's kernels and found "
                    "none (install g++ or set $CXX)")
     with pytest.raises(UsageError, match="--backend torch-compile on CPU needs a C\\+\\+ compiler"):
-        torch_backend.choose_backends(["torch-compile"], compare.DEFAULT_BACKENDS, "cpu", "compare")
+        backends.choose_backends(["torch-compile"], backends.defaults(), "cpu", "compare")
 
 
 @pytest.mark.parametrize("tool, args, message", [
@@ -111,8 +114,8 @@ def test_compare_default_skips_what_cannot_run_here(monkeypatch, capsys):
      "error: argument --optimizer: unknown optimizer 'adam'; choose one of foreach, foreach-compiled, fused, loop "
      "(see python -m harness.run --help)"),
     ("harness.run", ["--backend", "torch-compile", "--annotate-attention"],
-     "error: --annotate-attention synchronizes inside attention, which a compiled graph cannot hold; "
-     "use --backend torch"),
+     "error: --annotate-attention with --backend torch-compile: it synchronizes inside attention, which a "
+     "compiled graph cannot hold; use --backend torch or jax"),
 ])
 def test_compiled_backends_bad_input_is_one_line(tool, args, message):
     proc = cli(tool, "--model", "tiny", "--ctx", "8", "--device", "cpu", *args)
@@ -127,7 +130,7 @@ def test_compare_accepts_the_compiled_backends():
 
 
 def test_run_in_forward_mode_has_only_forward_and_step():
-    doc = run(RunOptions(backend="jax", model="tiny", ctx=16, batch=1, warmup=1, steps=2, mode="forward"))
+    doc = run(RunSpec(backend="jax", model="tiny", ctx=16, batch=1, warmup=1, steps=2, mode="forward"))
     assert doc["status"] == "ok" and set(doc["phases"]) == {"forward", "step"}
     assert doc["phases"]["step"]["flops"] == doc["phases"]["forward"]["flops"]
 
@@ -136,8 +139,8 @@ def test_jax_run_with_the_pallas_kernel_matches_naive_attention():
     """--attention pallas reaches the JAX model (interpret mode on CPU) and starts
     from the same weights as naive attention: same first loss."""
     common = dict(backend="jax", model="tiny", ctx=16, batch=1, warmup=0, steps=1, mode="forward")
-    pallas = run(RunOptions(**common, attention="pallas"))
-    naive = run(RunOptions(**common, attention="naive"))
+    pallas = run(RunSpec(**common, attention="pallas"))
+    naive = run(RunSpec(**common, attention="naive"))
     assert pallas["status"] == "ok", pallas["error"]
     assert pallas["options"]["attention"] == "pallas"
     assert pallas["loss"]["first"] == pytest.approx(naive["loss"]["first"], rel=1e-5)
@@ -191,7 +194,7 @@ def test_jax_split_step_out_of_memory_still_times_the_fused_step(tmp_path):
     assert first["time_to_first_step_ms"] == pytest.approx(first["setup_ms"] + first["fused_step_ms"])
     assert "split step: out of memory in backward" in proc.stdout
     proc = cli("harness.run", "--backend", "jax", "--model", "tiny", "--ctx", "16", "--batch", "1", "--warmup", "1",
-               "--steps", "1", "--device", "cpu", "--fail-in", "fused_step", "--out", str(out))
+               "--steps", "1", "--device", "cpu", "--fail-in", "fused_step", "--out", str(out), "--overwrite")
     assert proc.returncode != 0 and json.loads(out.read_text())["status"] == "oom"
 
 
@@ -200,9 +203,7 @@ def test_result_folder_is_named_after_the_device():
     (no device reported) the requested device does, so a failed GPU run is
     not filed under -cpu."""
     def parse(*argv):
-        args = parse_args(compare.build_parser(), list(argv))
-        args.profiler = None
-        return args
+        return compare.comparison_from_args(parse_args(compare.build_parser(), list(argv)), ["torch"], None)
 
     args = parse("--model", "large", "--ctx", "1024", "--dtype", "bf16", "--attention", "pallas", "--device", "cuda")
     assert compare_lib.result_dir_name(args, "NVIDIA H100 80GB HBM3") == "large-ctx1024-bf16-pallas-h100-80gb-hbm3"
@@ -275,11 +276,43 @@ def test_nsys_compare_wraps_each_backend_in_nsys_profile(tmp_path, monkeypatch, 
     fake.chmod(0o755)
     seen = []
     monkeypatch.setattr(compare_lib, "_stream", lambda program, env: (seen.append(program), (1, ""))[1])
-    args = parse_args(compare.build_parser(), ["--model", "tiny", "--ctx", "8", "--nsys", "--nsys-bin", str(fake)])
-    args.profiler, args.fail_in, args.compile_cache = "nsys", None, str(tmp_path / "cache")
-    doc, profile = compare_lib.run_backend(backend, args, str(tmp_path))
+    args = parse_args(compare.build_parser(), ["--model", "tiny", "--ctx", "8", "--nsys", "--nsys-bin", str(fake),
+                                               "--compile-cache", str(tmp_path / "cache")])
+    spec = compare.comparison_from_args(args, [backend], "nsys")
+    doc, profile = compare_lib.run_backend(backend, spec, str(tmp_path))
     assert doc["status"] == "error" and profile is None
     (program,) = seen
     assert program[:2] == [str(fake), "profile"] and "harness.run" in program
     assert program[program.index("--backend") + 1] == backend
     assert ("--nvtx-domain-exclude=TSL" in program) == (backend == "jax")
+
+
+def test_parity_halves_the_batch_when_its_process_reports_out_of_memory(tmp_path, monkeypatch):
+    """harness.parity writes status "oom" to its --out; compare retries at half the batch,
+    and a process that failed otherwise ends the retries with its message."""
+    from harness.timing.spec import Comparison, RunSpec
+
+    batches = []
+
+    def fake_parity(program, env):
+        batch = int(program[program.index("--batch") + 1])
+        batches.append(batch)
+        out = program[program.index("--out") + 1]
+        doc = {"ok": True, "rows": []} if batch == 2 else {"ok": None, "status": "oom", "error": "oom", "batch": batch}
+        Path(out).write_text(json.dumps(doc))
+        return (0 if batch == 2 else 2), ""
+
+    monkeypatch.setattr(compare_lib, "_stream", fake_parity)
+    spec = Comparison(run=RunSpec(backend="torch", model="tiny", ctx=16, batch=8), backends=("torch", "jax"),
+                      compile_cache=str(tmp_path / "cache"))
+    doc = compare_lib.run_parity(spec, str(tmp_path), ["jax"])
+    assert batches == [8, 4, 2] and doc["ok"] and doc["reduced_batch"]
+
+    def failing(program, env):
+        Path(program[program.index("--out") + 1]).write_text(json.dumps(
+            {"ok": None, "status": "error", "error": "ValueError in parity", "batch": 8}))
+        return 2, ""
+
+    monkeypatch.setattr(compare_lib, "_stream", failing)
+    assert compare_lib.run_parity(spec, str(tmp_path), ["jax"]) == {"ok": None, "error": "ValueError in parity",
+                                                                    "batch": 8}

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from harness.timing import compare_render
-from harness.timing.compare_render import NOISY_SPREAD, format_table, noise_warnings, plot_phases, render_markdown
-from harness.timing.runner import format_result
+from harness.timing.compare_render import NOISY_SPREAD, compare_markdown, format_table, noise_warnings, plot_phases
+from harness.timing.run_render import format_result
 
 SUMMARY = Path(__file__).parent / "data" / "compare_cpu" / "summary.json"
 
@@ -35,7 +35,7 @@ def test_noisy_machine_warns_that_ratios_are_not_to_be_trusted(summary: dict) ->
     runs = summary["runs"]
     noisy = {b for b, r in runs.items() if _spread(r["phases"]["step"]["times_ms"]) > NOISY_SPREAD}
     assert noisy == {"torch", "torch-compile"}  # JAX's steps stayed within 1.5x on the same machine
-    table, md = format_table(summary), render_markdown(summary)
+    table, md = format_table(summary), compare_markdown(summary)
     for backend in noisy:
         times = runs[backend]["phases"]["step"]["times_ms"]
         line = (f"{backend}: step times range {min(times):.1f}-{max(times):.1f} ms, p90 "
@@ -64,7 +64,7 @@ def test_cpu_report_has_no_empty_columns_and_no_gpu_text(summary: dict) -> None:
     header = rows[0]
     assert not any("MFU" in h or "peak GiB" in h for h in header)  # every cell "-" on a CPU
     assert all(any(r[i] != "-" for r in rows[1:]) for i in range(1, len(header)))
-    md = render_markdown(summary)
+    md = compare_markdown(summary)
     assert "TF32" not in md and "cuDNN" not in md
     assert "everything in float32." in md and "matmul precision 'highest'." in md
     assert "TFLOP/s (fp32)" not in md and "No MFU: this device is not in the peak table" in md
@@ -79,11 +79,11 @@ def test_columns_and_memory_text_return_where_there_are_figures(summary: dict) -
         p.update(peak_memory_bytes=3 * 2**30, mfu=0.25)
     header = compare_render.table_rows(summary)[0]
     assert {"torch MFU", "jax MFU", "torch peak GiB", "jax peak GiB"} <= set(header)
-    assert "Memory: torch: max_memory_allocated after a reset before each phase." in render_markdown(summary)
+    assert "Memory: torch: max_memory_allocated after a reset before each phase." in compare_markdown(summary)
 
 
 def test_report_records_the_command_the_user_ran(summary: dict) -> None:
-    md = render_markdown(summary)
+    md = compare_markdown(summary)
     assert "- command: `python -m harness.compare --model tiny --ctx 64 --out cmp --warmup 1 --steps 5`" in md
 
 

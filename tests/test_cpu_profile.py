@@ -92,7 +92,7 @@ def test_cpu_report_speaks_of_cpu_ops() -> None:
     """No "GPU ms", no kernels, no copy counts and no GEMM decoding for CPU ops."""
     bd = breakdown(load_profile(trace("tiny")))
     assert bd.cpu_ops
-    md = render.render_markdown([bd])
+    md = render.breakdown_markdown([bd])
     assert "GPU ms" not in md and "GPU time in" not in md
     assert "kernels/step" not in md and "top kernels" not in md and "| kernel |" not in md
     assert "| step | CPU ms/step |" in md and "| step | ops/step |" in md

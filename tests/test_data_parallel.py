@@ -23,7 +23,7 @@ import pytest
 
 from harness.timing import distributed
 from harness.timing.distributed import SAFE_ENV, parity_step
-from harness.timing.runner import RunOptions
+from harness.timing.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "tiny", "--ctx", "16", "--batch", "2", "--warmup", "1", "--steps", "2", "--device", "cpu"]
@@ -41,7 +41,7 @@ def _harness(args: list[str], env: dict, timeout: int = 120) -> subprocess.Compl
                           timeout=timeout)
 
 
-def _one_device_step(opts: RunOptions) -> tuple[float, dict, float]:
+def _one_device_step(opts: RunSpec) -> tuple[float, dict, float]:
     """Loss and parameters after one step of the one-device run on the global batch, and
     how far that step moved the parameters (largest change)."""
     from harness.config import get_config
@@ -133,27 +133,27 @@ def test_worker_environment_keeps_every_variable(monkeypatch) -> None:
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_torch_two_ranks_match_one_device(parallel: str) -> None:
-    opts = RunOptions(backend="torch", model="tiny", ctx=16, batch=2, data_parallel=2, parallel=parallel)
+    opts = RunSpec(backend="torch", model="tiny", ctx=16, batch=2, data_parallel=2, parallel=parallel)
     _assert_parity(_one_device_step(opts), parity_step(opts))
 
 
 JAX_SCRIPT = """
 import json, numpy as np
 from harness.timing.distributed import parity_step
-from harness.timing.runner import RunOptions
+from harness.timing.spec import RunSpec
 from tests.test_data_parallel import _one_device_step
 out = {}
-opts = RunOptions(backend="jax", model="tiny", ctx=16, batch=2, data_parallel=2)
+opts = RunSpec(backend="jax", model="tiny", ctx=16, batch=2, data_parallel=2)
 l1, p1, moved = _one_device_step(opts)
 for parallel in ("ddp", "fsdp", "zero1"):
-    l2, p2 = parity_step(RunOptions(**{**opts.__dict__, "parallel": parallel}))
+    l2, p2 = parity_step(RunSpec(**{**opts.__dict__, "parallel": parallel}))
     out[parallel] = {"loss": [l1, l2], "max_abs": max(float(np.max(np.abs(p1[k] - p2[k]))) for k in p1),
                      "moved": moved, "same_keys": p1.keys() == p2.keys()}
     # two more split steps: the update compiled once, handing back the layouts it was given
     import jax
     from harness.config import get_config
     from harness.timing.runner import make_session
-    s = make_session(RunOptions(**{**opts.__dict__, "parallel": parallel}), get_config("tiny"))
+    s = make_session(RunSpec(**{**opts.__dict__, "parallel": parallel}), get_config("tiny"))
     before = [x.sharding for x in jax.tree.leaves((s.state, s.opt_state))]
     for _ in range(2):
         s.forward(); s.backward(); s.optimizer_step()
@@ -205,7 +205,10 @@ def test_more_ranks_than_gpus_is_one_line(monkeypatch) -> None:
     with pytest.raises(UsageError, match=r"--data-parallel 4: only 2 CUDA device\(s\).*--data-parallel 2"):
         distributed.check_devices("torch", "cuda", 4)
     distributed.check_devices("torch", "cuda", 2)
-    distributed.check_devices("torch", "cpu", 8)  # gloo: any number of processes
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    distributed.check_devices("torch", "cpu", 8)  # gloo: one process per core
+    with pytest.raises(UsageError, match=r"--data-parallel 9: .* 8 core\(s\); use --data-parallel 8 or fewer"):
+        distributed.check_devices("torch", "cpu", 9)
 
 
 def _processes_mentioning(text: str) -> list[int]:

@@ -3,7 +3,6 @@ fails on a planted slowdown and passes on two runs of the same code."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -16,8 +15,9 @@ import pytest
 from harness import diff as diff_cli
 from harness.diffs.decompose import GROUPS, HOST, diff_runs, regression
 from harness.diffs.inputs import resolve, resolve_one
-from harness.diffs.render import plot_waterfall, render, render_markdown
+from harness.diffs.render import diff_markdown, plot_waterfall, render
 from harness.timing.compare import summarize_compare, write_results
+from harness.timing.spec import Comparison, RunSpec
 from harness.trace.analyses.breakdown import breakdown, load_profile
 
 DATA = Path(__file__).parent / "data"
@@ -128,9 +128,9 @@ def test_gate_passes_on_two_runs_of_the_same_code(tmp_path) -> None:
 def test_compare_folder_names_its_backends(tmp_path) -> None:
     """A folder written by harness.compare's own writer: FOLDER:BACKEND and FOLDER alone."""
     runs = {"torch": json.loads(TORCH.read_text()), "jax": json.loads(JAX.read_text())}
-    args = argparse.Namespace(model="small", ctx=128, batch=4, dtype="fp32", attention="naive", mode="train",
-                              device="cuda", warmup=2, steps=3, seed=0, profiler=None,
-                              optimizer="foreach")
+    args = Comparison(run=RunSpec(backend="torch", model="small", ctx=128, batch=4, dtype="fp32", attention="naive",
+                                  mode="train", device="cuda", warmup=2, steps=3, seed=0, optimizer="foreach"),
+                      backends=("torch", "jax"))
     folder = write_results(summarize_compare(args, runs, None), str(tmp_path), "small-ctx128")
     assert [r.label for r in resolve(folder)] == ["small-ctx128:torch", "small-ctx128:jax"]
     d = diff_runs(resolve_one(f"{folder}:torch"), resolve_one(f"{folder}:jax"))
@@ -147,7 +147,7 @@ def _medians(path: Path) -> dict[str, float]:
 def test_headline_gives_speed_as_a_ratio_and_time_saved_as_a_share(small) -> None:
     """"4.14x faster (75.8% less time)", not the time saved called a speed-up."""
     a, b = _medians(TORCH)["step"], _medians(JAX)["fused_step"]
-    headline = render_markdown(small).splitlines()[2]
+    headline = diff_markdown(small).splitlines()[2]
     assert f"{a / b:.2f}x faster ({(a - b) / a:.1%} less time, {a - b:.3f} ms)" in headline
     assert "4.14x faster (75.8% less time" in headline
     assert "per step (torch_small_train: step, jax_small_train: fused_step)" in headline
@@ -167,12 +167,12 @@ def _jax_fused_slowed(tmp_path: Path, factor: float) -> Path:
 
 def test_the_faster_of_jax_s_split_and_fused_step_is_taken_and_named(small, tmp_path) -> None:
     split, fused = _medians(JAX)["step"], _medians(JAX)["fused_step"]
-    assert fused < split and "JAX's fused step, the faster of its two" in render_markdown(small)
+    assert fused < split and "JAX's fused step, the faster of its two" in diff_markdown(small)
     d = diff_runs(resolve_one(TORCH), resolve_one(_jax_fused_slowed(tmp_path, 2.0)))
     assert (d.step.phase, d.step.b_phase) == ("step", "step")  # split 22.2 ms against fused 30.3 ms
     assert d.step.b_ms == pytest.approx(split)
     assert (f"JAX's split step, the faster of its two (jax_small_train: {split:.3f} ms against "
-            f"{2 * fused:.3f} ms for its fused step") in render_markdown(d)
+            f"{2 * fused:.3f} ms for its fused step") in diff_markdown(d)
 
 
 def test_gate_names_each_side_s_phase(capsys) -> None:

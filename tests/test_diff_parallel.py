@@ -7,7 +7,7 @@ import pytest
 
 from harness.diffs.decompose import COMMUNICATION, HOST, diff_runs
 from harness.diffs.inputs import KernelRow, PhaseProfile, Run
-from harness.diffs.render import render_markdown, sentences
+from harness.diffs.render import diff_markdown, sentences
 from harness.trace.kernels import Category, classify
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
@@ -50,7 +50,7 @@ def test_communication_part_and_exposed_share() -> None:
     assert "Communication kernels: B spends 3.000 ms more per step (1.000 -> 4.000 ms in 2 -> 2 kernels)." in text
     assert ("Exposed communication: 75.0% of B's communication kernel time is not hidden under compute against "
             "A's 20.0% (0.600 of 3.000 ms -> 9.000 of 12.000 ms, summed over each profile's measured steps).") in text
-    assert "| communication | 1.000 | 4.000 | +3.000 | 2 | 2 |" in render_markdown(d)
+    assert "| communication | 1.000 | 4.000 | +3.000 | 2 | 2 |" in diff_markdown(d)
 
 
 def test_one_device_side_shows_zero_communication_and_no_share() -> None:

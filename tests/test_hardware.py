@@ -37,3 +37,15 @@ def test_settings_made_through_the_environment_are_recorded(monkeypatch) -> None
     monkeypatch.setenv("HOME_NOT_A_SETTING", "x")
     assert results.environment()["settings"] == {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false",
                                                  "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.94"}
+
+
+def test_one_row_answers_every_question_about_a_gpu() -> None:
+    """Peak, bandwidth, memory and the per-SM tensor rate of a device come from its one
+    row; the order keeps the longer names first (L40S not L4, the 80 GB A100 not the 40 GB)."""
+    from harness.common.hardware import gpu, hbm_tbps, memory_mib, peak_tflops, sm_tensor_flops
+
+    a100 = "NVIDIA A100-SXM4-80GB"
+    assert (peak_tflops(a100, "bf16"), hbm_tbps(a100), memory_mib(a100)) == (312.0, 2.0, 81920)
+    assert gpu("NVIDIA A100-SXM4-40GB").memory_mib == 40960 and gpu("NVIDIA L40S").pattern == "L40S"
+    assert sm_tensor_flops(gpu("NVIDIA H100 80GB HBM3").compute_capability) == 4096
+    assert sm_tensor_flops("8.0") == 2048 and sm_tensor_flops("8.9") is None and gpu("Tesla T4") is None

@@ -19,8 +19,9 @@ from harness.config import get_config
 from harness.diffs.decompose import diff_runs
 from harness.diffs.inputs import Run
 from harness.diffs.layers import largest_moves
-from harness.diffs.render import render_markdown, to_json
+from harness.diffs.render import diff_markdown, to_json
 from harness.timing import ranges
+from harness.timing.plants import wide_block
 from harness.timing.tokens import make_tokens
 from harness.timing.torch_backend import TorchSession
 from harness.trace.analyses.layers import OUTSIDE, canonical_layer, layer_kind, layer_labels, layer_totals
@@ -302,7 +303,7 @@ def test_diff_tables_layers_and_kinds_and_names_the_largest_moves() -> None:
     assert [(p, r.name, r.delta_ms) for p, r in moves] == [("backward", "layers.1.ffn", 24),
                                                            ("forward", "layers.1.ffn", 12),
                                                            ("backward", "layers.0.attn", -2)]
-    text = render_markdown(d)
+    text = diff_markdown(d)
     assert "Layers that moved most: backward layers.1.ffn +24.000 ms (10.000 -> 34.000)" in text
     assert "FFN: +36.000 ms" in text and "## backward by layer" in text
     doc = to_json(d)
@@ -314,7 +315,7 @@ def test_planted_wide_block_widens_one_ffn_in_both_frameworks() -> None:
     """--wide-layer 1 --wide-factor 16 widens block 1's FFN only, the same in both model
     files, and the parameter count follows; the GPU fixtures (tests/data/layers/) check
     that the attribution finds it."""
-    config = get_config("tiny", wide_layer=1, wide_factor=16)
+    config = wide_block(get_config("tiny"), wide_layer=1, wide_factor=16)
     model = torch_impl.TransformerLM(config)
     assert model.layers[1].ffn.w1.weight.shape == (512 * 16, 128) and model.layers[0].ffn.w1.weight.shape == (512, 128)
     assert sum(p.numel() for p in model.parameters()) == config.num_params
@@ -333,12 +334,12 @@ def test_wide_block_converts_to_jax_and_bad_knobs_are_refused(capsys) -> None:
     import jax_impl
     from harness.timing.convert import jax_param_dict, torch_to_jax
 
-    config = get_config("tiny", wide_layer=0, wide_factor=3)
+    config = wide_block(get_config("tiny"), wide_layer=0, wide_factor=3)
     jax_model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(0))
     torch_to_jax(torch_impl.TransformerLM(config), jax_model)
     assert jax_param_dict(jax_model)["layers.0.ffn.w2.weight"].shape == (128, 1536)
     with pytest.raises(ValueError, match="wide_layer=2 must be a block index"):
-        get_config("tiny", wide_layer=2)
+        wide_block(get_config("tiny"), wide_layer=2)
     assert run_cli.main(["--backend", "torch", "--model", "tiny", "--ctx", "64", "--device", "cpu",
                          "--wide-layer", "5"]) == 2
     assert run_cli.main(["--backend", "torch-compile", "--model", "tiny", "--ctx", "64", "--device", "cpu",

@@ -67,7 +67,13 @@ def test_help_shows_every_option_s_choices_and_default(name: str) -> None:
         flag = action.option_strings[0]
         for valid in action.choices or getattr(action.type, "valid", None) or ():
             assert str(valid) in text, f"{name} {flag}: choice {valid!r} not in its help: {text}"
-        assert "default:" in text or "%(default)" in (action.help or ""), f"{name} {flag}: no default in: {text}"
+        if action.required or isinstance(action.default, bool):  # nothing to show: it must be given, or a switch
+            assert "default:" not in text, f"{name} {flag}: a default shown for a required option or switch: {text}"
+        elif action.default is None:  # "(default: None)" says nothing; the help says what None means, if anything
+            assert "default:" not in text, f"{name} {flag}: (default: None) in: {text}"
+        else:
+            assert "default:" in text or "%(default)" in (action.help or ""), f"{name} {flag}: no default in: {text}"
+            assert "[" not in text.split("default:")[-1], f"{name} {flag}: a Python list as default: {text}"
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)
@@ -155,3 +161,41 @@ def test_cycle_detection_can_fail(tmp_path) -> None:
     b.write_text("from . import a\n")
     assert "harness.x.b" in _imports(a, "harness.x.a")
     assert "harness.x.a" in _imports(b, "harness.x.b")
+
+
+BACKEND_NAMES = ("torch", "torch-compile", "torch-compile-cg", "jax")
+
+
+def _backend_name_comparisons(source: str) -> list[int]:
+    """Lines of `source` that compare something with a backend's name: `== "jax"`,
+    `in ("torch", ...)`, `.startswith("torch")`."""
+
+    def names_a_backend(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in BACKEND_NAMES
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(names_a_backend(e) for e in node.elts)
+        return False
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(names_a_backend(n) for n in (node.left, *node.comparators)):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("startswith", "endswith") and any(names_a_backend(a) for a in node.args)):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_backend_names_are_compared_only_in_the_registry() -> None:
+    """What a backend can do is asked of its record (harness.backends), never of its name."""
+    found = {f"{p.relative_to(HARNESS)}:{line}" for p in HARNESS.rglob("*.py")
+             if "backends" not in p.relative_to(HARNESS).parts[:1]
+             for line in _backend_name_comparisons(p.read_text())}
+    assert not found, f"backend names compared outside harness/backends/: {sorted(found)}"
+
+
+def test_backend_name_comparisons_are_found() -> None:
+    planted = ('if backend == "jax": pass\nif b not in ("torch-compile", "x"): pass\n'
+               'ok = name.startswith("torch")\nif "jax" != b: pass\nif b == other: pass\n')
+    assert _backend_name_comparisons(planted) == [1, 2, 3, 4]

@@ -32,7 +32,7 @@ def test_summary_derives_active_over_elapsed_and_keeps_units() -> None:
     # kernels under a power cap needs both.
     assert s["SM frequency"] == "1,754,633,910.56 hz" and s["elapsed cycles"] == "252,504 cycle"
     assert s["executed instructions"] == "60,216,192 inst"
-    md = ncu.render_markdown([s], FIXTURE.name)
+    md = ncu.ncu_markdown([s], FIXTURE.name)
     assert "| theoretical occupancy | 25% |" in md and "| achieved occupancy | 22.80% |" in md
 
 

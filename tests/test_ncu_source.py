@@ -55,7 +55,7 @@ def test_loops_separate_the_producer_from_the_consumers() -> None:
 def test_hottest_and_markdown() -> None:
     (kernel,) = ncu_source.read_source(FIXTURE)
     assert [i.index for i in ncu_source.hottest(kernel, 3)] == [356, 407, 970]
-    md = ncu_source.render_markdown(kernel, FIXTURE.name, top=5)
+    md = ncu_source.source_markdown(kernel, FIXTURE.name, top=5)
     assert f"# Warp-state samples of `{KERNEL}`" in md
     assert "| long_sb | 218701 | 39.3% |" in md
     assert "| 343-447 | 1040384 | 180356 | 32.4% | long_sb 92.7%" in md

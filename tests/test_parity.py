@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from harness.backends.jax import TOLERANCES
 from harness.config import get_config
 from harness.timing import convert
-from harness.timing.parity import TOLERANCES, check_parity, rel_err
+from harness.timing.parity import check_parity, rel_err
 from tests.conftest import DEVICES
 from torch_impl import model as tm
 
@@ -99,7 +100,8 @@ def test_parity_cli_prints_a_table_and_exit_code(capsys):
 def test_compiled_bounds_sit_inside_the_jax_bounds():
     """Eager and compiled torch run one program, so their fp32 bounds are tighter than
     torch against JAX; in the low-precision dtypes they are the same."""
-    from harness.timing.parity import COMPILE_TOLERANCES, tolerances
+    from harness.backends.torch import COMPILE_TOLERANCES
+    from harness.timing.parity import tolerances
 
     for key, bound in COMPILE_TOLERANCES["fp32"].items():
         assert bound <= TOLERANCES["fp32"][key]
@@ -109,9 +111,9 @@ def test_compiled_bounds_sit_inside_the_jax_bounds():
 def test_cpu_default_backends_leave_out_the_cuda_graph_one(capsys):
     """On a CPU nobody asked for torch-compile-cg, so parity neither runs it nor says it skips it."""
     from harness import parity
-    from harness.timing.torch_backend import choose_backends
+    from harness.backends import choose_backends
 
-    assert parity.default_backends("cuda") == ("jax", "torch-compile", "torch-compile-cg")
+    assert parity.default_backends("cuda") == ("torch-compile", "torch-compile-cg", "jax")  # registry order
     chosen = choose_backends(None, parity.default_backends("cpu"), "cpu", "parity")
     assert "torch-compile-cg" not in chosen and "jax" in chosen
     assert "torch-compile-cg" not in capsys.readouterr().err

@@ -67,7 +67,7 @@ def test_csv_rows_match_json(written: Path) -> None:
 
 def test_render_markdown_for_the_compare_report() -> None:
     bds = [breakdown(load_profile(TORCH, label="pytorch"))]
-    md = render.render_markdown(bds, title="Kernels")
+    md = render.breakdown_markdown(bds, title="Kernels")
     assert md.startswith("# Kernels") and "pytorch" in md
 
 

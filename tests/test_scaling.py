@@ -70,7 +70,7 @@ def test_entry_point(tmp_path: Path, capsys) -> None:
     (tmp_path / "bad.json").write_text("{")
     assert scaling.main([str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: RUN.json") and "bad.json" in err[0]
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / 'bad.json'}: not JSON")
 
 
 def _fit_doc(n: int, step_ms: float, busbw: float | None = 200.0) -> dict:

@@ -479,9 +479,9 @@ def test_a_cell_that_was_not_run_never_reads_oom(tmp_path) -> None:
     stored["axes"]["dtypes"].append("tf32")  # a dtype no cell ran
     sweep_records.save_sweep(out, stored)
     data = analysis.analyze(out)
-    from harness.sweeps.render import render_markdown
+    from harness.sweeps.render import sweep_markdown
 
-    report = render_markdown(data, [])
+    report = sweep_markdown(data, [])
     for line in report.splitlines():
         if "| tf32 |" in line and not line.startswith("| mini | 32 | jax | tf32"):
             assert "OOM" not in line, line

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from harness import backends
 from harness.common.stats import cell, outliers, summarize
-from harness.timing import runner
+from harness.timing import run_render, runner
 from harness.timing.events import EventLog
 from harness.timing.timer import Timer, overhead_flag
 
@@ -59,7 +60,7 @@ class FakeSession:
 
 def _timer(session, warmup=3, steps=8):
     opts = SimpleNamespace(mode="train", warmup=warmup, steps=steps)
-    events = EventLog("torch").__enter__()
+    events = EventLog(backends.get("torch").compile_events).__enter__()
     return Timer(session, opts, lambda m: None, events), events
 
 
@@ -144,7 +145,7 @@ def test_summary_is_robust() -> None:
 
 
 def test_run_reports_first_step_warmup_zero_and_losses_at_equal_steps() -> None:
-    opts = runner.RunOptions(backend="torch", model="tiny", ctx=32, batch=2, warmup=0, steps=3, device="cpu")
+    opts = runner.RunSpec(backend="torch", model="tiny", ctx=32, batch=2, warmup=0, steps=3, device="cpu")
     doc = runner.run(opts)
     assert doc["status"] == "ok"
     assert any(w.startswith("--warmup 0") for w in doc["warnings"])
@@ -152,7 +153,7 @@ def test_run_reports_first_step_warmup_zero_and_losses_at_equal_steps() -> None:
     assert first["split_step_ms"] == pytest.approx(doc["phases"]["step"]["times_ms"][0])
     assert first["time_to_first_step_ms"] == pytest.approx(first["setup_ms"] + first["split_step_ms"])
     assert (doc["loss"]["first_after_steps"], doc["loss"]["last_after_steps"]) == (0, 2)
-    text = runner.format_result(doc)
+    text = run_render.format_result(doc)
     assert "time to first step" in text and "warning: --warmup 0" in text
 
 
@@ -183,3 +184,40 @@ def test_cyclic_garbage_is_freed_between_measured_steps() -> None:
         assert sum(r() is not None for r in alive) <= 3
     finally:
         gc.enable()
+
+
+def test_drop_forgets_the_failed_loop_only() -> None:
+    """`drop` removes a loop's phases, its step, first step and losses, and keeps another loop's."""
+    timer, events = _timer(FakeSession(garbage=10), warmup=1, steps=2)
+    with events:
+        timer.loop("fused step", ("fused_step",), outer=None)
+        timer.loop("split step", ("forward", "backward", "optimizer"))
+        timer.drop("split step", ("forward", "backward", "optimizer"))
+    assert list(timer.times) == ["fused_step"] and list(timer.intervals) == ["fused_step"]
+    assert list(timer.first_step_ms) == ["fused step"]
+    assert [x["loop"] for x in timer.losses] == ["fused step", "fused step"]
+
+
+def test_rounds_alternate_and_run_before_untimed() -> None:
+    """Each round runs every loop once for steps_per_round steps; `alternate` reverses the
+    order every other round and `before` runs ahead of each loop, outside its time."""
+    timer, events = _timer(FakeSession(garbage=10), steps=2)
+    order: list[str] = []
+    loops = {"a": lambda n: order.append(f"a{n}"), "b": lambda n: order.append(f"b{n}")}
+    with events:
+        means = timer.rounds(loops, "test", alternate=True, before=lambda key: time.sleep(0.02))
+    assert order == ["a2", "b2", "b2", "a2"] * (len(means["a"]) // 2)
+    assert len(means["a"]) == len(means["b"]) == 4 and max(means["a"] + means["b"]) < 10  # ms per step
+
+
+def test_layer_ranges_overhead_runs_in_the_timer_s_rounds() -> None:
+    """A torch run with --layer-ranges measures their cost in Timer.rounds: 4 rounds of
+    min(steps, 5) steps with them and without."""
+    opts = runner.RunSpec(backend="torch", model="tiny", ctx=16, batch=1, warmup=1, steps=2, device="cpu",
+                          layer_ranges=True)
+    doc = runner.run(opts)
+    assert doc["status"] == "ok", doc["error"]
+    layers = doc["layer_ranges"]
+    assert layers["rounds"] == 4 and layers["steps_per_round"] == 2 and len(layers["round_ratios"]) == 4
+    assert layers["with_ms"] > 0 and layers["without_ms"] > 0
+    assert layers["overhead_ratio"] == pytest.approx(layers["with_ms"] / layers["without_ms"])

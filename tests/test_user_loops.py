@@ -93,7 +93,7 @@ def test_no_nvtx_gives_whole_profile_and_api_summary(db) -> None:
         "r.nameId = s.id WHERE s.value = 'cudaStreamSynchronize_v3020'").fetchone()
     assert (api["cudaStreamSynchronize"].count, api["cudaStreamSynchronize"].total_ns) == (count, total)
     assert api["cudaStreamSynchronize"].group == "synchronization" and api["cudaLaunchKernel"].group == "launch"
-    md = render.render_markdown([bd])
+    md = render.breakdown_markdown([bd])
     assert "CUDA API calls" in md and "whole profile" in md
 
 

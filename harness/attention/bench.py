@@ -25,6 +25,7 @@ from harness.attention.catalog import (
     PASS_FLOP_FACTOR,
     PASSES,
     SDPA_IMPLS,
+    TORCH_IMPLS,
     cell_key,
     cells,
     fwd_flops,
@@ -50,7 +51,7 @@ def measure_cell(cell: dict, impls: list[str], args: argparse.Namespace) -> list
                 if args.device == "cpu" and impl in GPU_ONLY:
                     rows[impl]["status"] = "unsupported: needs a GPU"
                     continue
-                builder = build_torch if impl.startswith("torch") else build_jax
+                builder = build_torch if impl in TORCH_IMPLS else build_jax
                 try:
                     thunks, sync, timer = builder(impl, cell, args.device)
                 except Exception as exc:  # noqa: BLE001 -- every failure becomes a marked row

@@ -15,6 +15,7 @@ KERNEL_PASSES = ("fwd", "bwd")
 PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 SDPA_IMPLS = ("torch_sdpa_flash", "torch_sdpa_efficient", "torch_sdpa_cudnn")
 IMPLS = ("pallas", "pallas_mosaic", "jax_pallas_mha", "jax_cudnn", "xla_naive", *SDPA_IMPLS, "torch_naive")
+TORCH_IMPLS = (*SDPA_IMPLS, "torch_naive")  # built with torch; the others with JAX
 GPU_ONLY = ("pallas_mosaic", "jax_pallas_mha", "jax_cudnn", *SDPA_IMPLS)
 # References for the throughput targets: every SDPA backend and cuDNN via JAX.
 BEST_REF_IMPLS = (*SDPA_IMPLS, "jax_cudnn")

@@ -137,7 +137,7 @@ def _derived(launch: Launch) -> dict[str, str]:
     return out
 
 
-def render_markdown(summaries: list[dict[str, str]], source: str) -> str:
+def ncu_markdown(summaries: list[dict[str, str]], source: str) -> str:
     labels = [label for label, _, _ in SUMMARY_METRICS if any(label in s for s in summaries)]
     head = ["metric", *(f"#{i} {s['kernel']}" for i, s in enumerate(summaries))]
     lines = [f"# Nsight Compute summary of `{source}`", "",

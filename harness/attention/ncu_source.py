@@ -149,7 +149,7 @@ def _reasons(stalls: dict[str, int], whole: int, n: int = 3) -> str:
     return ", ".join(f"{r} {_share(s, whole)}" for r, s in top)
 
 
-def render_markdown(kernel: Kernel, source: str, *, top: int = 25, min_share: float = 0.01) -> str:
+def source_markdown(kernel: Kernel, source: str, *, top: int = 25, min_share: float = 0.01) -> str:
     total = kernel.samples
     lines = [f"# Warp-state samples of `{kernel.name}`", "",
              f"From `{source}`: {len(kernel.instructions)} SASS instructions, {total} samples. "

@@ -14,7 +14,7 @@ What each figure is made of, per launch:
   MemoryWorkloadAnalysis's ``Memory Throughput`` (dram__bytes.sum.per_second) x time;
 - tensor FLOPs: tensor-pipe active cycles (``sm__pipe_tensor_cycles_active`` as % of SM
   active cycles x ``SM Active Cycles`` x ``# SMs``) x the dense f16/bf16 MMA rate per SM
-  cycle of the architecture (`TENSOR_FLOPS_PER_SM_CYCLE`): exact for full-rate f16/bf16
+  cycle of the architecture (`harness.common.hardware.sm_tensor_flops`): exact for full-rate f16/bf16
   MMAs, an overestimate for tf32/fp8 or partly idle pipes;
 - CUDA-core FLOPs: ``smsp__sass_thread_inst_executed_op_{f,h,d}{fma,add,mul}_pred_on.sum``
   (an FMA counts 2) where collected.
@@ -28,14 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.attention.ncu import RAW_SECTION, Launch, NcuError
-from harness.common.hardware import hbm_tbps, peak_tflops
+from harness.common.hardware import hbm_tbps, peak_tflops, sm_tensor_flops
 from harness.common.tables import markdown_table
 
 SOL, MEMORY, LAUNCH = "GPU Speed Of Light Throughput", "Memory Workload Analysis", "Launch Statistics"
 TENSOR_PIPE = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
-# Dense f16/bf16 tensor FLOPs per SM per cycle: the datasheet peak / (SMs x boost clock),
-# e.g. H100 SXM 989.4e12 / (132 x 1.83e9) = 4096.
-TENSOR_FLOPS_PER_SM_CYCLE = {"8.0": 2048, "9.0": 4096}
 CORE_OPS = {f"smsp__sass_thread_inst_executed_op_{p}{op}_pred_on.sum": 2 if op == "fma" else 1
             for p in "fhd" for op in ("fma", "add", "mul")}
 DRAM_BYTES = ("dram__bytes_read.sum", "dram__bytes_write.sum")
@@ -116,8 +113,8 @@ def point(launch: Launch, cc: str) -> Point:
     flops = 0.0
     pipe, active = launch.value(RAW_SECTION, TENSOR_PIPE), launch.value(SOL, "SM Active Cycles")
     sms = launch.value(LAUNCH, "# SMs")
-    if pipe is not None and active and sms and cc in TENSOR_FLOPS_PER_SM_CYCLE:
-        flops += pipe / 100 * active * sms * TENSOR_FLOPS_PER_SM_CYCLE[cc]
+    if pipe is not None and active and sms and (per_cycle := sm_tensor_flops(cc)):
+        flops += pipe / 100 * active * sms * per_cycle
         sources += [TENSOR_PIPE, "SM Active Cycles", "# SMs"]
     for metric, per_inst in CORE_OPS.items():
         if (count := launch.value(RAW_SECTION, metric)) is not None:
@@ -144,7 +141,7 @@ def points(launches: list[Launch], ccs: dict[str, str]) -> list[Point]:
     return [point(x, ccs.get(x.id, "")) for x in launches]
 
 
-def render_markdown(pts: list[Point], r: Roofs, source: str) -> str:
+def roofline_markdown(pts: list[Point], r: Roofs, source: str) -> str:
     ridge_t, ridge_f = r.ridge(r.tensor_tflops), r.ridge(r.fp32_tflops)
     rows = []
     for p in pts:

@@ -138,7 +138,7 @@ def render_hopper_markdown(records: list[dict], sources: list[str], impl: str) -
     return "\n".join(lines) + "\n"
 
 
-def render_markdown(records: list[dict], sources: list[str], impl: str) -> str:
+def targets_markdown(records: list[dict], sources: list[str], impl: str) -> str:
     def count(key: str) -> str:
         judged = [r for r in records if r[key] is not None]
         return f"{sum(r[key] for r in judged)} of {len(judged)}"

@@ -16,6 +16,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from harness.common.errors import is_oom
+
 # Calls per repeat are capped so that a fast pass cannot make one repeat run
 # for seconds on a CPU smoke run.
 MAX_CALLS_PER_REPEAT = 1000
@@ -118,7 +120,7 @@ def failure_status(exc: BaseException, caught: list) -> str:
     text = f"{type(exc).__name__}: {exc}"
     if "Shared memory size limit" in text:
         return "unsupported: tiles exceed shared memory"
-    if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() or "OutOfMemory" in text:
+    if is_oom(exc):
         return "OOM"
     # PyTorch explains "No available kernel" in warnings; keep the first reason.
     reasons = [str(w.message).splitlines()[0] for w in caught if "kernel" in str(w.message).lower()]
@@ -129,8 +131,6 @@ def failure_status(exc: BaseException, caught: list) -> str:
 
 
 def release_memory() -> None:
-    if "torch" in sys.modules:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    torch = sys.modules.get("torch")  # only a framework already in use holds cached memory
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -252,7 +252,7 @@ def _f(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def render_markdown(rows: list[dict], env: dict | None = None) -> str:
+def tune_markdown(rows: list[dict], env: dict | None = None) -> str:
     lines = ["# Block-size search", ""]
     if env:
         lines += [f"- {k}: `{env[k]}`" for k in ("device", "jax", "git_commit", "command") if k in env] + [""]

@@ -15,9 +15,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from harness import backends, started
+from harness.common.errors import UsageError
 from harness.config import ATTENTION_CHOICES, PRESETS
 
-BACKENDS = ("torch", "torch-compile", "torch-compile-cg", "jax")
 DTYPES = ("fp32", "tf32", "bf16")
 MODES = ("forward", "forward-backward", "train")
 DEVICES = ("cuda", "cpu")
@@ -28,13 +29,19 @@ PARALLEL = ("ddp", "fsdp", "zero1")
 GRAD_COMM = ("fp32", "bf16")
 
 
-class UsageError(argparse.ArgumentTypeError):
-    """Bad input: the message names the bad value and the valid choices. Raised from an
-    argparse `type=` callable, argparse names the option in front of the message."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's default appended to its help as the user would type it ("fp32,bf16",
+    not a Python list); none for a required option, a switch, or a default of None (whose
+    meaning, where it has one, the help text gives). The description's layout kept."""
 
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults appended to every option's help; the description's layout kept."""
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (action.required or default is None or default is argparse.SUPPRESS or isinstance(default, bool)
+                or not action.option_strings):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
 
 class Parser(argparse.ArgumentParser):
@@ -67,13 +74,17 @@ def choice(kind: str, valid: Sequence[str]) -> Callable[[str], str]:
 
 
 def comma_list(parse: Callable[[str], object]) -> Callable[[str], list]:
-    """An argparse type for "a,b,c", each item checked by `parse`, duplicates dropped."""
+    """An argparse type for "a,b,c", each item checked by `parse`; an item given twice is
+    refused (a sweep or comparison would run it twice, or the second would silently go)."""
 
     def parse_list(value: str) -> list:
         items = [parse(v.strip()) for v in value.split(",") if v.strip()]
         if not items:
             raise UsageError(f"expected a comma-separated list, got {value!r}")
-        return list(dict.fromkeys(items))
+        repeated = [v for i, v in enumerate(items) if v in items[:i]]
+        if repeated:
+            raise UsageError(f"{repeated[0]} is listed twice in {value!r}; list each value once")
+        return items
 
     parse_list.__name__ = getattr(parse, "__name__", "list")
     parse_list.valid = getattr(parse, "valid", None)  # type: ignore[attr-defined]
@@ -118,23 +129,49 @@ def positive_float(value: str) -> float:
     return number
 
 
+# The largest device memory a --device-memory-gb may name: beyond any accelerator made (the
+# largest hold a few hundred GiB), so a larger figure is a unit slip (bytes, MiB), not a device.
+MAX_DEVICE_GIB = 10_000
+
+
+def device_gib(value: str) -> float:
+    """An argparse type for --device-memory-gb: GiB above 0 and at most MAX_DEVICE_GIB."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not 0 < number <= MAX_DEVICE_GIB:
+        raise UsageError(f"expected GiB of one device, above 0 and at most {MAX_DEVICE_GIB} (e.g. 80), got {value!r}")
+    return number
+
+
+def add_device_memory(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--device-memory-gb", type=device_gib, default=None, metavar="GIB", help=help)
+
+
 def _one_or_many(parse: Callable[[str], object], many: bool) -> Callable[[str], object]:
     return comma_list(parse) if many else parse
 
 
 # -- options shared by several tools -----------------------------------------------------
-def add_model(parser: argparse.ArgumentParser, *, many: bool = False, default: str | None = "tiny") -> None:
+def add_model(parser: argparse.ArgumentParser, *, many: bool = False, default: str | None = "tiny",
+              without: str = "") -> None:
+    """--model; `without`: what a default of None means, for the help."""
     what = "comma-separated presets" if many else "preset"
     parser.add_argument("--model", type=_one_or_many(choice("model", list(PRESETS)), many),
                         default=[default] if many and default else default,
-                        help=f"{what} of harness/config.py: {', '.join(PRESETS)}")
+                        help=f"{what} of harness/config.py: {', '.join(PRESETS)}"
+                        + (f" ({without})" if without else ""))
 
 
 def add_ctx(parser: argparse.ArgumentParser, *, many: bool = False, default: int | None = None,
-            required: bool = True) -> None:
+            required: bool = True, without: str = "") -> None:
+    """--ctx; `required=False` for a tool that requires it itself outside a mode such as
+    --render, and `without` what its absence means, for the help."""
     parser.add_argument("--ctx", type=_one_or_many(positive_int, many), default=default,
                         required=required and default is None and not many,
-                        help="context lengths, comma-separated" if many else "context length (tokens per sequence)")
+                        help=("context lengths, comma-separated" if many else "context length (tokens per sequence)")
+                        + (f" ({without})" if without else ""))
 
 
 def add_batch(parser: argparse.ArgumentParser, default: int = 4, *, many: bool = False) -> None:
@@ -155,13 +192,22 @@ def add_attention(parser: argparse.ArgumentParser) -> None:
                              "or our Pallas kernel (JAX; torch runs its fused SDPA opposite it)")
 
 
+def backend_names() -> tuple[str, ...]:
+    """The --backend choices: every registered backend (`harness.backends`)."""
+    return backends.names()
+
+
 def add_backend(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
+    """--backend, one or comma-separated, from the registered backends (`harness.backends`)."""
+    names = backends.names()
     if many:
-        parser.add_argument("--backend", type=comma_list(choice("backend", BACKENDS)), default=list(BACKENDS),
-                            help=f"comma-separated: {', '.join(BACKENDS)}")
+        parser.add_argument("--backend", type=comma_list(choice("backend", names)), default=None,
+                            help=f"comma-separated: {', '.join(names)} (None: {','.join(backends.defaults())}, "
+                                 "less those that cannot run here or cannot honour the other options, each "
+                                 "named on stderr)")
     else:
-        parser.add_argument("--backend", type=choice("backend", BACKENDS), required=True,
-                            help=f"{', '.join(BACKENDS)}")
+        parser.add_argument("--backend", type=choice("backend", names), required=True,
+                            help=f"{', '.join(names)}")
 
 
 def add_optimizer(parser: argparse.ArgumentParser) -> None:
@@ -198,7 +244,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, ctx_default: int | None =
     """The model-and-batch options of run, compare and parity; `ctx_required=False` for a
     tool that checks --ctx itself (compare, which does without it under --render)."""
     add_model(parser)
-    add_ctx(parser, default=ctx_default, required=ctx_required)
+    add_ctx(parser, default=ctx_default, required=ctx_required,
+            without="" if ctx_required or ctx_default else "required unless --render")
     add_batch(parser, batch_default)
     add_dtype(parser)
     add_attention(parser)
@@ -228,23 +275,6 @@ def add_data_parallel(parser: argparse.ArgumentParser, *, many: bool = False) ->
                         default="true",
                         help="true, false: torch FSDP2 frees the gathered parameters after the forward (true) or "
                              "keeps them for the backward (false: one all-gather fewer per step, more memory)")
-
-
-def data_parallel_argv(args: argparse.Namespace, backend: str) -> list[str]:
-    """The `add_data_parallel` options of `args` as `backend`'s harness.run arguments (for
-    the runs a compare starts), the defaults left out; JAX gets no torch DDP/FSDP2 option."""
-    out = ["--data-parallel", str(args.data_parallel), "--parallel", args.parallel]
-    if backend == "jax":
-        return out
-    if getattr(args, "ddp_bucket_mb", None):
-        out += ["--ddp-bucket-mb", f"{args.ddp_bucket_mb:g}"]
-    if getattr(args, "ddp_static_graph", False):
-        out.append("--ddp-static-graph")
-    if getattr(args, "grad_comm", "fp32") != "fp32":
-        out += ["--grad-comm", args.grad_comm]
-    if getattr(args, "fsdp_reshard_after_forward", "true") != "true":
-        out += ["--fsdp-reshard-after-forward", args.fsdp_reshard_after_forward]
-    return out
 
 
 def add_nsys_bin(parser: argparse.ArgumentParser) -> None:
@@ -289,11 +319,34 @@ def add_out(parser: argparse.ArgumentParser, help: str, default: str | None = No
     parser.add_argument("--out", default=default, metavar=metavar, help=help)
 
 
+def add_overwrite(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace an existing {what} (without it, the tool refuses to start)")
+
+
 # -- parsing and failing -----------------------------------------------------------------
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """parse_args of a `make_parser` parser: a bad value ends the program with one line
-    that names the option (exit code 2)."""
+    that names the option (exit code 2). From here on Ctrl-C raises KeyboardInterrupt
+    (`harness.started`)."""
+    started()
     return parser.parse_args(argv)
+
+
+def given_options(parser: argparse.ArgumentParser, args: argparse.Namespace, keep: Sequence[str] = ()) -> list[str]:
+    """The options of `args` set away from their defaults, less the destinations in `keep`:
+    for a mode such as --render that runs nothing, so that an option that cannot apply is
+    refused instead of silently ignored."""
+    return [action.option_strings[0] for action in parser._actions
+            if action.option_strings and action.dest not in keep and action.default is not argparse.SUPPRESS
+            and getattr(args, action.dest, action.default) != action.default]
+
+
+def refuse_with(mode: str, given: Sequence[str]) -> None:
+    """UsageError for options `given` beside `mode`, which uses none of them."""
+    if given:
+        raise UsageError(f"{mode} runs nothing, so {', '.join(given)} cannot apply; drop "
+                         f"{'it' if len(given) == 1 else 'them'}")
 
 
 def gpu_available() -> bool:

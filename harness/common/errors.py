@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
+
+
+class UsageError(argparse.ArgumentTypeError):
+    """Bad input: the message names the bad value and the valid choices. Raised from an
+    argparse `type=` callable, argparse names the option in front of the message."""
+
+
+
+# What an out-of-memory error says in either framework (torch.OutOfMemoryError, XLA's
+# RESOURCE_EXHAUSTED), matched without importing either.
+_OOM_MARKS = ("OutOfMemory", "RESOURCE_EXHAUSTED", "out of memory")
+
 
 def is_oom(exc: BaseException) -> bool:
-    """An out-of-memory error from either framework (checked by name: no framework import)."""
-    name = type(exc).__name__
-    text = str(exc)
-    return name == "OutOfMemoryError" or any(s in text for s in ("RESOURCE_EXHAUSTED", "Out of memory",
-                                                                 "out of memory"))
+    """An out-of-memory error from either framework (checked by name and text: no framework import)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return any(mark.lower() in text.lower() for mark in _OOM_MARKS)
 
 
 def size_label(args) -> str:

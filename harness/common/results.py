@@ -28,27 +28,57 @@ def _first_existing(path: Path) -> Path:
     return path
 
 
-def dir_problem(path: str | os.PathLike, option: str = "--out") -> str | None:
-    """Why folder `path` cannot be created or written (a one-line message naming `option`
-    and the fix), or None when it can. Checked before a long job, which would otherwise
-    lose its results at the end."""
+def dir_problem(path: str | os.PathLike, option: str = "--out", named: str | os.PathLike | None = None) -> str | None:
+    """Why folder `path` cannot be created or written (a one-line message naming `option`,
+    the path as given, or `named` when that is what the user gave, and the fix), or None when
+    it can. Checked before a long job, which would otherwise lose its results at the end."""
+    shown = named or path
     path = Path(os.path.abspath(path))
     if path.exists() and not path.is_dir():
-        return f"{option} {path}: is a file; name a folder"
+        return f"{option} {shown}: is a file; name a folder"
     existing = _first_existing(path)
     if not existing.is_dir():
-        return f"{option} {path}: {existing} is a file, so no folder can be made below it; name another folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{option} {path}: {existing} is not writable; name a folder you can write to"
+        return f"{option} {shown}: {existing} is a file, so no folder can be made below it; name another folder"
+    try:  # a real write: permission bits alone say nothing for root, /proc or a read-only mount
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=existing)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        return f"{option} {shown}: cannot write in {existing} ({exc.strerror or exc}); name a folder you can write to"
     return None
 
 
 def file_problem(path: str | os.PathLike, option: str = "--out") -> str | None:
     """Why file `path` cannot be written (one line naming `option` and the fix), or None."""
-    path = Path(os.path.abspath(path))
-    if path.is_dir():
-        return f"{option} {path}: is a folder; name a file in it, e.g. {path / 'result.json'}"
-    return dir_problem(path.parent, option)
+    full = Path(os.path.abspath(path))
+    if full.is_dir():
+        return f"{option} {path}: is a folder; name a file in it, e.g. {full / 'result.json'}"
+    return dir_problem(full.parent, option, named=path)
+
+
+def new_file_problem(path: str | os.PathLike, option: str = "--out", overwrite: bool = False) -> str | None:
+    """`file_problem`, and an existing file refused unless `overwrite` (the flag that allows
+    it is `--overwrite`): a finished result is never replaced by accident."""
+    if problem := file_problem(path, option):
+        return problem
+    if not overwrite and os.path.exists(path):
+        return f"{option} {path}: already exists; pass --overwrite to replace it, or name another file"
+    return None
+
+
+def save_json(path: str | os.PathLike, doc: object, option: str = "--out") -> str | None:
+    """`write_json` to `path`; should that fail after the work is done (the folder was
+    removed or filled up since it was checked), the document is written to a new file in
+    the temporary folder instead, so a finished result is never lost. Returns None, or the
+    one line that says where the result went."""
+    try:
+        write_json(path, doc)
+        return None
+    except OSError as exc:
+        fd, kept = tempfile.mkstemp(prefix=f"{Path(path).stem}-", suffix=".json")
+        os.close(fd)
+        write_json(kept, doc)
+        return f"{option} {path}: could not write it ({exc.strerror or exc}); the result is kept in {kept}"
 
 
 def make_dir_tmp(prefix: str, parent: str | os.PathLike) -> str:

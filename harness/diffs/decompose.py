@@ -37,14 +37,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from harness import backends
 from harness.diffs.inputs import PhaseProfile, Run
 from harness.diffs.layers import LayerPhase, diff_layers
 from harness.diffs.throughput import Throughput, throughput
 from harness.diffs.throughput import doc_field as _get
+from harness.timing.spec import PHASE_ORDER
 from harness.trace.kernels import Category
 
 SCHEMA = "harness.diff/1"
-PHASE_ORDER = ("forward", "backward", "optimizer", "step", "fused_step")
 COMMUNICATION = "communication"  # the group of NCCL's kernels and XLA's collectives
 # Report groups of harness.trace.kernels.Category, in the order tables list them.
 GROUPS: tuple[tuple[str, tuple[Category, ...]], ...] = (
@@ -275,7 +276,8 @@ def per_device_note(a: Run, b: Run) -> str | None:
         n = devices(run)
         if n == 1:
             return f"{run.label}: its one device"
-        if _get(run.doc, ("options", "backend")) == "jax":
+        backend = _get(run.doc, ("options", "backend"))
+        if backend in backends.names() and backends.get(backend).one_process:
             return f"{run.label}: the mean of its {n} device timelines (one process drives them all)"
         return f"{run.label}: rank 0's own profile (one of {n} ranks)"
 

@@ -160,7 +160,7 @@ def _phase_lines(p: PhaseDiff) -> list[str]:
     return [*lines, ""]
 
 
-def render_markdown(d: Diff) -> str:
+def diff_markdown(d: Diff) -> str:
     lines = [f"# {d.b_label} against {d.a_label}", "", *sentences(d), ""]
     lines += [f"- {label}: {a}" + ("" if a == b else f" / {b}") for label, (a, b) in d.fields.items()]
     lines += ["", *(f"- note: {n}" for n in d.notes), ""] if d.notes else [""]
@@ -223,7 +223,7 @@ def render(d: Diff, out: str | Path) -> dict[str, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / "diff.md", "json": out / "diff.json"}
-    paths["md"].write_text(render_markdown(d))
+    paths["md"].write_text(diff_markdown(d))
     paths["json"].write_text(json.dumps(to_json(d), indent=1))
     if plot_waterfall(d, out / "diff.png"):
         paths["png"] = out / "diff.png"

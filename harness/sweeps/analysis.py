@@ -6,16 +6,19 @@ import dataclasses
 import os
 import re
 
-from harness.common.cli import BACKENDS, DTYPES
+from harness import backends
+from harness.common.cli import DTYPES
 from harness.common.hardware import memory_mib
 from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict
 from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
-from harness.timing.runner import PHASE_ORDER
 from harness.timing.scaling import scaling_rows
+from harness.timing.spec import PHASE_ORDER
 from harness.timing.upgrade import per_device_run
 
 DEFAULT_DEVICE_GB = 80
+# The ratio table: the first backend's medians over the second's (its fused step over the other's step).
+RATIO_BACKENDS = ("jax", "torch")
 MIB = 2**20
 
 
@@ -25,7 +28,7 @@ def _index(values: tuple | list, value: object) -> int:
 
 def _order(cell: dict) -> tuple:
     return (_index(list(PRESETS), cell["model"]), cell["ctx"], cell.get("batch") or 0, cell["data_parallel"],
-            _index(DTYPES, cell["dtype"]), _index(BACKENDS, cell["backend"]), cell["warmup"] or 0)
+            _index(DTYPES, cell["dtype"]), _index(backends.names(), cell["backend"]), cell["warmup"] or 0)
 
 
 def sweep_cells(sweep: dict, records: list[dict]) -> list[dict]:
@@ -75,11 +78,12 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
     index = {(r["model"], r["ctx"], r["batch"], r["data_parallel"], r["dtype"], r["backend"]): r for r in rows}
     out = []
     for (model, ctx, batch, n, dtype, backend), t in index.items():
-        j = index.get((model, ctx, batch, n, dtype, "jax"))
-        if backend != "torch" or j is None:
+        over, under = RATIO_BACKENDS
+        j = index.get((model, ctx, batch, n, dtype, over))
+        if backend != under or j is None:
             continue
         row = {"model": model, "ctx": ctx, "batch": batch, "data_parallel": n, "dtype": dtype,
-               "status": _pair_status({"torch": t, "jax": j})}
+               "status": _pair_status({under: t, over: j})}
         for name in PHASE_ORDER:
             tp = t["step" if name == "fused_step" else name]
             jp = j[name]
@@ -141,7 +145,7 @@ def bound_notes(rows: list[dict]) -> list[dict]:
 def device_memory_bytes(cells: list[dict], gb: float | None = None) -> tuple[int, str]:
     """Device memory for the fit prediction and where it came from: `gb` (GiB) when given,
     else the total memory a run recorded (nvidia-smi's memory.total), else the datasheet
-    memory of the device name (`harness.common.hardware.MEMORY_MIB`), else "<N>GB" in
+    memory of the device name (`harness.common.hardware.GPUS`), else "<N>GB" in
     the name, else 80 GiB."""
     if gb is not None:
         return int(gb * 2**30), f"{gb:g} GiB (--device-memory-gb)"
@@ -222,7 +226,7 @@ def best_rows(rows: list[dict]) -> list[dict]:
                     "key": r["key"]}
             if key not in best or rank(cand) > rank(best[key]):
                 best[key] = cand
-    return sorted(best.values(), key=lambda b: (_index(BACKENDS, b["backend"]), _index(DTYPES, b["dtype"])))
+    return sorted(best.values(), key=lambda b: (_index(backends.names(), b["backend"]), _index(DTYPES, b["dtype"])))
 
 
 def warmup_rows(cells: list[dict]) -> list[dict]:

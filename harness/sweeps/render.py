@@ -15,12 +15,13 @@ import csv
 import os
 from collections.abc import Callable
 
+from harness import backends
 from harness.common.html import svg_of, write_html
 from harness.common.tables import markdown_table
 from harness.sweeps.analysis import STATUS_TEXT, regime
 from harness.sweeps.plots import GIB, groups, plot_memory, plot_phase_bars, plot_time_vs_ctx
-from harness.timing.runner import PHASE_ORDER
 from harness.timing.scaling import format_scaling
+from harness.timing.spec import PHASE_ORDER
 
 
 def status_text(status: str) -> str:
@@ -103,9 +104,9 @@ def section_bound(data: dict) -> list[str]:
         batch = f" batch {n['batch']}" if len(data["batches"]) > 1 else ""
         batch += f" N {n['data_parallel']}" if len(data["data_parallel"]) > 1 else ""
         first, last = n["ratios"][0][0], n["ratios"][-1][0]
-        regime = (f"{n['first']} throughout" if n["first"] == n["last"]
-                  else f"{n['first']} at ctx {first} -> {n['last']} at ctx {last}")
-        out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; {where} ({regime})")
+        span = (f"{n['first']} throughout" if n["first"] == n["last"]
+                else f"{n['first']} at ctx {first} -> {n['last']} at ctx {last}")
+        out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; {where} ({span})")
     return out + [""]
 
 
@@ -145,7 +146,7 @@ def section_scaling(data: dict) -> list[str]:
 def modelled(backend: str) -> bool:
     """Whether `harness.memory_model` predicts this backend's memory: it models what eager
     torch's autograd saves, so JAX (XLA's buffer assignment) has no prediction."""
-    return backend.startswith("torch")
+    return backends.get(backend).memory_model
 
 
 def fit_column(data: dict) -> bool:
@@ -213,7 +214,7 @@ def section_warmup(data: dict) -> list[str]:
         return _value(r, p, lambda v: f"{v['mean_ms']:.2f} ± {v['std_ms']:.2f} (first {v['first_ms']:.2f})")
 
     rows = [[r["model"], str(r["ctx"]), r["backend"], r["dtype"], str(r["warmup"]), stat(r, "step"),
-             stat(r, "fused_step") if r["backend"] == "jax" else "-"] for r in data["warmup"]]
+             stat(r, "fused_step") if backends.get(r["backend"]).fused_step else "-"] for r in data["warmup"]]
     return out + _table(["model", "ctx", "backend", "dtype", "warm-up steps", "step mean ± std ms",
                          "fused_step mean ± std ms"], rows)
 
@@ -258,7 +259,7 @@ def section_environment(data: dict) -> list[str]:
     return ["## Environment", "", *lines, ""] if lines else []
 
 
-def render_markdown(data: dict, plots: list[str]) -> str:
+def sweep_markdown(data: dict, plots: list[str]) -> str:
     o = data["sweep"]["options"]
     counts: dict[str, int] = {}
     for c in data["cells"]:
@@ -313,7 +314,7 @@ def write_report(data: dict, out_dir: str) -> list[str]:
             writer.writeheader()
             writer.writerows(rows)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(render_markdown(data, plots))
+        f.write(sweep_markdown(data, plots))
     write_html(out_dir, "report.md", {name: svg_of(lambda path, plot=plot: plot(one, path)) for name, plot in drawn
                                       if name in plots})
     return ["report.md", "report.html", "cells.csv", *plots]

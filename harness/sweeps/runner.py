@@ -6,7 +6,6 @@ recorded with its reason (`harness.sweeps.records`) and the sweep goes on.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -17,25 +16,30 @@ import sys
 import time
 from collections.abc import Callable
 
-from harness.common.cli import data_parallel_argv
-from harness.config import backend_attention, get_config
+from harness import backends
+from harness.config import get_config
 from harness.sweeps.records import FIXED_DEFAULTS, Cell, append_record, cell_record, load_records
+from harness.timing.spec import RunSpec, run_argv
 
 
 # -- running one cell ------------------------------------------------------------------
+def cell_spec(cell: Cell, opts: dict, fail_in: str | None = None) -> RunSpec:
+    """The run of one cell: the sweep's options `opts` at the cell's point of the grid (a
+    sweep written before an option existed runs with its default)."""
+    fixed = {**FIXED_DEFAULTS, **opts}
+    spec = RunSpec(backend=cell.backend, model=cell.model, ctx=cell.ctx, batch=cell.batch or opts["batch"],
+                   dtype=cell.dtype, attention=opts["attention"], device=opts["device"], mode=opts["mode"],
+                   warmup=opts["warmup"] if cell.warmup is None else cell.warmup, steps=opts["steps"],
+                   optimizer=opts["optimizer"], data_parallel=cell.data_parallel or 1,
+                   parallel=fixed["parallel"], ddp_bucket_mb=fixed["ddp_bucket_mb"],
+                   ddp_static_graph=fixed["ddp_static_graph"], grad_comm=fixed["grad_comm"],
+                   fsdp_reshard_after_forward=fixed["fsdp_reshard_after_forward"] in (True, "true"))
+    return spec.on(cell.backend, fail_in)
+
+
 def cell_command(cell: Cell, opts: dict, out_json: str, fail_in: str | None = None) -> list[str]:
     """The `harness.run` argv of one cell."""
-    attention = backend_attention(cell.backend, opts["attention"])
-    warmup = opts["warmup"] if cell.warmup is None else cell.warmup
-    batch = cell.batch or opts["batch"]
-    cmd = [sys.executable, "-m", "harness.run", "--backend", cell.backend, "--model", cell.model,
-           "--ctx", str(cell.ctx), "--batch", str(batch), "--dtype", cell.dtype, "--attention", attention,
-           "--device", opts["device"], "--mode", opts["mode"], "--warmup", str(warmup), "--steps", str(opts["steps"]),
-           "--optimizer", opts["optimizer"], "--out", out_json]
-    if cell.data_parallel:
-        fixed = {**FIXED_DEFAULTS, **opts, "data_parallel": cell.data_parallel}
-        cmd += data_parallel_argv(argparse.Namespace(**fixed), cell.backend)
-    return cmd + (["--fail-in", fail_in] if fail_in else [])
+    return run_argv(cell_spec(cell, opts, fail_in), out_json)
 
 
 def _tail(path: str, lines: int = 3) -> str:
@@ -123,7 +127,7 @@ def start_cell(cell: Cell, opts: dict, out_dir: str, *, timeout: float | None = 
     if report:
         from harness.trace.sources.nsys import profile_command
 
-        cmd = profile_command(cell.backend, report, cmd, nsys_bin)
+        cmd = profile_command(report, cmd, nsys_bin, backends.get(cell.backend).nsys_flags)
     if os.path.exists(os.path.join(out_dir, out_json)):
         os.remove(os.path.join(out_dir, out_json))  # left by an interrupted attempt
     env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
@@ -188,7 +192,7 @@ def longest_first(cells: list[Cell], base_batch: int = 1) -> list[Cell]:
 
     def cost(cell: Cell) -> float:
         flops = forward_flops(get_config(cell.model), cell.batch or base_batch, cell.ctx)
-        return flops * (3 if cell.backend == "jax" else 1)
+        return flops * backends.get(cell.backend).compile_weight
 
     return sorted(cells, key=cost, reverse=True)
 

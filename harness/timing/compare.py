@@ -16,7 +16,7 @@ Ctrl-C keeps what finished: the finished backends' documents and a partial summa
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -25,11 +25,11 @@ import sys
 import tempfile
 import time
 
-from harness.common.cli import data_parallel_argv
+from harness.backends import get as backend_record
 from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
-from harness.config import backend_attention
+from harness.timing.compare_profiles import backend_timeline, communication_overlap, keep_profiles, kernel_breakdown
 from harness.timing.distributed import rank_path
-from harness.timing.runner import PHASE_ORDER
+from harness.timing.spec import PHASE_ORDER, Comparison, run_argv
 
 SCHEMA = "harness.compare/1"
 
@@ -58,12 +58,6 @@ def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
         raise
 
 
-def _common_args(args: argparse.Namespace, backend: str, batch: int) -> list[str]:
-    return ["--model", args.model, "--ctx", str(args.ctx), "--batch", str(batch), "--dtype", args.dtype,
-            "--attention", backend_attention(backend,
-                                             args.attention), "--device", args.device, "--seed", str(args.seed)]
-
-
 def compile_cache_env(directory: str) -> dict[str, str]:
     """The variables that point both compilers' persistent caches into `directory`.
 
@@ -78,145 +72,94 @@ def compile_cache_env(directory: str) -> dict[str, str]:
             "TRITON_CACHE_DIR": os.path.join(directory, "triton"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
 
 
-def subprocess_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
+def subprocess_env(compile_cache: str, **extra: str) -> dict[str, str]:
     """The environment of the run and parity subprocesses: the shared compile caches
     (`compile_cache_env`), so the parity process reuses the timed runs' compilations
     instead of repeating them."""
-    return dict(os.environ, **compile_cache_env(args.compile_cache), **extra)
+    return dict(os.environ, **compile_cache_env(compile_cache), **extra)
 
 
-def run_backend(backend: str, args: argparse.Namespace, workdir: str) -> tuple[dict, str | None]:
+def run_backend(backend: str, comparison: Comparison, workdir: str) -> tuple[dict, str | None]:
     """harness.run for one backend in a subprocess, under nsys or a framework profiler if
     asked; returns its result document and the profile it left (or None)."""
     out = os.path.join(workdir, f"{backend}.json")
-    program = [sys.executable, "-m", "harness.run", "--backend", backend, *_common_args(args, backend, args.batch),
-               "--warmup", str(args.warmup), "--steps", str(args.steps), "--mode", args.mode, "--out", out,
-               "--optimizer", args.optimizer]
-    if args.annotate_attention:
-        program.append("--annotate-attention")
-    if getattr(args, "layer_ranges", False) and backend not in ("torch-compile", "torch-compile-cg"):
-        program.append("--layer-ranges")
-    if getattr(args, "data_parallel", 1) > 1:
-        program += data_parallel_argv(args, backend)
-    if args.fail_in and args.fail_in.split(":")[0] == backend:
-        program += ["--fail-in", args.fail_in.split(":")[1]]
+    spec, record, c = comparison.run_spec(backend), backend_record(backend), comparison
     profile = None
-    ranks = getattr(args, "data_parallel", 1) > 1 and backend != "jax"  # torch ranks: one profile each
-    if args.profiler == "nsys" and ranks:
+    ranks = spec.data_parallel > 1 and not record.one_process  # a process per device: a profile each
+    if c.profiler == "framework":
+        spec = dataclasses.replace(spec, framework_profile=os.path.join(workdir,
+                                                                        record.profile_file.format(name=backend)))
+        profile = rank_path(spec.framework_profile, 0) if ranks else spec.framework_profile
+    program = run_argv(spec, out)
+    if c.profiler == "nsys" and ranks:
         stem = os.path.join(workdir, backend)
-        program += ["--nsys-ranks", stem, *(["--nsys-bin", args.nsys_bin] if args.nsys_bin else [])]
+        program += ["--nsys-ranks", stem, *(["--nsys-bin", c.nsys_bin] if c.nsys_bin else [])]
         profile = rank_path(stem, 0) + ".nsys-rep"
-    elif args.profiler == "nsys":
+    elif c.profiler == "nsys":
         from harness.trace.sources.nsys import profile_command
 
         stem = os.path.join(workdir, f"{backend}")
-        program, profile = profile_command(backend, stem, program, args.nsys_bin), stem + ".nsys-rep"
-    elif args.profiler == "framework":
-        profile = os.path.join(workdir, "jax-trace" if backend == "jax" else f"{backend}-trace.json")
-        program += ["--profile", profile]
-        profile = rank_path(profile, 0) if ranks else profile
+        program, profile = profile_command(stem, program, c.nsys_bin, record.nsys_flags), stem + ".nsys-rep"
     start = time.perf_counter()
-    code, tail = _stream(program, subprocess_env(args))
+    code, tail = _stream(program, subprocess_env(c.compile_cache))
     print(f"[{backend}] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if os.path.exists(out):
         with open(out) as f:
             return json.load(f), profile if profile and os.path.exists(profile) else None
-    message = f"harness.run exited with code {code} and no result; last output:\n{tail}"
+    if code == 0 and c.profiler == "nsys" and not ranks:  # harness.run exits 0 only after writing `out`
+        message = (f"--nsys-bin {program[0]} exited with code 0 without running harness.run, so it did not "
+                   "profile; name the Nsight Systems binary (nsys) or drop --nsys-bin")
+    else:
+        message = f"harness.run exited with code {code} and no result; last output:\n{tail.strip() or '(none)'}"
     return {"status": "error", "error": {"phase": "process", "message": message}}, None
 
 
-def keep_profiles(profiles: dict[str, str], dest: str) -> None:
-    """Copy each profile, and the SQLite export beside an .nsys-rep, into `dest`."""
-    os.makedirs(dest, exist_ok=True)
-    for path in profiles.values():
-        sqlite = os.path.splitext(path)[0] + ".sqlite"
-        for src in (path, sqlite) if path.endswith(".nsys-rep") and os.path.exists(sqlite) else (path,):
-            copy = shutil.copytree if os.path.isdir(src) else shutil.copy2
-            copy(src, os.path.join(dest, os.path.basename(src)))
-
-
-def kernel_breakdown(profiles: dict[str, str], workdir: str, args: argparse.Namespace) -> tuple[list, list]:
-    """Kernel breakdowns and the answers (a)-(e), one per profiled backend."""
-    from harness.trace.analyses.breakdown import breakdown_files
-
-    return breakdown_files(list(profiles.values()), list(profiles),
-                           [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=args.nsys_bin)
-
-
-def communication_overlap(profiles: dict[str, str], args: argparse.Namespace,
-                          runs: dict[str, dict] | None = None) -> dict[str, dict]:
-    """Per backend, communication hidden under compute and exposed, per rank (torch: every
-    rank's profile beside rank 0's) or per device (JAX's one profile), and split into
-    transfer and waiting, with bandwidth from the gradients' size of the run in `runs`."""
-    from harness.trace.analyses.collectives import gradient_bytes
-    from harness.trace.analyses.overlap import rank_profiles
-
-    return {backend: rank_profiles(_rank_files(first, args), args.nsys_bin, gradient_bytes((runs or {}).get(backend)))
-            for backend, first in profiles.items()}
-
-
-def _rank_files(first: str, args: argparse.Namespace) -> list[str]:
-    """A backend's profiles: every rank's beside rank 0's (torch, data parallel), else the one."""
-    paths = [first.replace(".rank0.", f".rank{r}.") for r in range(args.data_parallel)] \
-        if ".rank0." in first else [first]
-    return [p for p in paths if os.path.exists(p)]
-
-
-def backend_timeline(profiles: dict[str, str], bds: list, args: argparse.Namespace) -> dict:
-    """The profiled backends on one trace (`harness.trace.timeline`): one process per backend,
-    and per rank where a backend was profiled rank by rank."""
-    from harness.trace.timeline import build_timeline, runs_from_files
-
-    paths, per_path, labels = [], [], []
-    for (backend, first), bd in zip(profiles.items(), bds):
-        ranks = _rank_files(first, args)
-        for r, path in enumerate(ranks):
-            paths.append(path)
-            per_path.append(bd)  # every rank runs the same program: rank 0's attribution rule holds
-            labels.append(f"{backend} rank {r}" if len(ranks) > 1 else backend)
-    return build_timeline(runs_from_files(paths, per_path, args.nsys_bin, labels=labels), args.timeline_steps)
-
-
-def run_parity(args: argparse.Namespace, workdir: str, backends: list[str]) -> dict:
+def run_parity(comparison: Comparison, workdir: str, backends: list[str]) -> dict:
     """harness.parity of `backends` against eager torch in a subprocess, halving the batch
     until two models fit at once."""
-    batch = args.batch
-    env = subprocess_env(args, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    r = comparison.run
+    batch = r.batch
+    env = subprocess_env(comparison.compile_cache, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     while True:
         out = os.path.join(workdir, f"parity-b{batch}.json")
-        cmd = [sys.executable, "-m", "harness.parity", *_common_args(args, "jax", batch), "--out", out,
-               "--backend", ",".join(backends)]
+        cmd = [sys.executable, "-m", "harness.parity", "--model", r.model, "--ctx", str(r.ctx), "--batch", str(batch),
+               "--dtype", r.dtype, "--attention", r.attention, "--device", r.device, "--seed", str(r.seed),
+               "--out", out, "--backend", ",".join(backends)]
         start = time.perf_counter()
         code, tail = _stream(cmd, env)
         print(f"[parity] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        doc = None
         if os.path.exists(out):
             with open(out) as f:
                 doc = json.load(f)
-            doc["reduced_batch"] = batch != args.batch
-            return doc
-        if "out of memory" in tail and batch > 1:
+        if doc is not None and doc.get("status") == "oom" and batch > 1:
             print(f"[parity] out of memory at batch {batch}; retrying at batch {batch // 2}", file=sys.stderr)
             batch //= 2
             continue
+        if doc is not None and "status" not in doc:
+            doc["reduced_batch"] = batch != r.batch
+            return doc
+        if doc is not None:
+            return {"ok": None, "error": doc["error"], "batch": batch}
         return {"ok": None, "error": tail.strip().splitlines()[-1] if tail.strip() else f"exit code {code}",
                 "batch": batch}
 
 
-def parity_or_skip(args: argparse.Namespace, runs: dict[str, dict], workdir: str, backends: list[str]) -> dict:
+def parity_or_skip(comparison: Comparison, runs: dict[str, dict], workdir: str, backends: list[str]) -> dict:
     """The parity check, or its skip when every backend ran out of memory: parity holds
     both models at once, so at the same size it would run out of memory too."""
     if all(r.get("status") == "oom" for r in runs.values()):
-        reason = f"skipped: every backend ran out of memory at batch {args.batch}, so parity (both models " \
-                 "at once) would too"
+        batch = comparison.run.batch
+        reason = f"skipped: every backend ran out of memory at batch {batch}, so parity (both models at once) would too"
         print(f"[parity] {reason}", file=sys.stderr)
-        return {"ok": None, "error": reason, "skipped": True, "batch": args.batch}
-    return run_parity(args, workdir, backends)
+        return {"ok": None, "error": reason, "skipped": True, "batch": batch}
+    return run_parity(comparison, workdir, backends)
 
 
 def phase_table(runs: dict[str, dict]) -> list[dict]:
     """One row per phase: each backend's phase record and its median over the first
-    backend's (`ratios`). In the `fused_step` row the torch backends, which have no fused
-    step, stand with their (only) step."""
+    backend's (`ratios`). In the `fused_step` row a backend without a fused step stands
+    with its (only) step."""
     table = []
     phases = [p for p in PHASE_ORDER
               if any(p in r.get("phases", {}) for r in runs.values())]
@@ -224,7 +167,7 @@ def phase_table(runs: dict[str, dict]) -> list[dict]:
     for name in phases:
         row = {"phase": name}
         for backend, r in runs.items():
-            own = name if name != "fused_step" or backend == "jax" else "step"
+            own = "step" if name == "fused_step" and name not in r.get("phases", {}) else name
             row[backend] = r["phases"].get(own) if r["status"] == "ok" else None
         ref = row.get(reference)
         row["ratios"] = {b: row[b]["median_ms"] / ref["median_ms"] if ref and row[b] else None
@@ -233,18 +176,18 @@ def phase_table(runs: dict[str, dict]) -> list[dict]:
     return table
 
 
-def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: dict | None) -> dict:
+def summarize_compare(comparison: Comparison, runs: dict[str, dict], parity: dict | None) -> dict:
     """The compare document: the runs, the phase table (`phase_table`) and the parity verdict."""
-    table = phase_table(runs)
+    table, r = phase_table(runs), comparison.run
     reference = next(iter(runs), None)
     ok_runs = [r for r in runs.values() if r.get("status") == "ok"]
     device = ok_runs[0]["env"].get("device") if ok_runs else None
     return {
         "schema": SCHEMA,
         "ok": all(r.get("status") == "ok" for r in runs.values()) and bool(parity and parity.get("ok")),
-        "options": {k: getattr(args, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
-                                                  "warmup", "steps", "seed", "optimizer")},
-        "data_parallel": {"n": getattr(args, "data_parallel", 1), "parallel": getattr(args, "parallel", "ddp")},
+        "options": {k: getattr(r, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
+                                               "warmup", "steps", "seed", "optimizer")},
+        "data_parallel": {"n": r.data_parallel, "parallel": r.parallel},
         "reference": reference,
         "device": device,
         "runs": runs,
@@ -254,24 +197,24 @@ def summarize_compare(args: argparse.Namespace, runs: dict[str, dict], parity: d
     }
 
 
-def expected_device(args: argparse.Namespace) -> str | None:
-    """The device name the runs will report, known before they start: "cpu", else the
-    GPU's name from nvidia-smi (None when it cannot tell)."""
-    return "cpu" if args.device == "cpu" else nvidia_smi().get("gpu_name")
+def expected_device(device: str) -> str | None:
+    """The device name the runs on `device` will report, known before they start: "cpu",
+    else the GPU's name from nvidia-smi (None when it cannot tell)."""
+    return "cpu" if device == "cpu" else nvidia_smi().get("gpu_name")
 
 
-def result_dir_name(args: argparse.Namespace, device: str | None) -> str:
+def result_dir_name(comparison: Comparison, device: str | None) -> str:
     """Folder name of a comparison. `device` is the device a successful run
     reported; when every run failed there is none, and the requested device
     names the folder (a failed GPU run is not filed as a CPU one)."""
-    attention = "" if args.attention == "naive" else f"-{args.attention}"
-    profiled = "-profiled" if args.profiler else ""
-    n = getattr(args, "data_parallel", 1)
-    parallel = f"-{args.parallel}{n}" if n > 1 else ""
+    r = comparison.run
+    attention = "" if r.attention == "naive" else f"-{r.attention}"
+    profiled = "-profiled" if comparison.profiler else ""
+    parallel = f"-{r.parallel}{r.data_parallel}" if r.data_parallel > 1 else ""
     if device is None:
-        device = args.device
+        device = r.device
     slug = gpu_slug(device if device != "cpu" else None)
-    return f"{args.model}-ctx{args.ctx}-{args.dtype}{attention}{parallel}-{slug}{profiled}"
+    return f"{r.model}-ctx{r.ctx}-{r.dtype}{attention}{parallel}-{slug}{profiled}"
 
 
 def _free_name(root: str, name: str) -> str:
@@ -287,7 +230,7 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
     half-written folder. An existing folder `name` is replaced with `overwrite`, else kept
     and the new one written beside it (`name-2`, ...)."""
     from harness.common.html import svg_of, write_html
-    from harness.timing.compare_render import plot_phases, render_markdown
+    from harness.timing.compare_render import compare_markdown, plot_phases
 
     ensure_dir(results_root)
     if not overwrite and os.path.exists(os.path.join(results_root, name)):
@@ -300,19 +243,18 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
     try:
         for backend, doc in (runs or {}).items():
             write_json(os.path.join(tmp, f"{backend}.json"), doc)
+        kernels_md = None
         if kernels:
-            from harness.trace.render import render_markdown as render_kernels
-            from harness.trace.render import write_report
+            from harness.trace.render import breakdown_markdown, write_report
 
             write_report(tmp, *kernels, stem="kernels")
-            summary["kernel_breakdown"] = render_kernels(*kernels).replace("# Kernel breakdown",
-                                                                           "## Kernel breakdown", 1)
+            kernels_md = breakdown_markdown(*kernels)
         if plot_phases(summary, os.path.join(tmp, "phases.png")):
             summary["plot"] = "phases.png"
         with open(os.path.join(tmp, "summary.json"), "w") as f:
-            json.dump({k: v for k, v in summary.items() if k != "kernel_breakdown"}, f, indent=1)
+            json.dump(summary, f, indent=1)
         with open(os.path.join(tmp, "report.md"), "w") as f:
-            f.write(render_markdown(summary))
+            f.write(compare_markdown(summary, kernels_md))
         svgs = {"phases.png": svg_of(lambda path: plot_phases(summary, path))}
         if kernels:
             from harness.trace.render import plot as plot_kernels
@@ -338,60 +280,68 @@ def finished_runs(backends: list[str], workdir: str) -> dict[str, dict]:
     return docs
 
 
-def keep_interrupted(args: argparse.Namespace, backends: list[str], finished: dict[str, dict]) -> str:
+def keep_interrupted(comparison: Comparison, backends: list[str], finished: dict[str, dict]) -> str:
     """After Ctrl-C: write the finished backends' documents and a partial summary (the
     others marked "interrupted") to <name>-interrupted/; returns what was kept and where."""
     if not finished:
         return "interrupted before any backend finished; nothing was written"
     stopped = {"status": "interrupted", "error": {"phase": "process", "message": "stopped by Ctrl-C"}}
     runs = {b: finished.get(b, stopped) for b in backends}
-    summary = summarize_compare(args, runs, None)
+    summary = summarize_compare(comparison, runs, None)
     summary["interrupted"] = True
-    name = result_dir_name(args, summary["device"]) + "-interrupted"
-    path = write_results(summary, args.out, name, overwrite=True, runs=finished)
+    name = result_dir_name(comparison, summary["device"]) + "-interrupted"
+    path = write_results(summary, comparison.out, name, overwrite=True, runs=finished)
     left = [b for b in backends if b not in finished]
     return (f"interrupted: {', '.join(finished)} finished, kept in {path} ({', '.join(f'{b}.json' for b in finished)}"
             f" and a partial summary.json); not finished: {', '.join(left) or 'parity'}")
 
 
-def compare(args: argparse.Namespace, backends: list[str]) -> tuple[dict, str]:
+def compare(comparison: Comparison) -> tuple[dict, str]:
     """Run each backend, the parity check (skipped when every backend ran out of memory)
-    and the kernel breakdown (when `args.profiler` is "nsys" or "framework"); write the
-    result folder under `args.out` (replacing one of the same name if `args.overwrite`).
-    Returns the compare document and the folder's path; Ctrl-C raises `Interrupted` once
-    what finished is kept."""
+    and the kernel breakdown (when `comparison.profiler` is "nsys" or "framework"); write
+    the result folder under `comparison.out` (replacing one of the same name if
+    `overwrite`). Returns the compare document and the folder's path; Ctrl-C raises
+    `Interrupted` once what finished is kept."""
+    backends = list(comparison.backends)
     with tempfile.TemporaryDirectory(prefix="compare-") as work:
-        args.compile_cache = os.path.abspath(args.compile_cache or os.path.join(work, "compile-cache"))
+        c = dataclasses.replace(comparison, compile_cache=os.path.abspath(comparison.compile_cache
+                                                                          or os.path.join(work, "compile-cache")))
         results: dict[str, tuple[dict, str | None]] = {}
         try:
             for b in backends:
-                results[b] = run_backend(b, args, work)
+                results[b] = run_backend(b, c, work)
             runs = {b: doc for b, (doc, _) in results.items()}
-            compared = [b for b in backends if b != "torch"]
-            parity = None if args.no_parity or len(backends) < 2 else parity_or_skip(args, runs, work, compared)
+            compared = [b for b in backends if not backend_record(b).reference]
+            parity = None if c.no_parity or len(backends) < 2 else parity_or_skip(c, runs, work, compared)
         except KeyboardInterrupt:
-            raise Interrupted(keep_interrupted(args, backends, finished_runs(backends, work))) from None
+            raise Interrupted(keep_interrupted(c, backends, finished_runs(backends, work))) from None
         profiles = {b: prof for b, (doc, prof) in results.items() if prof and doc.get("status") == "ok"}
-        summary = summarize_compare(args, runs, parity)
+        summary = summarize_compare(c, runs, parity)
         kernels = None
         if profiles:
             from harness.trace.profile import ProfileError
 
             try:
-                kernels = kernel_breakdown(profiles, work, args)
+                kernels = kernel_breakdown(profiles, work, c.nsys_bin)
                 for backend, bd in zip(profiles, kernels[0]):
                     if bd.layers:  # the per-layer time joins the run's document
                         runs[backend]["layers"] = bd.layers
-                if getattr(args, "data_parallel", 1) > 1:
-                    summary["overlap"] = communication_overlap(profiles, args, runs)
+                if c.run.data_parallel > 1:
+                    summary["overlap"] = communication_overlap(profiles, c.run.data_parallel, c.nsys_bin, runs)
             except ProfileError as exc:
                 summary["kernel_breakdown_error"] = str(exc)
-            if args.keep_profiles:
-                keep_profiles(profiles, args.keep_profiles)
-        path = write_results(summary, args.out, result_dir_name(args, summary["device"]), kernels,
-                             overwrite=args.overwrite)
-        if kernels and getattr(args, "timeline", False):
+            if c.keep_profiles:
+                keep_profiles(profiles, c.keep_profiles)
+        name = result_dir_name(c, summary["device"])
+        try:
+            path = write_results(summary, c.out, name, kernels, overwrite=c.overwrite)
+        except OSError as exc:  # --out was checked; it went away or filled up since: keep the result anyway
+            path = write_results(summary, tempfile.mkdtemp(prefix="compare-kept-"), name, kernels)
+            print(f"error: --out {c.out}: could not write the result folder ({exc.strerror or exc}); "
+                  f"it is kept in {path}", file=sys.stderr)
+        if kernels and c.timeline:
             from harness.trace.timeline import write_timeline
 
-            write_timeline(os.path.join(path, "timeline.json.gz"), backend_timeline(profiles, kernels[0], args))
+            write_timeline(os.path.join(path, "timeline.json.gz"),
+                           backend_timeline(profiles, kernels[0], c.run.data_parallel, c.nsys_bin, c.timeline_steps))
     return summary, path

@@ -6,8 +6,7 @@ import re
 
 from harness.common.stats import cell
 from harness.common.tables import markdown_table
-from harness.timing.distributed import format_data_parallel
-from harness.timing.runner import outlier_lines
+from harness.timing.run_render import format_data_parallel, outlier_lines
 
 
 def _ms(p: dict | None) -> str:
@@ -225,7 +224,8 @@ def split_lines(summary: dict) -> list[str]:
     return out
 
 
-def render_markdown(summary: dict) -> str:
+def compare_markdown(summary: dict, kernels: str | None = None) -> str:
+    """The compare report; `kernels`, the kernel breakdown's own report, becomes its last section."""
     o = summary["options"]
     runs = summary["runs"]
     out = [f"# {o['model']}, ctx {o['ctx']}, batch {o['batch']}, {o['dtype']}, attention {o['attention']}, "
@@ -307,8 +307,8 @@ def render_markdown(summary: dict) -> str:
                 "", f"![phase times]({summary['plot']})"]
     if summary.get("kernel_breakdown_error"):
         out += ["", f"**Kernel breakdown failed**: {summary['kernel_breakdown_error']}"]
-    if summary.get("kernel_breakdown"):
-        out += ["", summary["kernel_breakdown"]]
+    if kernels:
+        out += ["", *_nested(kernels)]
     return "\n".join(out) + "\n"
 
 
@@ -320,6 +320,11 @@ def _figures_line(summary: dict) -> list[str]:
     return ["", f"Each of the {n} devices runs --batch {summary['options']['batch']} rows: TFLOP/s and MFU are per "
             "device (a torch rank's own work and time; one of JAX's devices, whose one program steps them all "
             "together), tokens/s is for the whole job (N x --batch rows per step)."]
+
+
+def _nested(document: str) -> list[str]:
+    """A markdown document as a section of this report: every heading one level deeper."""
+    return [f"#{line}" if line.startswith("#") else line for line in document.splitlines()]
 
 
 def plot_phases(summary: dict, path: str) -> bool:

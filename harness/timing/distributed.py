@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from harness import backends
 from harness.common.cli import UsageError
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -37,35 +38,29 @@ GRACE_S = 5.0  # how long a stopped rank gets to exit before SIGKILL
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-# What each --parallel value does, in each framework's own words.
-PARALLEL_LABELS = {
-    ("torch", "ddp"): "DDP",
-    ("torch", "fsdp"): "FSDP2",
-    ("jax", "ddp"): "replicated (parameters and AdamW state on every device)",
-    ("jax", "fsdp"): "sharded parameters (each parameter and its AdamW state split along its first axis N divides)",
-    ("jax", "zero1"): "sharded optimizer state (parameters replicated, AdamW state split along the data axis)",
-}
-
-
 def parallel_label(backend: str, parallel: str, short: bool = False) -> str:
     """The data-parallel strategy of `backend` under `--parallel`, as its framework names
-    it (torch-compile is torch's); `short`: the words before any bracket."""
-    label = PARALLEL_LABELS.get(("jax" if backend == "jax" else "torch", parallel), parallel)
+    it (`Backend.parallel`); `short`: the words before any bracket."""
+    label = backends.get(backend).parallel.get(parallel, parallel)
     return label.split(" (")[0] if short else label
 
 
 def parallel_problem(backend: str, parallel: str, ddp_bucket_mb: float | None = None, ddp_static_graph: bool = False,
                      grad_comm: str = "fp32", fsdp_reshard_after_forward: str = "true") -> str | None:
-    """Why these data-parallel options do not go together (one line naming the option and
-    the fix), or None."""
+    """Why these data-parallel options do not go together on `backend` (one line naming the
+    option and the fix), or None."""
+    record = backends.get(backend)
     ddp = [name for name, on in (("--ddp-bucket-mb", ddp_bucket_mb), ("--ddp-static-graph", ddp_static_graph),
                                  ("--grad-comm bf16", grad_comm != "fp32")) if on]
     fsdp = ["--fsdp-reshard-after-forward false"] if fsdp_reshard_after_forward != "true" else []
-    if backend == "jax" and ddp + fsdp:
-        return f"{(ddp + fsdp)[0]} is an option of torch's DDP/FSDP2; JAX's strategies are --parallel ddp, fsdp, zero1"
-    if backend != "jax" and parallel == "zero1":
-        return ("--parallel zero1 (AdamW state sharded, parameters replicated) is JAX's; for torch use --parallel "
-                "fsdp (FSDP2) or ddp")
+    if not record.wrap_options and ddp + fsdp:
+        return (f"{(ddp + fsdp)[0]} is an option of torch's DDP/FSDP2; {backend}'s strategies are --parallel "
+                f"{', '.join(record.parallel)}")
+    if record.parallel and parallel not in record.parallel:  # none: no data parallelism to choose
+        owners = [b.name for b in backends.all_backends() if parallel in b.parallel]
+        theirs = parallel_label(owners[0], parallel, short=True)
+        ours = " or ".join(f"{p} ({label})" for p, label in record.parallel.items())
+        return f"--parallel {parallel} ({theirs}) is {', '.join(owners)}'s; for {backend} use --parallel {ours}"
     if ddp and parallel != "ddp":
         return f"{ddp[0]} configures DDP; use it with --parallel ddp"
     if fsdp and parallel != "fsdp":
@@ -90,8 +85,15 @@ def check_devices(backend: str, device: str, n: int) -> None:
     """UsageError unless `n` devices are there for `backend` on `device`: CUDA devices (as
     torch counts them, without creating a context or starting JAX's GPU client, which would
     take memory from the runs), JAX's host devices on CPU (its XLA_FLAGS flag), or for torch
-    on CPU any number of gloo processes."""
-    if n == 1 or (backend != "jax" and device == "cpu"):
+    on CPU one core per gloo process (more ranks than cores would time-share the cores, and
+    the step would measure the scheduler)."""
+    if n == 1:
+        return
+    if not backends.get(backend).one_process and device == "cpu":
+        cores = len(os.sched_getaffinity(0))
+        if cores < n:
+            raise UsageError(f"--data-parallel {n}: torch on cpu runs one process per core and this process may "
+                             f"use {cores} core(s); use --data-parallel {cores} or fewer")
         return
     if device == "cuda":
         import torch
@@ -176,7 +178,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def launch(options: dict, job: str, workdir: str, n: int, progress: bool = True,
            wrap: Callable[[int, list[str]], list[str]] | None = None) -> None:
     """Run `n` ranks of `harness.timing.rank` on `job` ("run" or "parity") with `options`
-    (RunOptions as a dict) in `workdir`; return when all exited 0, else raise RankFailure
+    (RunSpec as a dict) in `workdir`; return when all exited 0, else raise RankFailure
     after stopping the others. Rank 0's progress lines pass through when `progress`.
     `wrap(rank, argv)`: the command that runs a rank's argv (a profiler around it)."""
     spec = os.path.join(workdir, "spec.json")
@@ -264,31 +266,6 @@ def host_split(doc: dict) -> dict | None:
     return split
 
 
-def format_data_parallel(doc: dict) -> list[str]:
-    """The data-parallel lines under a run's table: global step, tokens/s, per-rank spread."""
-    dp = doc.get("data_parallel")
-    if not dp:
-        return []
-    label = dp.get("label") or parallel_label((doc.get("options") or {}).get("backend", "torch"), dp["parallel"])
-    lines = [f"data-parallel {dp['n']} ({label}), global batch {dp['global_batch']}: step "
-             f"{dp['step_ms']:.3f} ms, {dp['tokens_per_s']:.0f} tokens/s"]
-    if len(dp["ranks"]) > 1:
-        lines += [f"  {name:<10} per-rank medians {s['min_ms']:.3f}-{s['max_ms']:.3f} ms, "
-                  f"straggler {s['straggler']:.3f}x (slowest rank {s['slowest_rank']})"
-                  for name, s in dp["spread"].items()]
-    else:
-        lines.append(f"  {dp['note']}")
-    if link := dp.get("link"):
-        lines.append(f"  link: all-reduce of {link['bytes'] / 1e6:.1f} MB in {link['median_ms']:.3f} ms, "
-                     f"bus bandwidth {link['busbw_gbps']:.1f} GB/s ({link['backend']})")
-    if split := dp.get("host_split"):
-        waits = ", ".join(f"rank {r['rank']} {r['waiting_ms_per_step']:.3f}" for r in split["ranks"])
-        late = f", late from its {split['late_phase']}" if split.get("late_phase") else ""
-        lines.append(f"  waiting per step in the backward's all-reduce (host timings): {waits} ms; last to arrive: "
-                     f"rank {split['last_rank']} in {100 * split['last_share']:.0f}% of steps{late}")
-    return lines
-
-
 def _medians(doc: dict) -> dict:
     return {name: p["median_ms"] for name, p in doc["phases"].items()}
 
@@ -309,7 +286,8 @@ def nsys_per_rank(backend: str, stem: str, nsys_bin: str | None) -> Callable[[in
     """A `launch` wrap that runs rank r under `nsys profile`, writing `stem.rank<r>.nsys-rep`."""
     from harness.trace.sources.nsys import profile_command
 
-    return lambda rank, argv: profile_command(backend, rank_path(stem, rank), argv, nsys_bin)
+    flags = backends.get(backend).nsys_flags
+    return lambda rank, argv: profile_command(rank_path(stem, rank), argv, nsys_bin, flags)
 
 
 def run_data_parallel(opts, progress: Callable[[str], None] = lambda m: None, quiet: bool = False,
@@ -323,7 +301,7 @@ def run_data_parallel(opts, progress: Callable[[str], None] = lambda m: None, qu
     from harness.timing.runner import run
 
     apply_safe_env()
-    if opts.backend == "jax":
+    if backends.get(opts.backend).one_process:
         doc = run(opts, progress)
         if doc["status"] == "ok":
             doc["data_parallel"] = data_parallel_record(
@@ -356,7 +334,7 @@ def parity_step(opts) -> tuple[float, dict]:
 
     import numpy as np
 
-    if opts.backend == "jax":
+    if backends.get(opts.backend).one_process:
         from harness.config import get_config
         from harness.timing.runner import make_session
 

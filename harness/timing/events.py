@@ -31,8 +31,10 @@ class Event:
 class EventLog:
     """A context manager that records host events until it exits."""
 
-    def __init__(self, backend: str):
-        self.backend = backend
+    def __init__(self, compile_events: str | None):
+        """`compile_events`: whose compilations to record (`Backend.compile_events`):
+        "jax.monitoring", "dynamo" or None (collections only)."""
+        self.compile_events = compile_events
         self.events: list[Event] = []
         self._gc_start: float | None = None
         self._undo: list = []
@@ -48,10 +50,9 @@ class EventLog:
     def __enter__(self) -> EventLog:
         gc.callbacks.append(self._on_gc)
         self._undo.append(lambda: gc.callbacks.remove(self._on_gc))
-        if self.backend == "jax":
-            self._watch_jax()
-        elif self.backend.startswith("torch"):
-            self._watch_dynamo()
+        watch = {"jax.monitoring": self._watch_jax, "dynamo": self._watch_dynamo}.get(self.compile_events)
+        if watch is not None:
+            watch()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -5,7 +5,7 @@ The split step is three real computations: a jitted forward returning the loss a
 fused step (value_and_grad and update in one `jit`) is timed beside it, since XLA can
 fuse and schedule across the phase boundaries there.
 
-`JaxSession` has the methods and signatures of `harness.timing.torch_backend.TorchSession`.
+`JaxSession` implements `harness.backends.session.Session`; `harness.backends.jax` holds its record.
 
 Layer attribution (`layer_ranges`) adds nothing to the step: the model's `jax.named_scope`s
 are always on and only label the HLO's metadata. What a profile needs to map kernels to
@@ -29,16 +29,6 @@ import jax_impl
 from harness.config import ModelConfig
 from harness.timing.convert import torch_to_jax
 
-PRECISION = {
-    "fp32": "everything in float32; matmul precision 'highest' (no TF32, which XLA uses by default)",
-    "tf32": "float32 storage; XLA's default matmul precision (TF32 tensor cores on Ampere and newer)",
-    "bf16": (
-        "matmul weights (every 2-D parameter but the embedding) cast to bf16 inside the jitted "
-        "step and linear inputs cast to the weight dtype, so matmuls take bf16 and give bf16; "
-        "embedding, residual stream, RMSNorm (float32 inside), softmax and loss in float32; "
-        "float32 master weights, gradients and AdamW state"
-    ),
-}
 LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, always on: the step runs the same "
                 "executables); kernels joined to the optimized HLO schedule of each jitted phase, written beside the "
                 "result as <name>.hlo/<phase>.txt")

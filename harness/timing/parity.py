@@ -13,50 +13,19 @@ update's. The library behind `python -m harness.parity`.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import numpy as np
 
+from harness.backends import backend_attention, reference
+from harness.backends import get as backend_record
 from harness.common.results import environment
-from harness.config import ModelConfig, backend_attention
-from harness.timing.tokens import make_tokens
-
-# Relative-error bounds per dtype. float32 reorderings give ~1e-6 on logits and grads;
-# the bounds leave room for GPU reduction orders and still sit orders of magnitude
-# below what a wrong RoPE pairing, a missing scale or a swapped weight produces
-# (0.1 to 1, see tests/test_parity.py). AdamW's first steps move each weight by about
-# lr * sign(g), so weights whose gradient is at rounding level can step either way:
-# the update bound is looser than the gradient bound for that reason.
-TOLERANCES: dict[str, dict[str, float]] = {
-    "fp32": {"logits": 1e-5, "loss": 1e-5, "grad": 5e-5, "param": 1e-5, "update": 5e-3},
-    "tf32": {"logits": 5e-3, "loss": 1e-3, "grad": 2e-2, "param": 1e-4, "update": 1e-1},
-    # bf16 param: 4.7e-3 measured on `large` (36 layers) on an H200; rounding grows with depth.
-    "bf16": {"logits": 3e-2, "loss": 1e-2, "grad": 5e-2, "param": 1e-2, "update": 1e-1},
-}
-# torch.compile against eager torch: the same program, but Inductor fuses ops and
-# reorders float32 reductions (tiled sums, fused softmax and RMSNorm), a few 1e-7 of
-# relative error per op that compounds over the layers. Measured on CPU, fp32, batch 2:
-# `tiny` (2 layers, ctx 32) logits 3.3e-7, loss 1.0e-7, worst grad 6.8e-7, param 1.7e-7,
-# update 4.7e-6; `mini` (4 layers, ctx 64) logits 4.1e-7, grad 9.6e-7, param 5.4e-7,
-# update 1.1e-5. The bounds are ~20x the deeper model's errors, rounded up (GPU
-# reductions order sums differently again), and still four orders of magnitude below
-# a planted bug (0.1 to 1); the update bound stays loose for AdamW's sign-like first
-# steps, as above. In tf32 and bf16 Inductor keeps fused intermediates in float32 where
-# eager rounds them to the low precision (bf16 `tiny`: logits 4.0e-3, update 2.9e-2),
-# the same size of difference as between torch and JAX: the JAX table's bounds.
-COMPILE_TOLERANCES: dict[str, dict[str, float]] = {
-    "fp32": {"logits": 1e-5, "loss": 2e-6, "grad": 2e-5, "param": 1e-5, "update": 1e-3},
-    "tf32": TOLERANCES["tf32"],
-    "bf16": TOLERANCES["bf16"],
-}
-# The backends parity compares with eager torch.
-COMPARED = ("jax", "torch-compile", "torch-compile-cg")
+from harness.config import ModelConfig
 
 
 def tolerances(backend: str, dtype: str) -> dict[str, float]:
-    """The bounds for `backend` against eager torch in `dtype`."""
-    return (TOLERANCES if backend == "jax" else COMPILE_TOLERANCES)[dtype]
+    """The bounds for `backend` against the reference backend in `dtype` (`Backend.tolerances`)."""
+    return backend_record(backend).tolerances[dtype]
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -90,13 +59,14 @@ class ParityResult:
     batch: int
     ctx: int
     steps: int
-    attention: dict[str, str]  # per backend, eager torch included
+    attention: dict[str, str]  # per backend, the reference (eager torch) first
     rows: list[ParityRow]
     env: dict = dataclasses.field(default_factory=dict)
 
     @property
     def backends(self) -> list[str]:
-        return [b for b in self.attention if b != "torch"]
+        """The backends compared with the reference (the first of `attention`)."""
+        return list(self.attention)[1:]
 
     @property
     def ok(self) -> bool:
@@ -124,28 +94,30 @@ class ParityResult:
 
 def check_parity(config: ModelConfig, *, batch: int = 2, ctx: int = 64, device: str = "cpu", dtype: str = "fp32",
                  seed: int = 0, steps: int = 5, backends: tuple[str, ...] = ("jax",)) -> ParityResult:
-    """Run eager torch and each of `backends` (from COMPARED) on the same weights and batch
-    and compare them tensor by tensor (`config.attention` is JAX's; the torch backends run
-    `backend_attention("torch", ...)` of it). One backend's session lives at a time.
+    """Run the reference backend (eager torch) and each of `backends` (`harness.backends.compared`)
+    on the same weights and batch and compare them tensor by tensor (`config.attention` is
+    asked of all; each runs `backend_attention` of it). One backend's session lives at a time.
     `steps` must be at least 1: with none, the parameter and update checks compare nothing."""
     if steps < 1:
         raise ValueError(f"steps={steps}: parity needs at least one AdamW step to compare updates")
-    from harness.timing.torch_backend import TorchSession, init_model
+    from harness.timing.runner import make_session
+    from harness.timing.spec import RunSpec
 
-    torch_config = dataclasses.replace(config, attention=backend_attention("torch", config.attention))
-    tokens = make_tokens(config.vocab_size, batch, ctx, seed)
-    weights = init_model(torch_config, seed)
-    reference = TorchSession(torch_config, tokens, device=device, dtype=dtype, seed=seed,
-                             weights=copy.deepcopy(weights))
-    ref = _values(reference, steps)
-    env = {"device": reference.device_name() or "cpu", **reference.versions()}
-    del reference
+    def session(backend: str):
+        return make_session(RunSpec(backend=backend, model=config.name, ctx=ctx, batch=batch, dtype=dtype,
+                                       attention=config.attention, device=device, seed=seed), config)
+
+    reference_name = reference()
+    reference_session = session(reference_name)
+    ref = _values(reference_session, steps)
+    env = {"device": reference_session.device_name() or "cpu", **reference_session.versions()}
+    del reference_session
     rows = []
     for backend in backends:
-        session = _session(backend, config, torch_config, tokens, device, dtype, seed, weights)
-        got = _values(session, steps)
-        env.update(session.versions())
-        del session
+        compared = session(backend)
+        got = _values(compared, steps)
+        env.update(compared.versions())
+        del compared
         tol = tolerances(backend, dtype)
         rows += [ParityRow("logits", "logits", rel_err(got["logits"], ref["logits"]), tol["logits"], backend),
                  ParityRow("loss", "loss", rel_err(np.array(got["loss"]), np.array(ref["loss"])), tol["loss"], backend)]
@@ -156,21 +128,8 @@ def check_parity(config: ModelConfig, *, batch: int = 2, ctx: int = 64, device: 
             rows.append(ParityRow("param", name, rel_err(got["params"][name], p), tol["param"], backend))
             rows.append(ParityRow("update", name, rel_err(got["params"][name] - start, p - start), tol["update"],
                                   backend))
-    attention = {"torch": torch_config.attention} | {b: backend_attention(b, config.attention) for b in backends}
+    attention = {b: backend_attention(b, config.attention) for b in (reference_name, *backends)}
     return ParityResult(config.name, dtype, device, batch, ctx, steps, attention, rows, environment(env))
-
-
-def _session(backend: str, config: ModelConfig, torch_config: ModelConfig, tokens: np.ndarray, device: str,
-             dtype: str, seed: int, weights):
-    common = dict(device=device, dtype=dtype, seed=seed)
-    if backend == "jax":
-        from harness.timing.jax_backend import JaxSession
-
-        return JaxSession(config, tokens, **common, weights=weights)
-    from harness.timing.torch_backend import TorchCompileSession
-
-    # a copy: on the CPU, .to(device) keeps the module, and training would move the shared weights
-    return TorchCompileSession(torch_config, tokens, **common, weights=copy.deepcopy(weights), backend=backend)
 
 
 def _values(session, steps: int) -> dict:

@@ -22,21 +22,11 @@ from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, canonical_layer
 _framework_annotation: Callable[[str], contextlib.AbstractContextManager] | None = None
 
 
-def use_framework_annotations(backend: str | None) -> None:
-    """Also annotate ranges for torch.profiler ("torch") or jax.profiler ("jax"); None turns it off."""
+def use_framework_annotations(annotation: Callable[[str], contextlib.AbstractContextManager] | None) -> None:
+    """Also open `annotation(name)` (a backend's `Backend.annotation()`: torch.profiler's
+    record_function, JAX's TraceAnnotation) inside every range; None turns it off."""
     global _framework_annotation
-    if backend is None:
-        _framework_annotation = None
-    elif backend == "torch":
-        import torch
-
-        _framework_annotation = torch.profiler.record_function
-    elif backend == "jax":
-        import jax
-
-        _framework_annotation = jax.profiler.TraceAnnotation
-    else:
-        raise ValueError(f"unknown backend {backend!r}; choose torch or jax")
+    _framework_annotation = annotation
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ the link: a few all-reduces of the gradients' size (`measure_link`), kept as `li
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -80,13 +81,16 @@ def _parity_step(opts, config) -> tuple[float, dict[str, np.ndarray]]:
 
 
 def main(argv: Sequence[str]) -> int:
+    from harness import started
     from harness.config import get_config
-    from harness.timing.runner import RunOptions, run
+    from harness.timing.runner import run
+    from harness.timing.spec import RunSpec
 
+    started()  # imports done: Ctrl-C is KeyboardInterrupt again
     spec_path, rank = argv[0], int(argv[1])
     with open(spec_path) as f:
         spec = json.load(f)
-    opts = RunOptions(**spec["options"])
+    opts = RunSpec(**spec["options"])
     if opts.device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if opts.device == "cuda" else "gloo")
@@ -98,8 +102,8 @@ def main(argv: Sequence[str]) -> int:
             np.savez(os.path.join(workdir, "parity.npz"), __loss__=np.float64(loss), **params)
         dist.destroy_process_group()
         return 0
-    if opts.profile:
-        opts.profile = rank_path(opts.profile, rank)
+    if opts.framework_profile:
+        opts = dataclasses.replace(opts, framework_profile=rank_path(opts.framework_profile, rank))
     config = get_config(opts.model, attention=opts.attention)
     link = measure_link(config.num_params, torch.device(f"cuda:{os.environ['LOCAL_RANK']}" if opts.device == "cuda"
                                                         else "cpu"))

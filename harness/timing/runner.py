@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness import backends
+from harness.backends import Backend
+from harness.backends.session import Session
 from harness.common.cli import UsageError
 from harness.common.errors import describe_failure, is_oom
 from harness.common.hardware import peak_tflops
 from harness.common.results import environment
-from harness.common.stats import cell, summarize
-from harness.config import ModelConfig, backend_attention, get_config
+from harness.common.stats import summarize
+from harness.config import ModelConfig, get_config
 from harness.timing.events import EventLog
 from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
-from harness.timing.timer import OVERHEAD_ROUNDS, OVERHEAD_STEPS, PhaseFailure, Timer, collector_paused, overhead_flag
+from harness.timing.layer_ranges import LayerRanges
+from harness.timing.plants import wide_block
+from harness.timing.spec import RunSpec
+from harness.timing.timer import PhaseFailure, Timer
 
 SCHEMA = "harness.run/1"
 PHASES = {
@@ -35,86 +39,23 @@ PHASES = {
 }
 
 
-@dataclasses.dataclass
-class RunOptions:
-    backend: str
-    model: str
-    ctx: int
-    batch: int = 4
-    warmup: int = 5
-    steps: int = 10
-    dtype: str = "fp32"
-    attention: str = "naive"
-    mode: str = "train"
-    device: str = "cpu"
-    seed: int = 0
-    annotate_attention: bool = False
-    profile: str | None = None  # write a framework-profiler trace here
-    fail_in: str | None = None  # fault injection for tests: raise an OOM in this phase
-    optimizer: str = "fused"  # the torch backends' AdamW: one of harness.common.cli.OPTIMIZERS
-    layer_ranges: bool = False  # NVTX ranges per block and sub-module (torch eager)
-    wide_layer: int | None = None  # a planted wide block (ModelConfig.wide_layer), for attribution tests
-    wide_factor: int = 1
-    data_parallel: int = 1  # devices; --batch is per device, the global batch data_parallel x batch
-    parallel: str = "ddp"  # torch: ddp or fsdp; jax: replicated (ddp), sharded (fsdp), AdamW state sharded (zero1)
-    ddp_bucket_mb: float | None = None  # DDP's bucket_cap_mb (None: DDP's default, 25)
-    ddp_static_graph: bool = False  # DDP's static_graph
-    grad_comm: str = "fp32"  # DDP's gradient all-reduce: fp32, or bf16 (bf16_compress_hook)
-    fsdp_reshard_after_forward: bool = True  # FSDP2: free the gathered parameters after the forward
-    hlo_dir: str | None = None  # jax with layer_ranges: write the phases' optimized HLO here
-
-
 FIGURES = {"flops": "per device (the work of --batch rows)", "tflops": "per device", "mfu": "per device",  # covers
            "peak_tflops": "per device", "tokens_per_s": "whole job (N devices x --batch rows)"}
 JAX_LAYERS = ("jax.named_scope per block and sub-module in jax_impl: metadata of the compiled program, joined "
               "to the kernels afterwards; nothing is added to the step")
-# Every phase a result document may hold, in report order.
-PHASE_ORDER = ("forward", "backward", "optimizer", "step", "fused_step")
 FAULT_PHASES = ("forward", "backward", "optimizer", "fused_step")
 
 
-def _simulated_oom(backend: str) -> BaseException:
-    if backend != "jax":
-        import torch
-
-        return torch.OutOfMemoryError("CUDA out of memory (simulated by --fail-in)")
-    import jax
-
-    return jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory (simulated by --fail-in)")
-
-
-def make_session(opts: RunOptions, config: ModelConfig):
-    """The backend's session on the shared token batch and the shared torch_impl weights.
+def make_session(opts: RunSpec, config: ModelConfig) -> Session:
+    """The backend's session on the shared token batch and the shared seeded weights.
 
     Data-parallel: the global batch is the one a one-device run of `data_parallel x batch`
-    trains on; JAX shards it over its devices, a torch rank takes its rows and wraps its
-    model (`harness.timing.torch_parallel.distribute`)."""
+    trains on; a backend that drives every device from one process shards it, one with a
+    process per device takes this rank's rows (`Backend.make_session`)."""
     from harness.timing.tokens import make_tokens
-    from harness.timing.torch_backend import init_model
 
-    n = opts.data_parallel
-    tokens = make_tokens(config.vocab_size, opts.batch * n, opts.ctx, opts.seed)
-    # Both backends start from these weights. They do not depend on the attention
-    # kernel; torch has no Pallas kernel, so they come from torch's counterpart.
-    weights = init_model(dataclasses.replace(config, attention=backend_attention("torch", config.attention)), opts.seed)
-    common = dict(device=opts.device, dtype=opts.dtype, seed=opts.seed, weights=weights)
-    if opts.backend == "jax":
-        from harness.timing.jax_backend import JaxSession
-
-        return JaxSession(config, tokens, **common, data_parallel=n, parallel=opts.parallel,
-                          layer_ranges=opts.layer_ranges)
-    from harness.timing.torch_backend import TorchCompileSession, TorchSession
-    from harness.timing.torch_parallel import distribute, world
-
-    rank = world()[0]  # 0 outside a process group
-    tokens = tokens[rank * opts.batch:(rank + 1) * opts.batch]
-    if opts.backend == "torch":
-        session = TorchSession(config, tokens, **common, optimizer=opts.optimizer)
-    else:
-        session = TorchCompileSession(config, tokens, **common, optimizer=opts.optimizer, backend=opts.backend)
-    if n > 1:
-        distribute(session, opts)
-    return session
+    tokens = make_tokens(config.vocab_size, opts.batch * opts.data_parallel, opts.ctx, opts.seed)
+    return backends.get(opts.backend).make_session(opts, config, tokens)
 
 
 def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | None,
@@ -131,10 +72,9 @@ def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | N
     return rec
 
 
-def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) -> dict:
+def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> dict:
     """Build, warm up and time one backend; returns the result document (status ok or failed)."""
-    config = get_config(opts.model, attention=opts.attention, wide_layer=opts.wide_layer,
-                        wide_factor=opts.wide_factor)
+    config = wide_block(get_config(opts.model, attention=opts.attention), opts.wide_layer, opts.wide_factor)
     result = {"schema": SCHEMA, "status": "ok", "error": None, "options": dataclasses.asdict(opts),
               "config": dataclasses.asdict(config), "num_params": config.num_params,
               "flops_formula": FORMULA, "warnings": []}
@@ -144,38 +84,39 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
         result["warnings"].append("--warmup 0: the first measured step includes compilation, autotuning and "
                                   "first allocations (see first_step_ms); use --warmup 2 or more for speed figures")
     phase = "setup"
-    fault = (lambda name: _simulated_oom(opts.backend) if name == opts.fail_in else None)
-    with EventLog(opts.backend) as events:
+    backend = backends.get(opts.backend)
+    fault = (lambda name: backend.simulated_oom() if name == opts.fail_in else None)
+    with EventLog(backend.compile_events) as events:
         try:
             t0 = time.perf_counter()
             session = make_session(opts, config)
             setup_ms = (time.perf_counter() - t0) * 1e3
-            result["precision"] = _precision(opts)
+            result["precision"] = backend.precision[opts.dtype]
             timer = Timer(session, opts, lambda m: progress(f"[{opts.backend}] {m}"), events, fault)
-            layers = LayerRanges(session) if opts.layer_ranges and opts.backend != "jax" else None
-            if opts.layer_ranges and opts.backend == "jax":
+            layers = LayerRanges(session) if opts.layer_ranges and backend.layer_ranges == "hooks" else None
+            if opts.layer_ranges and backend.layer_ranges == "hlo":
                 result["layer_ranges"] = {"overhead_ratio": None, "method": JAX_LAYERS}
-            with _instrumented(opts):
+            with _instrumented(opts, backend):
                 try:
                     timer.loop("split step", PHASES[opts.mode])
                 except PhaseFailure as exc:
-                    if not _fused_step_still_runs(opts, exc):
+                    if not _fused_step_still_runs(opts, backend, exc):
                         raise
-                    result["split_step_failure"] = _drop_split_step(timer, session, exc, opts)
+                    result["split_step_failure"] = _drop_split_step(timer, exc, opts)
                     result["warnings"].append(f"split step: {result['split_step_failure']['message']}; "
                                               "the fused step, one program with less to keep, was timed alone")
-                if opts.backend == "jax" and opts.mode == "train":
+                if backend.fused_step and opts.mode == "train":
                     phase = "fused_step"
                     timer.loop("fused step", ("fused_step",), outer=None)
             overhead = None
             if opts.mode == "train":
                 phase = "overhead check"
-                fused = opts.backend == "jax"
+                fused = backend.fused_step
                 overhead = timer.overhead(("fused_step",) if fused else PHASES[opts.mode], None if fused else "step")
             if layers is not None:
                 phase = "layer ranges overhead check"
                 result["layer_ranges"] = layers.overhead(timer, PHASES[opts.mode])
-            if opts.layer_ranges and opts.backend == "jax" and opts.hlo_dir:
+            if opts.layer_ranges and backend.layer_ranges == "hlo" and opts.hlo_dir:
                 # the folder's name beside the result (an absolute path would not survive a move)
                 written = session.write_hlo(opts.hlo_dir)
                 result["layer_ranges"]["hlo"] = {"folder": Path(opts.hlo_dir).name, "phases": sorted(written)}
@@ -185,9 +126,9 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
             return _failed(result, phase, exc, opts)
 
     device_name = session.device_name()
-    # Every device of a data-parallel step does the work of --batch rows (a torch rank, or
-    # one of the devices JAX's one process drives): FLOPs, TFLOP/s, MFU and the peak are
-    # per device; tokens/s counts the whole job's N x --batch rows.
+    # Every device of a data-parallel step does the work of --batch rows (a rank of a backend
+    # with a process per device, or one of the devices one process drives): FLOPs, TFLOP/s,
+    # MFU and the peak are per device; tokens/s counts the whole job's N x --batch rows.
     peak_tf = peak_tflops(device_name, opts.dtype)
     flops = phase_flops(config, opts.batch, opts.ctx)
     flops["step"] = sum(flops[p] for p in PHASES[opts.mode])
@@ -212,8 +153,7 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
         loss=_loss_record(timer.losses),
         peak_tflops=peak_tf,
         figures=FIGURES,
-        memory_note=("torch: max_memory_allocated after a reset before each phase" if opts.backend != "jax" else
-                     "jax: the allocator's peak_bytes_in_use after the phase (a process-wide high-water mark)"),
+        memory_note=backend.memory_note,
         env=environment({"device": device_name or "cpu", **session.versions()}),
     )
     if opts.data_parallel > 1:  # time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for a host's ranks
@@ -226,72 +166,18 @@ def run(opts: RunOptions, progress: Callable[[str], None] = lambda msg: None) ->
     return result
 
 
-class LayerRanges:
-    """The layer ranges of a torch session (`harness.timing.ranges.install_layer_ranges`),
-    on from construction; `overhead` measures what they cost."""
-
-    def __init__(self, session) -> None:
-        from harness.timing.ranges import install_layer_ranges
-
-        self.session, self.install = session, install_layer_ranges
-        self.handles = install_layer_ranges(session.layer_modules())
-
-    def _set(self, on: bool) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = self.install(self.session.layer_modules()) if on else []
-
-    def overhead(self, timer: Timer, phases: tuple[str, ...]) -> dict:
-        """Steps with layer ranges against the same steps without, like with like: the
-        timer's instrumented steps (phase ranges, a sync after each phase) in interleaved
-        rounds of the same number of steps, which of the two goes first alternating by
-        round, with the collector paused; the ratio of the medians of the round means.
-        The steps run under `warmup` ranges, so a profile keeps them out of its figures.
-        The ranges are off afterwards."""
-        n = max(1, min(timer.opts.steps, OVERHEAD_STEPS))
-        means: dict[bool, list[float]] = {True: [], False: []}
-        with collector_paused():
-            for r in range(OVERHEAD_ROUNDS):
-                timer.progress(f"layer ranges round {r + 1}/{OVERHEAD_ROUNDS}: {n} steps with, {n} without")
-                for on in (True, False) if r % 2 == 0 else (False, True):
-                    self._set(on)
-                    t0 = time.perf_counter()
-                    for _ in range(n):
-                        timer.step(phases, False, "step")
-                    means[on].append((time.perf_counter() - t0) * 1e3 / n)
-                    gc.collect()
-        self._set(False)
-        with_ms, without_ms = statistics.median(means[True]), statistics.median(means[False])
-        ratios = [a / b for a, b in zip(means[True], means[False])]
-        flag = overhead_flag(with_ms / without_ms, ratios, "steps with layer ranges", "steps without")
-        return {"overhead_ratio": with_ms / without_ms, "with_ms": with_ms, "without_ms": without_ms,
-                **({"flag": flag} if flag else {}), "round_ratios": ratios, "rounds": OVERHEAD_ROUNDS,
-                "steps_per_round": n,
-                "method": (f"NVTX ranges per block and sub-module from module hooks (forward) and pre-hooks on "
-                           f"the forward's autograd nodes (backward), no synchronization; {n} timed steps with "
-                           f"them vs {n} without, in {OVERHEAD_ROUNDS} interleaved rounds (order alternating); "
-                           "medians of the round means"),
-                "note": "the phase times of this run were measured with the layer ranges on"}
-
-
-def _fused_step_still_runs(opts: RunOptions, exc: PhaseFailure) -> bool:
-    """Whether JAX's fused step is still worth timing after its split step failed: it ran
+def _fused_step_still_runs(opts: RunSpec, backend: Backend, exc: PhaseFailure) -> bool:
+    """Whether the fused step is still worth timing after the split step failed: it ran
     out of memory in the forward or backward (the split step keeps the forward's residuals
     between two programs; the fused step frees them inside one), which leave the weights
-    and optimizer state as they were (the update donates them)."""
-    return (opts.backend == "jax" and opts.mode == "train" and exc.phase in ("forward", "backward")
+    and optimizer state as they were (JAX's update donates them)."""
+    return (backend.fused_step and opts.mode == "train" and exc.phase in ("forward", "backward")
             and is_oom(exc.cause))
 
 
-def _drop_split_step(timer: Timer, session, exc: PhaseFailure, opts: RunOptions) -> dict:
+def _drop_split_step(timer: Timer, exc: PhaseFailure, opts: RunSpec) -> dict:
     """Forget a failed split step's partial figures and buffers; returns its failure record."""
-    for name in (*PHASES[opts.mode], "step"):
-        timer.times.pop(name, None)
-        timer.intervals.pop(name, None)
-        timer.peaks.pop(name, None)
-    timer.first_step_ms.pop("split step", None)
-    timer.losses.clear()
-    session.zero_grad()
+    timer.drop("split step", PHASES[opts.mode])
     return {"status": "oom", "phase": exc.phase, "message": describe_failure(exc.cause, exc.phase, opts)}
 
 
@@ -304,98 +190,25 @@ def _loss_record(losses: list[dict]) -> dict:
 
 
 @contextlib.contextmanager
-def _instrumented(opts: RunOptions):
+def _instrumented(opts: RunSpec, backend: Backend):
     """The optional extras around the timed loops: attention ranges, a framework profiler."""
     with contextlib.ExitStack() as stack:
         if opts.annotate_attention:
             if opts.attention != "naive":
                 raise UsageError("--annotate-attention needs --attention naive (the fused kernels have no steps)")
-            _annotate_attention(opts)
-            if opts.backend == "jax":
-                # Ranges inside a jitted function would be traced away: run op by op.
-                import jax
-
-                stack.enter_context(jax.disable_jit())
-        if opts.profile:
+            if backend.annotate_attention is None:
+                raise UsageError(f"--annotate-attention: --backend {backend.name} cannot hold ranges inside attention")
+            stack.enter_context(backend.annotate_attention(opts.device))
+        if opts.framework_profile:
             from harness.timing.ranges import use_framework_annotations
-            from harness.trace.sources import framework_profile
 
-            use_framework_annotations("jax" if opts.backend == "jax" else "torch")
-            recorder = framework_profile.jax_profiler if opts.backend == "jax" else framework_profile.torch_profiler
-            stack.enter_context(recorder(opts.profile))
+            use_framework_annotations(backend.annotation())
+            stack.enter_context(backend.profiler(opts.framework_profile))
         yield
 
 
-def _annotate_attention(opts: RunOptions) -> None:
-    from harness.timing.ranges import annotate_attention
-
-    if opts.backend != "jax":
-        import torch
-
-        from torch_impl.model import CausalSelfAttention
-
-        sync = (lambda out: torch.cuda.synchronize()) if opts.device == "cuda" else (lambda out: None)
-        annotate_attention(CausalSelfAttention, sync)
-    else:
-        import jax
-
-        from jax_impl.model import CausalSelfAttention
-
-        annotate_attention(CausalSelfAttention, jax.block_until_ready)
-
-
-def _precision(opts: RunOptions) -> str:
-    if opts.backend == "jax":
-        from harness.timing.jax_backend import PRECISION
-    elif opts.backend == "torch":
-        from harness.timing.torch_backend import PRECISION
-    else:
-        from harness.timing.torch_backend import COMPILED_PRECISION as PRECISION
-    return PRECISION[opts.dtype]
-
-
-def _failed(result: dict, phase: str, exc: BaseException, opts: RunOptions) -> dict:
+def _failed(result: dict, phase: str, exc: BaseException, opts: RunSpec) -> dict:
     result.update(status="oom" if is_oom(exc) else "error",
                   error={"phase": phase, "message": describe_failure(exc, phase, opts)})
     result["env"] = environment()
     return result
-
-
-def format_result(doc: dict) -> str:
-    o = doc["options"]
-    head = (f"{o['backend']} {o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} {o['attention']} "
-            f"{o['mode']} on {o['device']}")
-    if doc["status"] != "ok":
-        return f"{head}: FAILED: {doc['error']['message']}"
-    n = o.get("data_parallel", 1)
-    head += f", {n} devices (TFLOP/s and MFU per device)" if n > 1 else ""
-    lines = [head]
-    if len((doc.get("data_parallel") or {}).get("ranks") or ()) > 1:  # each rank timed its own phases
-        lines.append("rank 0's phases (the data-parallel step below is the slowest rank's median):")
-    lines.append(f"{'phase':<11} {'median ms (p10-p90)':>26} {'TFLOP/s':>8} {'MFU':>6} {'peak MiB':>9}")
-    for name, p in doc["phases"].items():
-        tf = f"{p['tflops']:.2f}" if p["tflops"] else "-"
-        mfu = f"{100 * p['mfu']:.1f}%" if p["mfu"] else "-"
-        mem = f"{p['peak_memory_bytes'] / 2**20:.0f}" if p["peak_memory_bytes"] else "-"
-        lines.append(f"{name:<11} {cell(p):>26} {tf:>8} {mfu:>6} {mem:>9}")
-    lines += outlier_lines(doc)
-    first = doc.get("first_step")
-    if first:
-        step_ms = first["time_to_first_step_ms"] - first["setup_ms"]
-        lines.append(f"time to first step: {first['time_to_first_step_ms'] / 1e3:.2f} s "
-                     f"(setup {first['setup_ms'] / 1e3:.2f} s + first step {step_ms / 1e3:.2f} s)")
-    if doc.get("overhead"):
-        lines.append(f"instrumentation overhead: {doc['overhead']['ratio']:.3f}x plain steps "
-                     f"(rounds {min(doc['overhead']['round_ratios']):.3f}-{max(doc['overhead']['round_ratios']):.3f})")
-    if (layers := doc.get("layer_ranges")) and layers.get("overhead_ratio"):
-        lines.append(f"layer ranges: {layers['overhead_ratio']:.3f}x the step without them "
-                     f"(rounds {min(layers['round_ratios']):.3f}-{max(layers['round_ratios']):.3f})")
-    lines += [f"warning: {w}" for w in doc.get("warnings", [])]
-    return "\n".join(lines)
-
-
-def outlier_lines(doc: dict) -> list[str]:
-    """One line per outlier step of a result document: phase, index, time, cause."""
-    return [f"outlier: {name}, measured step {o['index']}: {o['ms']:.2f} ms ({o['x_median']:.1f}x the median)"
-            + (f": {'; '.join(o['causes'])}" if o.get("causes") else "")
-            for name, p in doc.get("phases", {}).items() for o in p.get("outliers", [])]

@@ -125,30 +125,51 @@ class Timer:
         t0, t1 = self.intervals[name][index]
         return [e.describe() for e in self.events.between(t0, t1)]
 
-    def overhead(self, phases: tuple[str, ...], outer: str | None) -> dict:
-        """Instrumented steps (ranges, a sync after each phase) against plain ones (no ranges,
-        one sync per round), in interleaved rounds of the same number of steps, with the
-        collector paused: like with like, so drift and collections fall on both."""
-        s, n = self.session, max(1, min(self.opts.steps, OVERHEAD_STEPS))
-        instrumented, plain = [], []
+    @property
+    def steps_per_round(self) -> int:
+        """Steps per loop in each round of an overhead measurement."""
+        return max(1, min(self.opts.steps, OVERHEAD_STEPS))
+
+    def rounds(self, loops: dict[str, Callable[[int], None]], what: str, alternate: bool = False,
+               before: Callable[[str], None] = lambda key: None) -> dict[str, list[float]]:
+        """Per loop, its mean ms per step in each of OVERHEAD_ROUNDS rounds. A round runs every
+        loop (`loops[key](n)` runs n steps) for `steps_per_round` steps, in the given order or,
+        with `alternate`, reversed every other round; `before(key)` runs untimed ahead of each
+        loop, and a sync and a collection after it. The collector is paused throughout, so
+        drift and collections fall on every loop alike."""
+        n, means = self.steps_per_round, {key: [] for key in loops}
         with collector_paused():
             for r in range(OVERHEAD_ROUNDS):
-                self.progress(f"overhead round {r + 1}/{OVERHEAD_ROUNDS}: {n} instrumented and {n} plain steps")
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    self.step(phases, False, outer)
-                instrumented.append((time.perf_counter() - t0) * 1e3 / n)
-                s.sync()
-                gc.collect()
-                t0 = time.perf_counter()
-                out = None
-                for _ in range(n):
-                    out = s.plain_step()
-                s.sync(out)
-                plain.append((time.perf_counter() - t0) * 1e3 / n)
-                gc.collect()
-        ratios = [i / p for i, p in zip(instrumented, plain)]
-        rec = {"instrumented_step_ms": statistics.median(instrumented), "plain_step_ms": statistics.median(plain),
+                self.progress(f"{what} round {r + 1}/{OVERHEAD_ROUNDS}: {n} steps each of {', '.join(loops)}")
+                order = list(loops) if not alternate or r % 2 == 0 else list(reversed(loops))
+                for key in order:
+                    before(key)
+                    t0 = time.perf_counter()
+                    loops[key](n)
+                    means[key].append((time.perf_counter() - t0) * 1e3 / n)
+                    self.session.sync()
+                    gc.collect()
+        return means
+
+    def overhead(self, phases: tuple[str, ...], outer: str | None) -> dict:
+        """Instrumented steps (ranges, a sync after each phase) against plain ones (no ranges,
+        one sync per round), in interleaved rounds of the same number of steps (`rounds`)."""
+        s, n = self.session, self.steps_per_round
+
+        def instrumented(steps: int) -> None:
+            for _ in range(steps):
+                self.step(phases, False, outer)
+
+        def plain(steps: int) -> None:
+            out = None
+            for _ in range(steps):
+                out = s.plain_step()
+            s.sync(out)
+
+        means = self.rounds({"instrumented": instrumented, "plain": plain}, "overhead")
+        ratios = [i / p for i, p in zip(means["instrumented"], means["plain"])]
+        rec = {"instrumented_step_ms": statistics.median(means["instrumented"]),
+               "plain_step_ms": statistics.median(means["plain"]),
                "round_ratios": ratios, "rounds": OVERHEAD_ROUNDS, "steps_per_round": n,
                "compared": (f"{n} steps with ranges and a sync after each phase vs {n} plain steps (no ranges, "
                             f"one sync), in {OVERHEAD_ROUNDS} interleaved rounds; medians of the round means")}
@@ -156,6 +177,17 @@ class Timer:
         if flag := overhead_flag(rec["ratio"], ratios, "instrumented steps", "plain ones"):
             rec["flag"] = flag
         return rec
+
+    def drop(self, label: str, phases: tuple[str, ...]) -> None:
+        """Forget loop `label`'s figures of `phases` and its `step` (a loop that failed part
+        way), its losses and the gradients it left."""
+        for name in (*phases, "step"):
+            self.times.pop(name, None)
+            self.intervals.pop(name, None)
+            self.peaks.pop(name, None)
+        self.first_step_ms.pop(label, None)
+        self.losses = [x for x in self.losses if x["loop"] != label]
+        self.session.zero_grad()
 
 
 def overhead_flag(ratio: float, ratios: list[float], measured: str, baseline: str) -> str | None:

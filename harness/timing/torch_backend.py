@@ -1,35 +1,20 @@
 """One training step of torch_impl, split into phases the harness can time.
 
 `TorchSession` (eager) and `TorchCompileSession` (the same model through `torch.compile`)
-have the methods and signatures of `harness.timing.jax_backend.JaxSession`, so the timer
-and the parity check drive any of them without asking which."""
+implement `harness.backends.session.Session`, so the timer and the parity check drive any
+of them without asking which; `harness.backends.torch` holds their records."""
 
 from __future__ import annotations
 
 import contextlib
-import shutil
-import sys
-from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 import torch_impl
-from harness.common.cli import OPTIMIZERS, UsageError
+from harness.common.cli import OPTIMIZERS
 from harness.config import ModelConfig
 
-PRECISION = {
-    "fp32": "everything in float32; TF32 off for matmuls and cuDNN",
-    "tf32": "float32 storage; matmuls and convolutions on TF32 tensor cores",
-    "bf16": (
-        "torch.autocast(bfloat16): matmul inputs (linear layers, attention products, SDPA) cast "
-        "to bf16 with bf16 outputs; embedding, residual stream, RMSNorm (float32 inside), softmax "
-        "and loss in float32; float32 master weights, gradients and AdamW state"
-    ),
-}
-# torch.compile keeps the eager program's dtypes; Inductor fuses and reorders its ops.
-COMPILED_PRECISION = {dtype: f"{text}; compiled by Inductor, which fuses pointwise ops and reductions and "
-                             "may reorder float32 sums" for dtype, text in PRECISION.items()}
 # The torch backends that compile, and the torch.compile mode each runs.
 COMPILE_MODES = {"torch-compile": "default", "torch-compile-cg": "reduce-overhead"}
 
@@ -60,45 +45,6 @@ def make_optimizer(params, optimizer: str) -> torch_impl.AdamW:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
     return torch_impl.AdamW(params, foreach=optimizer != "loop", compile=optimizer == "foreach-compiled",
                             fused=optimizer == "fused")
-
-
-def inductor_cpu_compiler() -> str | None:
-    """The C++ compiler Inductor's CPU backend builds its kernels with ($CXX, else g++), or
-    None when none is on PATH; a lookup, nothing is compiled."""
-    from torch._inductor import config
-
-    names = config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
-    found = [shutil.which(name) for name in names if name]
-    return next((path for path in found if path), None)
-
-
-def unavailable(backend: str, device: str) -> str | None:
-    """Why `backend` cannot run on `device` here (a sentence naming the fix), or None."""
-    if backend == "torch-compile-cg" and device != "cuda":
-        return "torch-compile-cg replays CUDA graphs and needs --device cuda; on CPU use torch-compile"
-    if backend in COMPILE_MODES and device == "cpu" and inductor_cpu_compiler() is None:
-        return (f"{backend} on CPU needs a C++ compiler for Inductor's kernels and found none "
-                "(install g++ or set $CXX)")
-    return None
-
-
-def choose_backends(asked: list[str] | None, default: Sequence[str], device: str, tool: str) -> list[str]:
-    """The backends a tool runs: `asked` (a UsageError if one cannot run on `device`), or
-    `default` less those that cannot, each skipped one named on stderr with the reason."""
-    for backend in asked or ():
-        reason = backend != "jax" and unavailable(backend, device)
-        if reason:
-            raise UsageError(f"--backend {reason}")
-    if asked is not None:
-        return asked
-    chosen = []
-    for backend in default:
-        reason = backend != "jax" and unavailable(backend, device)
-        if reason:
-            print(f"{tool}: skipping {reason}", file=sys.stderr)
-        else:
-            chosen.append(backend)
-    return chosen
 
 
 class TorchSession:
@@ -223,9 +169,6 @@ class TorchCompileSession(TorchSession):
                  backend: str = "torch-compile") -> None:
         if backend not in COMPILE_MODES:
             raise ValueError(f"unknown compiled backend {backend!r}; choose one of {', '.join(COMPILE_MODES)}")
-        reason = unavailable(backend, torch.device(device).type)
-        if reason:
-            raise ValueError(reason)
         super().__init__(config, tokens, device=device, dtype=dtype, seed=seed, weights=weights, optimizer=optimizer)
         self.backend = backend
         self.cudagraphs = COMPILE_MODES[backend] == "reduce-overhead"

@@ -18,7 +18,7 @@ def world() -> tuple[int, int]:
 
 
 def distribute(session, opts) -> None:
-    """Wrap `session.model` for data parallelism as `opts` (RunOptions) asks, in place.
+    """Wrap `session.model` for data parallelism as `opts` (a RunSpec) asks, in place.
 
     DDP: gradients all-reduced to their mean in buckets during backward, with
     `--ddp-bucket-mb` (bucket_cap_mb), `--ddp-static-graph` and `--grad-comm bf16` (the

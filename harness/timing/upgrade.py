@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 
+from harness import backends
 from harness.common.stats import summarize
 from harness.timing.compare import phase_table
 
@@ -65,7 +66,9 @@ def per_device_run(doc: dict) -> dict:
     if doc.get("status") != "ok" or "figures" in doc or n == 1:
         return doc
     new = copy.deepcopy(doc)
-    jax = new["options"]["backend"] == "jax"
+    backend = new["options"]["backend"]
+    # one process over every device summed its devices' work (JAX); a rank counted its own rows
+    jax = backend in backends.names() and backends.get(backend).one_process
     records = [new["phases"], *(r["phases"] for r in new.get("ranks", []))]
     for rec in (p for phases in records for p in phases.values()):
         if jax:
@@ -147,7 +150,7 @@ def rerender(folder: str) -> list[str]:
     first when it is old, the original kept as `ORIGINAL`); the kernel breakdown is taken
     from the folder's kernels.md. Returns the paths written; bad folders raise RenderError."""
     from harness.common.html import svg_of, write_html
-    from harness.timing.compare_render import plot_phases, render_markdown
+    from harness.timing.compare_render import compare_markdown, plot_phases
 
     summary = _load(folder)
     written = []
@@ -165,10 +168,10 @@ def rerender(folder: str) -> list[str]:
         if not os.path.exists(original):
             shutil.copy2(os.path.join(folder, "summary.json"), original)
             written.append(original)
-    kernels = os.path.join(folder, "kernels.md")
+    kernels, kernels_md = os.path.join(folder, "kernels.md"), None
     if os.path.exists(kernels):
         with open(kernels) as f:
-            summary["kernel_breakdown"] = f.read().replace("# Kernel breakdown", "## Kernel breakdown", 1)
+            kernels_md = f.read()
         if summary.get("rerendered"):
             summary["rerendered"]["kernels"] = KERNELS_KEPT
     summary.pop("plot", None)
@@ -176,9 +179,9 @@ def rerender(folder: str) -> list[str]:
         summary["plot"] = "phases.png"
         written.append(os.path.join(folder, "phases.png"))
     with open(os.path.join(folder, "report.md"), "w") as f:
-        f.write(render_markdown(summary))
+        f.write(compare_markdown(summary, kernels_md))
     # kernels.png cannot be drawn again from the folder's files: report.html embeds it as it is
     written.append(str(write_html(folder, "report.md", {"phases.png": svg_of(lambda p: plot_phases(summary, p))})))
     with open(os.path.join(folder, "summary.json"), "w") as f:
-        json.dump({k: v for k, v in summary.items() if k != "kernel_breakdown"}, f, indent=1)
+        json.dump(summary, f, indent=1)
     return [*written, os.path.join(folder, "report.md"), os.path.join(folder, "summary.json")]

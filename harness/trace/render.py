@@ -11,7 +11,7 @@ From Python (e.g. the compare harness adding a section to its own report)::
     from harness.trace import render
     bds = [breakdown.breakdown(breakdown.load_profile(p)) for p in paths]
     files = render.write_report(out_dir, bds)          # writes kernels.md/.csv/.json/.png
-    section = render.render_markdown(bds)              # or just the markdown text
+    section = render.breakdown_markdown(bds)              # or just the markdown text
 """
 
 from __future__ import annotations
@@ -223,8 +223,8 @@ def _layers(bd: Breakdown, n: int) -> list[str]:
     return markdown_table(["phase", "layer", f"{busy([bd])} ms", "share of phase"], rows)
 
 
-def render_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
-                    top_n: int = TOP_N, title: str = "Kernel breakdown", sections: Sequence[str] = ()) -> str:
+def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
+                       top_n: int = TOP_N, title: str = "Kernel breakdown", sections: Sequence[str] = ()) -> str:
     """The report as markdown; `answer_sets` default to `answers(bd)` for each breakdown;
     `sections` (markdown lines, e.g. the cross-rank tables) go before the left-out kernels."""
     answer_sets = answer_sets or [answers(bd) for bd in bds]
@@ -335,7 +335,7 @@ def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Seq
     out.mkdir(parents=True, exist_ok=True)
     answer_sets = answer_sets or [answers(bd) for bd in bds]
     paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", *(("png",) if png else ()))}
-    paths["md"].write_text(render_markdown(bds, answer_sets, top_n, sections=sections))
+    paths["md"].write_text(breakdown_markdown(bds, answer_sets, top_n, sections=sections))
     write_csv(paths["csv"], bds)
     # The profile's file name only: where it lay (often a temp folder) says nothing.
     doc = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]

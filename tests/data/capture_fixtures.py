@@ -111,9 +111,10 @@ def capture_nsys(name: str, backend: str, args: list[str], device: str) -> Path:
     harness = ["-m", "harness.run"] if not name.endswith("_attn") else [__file__, "annotated"]
     program = [sys.executable, *harness, "--backend", backend, *args, *STEPS, "--device", device,
                "--out", str(work / f"{name}.harness.json")]
-    cmd = nsys.profile_command(backend, work / "profile", program)
-    if name == "jax_tsl_included":
-        cmd.remove(nsys.JAX_FLAGS[0])
+    from harness import backends
+
+    flags = backends.get(backend).nsys_flags if name != "jax_tsl_included" else ()
+    cmd = nsys.profile_command(work / "profile", program, flags=flags)
     done = subprocess.run(cmd, capture_output=True, text=True)
     (work / f"{name}.log").write_text(" ".join(cmd) + "\n" + done.stdout + done.stderr)
     sqlite = nsys.export_sqlite(work / "profile.nsys-rep")
@@ -123,13 +124,14 @@ def capture_nsys(name: str, backend: str, args: list[str], device: str) -> Path:
 
 
 def capture_fallback(backend: str, device: str) -> Path:
+    from harness import backends
     from harness.common.results import write_json
     from harness.timing import ranges, runner
 
     work = WORK / f"{backend}_fallback"
     work.mkdir(parents=True, exist_ok=True)
-    opts = runner.RunOptions(backend=backend, model="tiny", ctx=64, warmup=2, steps=3, device=device)
-    ranges.use_framework_annotations(backend)
+    opts = runner.RunSpec(backend=backend, model="tiny", ctx=64, warmup=2, steps=3, device=device)
+    ranges.use_framework_annotations(backends.get(backend).annotation())
     if backend == "torch":
         with framework_profile.torch_profiler(work / "trace.json"):
             doc = runner.run(opts)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.common.cli import backend_names
 from harness.trace.kernels import Category
-from harness.trace.profile import ATTENTION_RANGES, STEP_RANGES, ProfileError
+from harness.trace.profile import ATTENTION_RANGES, STEP_RANGES, Profile, ProfileError
 from harness.trace.stats import Breakdown, PhaseStats
 
 NOTABLE_SHARE = 0.05  # answer (c): non-GEMM kernels at or above this share of forward
@@ -104,6 +105,39 @@ def harness_metadata(path: str | Path) -> dict:
                            "written by `python -m harness.run --out`") from None
     forward = (doc.get("phases") or {}).get("forward") or {}
     return {"forward_ms": forward.get("median_ms", forward.get("mean_ms")), "batch": opts["batch"], "seq": opts["ctx"],
-            "heads": cfg["num_heads"], "d_head": cfg["d_model"] // cfg["num_heads"]}
+            "heads": cfg["num_heads"], "d_head": cfg["d_model"] // cfg["num_heads"], "path": str(path),
+            "backend": opts.get("backend"), "steps": opts.get("steps"), "model": opts.get("model"),
+            "gpu_name": (doc.get("env") or {}).get("gpu_name")}
+
+
+# The harness's forward time and the profile's may differ by the profiler's overhead, not by
+# this factor: beyond it the two come from different models, sizes or GPUs.
+FORWARD_MISMATCH = 3.0
+
+
+def run_json_problems(profile: Profile, bd: Breakdown, meta: dict) -> list[str]:
+    """Whether the `harness.run` document `meta` (from `harness_metadata`) belongs to
+    `profile` (whose breakdown is `bd`): a ProfileError where it cannot (another backend,
+    another number of measured steps, another GPU), and a list of warnings where its
+    forward time is far from the profile's (another model or size, likely)."""
+    where = f"--harness-json {meta['path']} with {bd.path}"
+    fix = "pass the document harness.run wrote in the profiled run"
+    if bd.label in backend_names() and meta["backend"] and meta["backend"] != bd.label:
+        raise ProfileError(f"{where}: the document is of backend {meta['backend']}, the profile of {bd.label}; {fix}")
+    steps = sum(r.name == "step" for r in profile.ranges)
+    if steps and meta["steps"] and steps != meta["steps"]:
+        raise ProfileError(f"{where}: the document ran {meta['steps']} measured steps, the profile holds {steps}; "
+                           f"{fix}")
+    one_gpu = profile.gpu if profile.gpu and " + " not in profile.gpu else None  # several: no one name to match
+    if one_gpu and meta["gpu_name"] and one_gpu != meta["gpu_name"]:
+        raise ProfileError(f"{where}: the document ran on {meta['gpu_name']}, the profile on {one_gpu}; {fix}")
+    fwd = bd.phases.get("forward")
+    if not (fwd and fwd.range_ns_median and meta["forward_ms"]):
+        return []
+    ratio = meta["forward_ms"] / (fwd.range_ns_median / 1e6)
+    if max(ratio, 1 / ratio) <= FORWARD_MISMATCH:
+        return []
+    return [f"{where}: the document's forward ({meta['forward_ms']:.3f} ms, model {meta['model']}) is {ratio:.3g}x "
+            f"the profile's ({fwd.range_ns_median / 1e6:.3f} ms); if they are not the same run, answer (a) is wrong"]
 
 

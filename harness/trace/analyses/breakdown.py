@@ -44,10 +44,10 @@ from pathlib import Path
 import numpy as np
 
 from harness.trace.analyses import attribution as attr
-from harness.trace.analyses.answers import answers, attention_flops, harness_metadata
+from harness.trace.analyses.answers import answers, attention_flops, harness_metadata, run_json_problems
 from harness.trace.analyses.hlo_join import hlo_dir, label_kernels, load_schedules
+from harness.trace.analyses.intervals import device_timelines
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
-from harness.trace.analyses.overlap import device_timelines
 from harness.trace.kernels import PHASE_RULES, Category, classify, decode_gemm, short_name
 from harness.trace.profile import (
     ATTENTION_RANGES,
@@ -64,7 +64,7 @@ from harness.trace.profile import (
     numbered_instances,
     open_profiler_step,
 )
-from harness.trace.sources import framework_profile, kineto, nsys
+from harness.trace.sources.load import load_profile
 from harness.trace.stats import Breakdown, Bucket, KernelStat, PhaseStats
 
 __all__ = ["Breakdown", "Bucket", "KernelStat", "PhaseStats", "answers", "attention_flops", "breakdown",
@@ -76,27 +76,6 @@ ATTRIBUTIONS = ("auto", "execution", "launch")
 WHOLE_PROFILE = "(whole profile)"
 _CATS = list(Category)
 _CAT = {c: i for i, c in enumerate(_CATS)}
-
-
-def load_profile(path: str | Path, label: str | None = None, nsys_bin: str | None = None,
-                 force: bool = False) -> Profile:
-    """Load a profile by its file name: ``.nsys-rep`` (exported with nsys), ``.sqlite[.gz]``,
-    a torch.profiler trace (``.json[.gz]``) or a JAX profiler trace (``.xplane.pb``).
-    `force`: analyse an nsys export whose importer lost kernel records."""
-    path = Path(path)
-    name = path.name
-    if not path.exists():
-        raise ProfileError(f"{path}: no such file")
-    if name.endswith(".nsys-rep"):
-        return nsys.read_sqlite(nsys.export_sqlite(path, nsys_bin), label, force)
-    if name.endswith((".sqlite", ".sqlite.gz")):
-        return nsys.read_sqlite(path, label, force)
-    if name.endswith((".json", ".json.gz")):
-        return kineto.load_torch_trace(path, label)
-    if name.endswith((".xplane.pb", ".xplane.pb.gz")) or path.is_dir():
-        return framework_profile.load_jax_trace(path, label)
-    raise ProfileError(f"{path}: not a profile; expected .nsys-rep, .sqlite[.gz] (nsys export), "
-                       "a torch.profiler .json or a JAX .xplane.pb")
 
 
 @lru_cache(maxsize=65536)
@@ -115,9 +94,8 @@ def _bucket(kt: KernelTable, mask: np.ndarray, inner: np.ndarray, ranges: Sequen
     for r, ns in zip(uniq, np.bincount(inv, weights=dur)):
         where[ranges[r].name if r >= 0 else "(no range)"] += int(ns)
     names, ninv = np.unique(kt.name[idx], return_inverse=True)
-    by_name = np.bincount(ninv, weights=dur)
-    top = [kt.names[names[i]] for i in np.argsort(-by_name)[:5]]
-    return Bucket(len(idx), int(dur.sum()), dict(where), top)
+    top = [kt.names[names[i]] for i in np.argsort(-np.bincount(ninv, weights=dur))[:5]]
+    return Bucket(count=len(idx), ns=int(dur.sum()), ranges=dict(where), names=top)
 
 
 def _range_info(ranges: Sequence[Range], parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -196,17 +174,17 @@ def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray
     for j in np.argsort(-ns, kind="stable"):
         rest, rule_j = divmod(int(u[j]), len(PHASE_RULES) + 1)
         name_id, cat = divmod(rest, len(_CATS))
-        name = kt.names[name_id]
-        stats.append(KernelStat(name, _CATS[cat].value, calls[j] / n, ns[j] / n, ns[j] / calls[j],
-                                ns[j] / n / total if total else 0.0, _decode(name),
-                                PHASE_RULES[rule_j - 1][0] if rule_j else None))
-    kinds = kt.kind[k]
-    return PhaseStats(key, root, len(instances), occurrences, sum(walls.values()) * devs / n, float(total),
-                      float(np.count_nonzero(kinds == KERNEL)) / n, categories, stats,
-                      float(np.count_nonzero((kinds == MEMCPY) | (kinds == MEMSET))) / n,
-                      float(statistics.median([per_inst.get(i, 0.0) for i in instances])) if instances else 0.0,
-                      float(statistics.median([walls.get(i, 0) for i in instances])) if instances else 0.0,
-                      devs, busy / n, hidden / n)
+        stats.append(KernelStat(name=(name := kt.names[name_id]), category=_CATS[cat].value,
+                                calls_per_step=calls[j] / n, ns_per_step=ns[j] / n, mean_ns=ns[j] / calls[j],
+                                share=ns[j] / n / total if total else 0.0, gemm=_decode(name),
+                                inferred_from=PHASE_RULES[rule_j - 1][0] if rule_j else None))
+    kinds, median = kt.kind[k], (lambda per: float(statistics.median([per.get(i, 0) for i in instances] or [0])))
+    return PhaseStats(phase=key, root=root, steps=len(instances), occurrences=occurrences,
+                      range_ns_per_step=sum(walls.values()) * devs / n, gpu_ns_per_step=float(total),
+                      kernels_per_step=float(np.count_nonzero(kinds == KERNEL)) / n, categories=categories,
+                      kernels=stats, copies_per_step=float(np.count_nonzero((kinds == MEMCPY) | (kinds == MEMSET))) / n,
+                      gpu_ns_median=median(per_inst), range_ns_median=median(walls), devices=devs,
+                      busy_ns_per_step=busy / n, hidden_communication_ns_per_step=hidden / n)
 
 
 def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto",
@@ -283,10 +261,12 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
         warnings += [f"the layer join covers only {c:.1%} of the {p} GPU time" for p, c in join.coverage.items()
                      if c < 0.95]
     layers = {} if labels is None else layer_totals(kt, layer_ranges, labels)
-    return Breakdown(profile.label, profile.source, profile.path, phases, bucket(kwarm & ~tune), bucket(tune),
-                     bucket(none), [*warnings, *_warnings(phases, profile.cpu_ops)], notes,
-                     bucket(kfirst & ~tune & ~none & ~kwarm), bucket(only_first), mode, reason, outside, moved,
-                     steady_rule, list(profile.api), layers, profile.cpu_ops)
+    return Breakdown(label=profile.label, source=profile.source, path=profile.path, phases=phases,
+                     warmup=bucket(kwarm & ~tune), autotuning=bucket(tune), unattributed=bucket(none),
+                     warnings=[*warnings, *_warnings(phases, profile.cpu_ops)], notes=notes,
+                     first_step=bucket(kfirst & ~tune & ~none & ~kwarm), first_only=bucket(only_first),
+                     attribution=mode, attribution_reason=reason, outside_share=outside, moved_share=moved,
+                     steady_rule=steady_rule, api=list(profile.api), layers=layers, cpu_ops=profile.cpu_ops)
 
 
 def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm: np.ndarray, first: set[int],
@@ -340,10 +320,11 @@ def _whole_profile(profile: Profile) -> Breakdown:
     note = ("no annotation ranges: the tables cover the whole profile (one \"step\"); add NVTX ranges "
             "(torch.cuda.nvtx.range_push/pop, jax.profiler.TraceAnnotation) around steps and phases "
             "for per-step figures")
-    return Breakdown(profile.label, profile.source, profile.path, {WHOLE_PROFILE: whole}, Bucket(),
-                     _bucket(kt, tune, inner, []), Bucket(), _warnings({WHOLE_PROFILE: whole}, profile.cpu_ops),
-                     [note, *profile.notes], attribution="none", attribution_reason="no ranges",
-                     steady_rule="no ranges: the whole profile", api=list(profile.api), cpu_ops=profile.cpu_ops)
+    return Breakdown(label=profile.label, source=profile.source, path=profile.path, phases={WHOLE_PROFILE: whole},
+                     warmup=Bucket(), autotuning=_bucket(kt, tune, inner, []), unattributed=Bucket(),
+                     warnings=_warnings({WHOLE_PROFILE: whole}, profile.cpu_ops), notes=[note, *profile.notes],
+                     attribution="none", attribution_reason="no ranges", steady_rule="no ranges: the whole profile",
+                     api=list(profile.api), cpu_ops=profile.cpu_ops)
 
 
 _ORDER = (*STEP_RANGES, *PHASES, *ATTENTION_RANGES)
@@ -381,6 +362,7 @@ def breakdown_files(paths: Sequence[str | Path], labels: Sequence[str | None] = 
         hlo = hlo_dir(path)
         bd = breakdown(profile, require, attribution, schedules=load_schedules(hlo) if hlo.is_dir() else None)
         meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
+        bd.warnings += run_json_problems(profile, bd, meta) if meta else []
         bds.append(bd)
         answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
     return bds, answer_sets

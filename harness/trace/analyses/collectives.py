@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.trace.analyses.overlap import _categories, _measured, union
+from harness.trace.analyses.intervals import _categories, _measured, union
 from harness.trace.kernels import Category
 from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, KernelTable, Profile, Range
 

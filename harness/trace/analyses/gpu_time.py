@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from harness.trace.analyses.overlap import covered_measure, union
+from harness.trace.analyses.intervals import covered_measure, union
 from harness.trace.kernels import Category, classify
 from harness.trace.profile import KERNEL, LAUNCH_APIS, PROFILER_STEP, UNKNOWN, Profile, Range
 

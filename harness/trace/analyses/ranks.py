@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.trace.analyses.answers import answers, harness_metadata
+from harness.trace.analyses.answers import answers, harness_metadata, run_json_problems
 from harness.trace.analyses.breakdown import Breakdown, breakdown, load_profile
 from harness.trace.analyses.gpu_time import gpu_time
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
@@ -126,6 +126,7 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
             bd = breakdown(profile, require, rule, schedules=load_schedules(hlo) if hlo.is_dir() else None)
             i = len(bds)
             meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
+            bd.warnings += run_json_problems(profile, bd, meta) if meta else []
             bds.append(bd)
             answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
             figures.append({"label": bd.label, "gpu": profile.gpu, **gpu_time(profile, scope)})

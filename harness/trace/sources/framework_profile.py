@@ -81,13 +81,19 @@ def jax_profiler(out_dir: str | Path) -> Iterator[None]:
 
 
 def _xplane_file(path: Path) -> Path:
+    """The trace file of `path`: itself, or the one trace of the folder jax.profiler.start_trace
+    wrote (DIR/plugins/profile/<run>/<host>.xplane.pb). Any other folder, or one holding
+    several traces, is refused: a trace picked from elsewhere would be a silently wrong report."""
     if path.is_file():
         return path
-    found = sorted(path.rglob("*.xplane.pb*"), key=lambda p: p.stat().st_mtime)
+    found = sorted([*path.glob("*.xplane.pb*"), *path.glob("plugins/profile/*/*.xplane.pb*")])
     if not found:
-        raise ProfileError(f"{path}: no *.xplane.pb below it; is it the directory passed to "
-                           "jax.profiler.start_trace / framework_profile.jax_profiler?")
-    return found[-1]
+        raise ProfileError(f"{path}: a folder without a JAX trace (DIR/plugins/profile/<run>/<host>.xplane.pb); name "
+                           "the folder given to jax.profiler.start_trace, or the .xplane.pb file")
+    if len(found) > 1:
+        raise ProfileError(f"{path}: {len(found)} JAX traces in it ({found[0].name}, ...); name the .xplane.pb "
+                           "file to analyse")
+    return found[0]
 
 
 def load_jax_trace(path: str | Path, label: str | None = None,

@@ -30,7 +30,6 @@ import numpy as np
 
 from harness.trace.analyses.attribution import TID_PROCESS_SHIFT
 from harness.trace.profile import (
-    BACKENDS,
     GRAPH,
     KERNEL,
     MEMCPY,
@@ -48,10 +47,6 @@ from harness.trace.sources.sqlite_load import ParallelReader
 # --cuda-graph-trace=node: XLA replays steps as CUDA graphs, which nsys otherwise records
 # as one graph-level event each, hiding every kernel of the measured steps.
 TRACE_FLAGS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node")
-# XLA's own NVTX ranges (domain "TSL") break the nsys importer ("Cannot find string for
-# an exterior index"), which then drops every kernel record; the harness's ranges live
-# in the default domain, so excluding TSL keeps kernels and phase ranges.
-JAX_FLAGS = ("--nvtx-domain-exclude=TSL",)
 GRAPH_NAME = "[CUDA graph: whole graph, kernels not traced]"
 GRAPH_NOTE = ("CUDA graphs were traced as whole graphs: {count} graph launches, {ms:.3f} ms of GPU time in "
               "`{name}` rows; the per-kernel tables describe only the kernels launched outside graphs. "
@@ -85,16 +80,15 @@ def find_nsys(explicit: str | None = None) -> str:
 
 
 def profile_command(
-    backend: str, output: str | Path, program: Sequence[str], nsys: str | None = None
+    output: str | Path, program: Sequence[str], nsys: str | None = None, flags: Sequence[str] = ()
 ) -> list[str]:
-    """The `nsys profile` argv that runs `program` and writes ``<output>.nsys-rep``."""
-    if backend.split("-")[0] not in BACKENDS:  # torch-compile[-cg] take torch's flags
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    """The `nsys profile` argv that runs `program` and writes ``<output>.nsys-rep``;
+    `flags`: the backend's own (`harness.backends.Backend.nsys_flags`)."""
     return [
         find_nsys(nsys),
         "profile",
         *TRACE_FLAGS,
-        *(JAX_FLAGS if backend == "jax" else ()),
+        *flags,
         "--force-overwrite=true",
         f"--output={output}",
         *program,
@@ -298,30 +292,40 @@ def _gpu_name(db: sqlite3.Connection, tables: set[str]) -> str | None:
 
 def _unpack(path: Path, tmp: Path) -> Path:
     """The SQLite file of the export `path`; a gzipped one is unpacked into `tmp` first."""
+    sqlite = path
     if path.suffix == ".gz":
-        target = tmp / "profile.sqlite"
+        sqlite = tmp / "profile.sqlite"
         try:
-            with gzip.open(path) as src, open(target, "wb") as dst:
+            with gzip.open(path) as src, open(sqlite, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
         except (OSError, EOFError) as exc:
             raise ProfileError(f"{path}: not a gzip file ({exc}); expected .sqlite.gz from "
                                "`nsys export --type sqlite` then gzip") from None
-        path = target
-    with open(path, "rb") as f:
+    with open(sqlite, "rb") as f:  # errors name `path`, the user's file, never the unpacked copy
         if f.read(len(_SQLITE_MAGIC)) != _SQLITE_MAGIC:
-            raise ProfileError(f"{path}: not an SQLite file; pass an .nsys-rep, or its export "
-                               "from `nsys export --type sqlite`")
-    return path
+            what = "empty" if os.path.getsize(sqlite) == 0 else "not an SQLite file"
+            raise ProfileError(f"{path}: {what}{' once unpacked' if sqlite != path else ''}; pass an .nsys-rep, "
+                               "or its export from `nsys export --type sqlite`")
+    return sqlite
 
 
 def read_sqlite(path: str | Path, label: str | None = None, force: bool = False) -> Profile:
+    """Read an nsys SQLite export (``.sqlite`` or ``.sqlite.gz``) into a `Profile`; a
+    damaged file (truncated in a copy, say) is a ProfileError naming it."""
+    try:
+        return _read_sqlite(Path(path), label, force)
+    except sqlite3.DatabaseError as exc:
+        raise ProfileError(f"{path}: the SQLite file is damaged ({exc}), truncated perhaps; export it again with "
+                           "`nsys export --type sqlite`") from None
+
+
+def _read_sqlite(path: Path, label: str | None, force: bool) -> Profile:
     """Read an nsys SQLite export (``.sqlite`` or ``.sqlite.gz``) into a `Profile`.
 
     The large tables are read on a pool of threads (`harness.trace.sources.sqlite_load`) while this
     thread reads the small ones. When nsys's importer reported errors, the profile is refused
     only if kernel records are actually missing (kernel launches without a kernel); `force`
     reads it anyway."""
-    path = Path(path)
     with tempfile.TemporaryDirectory() as tmp, ParallelReader(_unpack(path, Path(tmp))) as reader:
         tables = _tables(reader.db)
         if not tables & {"StringIds", "TARGET_INFO_SESSION_START_TIME", "NVTX_EVENTS"}:

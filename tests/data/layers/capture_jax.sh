@@ -4,7 +4,7 @@
 #     NSYS=/path/to/nsys tests/data/layers/capture_jax.sh [more harness.run options]
 #
 # Runs `harness.run --backend jax --layer-ranges` (tiny model, ctx 64, bf16) under nsys with
-# the flags the harness itself uses (harness.trace.nsys: TRACE_FLAGS + JAX_FLAGS, XLA's TSL
+# the flags the harness itself uses (harness.trace.sources.nsys.TRACE_FLAGS + the jax record's nsys_flags, XLA's TSL
 # NVTX domain excluded), and keeps, in this folder: the gzipped and slimmed SQLite export
 # (jax_layers.sqlite.gz), the result JSON (jax_layers.harness.json) and the optimized HLO the
 # run wrote (jax_layers.hlo/forward.txt, backward.txt). Extra arguments go to harness.run:

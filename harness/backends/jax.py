@@ -1,0 +1,97 @@
+"""The JAX family: jax_impl with separately jitted phases and a fused step.
+
+The session is `harness.timing.jax_backend.JaxSession`; this module says what the harness
+needs to know about it, importing JAX only when a session, a profiler or a check is asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import AbstractContextManager
+
+from harness.backends import Backend
+
+PRECISION = {
+    "fp32": "everything in float32; matmul precision 'highest' (no TF32, which XLA uses by default)",
+    "tf32": "float32 storage; XLA's default matmul precision (TF32 tensor cores on Ampere and newer)",
+    "bf16": (
+        "matmul weights (every 2-D parameter but the embedding) cast to bf16 inside the jitted "
+        "step and linear inputs cast to the weight dtype, so matmuls take bf16 and give bf16; "
+        "embedding, residual stream, RMSNorm (float32 inside), softmax and loss in float32; "
+        "float32 master weights, gradients and AdamW state"
+    ),
+}
+MEMORY_NOTE = "jax: the allocator's peak_bytes_in_use after the phase (a process-wide high-water mark)"
+# XLA's own NVTX ranges (domain "TSL") break the nsys importer ("Cannot find string for
+# an exterior index"), which then drops every kernel record; the harness's ranges live
+# in the default domain, so excluding TSL keeps kernels and phase ranges.
+NSYS_FLAGS = ("--nvtx-domain-exclude=TSL",)
+# Relative-error bounds against eager torch per dtype. float32 reorderings give ~1e-6 on
+# logits and grads; the bounds leave room for GPU reduction orders and still sit orders
+# of magnitude below what a wrong RoPE pairing, a missing scale or a swapped weight
+# produces (0.1 to 1, see tests/test_parity.py). AdamW's first steps move each weight by
+# about lr * sign(g), so weights whose gradient is at rounding level can step either way:
+# the update bound is looser than the gradient bound for that reason.
+PARALLEL = {
+    "ddp": "replicated (parameters and AdamW state on every device)",
+    "fsdp": "sharded parameters (each parameter and its AdamW state split along its first axis N divides)",
+    "zero1": "sharded optimizer state (parameters replicated, AdamW state split along the data axis)",
+}
+TOLERANCES: dict[str, dict[str, float]] = {
+    "fp32": {"logits": 1e-5, "loss": 1e-5, "grad": 5e-5, "param": 1e-5, "update": 5e-3},
+    "tf32": {"logits": 5e-3, "loss": 1e-3, "grad": 2e-2, "param": 1e-4, "update": 1e-1},
+    # bf16 param: 4.7e-3 measured on `large` (36 layers) on an H200; rounding grows with depth.
+    "bf16": {"logits": 3e-2, "loss": 1e-2, "grad": 5e-2, "param": 1e-2, "update": 1e-1},
+}
+
+
+def _make_session(opts, config, tokens):
+    """JAX over every data-parallel device of this process, from the shared seeded torch
+    weights (torch has no Pallas kernel, so they come from its counterpart: the weights do
+    not depend on the attention kernel)."""
+    from harness.backends import backend_attention
+    from harness.timing.jax_backend import JaxSession
+    from harness.timing.torch_backend import init_model
+
+    weights = init_model(dataclasses.replace(config, attention=backend_attention("torch", config.attention)),
+                         opts.seed)
+    return JaxSession(config, tokens, device=opts.device, dtype=opts.dtype, seed=opts.seed, weights=weights,
+                      data_parallel=opts.data_parallel, parallel=opts.parallel, layer_ranges=opts.layer_ranges)
+
+
+def _annotate_attention(device: str) -> AbstractContextManager:
+    """Ranges around naive attention's three steps; ranges inside a jitted function would
+    be traced away, so the step runs op by op."""
+    import jax
+
+    from harness.timing.ranges import annotate_attention
+    from jax_impl.model import CausalSelfAttention
+
+    annotate_attention(CausalSelfAttention, jax.block_until_ready)
+    return jax.disable_jit()
+
+
+def _profiler(path: str) -> AbstractContextManager:
+    from harness.trace.sources.framework_profile import jax_profiler
+
+    return jax_profiler(path)
+
+
+def _annotation():
+    import jax
+
+    return jax.profiler.TraceAnnotation
+
+
+def _oom() -> BaseException:
+    import jax
+
+    return jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory (simulated by --fail-in)")
+
+
+JAX = Backend(name="jax", make_session=_make_session, precision=PRECISION, attention=("naive", "fused", "pallas"),
+              memory_note=MEMORY_NOTE, fused_step=True, layer_ranges="hlo", annotate_attention=_annotate_attention,
+              nsys_flags=NSYS_FLAGS, parallel=PARALLEL, one_process=True, profile_file="jax-trace",
+              profiler=_profiler, annotation=_annotation, compile_events="jax.monitoring", simulated_oom=_oom,
+              tolerances=TOLERANCES, default=True, compile_weight=3)
+RECORDS = (JAX,)

@@ -1,0 +1,59 @@
+"""What a comparison does with the profiles its runs left: keeps them, breaks them down
+by kernel, measures the communication per rank or device, lays them on one timeline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+
+def keep_profiles(profiles: dict[str, str], dest: str) -> None:
+    """Copy each profile, and the SQLite export beside an .nsys-rep, into `dest`."""
+    os.makedirs(dest, exist_ok=True)
+    for path in profiles.values():
+        sqlite = os.path.splitext(path)[0] + ".sqlite"
+        for src in (path, sqlite) if path.endswith(".nsys-rep") and os.path.exists(sqlite) else (path,):
+            copy = shutil.copytree if os.path.isdir(src) else shutil.copy2
+            copy(src, os.path.join(dest, os.path.basename(src)))
+
+
+def kernel_breakdown(profiles: dict[str, str], workdir: str, nsys_bin: str | None) -> tuple[list, list]:
+    """Kernel breakdowns and the answers (a)-(e), one per profiled backend."""
+    from harness.trace.analyses.breakdown import breakdown_files
+
+    return breakdown_files(list(profiles.values()), list(profiles),
+                           [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=nsys_bin)
+
+
+def communication_overlap(profiles: dict[str, str], devices: int, nsys_bin: str | None,
+                          runs: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Per backend, communication hidden under compute and exposed, per rank (torch: every
+    rank's profile beside rank 0's) or per device (JAX's one profile), and split into
+    transfer and waiting, with bandwidth from the gradients' size of the run in `runs`."""
+    from harness.trace.analyses.collectives import gradient_bytes
+    from harness.trace.analyses.overlap import rank_profiles
+
+    return {backend: rank_profiles(rank_files(first, devices), nsys_bin, gradient_bytes((runs or {}).get(backend)))
+            for backend, first in profiles.items()}
+
+
+def rank_files(first: str, devices: int) -> list[str]:
+    """A backend's profiles: every rank's beside rank 0's (a process per device), else the one."""
+    paths = [first.replace(".rank0.", f".rank{r}.") for r in range(devices)] if ".rank0." in first else [first]
+    return [p for p in paths if os.path.exists(p)]
+
+
+def backend_timeline(profiles: dict[str, str], bds: list, devices: int, nsys_bin: str | None,
+                     steps: tuple[int, ...] | str | None) -> dict:
+    """The profiled backends on one trace (`harness.trace.timeline`): one process per backend,
+    and per rank where a backend was profiled rank by rank."""
+    from harness.trace.timeline import build_timeline, runs_from_files
+
+    paths, per_path, labels = [], [], []
+    for (backend, first), bd in zip(profiles.items(), bds):
+        ranks = rank_files(first, devices)
+        for r, path in enumerate(ranks):
+            paths.append(path)
+            per_path.append(bd)  # every rank runs the same program: rank 0's attribution rule holds
+            labels.append(f"{backend} rank {r}" if len(ranks) > 1 else backend)
+    return build_timeline(runs_from_files(paths, per_path, nsys_bin, labels=labels), steps)

@@ -1,0 +1,72 @@
+"""A run's result document as terminal text: the phase table, outliers, data-parallel figures."""
+
+from __future__ import annotations
+
+from harness.common.stats import cell
+from harness.timing.distributed import parallel_label
+
+
+def format_result(doc: dict) -> str:
+    o = doc["options"]
+    head = (f"{o['backend']} {o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} {o['attention']} "
+            f"{o['mode']} on {o['device']}")
+    if doc["status"] != "ok":
+        return f"{head}: FAILED: {doc['error']['message']}"
+    n = o.get("data_parallel", 1)
+    head += f", {n} devices (TFLOP/s and MFU per device)" if n > 1 else ""
+    lines = [head]
+    if len((doc.get("data_parallel") or {}).get("ranks") or ()) > 1:  # each rank timed its own phases
+        lines.append("rank 0's phases (the data-parallel step below is the slowest rank's median):")
+    lines.append(f"{'phase':<11} {'median ms (p10-p90)':>26} {'TFLOP/s':>8} {'MFU':>6} {'peak MiB':>9}")
+    for name, p in doc["phases"].items():
+        tf = f"{p['tflops']:.2f}" if p["tflops"] else "-"
+        mfu = f"{100 * p['mfu']:.1f}%" if p["mfu"] else "-"
+        mem = f"{p['peak_memory_bytes'] / 2**20:.0f}" if p["peak_memory_bytes"] else "-"
+        lines.append(f"{name:<11} {cell(p):>26} {tf:>8} {mfu:>6} {mem:>9}")
+    lines += outlier_lines(doc)
+    first = doc.get("first_step")
+    if first:
+        step_ms = first["time_to_first_step_ms"] - first["setup_ms"]
+        lines.append(f"time to first step: {first['time_to_first_step_ms'] / 1e3:.2f} s "
+                     f"(setup {first['setup_ms'] / 1e3:.2f} s + first step {step_ms / 1e3:.2f} s)")
+    if doc.get("overhead"):
+        lines.append(f"instrumentation overhead: {doc['overhead']['ratio']:.3f}x plain steps "
+                     f"(rounds {min(doc['overhead']['round_ratios']):.3f}-{max(doc['overhead']['round_ratios']):.3f})")
+    if (layers := doc.get("layer_ranges")) and layers.get("overhead_ratio"):
+        lines.append(f"layer ranges: {layers['overhead_ratio']:.3f}x the step without them "
+                     f"(rounds {min(layers['round_ratios']):.3f}-{max(layers['round_ratios']):.3f})")
+    lines += [f"warning: {w}" for w in doc.get("warnings", [])]
+    return "\n".join(lines)
+
+
+def outlier_lines(doc: dict) -> list[str]:
+    """One line per outlier step of a result document: phase, index, time, cause."""
+    return [f"outlier: {name}, measured step {o['index']}: {o['ms']:.2f} ms ({o['x_median']:.1f}x the median)"
+            + (f": {'; '.join(o['causes'])}" if o.get("causes") else "")
+            for name, p in doc.get("phases", {}).items() for o in p.get("outliers", [])]
+
+
+def format_data_parallel(doc: dict) -> list[str]:
+    """The data-parallel lines under a run's table: global step, tokens/s, per-rank spread,
+    the link's bandwidth and the ranks' waiting where measured."""
+    dp = doc.get("data_parallel")
+    if not dp:
+        return []
+    label = dp.get("label") or parallel_label((doc.get("options") or {}).get("backend", "torch"), dp["parallel"])
+    lines = [f"data-parallel {dp['n']} ({label}), global batch {dp['global_batch']}: step "
+             f"{dp['step_ms']:.3f} ms, {dp['tokens_per_s']:.0f} tokens/s"]
+    if len(dp["ranks"]) > 1:
+        lines += [f"  {name:<10} per-rank medians {s['min_ms']:.3f}-{s['max_ms']:.3f} ms, "
+                  f"straggler {s['straggler']:.3f}x (slowest rank {s['slowest_rank']})"
+                  for name, s in dp["spread"].items()]
+    else:
+        lines.append(f"  {dp['note']}")
+    if link := dp.get("link"):
+        lines.append(f"  link: all-reduce of {link['bytes'] / 1e6:.1f} MB in {link['median_ms']:.3f} ms, "
+                     f"bus bandwidth {link['busbw_gbps']:.1f} GB/s ({link['backend']})")
+    if split := dp.get("host_split"):
+        waits = ", ".join(f"rank {r['rank']} {r['waiting_ms_per_step']:.3f}" for r in split["ranks"])
+        late = f", late from its {split['late_phase']}" if split.get("late_phase") else ""
+        lines.append(f"  waiting per step in the backward's all-reduce (host timings): {waits} ms; last to arrive: "
+                     f"rank {split['last_rank']} in {100 * split['last_share']:.0f}% of steps{late}")
+    return lines

@@ -1,0 +1,134 @@
+"""The backend registry: a backend added from outside runs through `harness.run` and
+`harness.compare` with no other file changed, its subprocesses included."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness import backends
+from harness.backends import Backend
+from harness.common.cli import UsageError
+from harness.timing.torch_backend import TorchSession, init_model
+
+EXACT = {"logits": 1e-6, "loss": 1e-6, "grad": 1e-6, "param": 1e-6, "update": 1e-6}
+
+
+class ToySession(TorchSession):
+    """Eager torch in float32 under another name: the same program as the reference, so
+    parity must find it equal to rounding."""
+
+
+def _toy_session(opts, config, tokens) -> ToySession:
+    return ToySession(config, tokens, device=opts.device, dtype=opts.dtype, seed=opts.seed,
+                      weights=init_model(config, opts.seed), optimizer=opts.optimizer)
+
+
+TOY = Backend(name="toy", make_session=_toy_session, precision={"fp32": "toy: eager torch in float32"},
+              attention=("naive",), memory_note="toy: no peak memory on CPU", tolerances={"fp32": EXACT},
+              unavailable=lambda device: "toy runs on the CPU only; use --device cpu" if device != "cpu" else None)
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.delenv(backends.PLUGINS_ENV, raising=False)
+    backends.register(TOY, source=f"{__file__}:TOY")
+    yield TOY
+    backends.unregister(TOY.name)
+
+
+def test_registered_backend_is_listed_and_exported(toy):
+    import os
+
+    assert backends.names()[-1] == "toy" and backends.get("toy") is TOY
+    assert "toy" in backends.compared() and "toy" not in backends.defaults()
+    assert os.environ[backends.PLUGINS_ENV] == f"{__file__}:TOY"
+    assert backends.backend_attention("toy", "naive") == "naive"
+    assert "is not a kernel of --backend toy" in backends.attention_problem("toy", "fused")
+    with pytest.raises(UsageError, match="--backend toy runs on the CPU only"):
+        backends.choose_backends(["toy"], (), "cuda", "run")
+
+
+def test_unregistered_backend_is_gone(toy):
+    import os
+
+    backends.unregister("toy")
+    assert "toy" not in backends.names() and backends.PLUGINS_ENV not in os.environ
+    with pytest.raises(ValueError, match="unknown backend 'toy'"):
+        backends.get("toy")
+    backends.register(TOY, source=f"{__file__}:TOY")  # for the fixture's teardown
+
+
+def test_toy_backend_runs_and_compares_end_to_end(toy, tmp_path):
+    """`harness.run --backend toy` in a subprocess finds the toy through the environment,
+    and `harness.compare --backend torch,toy` runs it, checks parity against eager torch
+    and reports it: the toy is eager torch, so its first loss is torch's to the bit."""
+    common = ["--model", "tiny", "--ctx", "16", "--batch", "2", "--device", "cpu", "--warmup", "1", "--steps", "2"]
+    out = tmp_path / "toy.json"
+    proc = subprocess.run([sys.executable, "-m", "harness.run", "--backend", "toy", *common, "--quiet",
+                           "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "ok" and doc["precision"] == "toy: eager torch in float32"
+    assert doc["memory_note"] == TOY.memory_note
+    assert list(doc["phases"]) == ["forward", "backward", "optimizer", "step"]  # no fused step
+
+    from harness import compare
+
+    assert compare.main(["--backend", "torch,toy", *common, "--out", str(tmp_path / "results")]) == 0
+    folder = next((tmp_path / "results").iterdir())
+    summary = json.loads((folder / "summary.json").read_text())
+    runs = summary["runs"]
+    assert list(runs) == ["torch", "toy"] and summary["reference"] == "torch"
+    assert runs["toy"]["loss"]["first"] == runs["torch"]["loss"]["first"]
+    parity = summary["parity"]
+    assert parity["ok"] and parity["tolerances"] == {"toy": EXACT}
+    assert {r["backend"] for r in parity["rows"]} == {"toy"}
+    assert "**toy**" in (folder / "report.md").read_text()
+
+
+def test_every_session_class_has_the_protocol_s_methods():
+    """The built-in sessions implement `Session` (checked by name and signature's
+    keyword-only `grad` of forward, which the timer passes)."""
+    import inspect
+
+    from harness.backends.session import Session
+    from harness.timing.jax_backend import JaxSession
+    from harness.timing.torch_backend import TorchCompileSession
+
+    wanted = {name for name, _ in inspect.getmembers(Session, inspect.isfunction) if not name.startswith("_")}
+    assert {"forward", "backward", "optimizer_step", "fused_step", "plain_step", "sync", "params"} <= wanted
+    for cls in (TorchSession, TorchCompileSession, JaxSession, ToySession):
+        assert wanted <= {name for name, _ in inspect.getmembers(cls, inspect.isfunction)}, cls
+        assert "grad" in inspect.signature(cls.forward).parameters, cls
+
+
+def test_wrap_options_reach_only_the_backends_that_take_them() -> None:
+    """A comparison's DDP/FSDP2 options go into the torch runs' command lines and not into
+    JAX's (Backend.wrap_options); the defaults are left out of every command line."""
+    from harness.timing.spec import Comparison, RunSpec, run_argv
+
+    run = RunSpec(backend="torch", model="tiny", ctx=16, data_parallel=2, parallel="fsdp", ddp_bucket_mb=50.0,
+                  grad_comm="bf16", fsdp_reshard_after_forward=False)
+    c = Comparison(run=run, backends=("torch", "jax"))
+    torch_argv, jax_argv = run_argv(c.run_spec("torch")), run_argv(c.run_spec("jax"))
+    assert torch_argv[-8:] == ["--parallel", "fsdp", "--ddp-bucket-mb", "50", "--grad-comm", "bf16",
+                               "--fsdp-reshard-after-forward", "false"]
+    assert jax_argv[-4:] == ["--data-parallel", "2", "--parallel", "fsdp"]
+    assert c.run_spec("jax").fsdp_reshard_after_forward and c.run_spec("jax").ddp_bucket_mb is None
+    assert "--parallel" not in run_argv(RunSpec(backend="torch", model="tiny", ctx=16, ddp_bucket_mb=50.0))
+
+
+def test_parallel_strategies_are_asked_of_the_record() -> None:
+    from harness.timing.distributed import parallel_label, parallel_problem
+
+    assert parallel_label("torch-compile", "fsdp") == "FSDP2" and parallel_label("jax", "zero1", short=True) == \
+        "sharded optimizer state"
+    assert parallel_problem("jax", "ddp", ddp_static_graph=True).startswith("--ddp-static-graph is an option of "
+                                                                            "torch's DDP/FSDP2")
+    assert parallel_problem("torch", "zero1") == ("--parallel zero1 (sharded optimizer state) is jax's; for torch use "
+                                                  "--parallel ddp (DDP) or fsdp (FSDP2)")
+    assert parallel_problem("jax", "zero1") is None and parallel_problem("torch", "ddp", 25.0) is None

@@ -97,11 +97,12 @@ def format_projection(p: dict) -> str:
     inter = f"{p['inter_gbps']:g} Gbit/s per device" if p["inter_gbps"] else "not given"
     lines = [f"Projection for {p['backend']}: compute {p['compute_ms']:.3f} ms (the N = 1 step); fitted at N = "
              f"{p['fit_n']} ({p['fit_step_ms']:.3f} ms): {100 * p['hidden']:.1f}% of the all-reduce hidden, "
-             f"other {p['other_ms']:.3f} ms; gradients {p['grad_bytes'] / 1e9:.3f} GB; bus bandwidth {p['busbw_gbps']:.1f} GB/s ({p['busbw_source']}); "
+             f"other {p['other_ms']:.3f} ms; gradients {p['grad_bytes'] / 1e9:.3f} GB; bus bandwidth "
+             f"{p['busbw_gbps']:.1f} GB/s ({p['busbw_source']}); "
              f"{p['per_node']} devices per node; inter-node {inter}.", "",
              *markdown_table(["N", "nodes", "all-reduce ms", "exposed ms", "step ms", "efficiency",
                               "measured step ms", "measured efficiency"], body), "",
              "step(N) = compute + (1 - hidden) x comm(N) + other; comm(N) = 2(N-1)/N x bytes / bus bandwidth on "
-             "one node, + 2(k-1)/k x bytes / D / inter-node bandwidth over k nodes of D devices; efficiency = compute / "
-             "step(N).", f"Assumptions: {ASSUMPTIONS}."]
+             "one node, + 2(k-1)/k x bytes / D / inter-node bandwidth over k nodes of D devices; efficiency = "
+             "compute / step(N).", f"Assumptions: {ASSUMPTIONS}."]
     return "\n".join(lines) + "\n"

@@ -61,6 +61,8 @@ class Backend:
     # takes the DDP/FSDP2 wrap options (--ddp-bucket-mb, --ddp-static-graph, --grad-comm,
     # --fsdp-reshard-after-forward); a backend without them runs with none and is refused them
     wrap_options: bool = False
+    # DDP's bucket_cap_mb when --ddp-bucket-mb is not given (None: DDP's own default, 25 MB)
+    ddp_bucket_mb: float | None = None
     one_process: bool = False  # data-parallel: one process drives every device (else one per device)
     profile_file: str = "{name}-trace.json"  # its framework profile's file (or folder) name
     profiler: Callable[[str], AbstractContextManager] | None = None  # (path) -> records a framework profile

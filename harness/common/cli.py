@@ -265,7 +265,8 @@ def add_data_parallel(parser: argparse.ArgumentParser, *, many: bool = False) ->
                              "parameters replicated, or sharded along their first axis N divides (with their AdamW "
                              "state), or (zero1, JAX only) replicated with the AdamW state sharded")
     parser.add_argument("--ddp-bucket-mb", type=positive_float, default=None, metavar="MB",
-                        help="torch DDP: gradient bucket size (bucket_cap_mb); None: DDP's default, 25")
+                        help="torch DDP: gradient bucket size (bucket_cap_mb); None: 250 for the compiled backends "
+                             "(each bucket cuts their graph), DDP's default 25 for eager torch")
     parser.add_argument("--ddp-static-graph", action="store_true",
                         help="torch DDP: static_graph=True (the same parameters used every step)")
     parser.add_argument("--grad-comm", type=choice("grad-comm", GRAD_COMM), default="fp32",

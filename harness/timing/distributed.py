@@ -68,6 +68,15 @@ def parallel_problem(backend: str, parallel: str, ddp_bucket_mb: float | None = 
     return None
 
 
+DDP_DEFAULT_BUCKET_MB = 25.0  # torch DistributedDataParallel's bucket_cap_mb default
+
+
+def bucket_mb(opts) -> float | None:
+    """The DDP bucket size a run of `opts` (a RunSpec) uses, in MB: `--ddp-bucket-mb`,
+    else its backend's default (`Backend.ddp_bucket_mb`; None: DDP's own, 25)."""
+    return opts.ddp_bucket_mb or backends.get(opts.backend).ddp_bucket_mb
+
+
 def apply_safe_env() -> None:
     """Set each `SAFE_ENV` variable that is unset, in this process (so children inherit it)."""
     for key, value in SAFE_ENV.items():
@@ -239,7 +248,10 @@ def data_parallel_record(per_rank: list[dict], opts, note: str) -> dict:
                         "straggler": medians[slow] / min(medians) if min(medians) else None}
     step_ms = spread["step"]["max_ms"]
     tokens = n * opts.batch * opts.ctx
+    record = backends.get(opts.backend)
+    ddp = opts.parallel == "ddp" and record.wrap_options
     return {"n": n, "parallel": opts.parallel, "label": parallel_label(opts.backend, opts.parallel),
+            "bucket_mb": (bucket_mb(opts) or DDP_DEFAULT_BUCKET_MB) if ddp else None,
             "per_device_batch": opts.batch, "global_batch": n * opts.batch,
             "ranks": [{"rank": r, "median_ms": m} for r, m in enumerate(per_rank)], "spread": spread,
             "step_ms": step_ms, "tokens_per_s": tokens / (step_ms / 1e3) if step_ms else None,

@@ -53,6 +53,8 @@ def format_data_parallel(doc: dict) -> list[str]:
     if not dp:
         return []
     label = dp.get("label") or parallel_label((doc.get("options") or {}).get("backend", "torch"), dp["parallel"])
+    if dp.get("bucket_mb"):
+        label += f", {dp['bucket_mb']:g} MB buckets"
     lines = [f"data-parallel {dp['n']} ({label}), global batch {dp['global_batch']}: step "
              f"{dp['step_ms']:.3f} ms, {dp['tokens_per_s']:.0f} tokens/s"]
     if len(dp["ranks"]) > 1:

@@ -42,7 +42,7 @@ class RunSpec:
     data_parallel: int = 1  # devices
     parallel: str = "ddp"  # torch: ddp or fsdp; jax: replicated (ddp), sharded (fsdp), AdamW state sharded (zero1)
     # The DDP/FSDP2 wrap (backends with Backend.wrap_options):
-    ddp_bucket_mb: float | None = None  # DDP's bucket_cap_mb (None: DDP's default, 25)
+    ddp_bucket_mb: float | None = None  # DDP's bucket_cap_mb (None: the backend's default, Backend.ddp_bucket_mb)
     ddp_static_graph: bool = False  # DDP's static_graph
     grad_comm: str = "fp32"  # DDP's gradient all-reduce: fp32, or bf16 (bf16_compress_hook)
     fsdp_reshard_after_forward: bool = True  # FSDP2: free the gathered parameters after the forward

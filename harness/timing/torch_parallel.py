@@ -21,8 +21,10 @@ def distribute(session, opts) -> None:
     """Wrap `session.model` for data parallelism as `opts` (a RunSpec) asks, in place.
 
     DDP: gradients all-reduced to their mean in buckets during backward, with
-    `--ddp-bucket-mb` (bucket_cap_mb), `--ddp-static-graph` and `--grad-comm bf16` (the
-    bf16 compression hook: gradients cast to bf16 for the all-reduce, halving its bytes);
+    `--ddp-bucket-mb` (bucket_cap_mb; when not given, the backend record's `ddp_bucket_mb`:
+    250 MB for the compiled backends, DDP's 25 MB for eager), `--ddp-static-graph` and
+    `--grad-comm bf16` (the bf16 compression hook: gradients cast to bf16 for the
+    all-reduce, halving its bytes);
     gradient_as_bucket_view is on, so the gradients are views into the buckets and not
     copied into them after each backward. A compiled session's loss calls the wrapped
     model, so torch.compile traces DDP's forward (Dynamo's DDPOptimizer splits the graph
@@ -32,6 +34,7 @@ def distribute(session, opts) -> None:
     the gathered parameters from the forward to the backward (one all-gather fewer, more
     memory). FSDP2 replaces the parameters with sharded DTensors, so the optimizer is
     rebuilt on them."""
+    from harness.timing.distributed import bucket_mb
     from harness.timing.torch_backend import make_optimizer
 
     if opts.parallel == "ddp":
@@ -41,7 +44,8 @@ def distribute(session, opts) -> None:
         device = session.device
         ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" \
             else None
-        bucket = {"bucket_cap_mb": opts.ddp_bucket_mb} if opts.ddp_bucket_mb else {}
+        mb = bucket_mb(opts)
+        bucket = {"bucket_cap_mb": mb} if mb else {}
         session.model = DistributedDataParallel(session.model, device_ids=ids, gradient_as_bucket_view=True,
                                                 static_graph=opts.ddp_static_graph, **bucket)
         if opts.grad_comm == "bf16":

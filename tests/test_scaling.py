@@ -34,8 +34,9 @@ def test_efficiency_by_hand() -> None:
     assert by_n[4]["efficiency"] == pytest.approx(100 / 160)
     assert rows[0]["efficiency"] is None  # jax has no N = 1 run
     text = format_scaling(rows)
-    assert "| torch | large ctx 1024 batch 4/device bf16 naive cuda | DDP | 4 | step | 160.000 | 102400 | - | 62.5% |" \
-        in text
+    # a document without `bucket_mb` predates the per-backend default: DDP's own 25 MB
+    assert ("| torch | large ctx 1024 batch 4/device bf16 naive cuda | DDP, 25 MB buckets | 4 | step | 160.000 | "
+            "102400 | - | 62.5% |") in text
     assert "| jax | large ctx 1024 batch 4/device bf16 naive cuda | replicated | 2 | step | 100.000 | 81920 | - | - |" \
         in text
 
@@ -123,3 +124,23 @@ def test_projection_keeps_growth_the_all_reduce_cannot_explain() -> None:
     assert p["hidden"] == 0.0 and p["other_ms"] == pytest.approx(20.0)
     (row,) = p["rows"]
     assert row["step_ms"] == pytest.approx(150.0) and row["efficiency"] == pytest.approx(100 / 150)
+
+
+def test_options_are_rows_of_their_own_against_the_one_device_run() -> None:
+    """Two N = 2 runs of one backend that differ in their DDP options, or in XLA_FLAGS, are
+    two rows, each against the backend's one-device run (the JAX one under the same flags)."""
+    one, default, big = _doc("torch-compile", 1, 80.0), _doc("torch-compile", 2, 100.0), _doc("torch-compile", 2, 120.0)
+    default["data_parallel"]["bucket_mb"] = 250.0  # recorded by the run: the compiled backends' default
+    big["options"].update(ddp_bucket_mb=25.0, ddp_static_graph=True, grad_comm="bf16")
+    jax1, jax2, jax2_flags = _doc("jax", 1, 60.0), _doc("jax", 2, 75.0), _doc("jax", 2, 64.0)
+    jax2_flags["env"] = {"settings": {"XLA_FLAGS": "--xla_x=true"}}
+    rows = scaling_rows([one, default, big, jax1, jax2, jax2_flags])
+    got = {(r["backend"], r["parallel"], r["n"]): r["efficiency"] for r in rows}
+    assert got == pytest.approx({
+        ("jax", "-", 1): 1.0, ("jax", "replicated", 2): 60 / 75, ("jax", "replicated, XLA_FLAGS=--xla_x=true", 2): 60 / 64,
+        ("torch-compile", "-", 1): 1.0, ("torch-compile", "DDP, 250 MB buckets", 2): 80 / 100,
+        ("torch-compile", "DDP, 25 MB buckets, static graph, bf16 gradients", 2): 80 / 120})
+    jax1_flags = _doc("jax", 1, 55.0)
+    jax1_flags["env"] = jax2_flags["env"]
+    got = {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([jax1, jax1_flags, jax2_flags])}
+    assert got[("replicated, XLA_FLAGS=--xla_x=true", 2)] == pytest.approx(55 / 64)

@@ -568,8 +568,8 @@ def test_data_parallel_axis_renders_the_scaling_table(tmp_path) -> None:
     with open(os.path.join(out, "report.md")) as f:
         report = f.read()
     assert "## Scaling over devices" in report
-    assert _row(report, "torch", "tiny ctx 16 batch 1/device fp32 naive cpu", "DDP", "2", "step", f"{step2:.3f}",
-                f"{tps2:.0f}", "-", f"{100 * tps2 / (2 * tps1):.1f}%")
+    assert _row(report, "torch", "tiny ctx 16 batch 1/device fp32 naive cpu", "DDP, 25 MB buckets", "2", "step",
+                f"{step2:.3f}", f"{tps2:.0f}", "-", f"{100 * tps2 / (2 * tps1):.1f}%")
     assert _row(report, "torch", "tiny ctx 16 batch 1/device fp32 naive cpu", "-", "1")
     assert "| tiny | 16 | 2 |" in report  # the N column of the phase tables
     with open(os.path.join(out, "cells.csv")) as f:

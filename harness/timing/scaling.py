@@ -6,16 +6,20 @@ at N = 1). Each run contributes its fastest whole training step: JAX's fused ste
 ran and is faster than its split step (what JAX users run), else `step`. The step of a
 data-parallel run is its slowest rank's median (the pace of a synchronous step); MFU is
 per device (one device's FLOPs over that step and the device's peak). Rows group by
-backend, data-parallel strategy and the shape of the run (model, ctx, per-device batch,
-dtype, attention, device); a group without an N = 1 run has no efficiency.
+backend, data-parallel strategy with its options (`strategy`: DDP's bucket size, static
+graph and gradient dtype, FSDP2's resharding, a run's XLA_FLAGS) and the shape of the run
+(model, ctx, per-device batch, dtype, attention, device); each group's efficiency is
+against the backend's one-device run of that shape (with the same XLA_FLAGS where there is
+one), and a group without one has no efficiency.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from harness import backends
 from harness.common.tables import markdown_table
-from harness.timing.distributed import parallel_label
+from harness.timing.distributed import DDP_DEFAULT_BUCKET_MB, parallel_label
 
 SHAPE = ("model", "ctx", "batch", "dtype", "attention", "device")
 
@@ -37,6 +41,31 @@ def step_figures(doc: dict) -> tuple[int, str, float, float, float | None]:
     return n, phase, step_ms, n * o["batch"] * o["ctx"] / (step_ms / 1e3), mfu
 
 
+def strategy(doc: dict) -> str:
+    """A run's data-parallel strategy with the options it ran ("-" on one device), e.g.
+    "DDP, 250 MB buckets, static graph"; a run under XLA_FLAGS says so. A document from
+    before the per-backend bucket default (no `bucket_mb` in its record) ran DDP's 25 MB
+    unless it gave --ddp-bucket-mb."""
+    o, dp = doc["options"], doc.get("data_parallel")
+    parts = []
+    if dp and dp["n"] > 1:
+        parallel = o.get("parallel", "ddp")
+        parts.append(parallel_label(o["backend"], parallel, short=True))
+        if backends.get(o["backend"]).wrap_options and parallel == "ddp":
+            mb = dp["bucket_mb"] if "bucket_mb" in dp else (o.get("ddp_bucket_mb") or DDP_DEFAULT_BUCKET_MB)
+            parts.append(f"{mb:g} MB buckets")
+            if o.get("ddp_static_graph"):
+                parts.append("static graph")
+            if o.get("grad_comm", "fp32") != "fp32":
+                parts.append(f"{o['grad_comm']} gradients")
+        if backends.get(o["backend"]).wrap_options and parallel == "fsdp" and not o.get("fsdp_reshard_after_forward",
+                                                                                          True):
+            parts.append("no reshard after forward")
+    if flags := ((doc.get("env") or {}).get("settings") or {}).get("XLA_FLAGS"):
+        parts.append(f"XLA_FLAGS={flags}")
+    return ", ".join(parts) or "-"
+
+
 def scaling_rows(docs: list[dict]) -> list[dict]:
     """One row per run that finished: its group, N, step ms, tokens/s and efficiency
     (None without an N = 1 run of the group), sorted by group then N."""
@@ -46,10 +75,11 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
             continue
         o = doc["options"]
         n, phase, step_ms, tps, mfu = step_figures(doc)
-        parallel = parallel_label(o["backend"], o.get("parallel", "ddp"), short=True) if n > 1 else "-"
-        key = (o["backend"], o.get("parallel", "ddp") if n > 1 else None, *(o[k] for k in SHAPE))
+        parallel = strategy(doc)
+        key = (o["backend"], parallel, *(o[k] for k in SHAPE))
         if n in groups[key]:
-            raise ValueError(f"two runs of {o['backend']} at N = {n} with the same shape; give one of each")
+            raise ValueError(f"two runs of {o['backend']} ({parallel}) at N = {n} with the same shape; give one of "
+                             "each")
         groups[key][n] = {"backend": o["backend"], "parallel": parallel, "n": n, "phase": phase, "step_ms": step_ms,
                           "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(SHAPE, key[2:]))}
     rows = []
@@ -63,8 +93,11 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
 
 
 def _one_device(groups: dict[tuple, dict[int, dict]], key: tuple) -> dict | None:
-    """The N = 1 run of a data-parallel group's shape (one device has no strategy)."""
-    return groups.get((key[0], None, *key[2:]), {}).get(1)
+    """The N = 1 run of a data-parallel group's shape (one device has no strategy): the one
+    under the group's XLA_FLAGS where there is one, else the plain one."""
+    flags = next((part for part in key[1].split(", ") if part.startswith("XLA_FLAGS=")), None)
+    same = groups.get((key[0], flags, *key[2:]), {}).get(1) if flags else None
+    return same or groups.get((key[0], "-", *key[2:]), {}).get(1)
 
 
 def format_scaling(rows: list[dict]) -> str:

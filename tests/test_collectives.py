@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.trace.analyses.collectives import align, bus_factor, kernel_ops, kind_of
-from harness.trace.profile import Kernel, KernelTable, Range
+from harness.trace.profile import Kernel, KernelTable, Profile, Range
 
 ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
@@ -165,3 +165,60 @@ def test_real_jax_devices_of_one_process() -> None:
     for name, phase in bd.phases.items():
         assert phase.devices == 2, name
         assert phase.busy_ns_per_step <= phase.gpu_ns_per_step * (1 + 1e-12) <= phase.range_ns_per_step, name
+
+
+def _rank_profile(rank: int, kernels: list[Kernel]) -> Profile:
+    # a warm-up step first, its forward all kernels (left out of the share), then the measured step
+    warm = [Range("warmup", -2000, -1000), Range("step", -2000, -1000), Range("forward", -2000, -1500)]
+    kernels = [Kernel(GEMM, -2000, -1500, 0, 7), *kernels]
+    return Profile(path=f"r{rank}", label=f"rank{rank}", source="nsys", kernels=kernels, ranges=warm + RANGES[rank],
+                   session_start_ns=0)
+
+
+def test_the_late_ranks_phase_says_whether_its_host_set_the_pace() -> None:
+    """Rank 1 is late from its forward [0, 450): its kernels (0-100, 50-150, 300-350) cover
+    150 + 50 = 200 ns of it, 44% (the warm-up's fully covered forward is left out): below
+    half, so the report calls it launch-bound. Rank 0's forward [0, 300) is covered 10-290."""
+    from harness.trace.analyses.collectives import format_split, phase_busy, profile_split
+
+    coll = lambda r: [Kernel(ALL_REDUCE, s, e, 0, 13) for s, e in COLLECTIVES[r]]  # noqa: E731
+    profiles = {0: _rank_profile(0, [Kernel(GEMM, 10, 290, 0, 7), *coll(0)]),
+                1: _rank_profile(1, [Kernel(GEMM, 0, 100, 0, 7), Kernel(GEMM, 50, 150, 0, 9),
+                                     Kernel(GEMM, 300, 350, 0, 7), *coll(1)])}
+    assert phase_busy(profiles[0], "forward") == pytest.approx(280 / 300)
+    split = profile_split(profiles)
+    assert (split["last_rank"], split["late_phase"]) == (1, "forward")
+    assert split["late_busy"] == pytest.approx(200 / 450)
+    text = "\n".join(format_split(split))
+    assert "its GPU ran kernels 44% of that phase's time: the host issuing the kernels (launch-bound)" in text
+    # the same rank with its forward busy 90% of the time: named, not called launch-bound
+    profiles[1] = _rank_profile(1, [Kernel(GEMM, 0, 405, 0, 7), *coll(1)])
+    split = profile_split(profiles)
+    assert split["late_busy"] == pytest.approx(0.9)
+    text = "\n".join(format_split(split))
+    assert "its GPU ran kernels 90% of that phase's time" in text and "launch-bound" not in text
+
+
+def test_real_torch_phase_busy_share_by_brute_force(torch_ranks: dict) -> None:
+    """Each rank's GPU-busy share of its forward and backward equals a plain merge of its
+    kernels' intervals clipped to each measured range of the phase."""
+    from harness.trace.analyses.collectives import phase_busy
+
+    for profile in torch_ranks.values():
+        for phase in ("forward", "backward"):
+            warm = [r for r in profile.ranges if r.name == "warmup"]
+            spans = [r for r in profile.ranges if r.name == phase
+                     and not any(w.start <= r.start and r.end <= w.end for w in warm)]
+            busy = total = 0
+            for span in spans:
+                total += span.end - span.start
+                clipped = sorted((max(s, span.start), min(e, span.end))
+                                 for s, e in zip(profile.kernels.start.tolist(), profile.kernels.end.tolist())
+                                 if s < span.end and e > span.start)
+                end = span.start
+                for s, e in clipped:
+                    busy += max(0, e - max(s, end))
+                    end = max(end, e)
+            assert total > 0
+            assert phase_busy(profile, phase) == pytest.approx(busy / total, rel=1e-12)
+            assert 0 < phase_busy(profile, phase) <= 1

@@ -12,7 +12,10 @@ host timings (`time.perf_counter`, CLOCK_MONOTONIC on Linux) are one clock per h
 
 The rank that arrived last is named per collective; the phase that made it late is the
 harness phase (`forward`, `backward`, `optimizer`) in which the last rank spent more time
-than the others' median, from its step's start up to the collective's start.
+than the others' median, from its step's start up to the collective's start. Where each
+rank has its own profile, the share of that phase during which the late rank's GPU ran any
+kernel says what made it slow: a phase whose GPU sits idle most of the time is paced by
+the host issuing its kernels (launch-bound), not by the GPU's work.
 
 Bandwidth per kind, where the bytes a step moves are known (the gradients' size the
 harness counts): algorithm bandwidth = bytes / transfer time, and NCCL's bus bandwidth =
@@ -30,9 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.trace.analyses.intervals import _categories, _measured, union
+from harness.trace.analyses.intervals import _categories, _measured, covered_measure, union
 from harness.trace.kernels import Category
-from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, KernelTable, Profile, Range
+from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, WARMUP, KernelTable, Profile, Range
 
 # Collective kinds: (name, pattern in a kernel name), first match wins.
 KINDS = (("all-reduce", re.compile(r"all_?-?reduce", re.IGNORECASE)),
@@ -172,11 +175,30 @@ def _steps(ranges: Sequence[Range]) -> int:
     return len(union(np.array([r.start for r in steps]), np.array([r.end for r in steps]))[0]) if steps else 1
 
 
+LAUNCH_BOUND = 0.5  # below this GPU-busy share of a phase, the host's launches set its pace
+
+
+def phase_busy(profile: Profile, phase: str) -> float | None:
+    """Share of the measured `phase` ranges of `profile` (those outside warm-up ranges)
+    during which a kernel runs on its GPU: the union of its kernels' intervals over every
+    stream, within the ranges, over the ranges' time. None without such ranges."""
+    warm = [r for r in profile.ranges if r.name == WARMUP]
+    spans = [r for r in profile.ranges if r.name == phase
+             and not any(w.start <= r.start and r.end <= w.end for w in warm)]
+    if not spans:
+        return None
+    phase_union = union(np.array([r.start for r in spans]), np.array([r.end for r in spans]))
+    total = int(np.sum(phase_union[1] - phase_union[0]))
+    kt = profile.kernels
+    return covered_measure(union(kt.start, kt.end), phase_union) / total if total else None
+
+
 def profile_split(profiles: Mapping[int, Profile], bytes_per_step: Mapping[str, float] | None = None) -> dict | None:
     """`align` over a data-parallel run's profiles: one per torch rank, each shifted onto
     the host's clock by its session start (an nsys report counts from its own), or JAX's
     one profile read as one timeline per device (its ranges shared by all). None where
-    fewer than two timelines hold collectives."""
+    fewer than two timelines hold collectives. With a profile per rank, `late_busy` is the
+    GPU-busy share of the late rank's late phase (`phase_busy`; None for one process)."""
     if len(profiles) == 1:
         (p,) = profiles.values()
         devices = np.unique(p.kernels.device).tolist()
@@ -194,7 +216,10 @@ def profile_split(profiles: Mapping[int, Profile], bytes_per_step: Mapping[str, 
         steps = _steps(profiles[min(profiles)].ranges)
     if sum(1 for o in ops.values() if o) < 2:
         return None
-    return align(ops, ranges, bytes_per_step, steps)
+    split = align(ops, ranges, bytes_per_step, steps)
+    late = split["late_phase"] in PHASES and len(profiles) > 1 and split["last_rank"] in profiles
+    split["late_busy"] = phase_busy(profiles[split["last_rank"]], split["late_phase"]) if late else None
+    return split
 
 
 def gradient_bytes(doc: dict | None) -> dict[str, float]:
@@ -223,6 +248,10 @@ def format_split(split: dict, link: dict | None = None) -> list[str]:
     if split["last_rank"] is not None:
         late = (f"; late from its {split['late_phase']} (+{split['late_ms']:.3f} ms against the others' median, "
                 "mean over the collectives)" if split["late_phase"] else "")
+        if (busy := split.get("late_busy")) is not None:
+            late += (f"; its GPU ran kernels {100 * busy:.0f}% of that phase's time"
+                     + (": the host issuing the kernels (launch-bound), not the GPU's work, set the pace"
+                        if busy < LAUNCH_BOUND else ""))
         lines.append(f"last to arrive: rank {split['last_rank']} in {100 * split['last_share']:.0f}% of the "
                      f"collectives{late}")
     return lines + [f"note: {n}" for n in split["notes"]]

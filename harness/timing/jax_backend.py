@@ -87,6 +87,12 @@ class JaxSession:
         if weights is not None:
             torch_to_jax(weights, model)
         self.graphdef, params = nnx.split(model, nnx.Param)
+        # The jitted phases take the parameters as a plain dict of arrays, not an nnx.State:
+        # every call flattens its inputs and builds its outputs on the host, and an
+        # nnx.State's Variables are pytree nodes flattened and rebuilt in Python, one per
+        # array (the AdamW update of `large` takes 1,309), where a dict's are handled in
+        # C++. nnx.merge takes the dict.
+        params = params.to_pure_dict()
         if data_parallel > 1:
             mesh = Mesh(np.array(devices[:data_parallel]), ("data",))
             batch_at = NamedSharding(mesh, P("data"))
@@ -234,5 +240,6 @@ def _out(keep: dict, name: str) -> dict:
 
 
 def _flat(state) -> dict[str, jax.Array]:
-    return {".".join(str(k) for k in path): v[...] if hasattr(v, "__getitem__") and not isinstance(v, jax.Array) else v
-            for path, v in nnx.to_flat_state(state)}
+    """A dict of arrays (the parameters or their gradients) by dotted path, as torch names them."""
+    return {".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): v
+            for path, v in jax.tree_util.tree_flatten_with_path(state)[0]}

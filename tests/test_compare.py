@@ -164,7 +164,8 @@ def test_bad_input_is_one_line_naming_the_choices(args, message):
 
 def test_simulated_oom_is_reported_and_the_other_backend_still_runs(tmp_path):
     proc = cli("harness.compare", "--model", "tiny", "--ctx", "16", "--batch", "1", "--warmup", "1", "--steps", "2",
-               "--device", "cpu", "--out", str(tmp_path), "--no-parity", "--fail-in", "jax:optimizer")
+               "--device", "cpu", "--backend", "torch,jax", "--out", str(tmp_path), "--no-parity",
+               "--fail-in", "jax:optimizer")
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "jax: FAILED: out of memory in optimizer (model tiny, batch 1, ctx 16, fp32)" in proc.stdout
     summary = json.loads((tmp_path / "tiny-ctx16-fp32-cpu" / "summary.json").read_text())

@@ -162,11 +162,18 @@ def test_parity_is_skipped_when_every_backend_ran_out_of_memory(tmp_path, capsys
 
 # -- Ctrl-C during compare ---------------------------------------------------------------
 @pytest.mark.slow
+def _default_sigint() -> None:
+    """In the child: Ctrl-C's default disposition, so Python installs its handler even where
+    the tests run as a background job, whose SIGINT the shell set to ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_compare_keeps_what_finished(tmp_path) -> None:
     out = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "harness.compare", "--ctx", "16", "--device", "cpu", "--backend", "torch,jax",
                              "--warmup", "0", "--steps", "1", "--out", str(out)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, umask=0o022)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, umask=0o022,
+                            preexec_fn=_default_sigint)
     seen = []
     for line in proc.stderr:
         seen.append(line)
@@ -387,7 +394,7 @@ def test_scaling_names_the_file_that_is_not_a_run_document(kind, needle, tmp_pat
 def test_ctrl_c_while_compare_starts_is_one_line(tmp_path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "harness.compare", "--ctx", "16", "--device", "cpu",
                              "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_default_sigint)
     maps = f"/proc/{proc.pid}/maps"
     deadline = time.monotonic() + 60
     while "libtorch" not in open(maps).read() and time.monotonic() < deadline:  # torch is loading

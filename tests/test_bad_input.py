@@ -161,13 +161,13 @@ def test_parity_is_skipped_when_every_backend_ran_out_of_memory(tmp_path, capsys
 
 
 # -- Ctrl-C during compare ---------------------------------------------------------------
-@pytest.mark.slow
 def _default_sigint() -> None:
     """In the child: Ctrl-C's default disposition, so Python installs its handler even where
     the tests run as a background job, whose SIGINT the shell set to ignored."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_compare_keeps_what_finished(tmp_path) -> None:
     out = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "harness.compare", "--ctx", "16", "--device", "cpu", "--backend", "torch,jax",

@@ -41,6 +41,11 @@ def step_figures(doc: dict) -> tuple[int, str, float, float, float | None]:
     return n, phase, step_ms, n * o["batch"] * o["ctx"] / (step_ms / 1e3), mfu
 
 
+def xla_flags(doc: dict) -> str | None:
+    """The XLA_FLAGS a run ran under, as its environment recorded them."""
+    return ((doc.get("env") or {}).get("settings") or {}).get("XLA_FLAGS")
+
+
 def strategy(doc: dict) -> str:
     """A run's data-parallel strategy with the options it ran ("-" on one device), e.g.
     "DDP, 250 MB buckets, static graph"; a run under XLA_FLAGS says so. A document from
@@ -51,17 +56,17 @@ def strategy(doc: dict) -> str:
     if dp and dp["n"] > 1:
         parallel = o.get("parallel", "ddp")
         parts.append(parallel_label(o["backend"], parallel, short=True))
-        if backends.get(o["backend"]).wrap_options and parallel == "ddp":
+        wrapped = backends.get(o["backend"]).wrap_options
+        if wrapped and parallel == "ddp":
             mb = dp["bucket_mb"] if "bucket_mb" in dp else (o.get("ddp_bucket_mb") or DDP_DEFAULT_BUCKET_MB)
             parts.append(f"{mb:g} MB buckets")
             if o.get("ddp_static_graph"):
                 parts.append("static graph")
             if o.get("grad_comm", "fp32") != "fp32":
                 parts.append(f"{o['grad_comm']} gradients")
-        if backends.get(o["backend"]).wrap_options and parallel == "fsdp" and not o.get("fsdp_reshard_after_forward",
-                                                                                          True):
+        if wrapped and parallel == "fsdp" and not o.get("fsdp_reshard_after_forward", True):
             parts.append("no reshard after forward")
-    if flags := ((doc.get("env") or {}).get("settings") or {}).get("XLA_FLAGS"):
+    if flags := xla_flags(doc):
         parts.append(f"XLA_FLAGS={flags}")
     return ", ".join(parts) or "-"
 
@@ -81,7 +86,8 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
             raise ValueError(f"two runs of {o['backend']} ({parallel}) at N = {n} with the same shape; give one of "
                              "each")
         groups[key][n] = {"backend": o["backend"], "parallel": parallel, "n": n, "phase": phase, "step_ms": step_ms,
-                          "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(SHAPE, key[2:]))}
+                          "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(SHAPE, key[2:])),
+                          "xla_flags": xla_flags(doc)}
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], str(k[1]), *map(str, k[2:]))):
         base = groups[key].get(1) or _one_device(groups, key)
@@ -93,11 +99,12 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
 
 
 def _one_device(groups: dict[tuple, dict[int, dict]], key: tuple) -> dict | None:
-    """The N = 1 run of a data-parallel group's shape (one device has no strategy): the one
-    under the group's XLA_FLAGS where there is one, else the plain one."""
-    flags = next((part for part in key[1].split(", ") if part.startswith("XLA_FLAGS=")), None)
-    same = groups.get((key[0], flags, *key[2:]), {}).get(1) if flags else None
-    return same or groups.get((key[0], "-", *key[2:]), {}).get(1)
+    """The N = 1 run of a data-parallel group's backend and shape (one device has no
+    strategy): the one under the group's XLA_FLAGS where there is one, else the plain one."""
+    ones = [g[1] for k, g in groups.items() if 1 in g and k[0] == key[0] and k[2:] == key[2:]]
+    flags = next(iter(groups[key].values()))["xla_flags"]
+    by_flags = {run["xla_flags"]: run for run in ones}
+    return by_flags.get(flags) or by_flags.get(None)
 
 
 def format_scaling(rows: list[dict]) -> str:

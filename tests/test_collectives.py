@@ -222,3 +222,31 @@ def test_real_torch_phase_busy_share_by_brute_force(torch_ranks: dict) -> None:
             assert total > 0
             assert phase_busy(profile, phase) == pytest.approx(busy / total, rel=1e-12)
             assert 0 < phase_busy(profile, phase) <= 1
+
+
+def test_host_split_only_where_the_backward_holds_the_collectives() -> None:
+    """DDP's all-reduce sits in the backward, so a rank whose backward starts late made
+    the other wait there; FSDP2's all-gathers run inside the forward too, where host
+    timings cannot tell waiting from computing: no split, and the run says why."""
+    from harness.timing.distributed import host_split
+    from harness.timing.run_render import format_data_parallel
+
+    ms = 1_000_000
+    def rank(r, forward_ms):  # noqa: E306
+        f_end = forward_ms * ms
+        return {"rank": r, "intervals_ns": {"step": [[0, 40 * ms]], "forward": [[0, f_end]],
+                                             "backward": [[f_end, 30 * ms]], "optimizer": [[30 * ms, 40 * ms]]}}
+    doc = {"options": {"parallel": "ddp"}, "ranks": [rank(0, 10), rank(1, 15)]}
+    split = host_split(doc)
+    assert split["last_rank"] == 1 and split["late_phase"] == "forward"
+    assert [round(r["waiting_ms"], 6) for r in split["ranks"]] == [5.0, 0.0]
+    doc["options"]["parallel"] = "fsdp"
+    assert host_split(doc) is None
+    medians = {"forward": 15.0, "backward": 15.0, "optimizer": 10.0, "step": 40.0}
+    dp = {"n": 2, "parallel": "fsdp", "label": "FSDP2", "global_batch": 4, "step_ms": 40.0, "tokens_per_s": 1.0,
+          "ranks": [{"rank": r, "median_ms": medians} for r in (0, 1)], "note": "",
+          "spread": {"step": {"min_ms": 40.0, "max_ms": 40.0, "slowest_rank": 0, "straggler": 1.0}},
+          "host_split": split}  # as a document written before FSDP2 runs went unsplit carries
+    lines = format_data_parallel({"options": {"backend": "torch"}, "data_parallel": dp})
+    assert any("FSDP2's collectives run inside the forward" in line for line in lines)
+    assert not any("waiting per step" in line for line in lines)

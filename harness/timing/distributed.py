@@ -262,11 +262,16 @@ def host_split(doc: dict) -> dict | None:
     """Waiting and transfer of a torch data-parallel run from the ranks' own host timings
     (`harness.trace.analyses.collectives`): each rank's backward, which holds DDP's gradient
     all-reduce, aligned across ranks on the host clock they share; the rank that reached
-    it last and the phase that made it late. None without the timings."""
+    it last and the phase that made it late. None without the timings, and under FSDP2:
+    its all-gathers and reduce-scatters run inside the forward and the backward, so a rank
+    that waits inside a phase cannot be told from one that computes there (its split needs
+    each rank's kernels, `--nsys`)."""
     from harness.trace.analyses.collectives import align, range_ops
     from harness.trace.profile import Range
 
     ranks = doc.get("ranks") or []
+    if (doc.get("options") or {}).get("parallel", "ddp") != "ddp":
+        return None
     if len(ranks) < 2 or not all(r.get("intervals_ns") for r in ranks):
         return None
     ranges = {r["rank"]: sorted((Range(name, a, b) for name, spans in r["intervals_ns"].items() for a, b in spans),

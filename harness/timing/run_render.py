@@ -66,7 +66,10 @@ def format_data_parallel(doc: dict) -> list[str]:
     if link := dp.get("link"):
         lines.append(f"  link: all-reduce of {link['bytes'] / 1e6:.1f} MB in {link['median_ms']:.3f} ms, "
                      f"bus bandwidth {link['busbw_gbps']:.1f} GB/s ({link['backend']})")
-    if split := dp.get("host_split"):
+    if dp["parallel"] == "fsdp" and len(dp["ranks"]) > 1:  # also where an older document carries a split
+        lines.append("  waiting and transfer: FSDP2's collectives run inside the forward and the backward, where "
+                     "host timings cannot tell waiting from computing; profile with --nsys to split them")
+    elif split := dp.get("host_split"):
         waits = ", ".join(f"rank {r['rank']} {r['waiting_ms_per_step']:.3f}" for r in split["ranks"])
         late = f", late from its {split['late_phase']}" if split.get("late_phase") else ""
         lines.append(f"  waiting per step in the backward's all-reduce (host timings): {waits} ms; last to arrive: "

@@ -127,8 +127,9 @@ def test_projection_keeps_growth_the_all_reduce_cannot_explain() -> None:
 
 
 def test_options_are_rows_of_their_own_against_the_one_device_run() -> None:
-    """Two N = 2 runs of one backend that differ in their DDP options, or in XLA_FLAGS, are
-    two rows, each against the backend's one-device run (the JAX one under the same flags)."""
+    """Two N = 2 runs of one backend that differ in their DDP options, or in the compiler
+    settings they were given (XLA_FLAGS, Inductor's options), are two rows, each against the
+    backend's one-device run (the one under the same settings where there is one)."""
     one, default, big = _doc("torch-compile", 1, 80.0), _doc("torch-compile", 2, 100.0), _doc("torch-compile", 2, 120.0)
     default["data_parallel"]["bucket_mb"] = 250.0  # recorded by the run: the compiled backends' default
     big["options"].update(ddp_bucket_mb=25.0, ddp_static_graph=True, grad_comm="bf16")
@@ -137,10 +138,25 @@ def test_options_are_rows_of_their_own_against_the_one_device_run() -> None:
     rows = scaling_rows([one, default, big, jax1, jax2, jax2_flags])
     got = {(r["backend"], r["parallel"], r["n"]): r["efficiency"] for r in rows}
     assert got == pytest.approx({
-        ("jax", "-", 1): 1.0, ("jax", "replicated", 2): 60 / 75, ("jax", "replicated, XLA_FLAGS=--xla_x=true", 2): 60 / 64,
+        ("jax", "-", 1): 1.0, ("jax", "replicated", 2): 60 / 75, ("jax", "replicated, XLA_FLAGS=--xla_x=true", 2): None,
         ("torch-compile", "-", 1): 1.0, ("torch-compile", "DDP, 250 MB buckets", 2): 80 / 100,
         ("torch-compile", "DDP, 25 MB buckets, static graph, bf16 gradients", 2): 80 / 120})
     jax1_flags = _doc("jax", 1, 55.0)
     jax1_flags["env"] = jax2_flags["env"]
     got = {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([jax1, jax1_flags, jax2_flags])}
     assert got[("replicated, XLA_FLAGS=--xla_x=true", 2)] == pytest.approx(55 / 64)
+    # without a one-device run under its flags a row has no efficiency: not one against another program
+    assert {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([jax1, jax2_flags])} == {
+        ("-", 1): 1.0, ("replicated, XLA_FLAGS=--xla_x=true", 2): None}
+    # Inductor's options too, each set against the one-device run given them; where a run
+    # caches its compilations changes nothing it times, so it makes no row of its own
+    cache = {"TORCHINDUCTOR_CACHE_DIR": "c", "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "NCCL_VERSION": "2"}
+    cpp1, cpp2 = _doc("torch-compile", 1, 70.0), _doc("torch-compile", 2, 77.0)
+    for doc in (cpp1, cpp2):
+        doc["env"] = {"settings": {**cache, "TORCHINDUCTOR_CPP_WRAPPER": "1"}}
+    cpp2["data_parallel"]["bucket_mb"] = 250.0
+    default["env"] = {"settings": cache}
+    got = {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([one, default, cpp1, cpp2])}
+    assert got == pytest.approx({("-", 1): 1.0, ("DDP, 250 MB buckets", 2): 80 / 100,
+                                 ("TORCHINDUCTOR_CPP_WRAPPER=1", 1): 1.0,
+                                 ("DDP, 250 MB buckets, TORCHINDUCTOR_CPP_WRAPPER=1", 2): 70 / 77})

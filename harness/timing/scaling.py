@@ -7,10 +7,10 @@ ran and is faster than its split step (what JAX users run), else `step`. The ste
 data-parallel run is its slowest rank's median (the pace of a synchronous step); MFU is
 per device (one device's FLOPs over that step and the device's peak). Rows group by
 backend, data-parallel strategy with its options (`strategy`: DDP's bucket size, static
-graph and gradient dtype, FSDP2's resharding, a run's XLA_FLAGS) and the shape of the run
-(model, ctx, per-device batch, dtype, attention, device); each group's efficiency is
-against the backend's one-device run of that shape (with the same XLA_FLAGS where there is
-one), and a group without one has no efficiency.
+graph and gradient dtype, FSDP2's resharding, the compiler and allocator settings a run
+was given through its environment) and the shape of the run (model, ctx, per-device batch,
+dtype, attention, device); each group's efficiency is against the backend's one-device run
+of that shape under the same settings, and a group without one has no efficiency.
 """
 
 from __future__ import annotations
@@ -41,14 +41,24 @@ def step_figures(doc: dict) -> tuple[int, str, float, float, float | None]:
     return n, phase, step_ms, n * o["batch"] * o["ctx"] / (step_ms / 1e3), mfu
 
 
-def xla_flags(doc: dict) -> str | None:
-    """The XLA_FLAGS a run ran under, as its environment recorded them."""
-    return ((doc.get("env") or {}).get("settings") or {}).get("XLA_FLAGS")
+# Settings that change the program a run times: XLA's flags, Inductor's options (not where
+# it caches) and the CUDA caching allocator's configuration.
+PROGRAM_SETTINGS = ("XLA_FLAGS", "TORCHINDUCTOR_", "PYTORCH_CUDA_ALLOC_CONF")
+CACHE_SETTINGS = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE")
+
+
+def program_settings(doc: dict) -> str | None:
+    """The settings among a run's recorded environment that change the program it timed,
+    as "NAME=value" joined by ", " (None without any)."""
+    recorded = (doc.get("env") or {}).get("settings") or {}
+    kept = [f"{k}={v}" for k, v in sorted(recorded.items())
+            if k.startswith(PROGRAM_SETTINGS) and k not in CACHE_SETTINGS]
+    return ", ".join(kept) or None
 
 
 def strategy(doc: dict) -> str:
     """A run's data-parallel strategy with the options it ran ("-" on one device), e.g.
-    "DDP, 250 MB buckets, static graph"; a run under XLA_FLAGS says so. A document from
+    "DDP, 250 MB buckets, static graph"; a run given `program_settings` names them. A document from
     before the per-backend bucket default (no `bucket_mb` in its record) ran DDP's 25 MB
     unless it gave --ddp-bucket-mb."""
     o, dp = doc["options"], doc.get("data_parallel")
@@ -66,8 +76,8 @@ def strategy(doc: dict) -> str:
                 parts.append(f"{o['grad_comm']} gradients")
         if wrapped and parallel == "fsdp" and not o.get("fsdp_reshard_after_forward", True):
             parts.append("no reshard after forward")
-    if flags := xla_flags(doc):
-        parts.append(f"XLA_FLAGS={flags}")
+    if given := program_settings(doc):
+        parts.append(given)
     return ", ".join(parts) or "-"
 
 
@@ -87,7 +97,7 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
                              "each")
         groups[key][n] = {"backend": o["backend"], "parallel": parallel, "n": n, "phase": phase, "step_ms": step_ms,
                           "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(SHAPE, key[2:])),
-                          "xla_flags": xla_flags(doc)}
+                          "settings": program_settings(doc)}
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], str(k[1]), *map(str, k[2:]))):
         base = groups[key].get(1) or _one_device(groups, key)
@@ -100,11 +110,11 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
 
 def _one_device(groups: dict[tuple, dict[int, dict]], key: tuple) -> dict | None:
     """The N = 1 run of a data-parallel group's backend and shape (one device has no
-    strategy): the one under the group's XLA_FLAGS where there is one, else the plain one."""
+    strategy) given the group's settings: a run under other compiler settings times another
+    program, so a group without such a run has no efficiency."""
     ones = [g[1] for k, g in groups.items() if 1 in g and k[0] == key[0] and k[2:] == key[2:]]
-    flags = next(iter(groups[key].values()))["xla_flags"]
-    by_flags = {run["xla_flags"]: run for run in ones}
-    return by_flags.get(flags) or by_flags.get(None)
+    given = next(iter(groups[key].values()))["settings"]
+    return next((run for run in ones if run["settings"] == given), None)
 
 
 def format_scaling(rows: list[dict]) -> str:
@@ -119,5 +129,6 @@ def format_scaling(rows: list[dict]) -> str:
                      f"{r['tokens_per_s']:.0f}", mfu, eff])
     header = ["backend", "run", "parallel", "N", "step", "step ms", "tokens/s (job)", "MFU per device", "efficiency"]
     note = ("efficiency: tokens/s at N over N x tokens/s at N = 1, the per-device batch fixed; "
-            "step: each run's fastest whole step (JAX's fused_step where faster), the slowest rank's median")
+            "step: each run's fastest whole step (JAX's fused_step where faster), the slowest rank's median; "
+            "efficiency -: no one-device run of that backend and shape under the same compiler settings")
     return "\n".join([*markdown_table(header, body), "", note]) + "\n"

@@ -250,3 +250,20 @@ def test_host_split_only_where_the_backward_holds_the_collectives() -> None:
     lines = format_data_parallel({"options": {"backend": "torch"}, "data_parallel": dp})
     assert any("FSDP2's collectives run inside the forward" in line for line in lines)
     assert not any("waiting per step" in line for line in lines)
+
+
+def test_bytes_each_collective_kind_moves_per_step() -> None:
+    """4 bytes per float32 parameter: DDP all-reduces the gradients once; FSDP2
+    reduce-scatters them and all-gathers the parameters in the forward and, resharded, again
+    in the backward; JAX's sharded run only has its gradients' size known."""
+    from harness.trace.analyses.collectives import collective_bytes
+
+    def doc(backend: str, parallel: str, reshard: bool = True) -> dict:
+        return {"num_params": 1000, "options": {"backend": backend, "parallel": parallel,
+                                                "fsdp_reshard_after_forward": reshard}}
+    assert collective_bytes(doc("torch", "ddp")) == {"all-reduce": 4000}
+    assert collective_bytes(doc("torch-compile", "fsdp")) == {"reduce-scatter": 4000, "all-gather": 8000}
+    assert collective_bytes(doc("torch", "fsdp", reshard=False)) == {"reduce-scatter": 4000, "all-gather": 4000}
+    assert collective_bytes(doc("jax", "fsdp")) == {"reduce-scatter": 4000}
+    assert collective_bytes(doc("jax", "zero1")) == {"all-reduce": 4000}
+    assert collective_bytes(None) == {}

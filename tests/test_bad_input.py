@@ -418,3 +418,22 @@ def test_report_on_a_folder_that_is_not_one_jax_trace_is_refused(layout, tmp_pat
     code, err = _main(report, [str(tmp_path), "--out", str(tmp_path / "rep"), "--no-plot"], capsys)
     assert code == 2 and not (tmp_path / "rep").exists()
     _one_line(err, f"{tmp_path}:", "JAX trace", "name the")
+
+
+# -- a backend plugin that cannot be loaded ------------------------------------------------
+@pytest.mark.parametrize("entry, needle", [
+    ("no_such_module_xyz:RECORDS", "No module named 'no_such_module_xyz'"),
+    ("harness.config:NO_SUCH_NAME", "has no attribute 'NO_SUCH_NAME'"),
+    ("missing_plugin_file.py:RECORDS", "no file missing_plugin_file.py"),
+    ("harness.config:ATTENTION_CHOICES", "names a tuple, not a Backend record"),
+    ("no-colon", "is not <module or file.py>:<attribute>"),
+])
+def test_a_bad_backend_plugin_is_one_line_before_any_work(entry: str, needle: str, tmp_path) -> None:
+    """The registry loads its plugins before the first lookup, in building --backend's
+    choices: a bad entry ends the tool there, naming the variable, the entry and the fix."""
+    out = tmp_path / "run.json"
+    proc = _python("harness.run", "--backend", "torch", "--model", "tiny", "--ctx", "16", "--device", "cpu",
+                   "--out", str(out), env={**os.environ, "HARNESS_BACKEND_PLUGINS": f"{entry}", "PYTHONPATH": ROOT})
+    assert proc.returncode == 2
+    _one_line(proc.stderr, f"HARNESS_BACKEND_PLUGINS entry {entry!r}", needle, "fix or remove that entry")
+    assert not out.exists()

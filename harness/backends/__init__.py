@@ -110,20 +110,37 @@ def _set_plugins(sources: list[str]) -> None:
 
 
 def _import(source: str) -> list[Backend]:
-    """The records that `source` ("<module or file.py>:<attribute>") names."""
+    """The records that `source` ("<module or file.py>:<attribute>") names; a UsageError
+    naming the entry of `PLUGINS_ENV` and what is wrong with it where it names none."""
     where, _, attribute = source.rpartition(":")
-    if where.endswith(".py"):
-        name = f"harness_backend_plugin_{Path(where).stem}"
-        module = sys.modules.get(name)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(name, where)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
-    found = getattr(module, attribute)
-    return [found] if isinstance(found, Backend) else list(found)
+    fix = f"fix or remove that entry of {PLUGINS_ENV}"
+    if not where or not attribute:
+        raise UsageError(f"{PLUGINS_ENV} entry {source!r} is not <module or file.py>:<attribute>; {fix}")
+    try:
+        if where.endswith(".py"):
+            name = f"harness_backend_plugin_{Path(where).stem}"
+            module = sys.modules.get(name)
+            if module is None:
+                if not Path(where).is_file():
+                    raise FileNotFoundError(f"no file {where}")
+                spec = importlib.util.spec_from_file_location(name, where)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
+        else:
+            module = importlib.import_module(where)
+        found = getattr(module, attribute)
+    except (ImportError, AttributeError, OSError, SyntaxError) as exc:
+        raise UsageError(f"{PLUGINS_ENV} entry {source!r}: {type(exc).__name__}: {exc}; {fix}") from exc
+    records = [found] if isinstance(found, Backend) else list(found) if isinstance(found, (list, tuple)) else None
+    if not records or not all(isinstance(r, Backend) for r in records):
+        raise UsageError(f"{PLUGINS_ENV} entry {source!r} names a {type(found).__name__}, not a Backend record "
+                         f"or a list of them; {fix}")
+    return records
 
 
 def _load() -> None:
@@ -131,13 +148,13 @@ def _load() -> None:
     global _loaded
     if _loaded:
         return
+    plugins = [backend for source in _plugins() for backend in _import(source)]  # a bad entry: nothing loads
     _loaded = True
     for module in BUILTIN_MODULES:
         for backend in importlib.import_module(module).RECORDS:
             _records.setdefault(backend.name, backend)
-    for source in _plugins():
-        for backend in _import(source):
-            _records[backend.name] = backend
+    for backend in plugins:
+        _records[backend.name] = backend
 
 
 def names() -> tuple[str, ...]:

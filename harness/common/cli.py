@@ -198,8 +198,12 @@ def backend_names() -> tuple[str, ...]:
 
 
 def add_backend(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
-    """--backend, one or comma-separated, from the registered backends (`harness.backends`)."""
-    names = backends.names()
+    """--backend, one or comma-separated, from the registered backends (`harness.backends`);
+    a plugin that cannot be loaded ends the tool here, in one line."""
+    try:
+        names = backends.names()
+    except UsageError as exc:
+        sys.exit(fail(str(exc)))
     if many:
         parser.add_argument("--backend", type=comma_list(choice("backend", names)), default=None,
                             help=f"comma-separated: {', '.join(names)} (None: {','.join(backends.defaults())}, "

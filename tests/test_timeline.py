@@ -184,3 +184,26 @@ def test_bad_timeline_input_is_one_line(module, argv, needle, capsys, tmp_path) 
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     if needle:
         assert needle in err
+
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("fixture", ["user_loops/torch_loop.sqlite.gz", "user_loops/flax_loop.sqlite.gz",
+                                     "user_loops/compiled_loop.sqlite.gz",
+                                     "user_profiles/torch_profiler/rank0.json.gz"])
+def test_the_timeline_counts_the_kernels_the_breakdown_counts(fixture: str) -> None:
+    """Users' profiles (steps named step0..., torch.profiler's ProfilerSteps with the last
+    one closed mid-iteration): the kernels a timeline marks measured are those the breakdown
+    counts, all its kernels less its warm-up, autotuning, unattributed, first-step and
+    first-only buckets."""
+    from harness.trace.analyses.assign import assign
+    from harness.trace.analyses.breakdown import breakdown, load_profile
+
+    profile = load_profile(DATA / fixture)
+    bd = breakdown(profile)
+    kept_out = (bd.warmup, bd.autotuning, bd.unattributed, bd.first_step, bd.first_only)
+    a = assign(profile, bd.attribution)
+    dur = profile.kernels.duration
+    assert int(dur[a.measured].sum()) == int(dur.sum()) - sum(b.ns for b in kept_out)
+    assert int(a.measured.sum()) == len(dur) - sum(b.count for b in kept_out)

@@ -4,7 +4,8 @@ the per-step figures count it, its category and its layer.
 `harness.trace.analyses.breakdown` sums kernels per phase; a timeline lays the same kernels
 out one by one, so it needs the same decisions per kernel. `assign` makes them with the
 breakdown's own rules (its steady-step rule, its categories, the attribution rule the
-breakdown chose), so the measured kernels of a phase here add up to the breakdown's figure.
+breakdown chose, its reading of the ranges and its per-kernel rule, `kernel_steps`), so the
+measured kernels of a phase here add up to the breakdown's figure.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.trace.analyses import attribution as attr
-from harness.trace.analyses.breakdown import _CAT, _categories, _range_info, _steady
+from harness.trace.analyses.breakdown import _CAT, _categories, _range_info, _steady, kernel_steps, program_ranges
 from harness.trace.analyses.hlo_join import label_kernels
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, measured_layer_phases
 from harness.trace.kernels import Category
@@ -40,29 +41,21 @@ def assign(profile: Profile, mode: str, schedules: Mapping | None = None) -> Ass
     """The breakdown's decisions per kernel; `mode` is the attribution the breakdown chose
     ("execution", "launch" or "none": no ranges, every kernel but the autotuner's is one step)."""
     kt = profile.kernels
-    ranges = [r for r in profile.ranges if not r.name.startswith(LAYER_RANGE_PREFIX)]
-    labels = layer_labels(kt, profile.ranges) if len(ranges) < len(profile.ranges) else None
+    ranges, _, _ = program_ranges(profile)
+    labels = layer_labels(kt, profile.ranges) if any(r.name.startswith(LAYER_RANGE_PREFIX)
+                                                     for r in profile.ranges) else None
     if not ranges or mode == "none":
         cats, _ = _categories(kt, np.full(len(kt), -1, np.int64), np.zeros(1, np.int64))
         none = np.full(len(kt), -1, np.int64)
         return Assignment([], none, none, cats != _CAT[Category.AUTOTUNING], cats,
                           np.empty(0, np.int64), {}, labels)
     parents = attr.range_parents(ranges)
-    inner = attr.by_execution(kt, ranges)
-    if mode == "launch":
-        inner = np.where(kt.launch >= 0, attr.by_launch(kt, ranges), inner)
+    # the breakdown's rule: by launch, an activity whose launch is not in the profile belongs to no range
+    inner = attr.by_launch(kt, ranges) if mode == "launch" and attr.has_launches(kt) else attr.by_execution(kt, ranges)
     warm, root, bits = _range_info(ranges, parents)
     cats, _ = _categories(kt, inner, bits)
     instances, first, _, _ = _steady(ranges, warm, root)
-    safe = np.maximum(inner, 0)
-    kroot = np.where(inner >= 0, root[safe], -1)
-    kwarm = (inner >= 0) & warm[safe]
-    kfirst = (kroot >= 0) & np.isin(kroot, list(first))
-    measured = (cats != _CAT[Category.AUTOTUNING]) & (inner >= 0) & (kroot >= 0) & ~kwarm & ~kfirst
-    for insts in instances.values():
-        if len(insts) >= 2:  # names that ran only in the first steady instance are no per-step work
-            later = kt.name[measured & np.isin(kroot, insts[1:])]
-            measured &= ~((kroot == insts[0]) & ~np.isin(kt.name, later))
+    k = kernel_steps(kt, ranges, inner, root, warm, first, instances, cats == _CAT[Category.AUTOTUNING])
     if labels is None and schedules is not None:
         labels = label_kernels(kt, measured_layer_phases(ranges, root, warm, first), schedules).labels
-    return Assignment(ranges, inner, kroot, measured, cats, root, dict(instances), labels)
+    return Assignment(ranges, inner, k["kroot"], k["measured"], cats, root, dict(instances), labels)

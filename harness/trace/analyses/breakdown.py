@@ -187,6 +187,40 @@ def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray
                       busy_ns_per_step=busy / n, hidden_communication_ns_per_step=hidden / n)
 
 
+def program_ranges(profile: Profile) -> tuple[list[Range], str, str]:
+    """The profile's ranges as the breakdown reads them: layer ranges left out (they label
+    kernels, `harness.trace.analyses.layers`), numbered ranges as instances of one range,
+    torch.profiler's last ProfilerStep dropped where it closed mid-iteration; with the two
+    rules applied, in words ("" where none)."""
+    ranges, numbered = numbered_instances([r for r in profile.ranges if not r.name.startswith(LAYER_RANGE_PREFIX)])
+    ranges, unclosed = open_profiler_step(ranges)
+    return ranges, numbered, unclosed
+
+
+def kernel_steps(kt: KernelTable, ranges: Sequence[Range], inner: np.ndarray, root: np.ndarray, warm: np.ndarray,
+                 first: set[int], instances: Mapping[str, list[int]], tune: np.ndarray) -> dict[str, np.ndarray]:
+    """Per kernel (boolean arrays, `kroot` its root range instance, -1 for none), from its
+    innermost range `inner`: `warm` (in a warm-up range), `first` (in a first step set
+    apart), `none` (in no range, or outside every root range), `only_first` (a name that ran
+    only in the first steady instance of its root: setup, no per-step work, unless the
+    profile began past the program's first steps, ProfilerStep#550) and `measured` (what the
+    per-step figures count). `tune`: the autotuner's kernels, none of these."""
+    safe = np.maximum(inner, 0)
+    kroot = np.where(inner >= 0, root[safe], -1)
+    kwarm = (inner >= 0) & warm[safe]
+    kfirst = (kroot >= 0) & np.isin(kroot, list(first))
+    none = ~tune & ((inner < 0) | (~kwarm & (kroot < 0)))
+    measured = ~tune & ~none & ~kwarm & ~kfirst
+    only_first = np.zeros(len(kt), bool)
+    for insts in instances.values():
+        if len(insts) >= 2 and (ranges[insts[0]].number or 0) <= 1:
+            head = measured & (kroot == insts[0])
+            later = kt.name[measured & np.isin(kroot, insts[1:])]
+            only_first |= head & ~np.isin(kt.name, later)
+    return {"kroot": kroot, "warm": kwarm, "first": kfirst, "none": none, "only_first": only_first,
+            "measured": measured & ~only_first}
+
+
 def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto",
               labels: np.ndarray | None = None, schedules: Mapping | None = None) -> Breakdown:
     """Attribute `profile`'s kernels to phases (see module docstring) and summarise them.
@@ -201,9 +235,8 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     if attribution not in ATTRIBUTIONS:
         raise ProfileError(f"--attribution {attribution!r}: choose one of {', '.join(ATTRIBUTIONS)}")
     kt = profile.kernels
-    ranges, numbered = numbered_instances([r for r in profile.ranges if not r.name.startswith(LAYER_RANGE_PREFIX)])
-    ranges, unclosed = open_profiler_step(ranges)
-    if labels is None and len(ranges) < len(profile.ranges):
+    ranges, numbered, unclosed = program_ranges(profile)
+    if labels is None and any(r.name.startswith(LAYER_RANGE_PREFIX) for r in profile.ranges):
         labels = layer_labels(kt, profile.ranges)
     names = {r.name for r in ranges}
     missing = [n for n in require if n not in names]
@@ -228,21 +261,9 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     cats, rule = _categories(kt, inner, bits)
     instances, first, steady_rule, warnings = _steady(ranges, warm, root)
     steady_rule = "; ".join(filter(None, (numbered, unclosed, steady_rule)))
-    safe = np.maximum(inner, 0)
-    kroot = np.where(inner >= 0, root[safe], -1)
-    kwarm = (inner >= 0) & warm[safe]
-    kfirst = (kroot >= 0) & np.isin(kroot, list(first))
-    none = ~tune & ((inner < 0) | (~kwarm & (kroot < 0)))
-    measured = ~tune & ~none & ~kwarm & ~kfirst
-    only_first = np.zeros(len(kt), bool)
-    for insts in instances.values():
-        # names that ran only in the first steady instance are no per-step work, unless the
-        # profile began past the program's first steps (ProfilerStep#550: no setup to set apart)
-        if len(insts) >= 2 and (ranges[insts[0]].number or 0) <= 1:
-            head = measured & (kroot == insts[0])
-            later = kt.name[measured & np.isin(kroot, insts[1:])]
-            only_first |= head & ~np.isin(kt.name, later)
-    measured &= ~only_first
+    k = kernel_steps(kt, ranges, inner, root, warm, first, instances, tune)
+    kroot, kwarm, kfirst, none, only_first, measured = (k[key] for key in ("kroot", "warm", "first", "none",
+                                                                            "only_first", "measured"))
     phases = _phases(ranges, parents, root, warm, first, kt, np.flatnonzero(measured), inner, kroot, cats, rule)
     if not phases:
         raise ProfileError(f"{profile.path}: no kernel ran inside a measured range (ranges: "

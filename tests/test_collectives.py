@@ -258,12 +258,11 @@ def test_bytes_each_collective_kind_moves_per_step() -> None:
     in the backward; JAX's sharded run only has its gradients' size known."""
     from harness.trace.analyses.collectives import collective_bytes
 
-    def doc(backend: str, parallel: str, reshard: bool = True) -> dict:
-        return {"num_params": 1000, "options": {"backend": backend, "parallel": parallel,
-                                                "fsdp_reshard_after_forward": reshard}}
-    assert collective_bytes(doc("torch", "ddp")) == {"all-reduce": 4000}
-    assert collective_bytes(doc("torch-compile", "fsdp")) == {"reduce-scatter": 4000, "all-gather": 8000}
-    assert collective_bytes(doc("torch", "fsdp", reshard=False)) == {"reduce-scatter": 4000, "all-gather": 4000}
-    assert collective_bytes(doc("jax", "fsdp")) == {"reduce-scatter": 4000}
-    assert collective_bytes(doc("jax", "zero1")) == {"all-reduce": 4000}
+    def doc(parallel: str, reshard: bool = True) -> dict:
+        return {"num_params": 1000, "options": {"parallel": parallel, "fsdp_reshard_after_forward": reshard}}
+    assert collective_bytes(doc("ddp"), fsdp2=True) == {"all-reduce": 4000}
+    assert collective_bytes(doc("fsdp"), fsdp2=True) == {"reduce-scatter": 4000, "all-gather": 8000}
+    assert collective_bytes(doc("fsdp", reshard=False), fsdp2=True) == {"reduce-scatter": 4000, "all-gather": 4000}
+    assert collective_bytes(doc("fsdp")) == {"reduce-scatter": 4000}  # JAX's sharded parameters
+    assert collective_bytes(doc("zero1")) == {"all-reduce": 4000}
     assert collective_bytes(None) == {}

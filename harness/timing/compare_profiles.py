@@ -30,10 +30,12 @@ def communication_overlap(profiles: dict[str, str], devices: int, nsys_bin: str 
     """Per backend, communication hidden under compute and exposed, per rank (torch: every
     rank's profile beside rank 0's) or per device (JAX's one profile), and split into
     transfer and waiting, with bandwidth from the gradients' size of the run in `runs`."""
+    from harness import backends
     from harness.trace.analyses.collectives import collective_bytes
     from harness.trace.analyses.overlap import rank_profiles
 
-    return {backend: rank_profiles(rank_files(first, devices), nsys_bin, collective_bytes((runs or {}).get(backend)))
+    return {backend: rank_profiles(rank_files(first, devices), nsys_bin,
+                                   collective_bytes((runs or {}).get(backend), backends.get(backend).wrap_options))
             for backend, first in profiles.items()}
 
 

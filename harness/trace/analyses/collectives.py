@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness import backends
 from harness.trace.analyses.intervals import _categories, _measured, covered_measure, union
 from harness.trace.kernels import Category
 from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, WARMUP, KernelTable, Profile, Range
@@ -223,13 +222,14 @@ def profile_split(profiles: Mapping[int, Profile], bytes_per_step: Mapping[str, 
     return split
 
 
-def collective_bytes(doc: dict | None) -> dict[str, float]:
+def collective_bytes(doc: dict | None, fsdp2: bool = False) -> dict[str, float]:
     """Bytes per step of each collective kind the harness knows of a run document: the
     float32 gradients all-reduced (DDP, JAX replicated) or reduce-scattered (FSDP2, JAX
-    sharded), and FSDP2's all-gathers of the float32 parameters (no mixed-precision policy),
-    once in the forward and again in the backward unless `--fsdp-reshard-after-forward
-    false` kept them; empty where unknown. (XLA picks what its all-gathers move, so JAX's
-    have no known size.)"""
+    sharded), and, for torch's FSDP2 (`fsdp2`: the run's backend wraps its model, the
+    registry's `wrap_options`), the all-gathers of the float32 parameters (no
+    mixed-precision policy), once in the forward and again in the backward unless
+    `--fsdp-reshard-after-forward false` kept them; empty where unknown. (XLA picks what
+    its all-gathers move, so JAX's have no known size.)"""
     if not doc or not doc.get("num_params"):
         return {}
     o = doc.get("options") or {}
@@ -237,7 +237,7 @@ def collective_bytes(doc: dict | None) -> dict[str, float]:
     if parallel in ("ddp", "zero1"):
         return {"all-reduce": size}
     out = {"reduce-scatter": size}
-    if backends.get(o.get("backend", "torch")).wrap_options:  # torch's FSDP2
+    if fsdp2:
         out["all-gather"] = size * (2 if o.get("fsdp_reshard_after_forward", True) else 1)
     return out
 

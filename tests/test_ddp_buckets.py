@@ -15,9 +15,9 @@ from harness.timing.spec import RunSpec
 
 
 @pytest.mark.parametrize(("backend", "given", "expected"), [
-    ("torch", None, None), ("torch-compile", None, 250.0), ("torch-compile-cg", None, 250.0),
-    ("torch", 100.0, 100.0), ("torch-compile", 100.0, 100.0), ("jax", None, None)])
-def test_bucket_size_per_backend(backend: str, given: float | None, expected: float | None) -> None:
+    ("torch", None, 25.0), ("torch-compile", None, 250.0), ("torch-compile-cg", None, 250.0),
+    ("torch", 100.0, 100.0), ("torch-compile", 100.0, 100.0)])
+def test_bucket_size_per_backend(backend: str, given: float | None, expected: float) -> None:
     assert bucket_mb(RunSpec(backend=backend, model="tiny", ctx=16, ddp_bucket_mb=given)) == expected
 
 
@@ -30,9 +30,8 @@ class _CapturedDDP(torch.nn.Module):
 
 
 @pytest.mark.parametrize(("backend", "given", "expected"), [
-    ("torch", None, None), ("torch-compile", None, 250.0), ("torch", 64.0, 64.0), ("torch-compile", 64.0, 64.0)])
-def test_the_wrap_gets_the_bucket_size(monkeypatch, backend: str, given: float | None,
-                                       expected: float | None) -> None:
+    ("torch", None, 25.0), ("torch-compile", None, 250.0), ("torch", 64.0, 64.0), ("torch-compile", 64.0, 64.0)])
+def test_the_wrap_gets_the_bucket_size(monkeypatch, backend: str, given: float | None, expected: float) -> None:
     import torch.nn.parallel
 
     import torch_impl
@@ -42,7 +41,7 @@ def test_the_wrap_gets_the_bucket_size(monkeypatch, backend: str, given: float |
     session.device = torch.device("cpu")
     session.model = torch_impl.TransformerLM(get_config("tiny"))
     torch_parallel.distribute(session, RunSpec(backend=backend, model="tiny", ctx=16, data_parallel=2, ddp_bucket_mb=given))
-    assert session.model.kwargs.get("bucket_cap_mb") == expected
+    assert session.model.kwargs["bucket_cap_mb"] == expected
     assert session.model.kwargs["gradient_as_bucket_view"] is True
 
 

@@ -71,10 +71,10 @@ def parallel_problem(backend: str, parallel: str, ddp_bucket_mb: float | None = 
 DDP_DEFAULT_BUCKET_MB = 25.0  # torch DistributedDataParallel's bucket_cap_mb default
 
 
-def bucket_mb(opts) -> float | None:
+def bucket_mb(opts) -> float:
     """The DDP bucket size a run of `opts` (a RunSpec) uses, in MB: `--ddp-bucket-mb`,
-    else its backend's default (`Backend.ddp_bucket_mb`; None: DDP's own, 25)."""
-    return opts.ddp_bucket_mb or backends.get(opts.backend).ddp_bucket_mb
+    else its backend's default (`Backend.ddp_bucket_mb`), else DDP's own."""
+    return opts.ddp_bucket_mb or backends.get(opts.backend).ddp_bucket_mb or DDP_DEFAULT_BUCKET_MB
 
 
 def apply_safe_env() -> None:
@@ -251,7 +251,7 @@ def data_parallel_record(per_rank: list[dict], opts, note: str) -> dict:
     record = backends.get(opts.backend)
     ddp = opts.parallel == "ddp" and record.wrap_options
     return {"n": n, "parallel": opts.parallel, "label": parallel_label(opts.backend, opts.parallel),
-            "bucket_mb": (bucket_mb(opts) or DDP_DEFAULT_BUCKET_MB) if ddp else None,
+            "bucket_mb": bucket_mb(opts) if ddp else None,
             "per_device_batch": opts.batch, "global_batch": n * opts.batch,
             "ranks": [{"rank": r, "median_ms": m} for r, m in enumerate(per_rank)], "spread": spread,
             "step_ms": step_ms, "tokens_per_s": tokens / (step_ms / 1e3) if step_ms else None,

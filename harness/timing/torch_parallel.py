@@ -44,10 +44,8 @@ def distribute(session, opts) -> None:
         device = session.device
         ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" \
             else None
-        mb = bucket_mb(opts)
-        bucket = {"bucket_cap_mb": mb} if mb else {}
         session.model = DistributedDataParallel(session.model, device_ids=ids, gradient_as_bucket_view=True,
-                                                static_graph=opts.ddp_static_graph, **bucket)
+                                                bucket_cap_mb=bucket_mb(opts), static_graph=opts.ddp_static_graph)
         if opts.grad_comm == "bf16":
             session.model.register_comm_hook(dist.group.WORLD, bf16_compress_hook)
         return

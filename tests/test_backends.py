@@ -132,3 +132,23 @@ def test_parallel_strategies_are_asked_of_the_record() -> None:
     assert parallel_problem("torch", "zero1") == ("--parallel zero1 (sharded optimizer state) is jax's; for torch use "
                                                   "--parallel ddp (DDP) or fsdp (FSDP2)")
     assert parallel_problem("jax", "zero1") is None and parallel_problem("torch", "ddp", 25.0) is None
+
+
+def test_a_plugin_may_build_on_a_builtin_record(tmp_path, monkeypatch):
+    """A plugin file that derives its record from a built-in one while it is imported (the
+    registry loads the built-ins first) loads; one whose entry names nothing is one line."""
+    import dataclasses
+
+    plugin = tmp_path / "derived.py"
+    plugin.write_text("import dataclasses\nfrom harness import backends\n"
+                      "DERIVED = dataclasses.replace(backends.get('torch'), name='derived', default=False)\n")
+    monkeypatch.setattr(backends, "_loaded", False)
+    monkeypatch.setattr(backends, "_records", {})
+    monkeypatch.setenv(backends.PLUGINS_ENV, f"{plugin}:DERIVED")
+    derived = backends.get("derived")
+    assert derived == dataclasses.replace(backends.get("torch"), name="derived", default=False)
+    monkeypatch.setattr(backends, "_loaded", False)
+    monkeypatch.setenv(backends.PLUGINS_ENV, f"{plugin}:NOTHING")
+    for _ in range(2):  # the failed load is not taken for a finished one
+        with pytest.raises(UsageError, match="has no attribute 'NOTHING'"):
+            backends.names()

@@ -148,11 +148,15 @@ def _load() -> None:
     global _loaded
     if _loaded:
         return
-    plugins = [backend for source in _plugins() for backend in _import(source)]  # a bad entry: nothing loads
-    _loaded = True
+    _loaded = True  # a plugin may look up a built-in record while it is imported
     for module in BUILTIN_MODULES:
         for backend in importlib.import_module(module).RECORDS:
             _records.setdefault(backend.name, backend)
+    try:
+        plugins = [backend for source in _plugins() for backend in _import(source)]
+    except UsageError:
+        _loaded = False  # a bad entry: no plugin loads, and the next lookup says so again
+        raise
     for backend in plugins:
         _records[backend.name] = backend
 

@@ -160,3 +160,23 @@ def test_options_are_rows_of_their_own_against_the_one_device_run() -> None:
     assert got == pytest.approx({("-", 1): 1.0, ("DDP, 250 MB buckets", 2): 80 / 100,
                                  ("TORCHINDUCTOR_CPP_WRAPPER=1", 1): 1.0,
                                  ("DDP, 250 MB buckets, TORCHINDUCTOR_CPP_WRAPPER=1", 2): 70 / 77})
+
+
+def test_nccl_tuning_is_a_row_of_its_own_against_the_plain_one_device_run() -> None:
+    """A data-parallel run given NCCL tuning (NCCL_MAX_CTAS) is its own row, and its baseline
+    is the one-device run without it: one device runs no collective. The multicast switch
+    every run sets, NCCL's version and its logging are no settings."""
+    one, plain, tuned = _doc("torch-compile-cg", 1, 75.0), _doc("torch-compile-cg", 4, 82.0), _doc(
+        "torch-compile-cg", 4, 88.0)
+    for doc in (plain, tuned):
+        doc["data_parallel"]["bucket_mb"] = 250.0
+    always = {"NCCL_NVLS_ENABLE": "0", "NCCL_VERSION": "2.28.3-1", "NCCL_DEBUG": "INFO"}
+    one["env"] = plain["env"] = {"settings": always}
+    tuned["env"] = {"settings": {**always, "NCCL_MAX_CTAS": "8"}}
+    got = {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([one, plain, tuned])}
+    assert got == pytest.approx({("-", 1): 1.0, ("DDP, 250 MB buckets", 4): 75 / 82,
+                                 ("DDP, 250 MB buckets, NCCL_MAX_CTAS=8", 4): 75 / 88})
+    # a multicast switch turned back on is a setting
+    tuned["env"] = {"settings": {**always, "NCCL_NVLS_ENABLE": "1"}}
+    assert ("DDP, 250 MB buckets, NCCL_NVLS_ENABLE=1", 4) in {
+        (r["parallel"], r["n"]) for r in scaling_rows([one, plain, tuned])}

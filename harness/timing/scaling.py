@@ -7,8 +7,8 @@ ran and is faster than its split step (what JAX users run), else `step`. The ste
 data-parallel run is its slowest rank's median (the pace of a synchronous step); MFU is
 per device (one device's FLOPs over that step and the device's peak). Rows group by
 backend, data-parallel strategy with its options (`strategy`: DDP's bucket size, static
-graph and gradient dtype, FSDP2's resharding, the compiler and allocator settings a run
-was given through its environment) and the shape of the run (model, ctx, per-device batch,
+graph and gradient dtype, FSDP2's resharding, the compiler, allocator and NCCL settings a
+run was given through its environment) and the shape of the run (model, ctx, per-device batch,
 dtype, attention, device); each group's efficiency is against the backend's one-device run
 of that shape under the same settings, and a group without one has no efficiency.
 """
@@ -19,7 +19,7 @@ from collections import defaultdict
 
 from harness import backends
 from harness.common.tables import markdown_table
-from harness.timing.distributed import DDP_DEFAULT_BUCKET_MB, parallel_label
+from harness.timing.distributed import DDP_DEFAULT_BUCKET_MB, SAFE_ENV, parallel_label
 
 SHAPE = ("model", "ctx", "batch", "dtype", "attention", "device")
 
@@ -45,14 +45,30 @@ def step_figures(doc: dict) -> tuple[int, str, float, float, float | None]:
 # it caches) and the CUDA caching allocator's configuration.
 PROGRAM_SETTINGS = ("XLA_FLAGS", "TORCHINDUCTOR_", "PYTORCH_CUDA_ALLOC_CONF")
 CACHE_SETTINGS = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE")
+# NCCL's tuning variables change how the collectives run, which one device never does; the
+# library's version, its logging and the multicast switch every run sets are no settings.
+COMM_SETTINGS = ("NCCL_",)
+NOT_COMM_SETTINGS = ("NCCL_VERSION", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
+
+
+def _recorded(doc: dict) -> dict[str, str]:
+    return (doc.get("env") or {}).get("settings") or {}
 
 
 def program_settings(doc: dict) -> str | None:
     """The settings among a run's recorded environment that change the program it timed,
     as "NAME=value" joined by ", " (None without any)."""
-    recorded = (doc.get("env") or {}).get("settings") or {}
-    kept = [f"{k}={v}" for k, v in sorted(recorded.items())
+    kept = [f"{k}={v}" for k, v in sorted(_recorded(doc).items())
             if k.startswith(PROGRAM_SETTINGS) and k not in CACHE_SETTINGS]
+    return ", ".join(kept) or None
+
+
+def comm_settings(doc: dict) -> str | None:
+    """The NCCL tuning a data-parallel run was given ("NAME=value" joined by ", ", None
+    without any): it changes that run's collectives, so its row is its own, and it is set
+    against the one-device run without it, which has no collective to tune."""
+    kept = [f"{k}={v}" for k, v in sorted(_recorded(doc).items())
+            if k.startswith(COMM_SETTINGS) and k not in NOT_COMM_SETTINGS and SAFE_ENV.get(k) != v]
     return ", ".join(kept) or None
 
 
@@ -76,8 +92,9 @@ def strategy(doc: dict) -> str:
                 parts.append(f"{o['grad_comm']} gradients")
         if wrapped and parallel == "fsdp" and not o.get("fsdp_reshard_after_forward", True):
             parts.append("no reshard after forward")
-    if given := program_settings(doc):
-        parts.append(given)
+    for given in (program_settings(doc), comm_settings(doc) if dp and dp["n"] > 1 else None):
+        if given:
+            parts.append(given)
     return ", ".join(parts) or "-"
 
 

@@ -266,3 +266,22 @@ def test_bytes_each_collective_kind_moves_per_step() -> None:
     assert collective_bytes(doc("fsdp")) == {"reduce-scatter": 4000}  # JAX's sharded parameters
     assert collective_bytes(doc("zero1")) == {"all-reduce": 4000}
     assert collective_bytes(None) == {}
+
+
+@pytest.mark.parametrize("name", ["jax_dp2.sqlite.gz", "torch_dp2.rank0.sqlite.gz"])
+def test_real_per_step_figures_add_up_to_the_totals(name: str) -> None:
+    """On the real 2-GPU profiles (sliced to two split steps: the fused steps are kept apart
+    from them in tests/test_overlap.py) the per-step figures times the steps give the
+    totals back, per device of JAX's one process and per torch rank."""
+    from harness.trace.analyses.breakdown import load_profile
+    from harness.trace.analyses.overlap import overlap
+
+    profile = load_profile(DP / name, "p")
+    kinds = {r.name for r in profile.ranges if r.name in ("step", "fused_step")}
+    assert kinds == {"step"}
+    for d in overlap(profile.kernels, profile.ranges):
+        per = d["per_step"]
+        assert set(per) == kinds
+        for key in ("communication_ms", "exposed_ms"):
+            assert sum(p[key] * p["steps"] for p in per.values()) == pytest.approx(d[key], rel=1e-9)
+        assert all(0 <= p["exposed_ms"] <= p["communication_ms"] < p["step_ms"] for p in per.values())

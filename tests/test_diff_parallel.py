@@ -141,3 +141,24 @@ def test_real_data_parallel_profiles_diff_without_a_negative_part() -> None:
     parts = [p for ph in d.phases for p in ph.parts]
     assert parts and all(p.a_ms >= 0 and p.b_ms >= 0 for p in parts)
     assert any("jax_dp2: the mean of its 2 device timelines" in n for n in d.notes)
+
+
+def test_exposed_communication_per_compared_step() -> None:
+    """With per-step figures the sentence sets the compared kinds of step against each other
+    (JAX's fused step against torch's step), as shares of each step."""
+    fused = {"fused_step": {"devices": 2, "step_ms": 10.0, "communication_ms": 1.0, "exposed_ms": 0.2,
+                            "exposed_max_ms": 0.3, "exposed_share_of_step": 0.02},
+             "step": {"devices": 2, "step_ms": 20.0, "communication_ms": 1.0, "exposed_ms": 1.0,
+                      "exposed_max_ms": 1.0, "exposed_share_of_step": 0.05}}
+    a = _run("ddp", 2, [12.0, 12.0, 12.0], 7.0, 4.0, {**_overlap(12.0, 3.0), "per_step": {
+        "step": {"devices": 2, "step_ms": 12.0, "communication_ms": 4.0, "exposed_ms": 3.0, "exposed_max_ms": 3.5,
+                 "exposed_share_of_step": 0.25}}})
+    b = _run("jax", 2, [10.0, 10.0, 10.0], 7.0, 1.0, {**_overlap(4.0, 2.8), "per_step": fused})
+    b.doc["phases"]["fused_step"] = {"times_ms": [10.0, 10.0, 10.0]}
+    b.phases["fused_step"] = b.phases["step"]
+    d = diff_runs(a, b)
+    assert (d.step.a_phase, d.step.b_phase) == ("step", "fused_step")
+    (line,) = [s for s in sentences(d) if s.startswith("Exposed")]
+    assert line.startswith("Exposed communication per step: B's fused_step waits 0.200 ms for its communication "
+                           "(2.0% of the step) against A's step 3.000 ms (25.0%), the mean over devices; of the "
+                           "communication kernel time over all measured steps 30.0% is exposed against 75.0%")

@@ -9,6 +9,8 @@ from harness.trace.analyses.overlap import (
     covered_measure,
     format_overlap,
     overlap,
+    per_step_exposure,
+    per_step_lines,
     rank_analysis,
     rank_of,
     union,
@@ -131,4 +133,62 @@ def test_compare_report_shows_the_overlap() -> None:
     assert "| torch | 0 | 0 | 2.000 | 2.000 | 0.000 | 100.0% |" in text
     assert "| **torch, all** |  |  | 6.000 | 4.000 | 2.000 | 66.7% |" in text
     assert "Exposed share of the communication: torch 33.3%." in text
+    # per step: rank 0 none of its 2 ms exposed, rank 1 2 of its 4 ms, over 3 steps each; medians 12 and 14 ms
+    assert "| torch | step | 2 | 1.000 | 0.333 | 0.667 | 13.000 | 2.6% |" in text
+    # a folder made before the per-step figures: derived from the totals and --steps
+    for r in analysis["ranks"]:
+        for d in r["overlap"]:
+            del d["per_step"]
+    del analysis["per_step"]
+    assert "| torch | step | 2 | 1.000 | 0.333 | 0.667 | 13.000 | 2.6% |" in "\n".join(
+        data_parallel_lines({**summary, "options": {"steps": 3}}))
+    assert "torch: no per-step figures; this folder was made before they were kept" in "\n".join(
+        data_parallel_lines(summary))
     assert data_parallel_lines({"runs": {"torch": {"status": "ok"}}}) == []
+
+
+def test_per_step_kinds_kept_apart_by_hand() -> None:
+    """Two split steps whose collective runs alone (all exposed) and two fused steps whose
+    collective runs under compute (all hidden): per kind, not one mixed share."""
+    ms = 1_000_000
+    kernels, ranges = [], []
+    for i in range(2):  # split steps of 20 ms: compute [0,10), then a 4 ms all-reduce alone
+        t = i * 100
+        ranges.append(Range("step", t * ms, (t + 20) * ms))
+        kernels += [Kernel(GEMM, t, t + 10, 0, COMPUTE), Kernel(NCCL, t + 12, t + 16, 0, COMM)]
+    for i in range(2):  # fused steps of 10 and 12 ms: a 4 ms all-reduce under a 9 ms GEMM
+        t = 200 + i * 100
+        ranges.append(Range("fused_step", t * ms, (t + 10 + 2 * i) * ms))
+        kernels += [Kernel(GEMM, t, t + 9, 0, COMPUTE), Kernel(NCCL, t + 2, t + 6, 0, COMM)]
+    kt = KernelTable.from_kernels([Kernel(k.name, k.start * ms, k.end * ms, k.device, k.stream) for k in kernels])
+    (d,) = overlap(kt, ranges)
+    assert (d["communication_ms"], d["exposed_ms"]) == (16, 8)  # the mixed figure: half exposed
+    assert d["per_step"] == {
+        "step": {"steps": 2, "step_ms": 20, "communication_ms": 4, "exposed_ms": 4},
+        "fused_step": {"steps": 2, "step_ms": 11, "communication_ms": 4, "exposed_ms": 0}}
+    analysis = rank_analysis({0: Profile("p", "jax", "nsys", [], ranges)})  # no kernels: nothing per step
+    assert "per_step" not in analysis
+    per = per_step_exposure({"ranks": [{"rank": 0, "overlap": [d], "phases_ms": {}}]})
+    assert per["step"]["exposed_share_of_step"] == pytest.approx(4 / 20)
+    assert per["fused_step"]["exposed_share_of_step"] == 0
+    text = "\n".join(per_step_lines(per))
+    assert "per step: 4.000 ms of communication, 4.000 ms exposed (mean over 1 device, at most 4.000) in a " \
+           "20.000 ms step: 20.0% of the step" in text
+
+
+def test_per_step_of_an_analysis_made_before_it() -> None:
+    """An older analysis (no `per_step`): torch's one kind of step is derived from the totals
+    and the measured steps; JAX's split and fused steps summed together give nothing."""
+    a = rank_analysis({0: _rank_profile([11, 12, 13], 2), 1: _rank_profile([12, 14, 30], 4)})
+    assert a["per_step"]["step"]["devices"] == 2
+    for r in a["ranks"]:
+        for d in r["overlap"]:
+            del d["per_step"]
+    # rank 0: 2 ms of communication, none exposed; rank 1: 4 ms, 2 exposed; over 3 steps each
+    old = per_step_exposure(a, steps=3)["step"]
+    assert old["communication_ms"] == pytest.approx((2 + 4) / 2 / 3)
+    assert old["exposed_ms"] == pytest.approx(1 / 3) and old["exposed_max_ms"] == pytest.approx(2 / 3)
+    assert old["step_ms"] == 13  # the median of the ranks' medians 12 and 14
+    assert per_step_exposure(a) == {}  # without the number of steps
+    a["ranks"][0]["phases_ms"]["fused_step"] = 10.0
+    assert per_step_exposure(a, steps=3) == {}

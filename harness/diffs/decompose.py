@@ -289,12 +289,19 @@ def devices(run: Run) -> int:
     return int(_get(run.doc, ("data_parallel", "n")) or 1)
 
 
-def _overlap(run: Run) -> dict | None:
+def _overlap(run: Run, phase: str | None) -> dict | None:
+    """A run's communication overlap for the diff: the totals over its profile's measured
+    steps, and (`step`) the mean exposed time of the compared kind of step, `phase`."""
+    from harness.trace.analyses.overlap import per_step_exposure
+
     o = run.overlap
     if not o or o.get("hidden_share") is None:
         return None
     out = {"communication_ms": o["communication_ms"], "hidden_ms": o["hidden_ms"], "exposed_ms": o["exposed_ms"],
            "exposed_share": 1 - o["hidden_share"]}
+    per = o.get("per_step") or per_step_exposure(o, _get(run.doc, ("options", "steps")))
+    if phase in per:
+        out["step"] = {"phase": phase, **per[phase]}
     if split := o.get("split"):  # per rank (JAX: per device), the mean over them per measured step
         for key in ("waiting", "transfer"):
             out[f"{key}_ms_per_step"] = sum(r[f"{key}_ms_per_step"] for r in split["ranks"]) / len(split["ranks"])
@@ -354,8 +361,11 @@ def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
     phases = [_phase_diff(a, b, pair) for pair in _pairs(a, b)]
     if bool(a.layers) != bool(b.layers):
         notes.append(f"{(b if a.layers else a).label}: no layer ranges recorded; no per-layer table")
-    overlap = {"a": oa, "b": ob} if (oa := _overlap(a)) and (ob := _overlap(b)) else {}
-    return Diff(a.label, b.label, fields, phases, notes, layers=diff_layers(a.layers, b.layers), overlap=overlap)
+    d = Diff(a.label, b.label, fields, phases, notes, layers=diff_layers(a.layers, b.layers))
+    step = d.step  # the compared step: each side's overlap per step is that kind of step's
+    oa, ob = (_overlap(run, getattr(step, f"{side}_phase", None)) for run, side in ((a, "a"), (b, "b")))
+    d.overlap = {"a": oa, "b": ob} if oa and ob else {}
+    return d
 
 
 def regression(diff: Diff, pct: float) -> str | None:

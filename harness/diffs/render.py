@@ -79,14 +79,23 @@ def _bound(t: Throughput) -> str | None:
 
 
 def _overlap_sentence(d: Diff) -> str | None:
-    """Each side's exposed share of its communication, where both runs have overlap figures."""
+    """Each side's exposed communication, where both runs have overlap figures: per compared
+    step and as a share of it where the figures say so, else the share of the communication."""
     if not d.overlap:
         return None
     a, b = d.overlap["a"], d.overlap["b"]
-    text = (f"Exposed communication: {b['exposed_share']:.1%} of B's communication kernel time is not hidden "
-            f"under compute against A's {a['exposed_share']:.1%} ({a['exposed_ms']:.3f} of "
-            f"{a['communication_ms']:.3f} ms -> {b['exposed_ms']:.3f} of {b['communication_ms']:.3f} ms, "
-            "summed over each profile's measured steps)")
+    if "step" in a and "step" in b:
+        sa, sb = a["step"], b["step"]
+        text = (f"Exposed communication per step: B's {sb['phase']} waits {sb['exposed_ms']:.3f} ms for its "
+                f"communication ({sb['exposed_share_of_step']:.1%} of the step) against A's {sa['phase']} "
+                f"{sa['exposed_ms']:.3f} ms ({sa['exposed_share_of_step']:.1%}), the mean over devices; of the "
+                f"communication kernel time over all measured steps {b['exposed_share']:.1%} is exposed against "
+                f"{a['exposed_share']:.1%}")
+    else:
+        text = (f"Exposed communication: {b['exposed_share']:.1%} of B's communication kernel time is not hidden "
+                f"under compute against A's {a['exposed_share']:.1%} ({a['exposed_ms']:.3f} of "
+                f"{a['communication_ms']:.3f} ms -> {b['exposed_ms']:.3f} of {b['communication_ms']:.3f} ms, "
+                "summed over each profile's measured steps)")
     if "waiting_ms_per_step" in a and "waiting_ms_per_step" in b:
         text += (f"; of it, waiting for the last rank {a['waiting_ms_per_step']:.3f} -> {b['waiting_ms_per_step']:.3f}"
                  f" ms and transfer {a['transfer_ms_per_step']:.3f} -> {b['transfer_ms_per_step']:.3f} ms per step "

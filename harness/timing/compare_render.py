@@ -199,11 +199,38 @@ def data_parallel_lines(summary: dict) -> list[str]:
     out += markdown_table(["backend", "rank", "device", "communication ms", "hidden ms", "exposed ms", "hidden"], rows)
     exposed = "; ".join(f"{b} {_share(1 - a['hidden_share'])}" for b, a in overlap.items()
                         if a["hidden_share"] is not None)
+    out += per_step_table(summary)
     out += split_lines(summary)
     out += ["", "Communication kernels (NCCL's, XLA's collectives) summed over the measured steps of each rank's "
             "profile: hidden is the part of a stream's communication that runs while compute kernels run on "
             "the device's other streams, exposed the rest, which the step waits for."
             + (f" Exposed share of the communication: {exposed}." if exposed else ""), ""]
+    return out
+
+
+def per_step_table(summary: dict) -> list[str]:
+    """Per backend and kind of step: the communication and exposed time of the mean step
+    and the exposed share of the step (`harness.trace.analyses.overlap.per_step_exposure`;
+    a folder made before it has the figures for torch's one kind of step only)."""
+    from harness.trace.analyses.overlap import per_step_exposure
+
+    rows, mixed = [], []
+    for backend, a in (summary.get("overlap") or {}).items():
+        per = a.get("per_step") or per_step_exposure(a, (summary.get("options") or {}).get("steps"))
+        if not per:
+            mixed.append(backend)
+        for name, p in per.items():
+            rows.append([backend, name, p["devices"], f"{p['communication_ms']:.3f}", f"{p['exposed_ms']:.3f}",
+                         f"{p['exposed_max_ms']:.3f}", f"{p['step_ms']:.3f}", _share(p["exposed_share_of_step"])])
+    out = []
+    if rows:
+        out += ["", "Exposed communication per step, the mean over devices (and the device that waits longest), "
+                "against the step's median:", ""]
+        out += markdown_table(["backend", "step", "devices", "communication ms/step", "exposed ms/step",
+                               "most exposed ms/step", "step ms", "exposed share of the step"], rows)
+    if mixed:
+        out += ["", f"{', '.join(mixed)}: no per-step figures; this folder was made before they were kept, and its "
+                "totals sum the split and fused steps together (JAX) or do not say how many steps they cover."]
     return out
 
 

@@ -29,25 +29,75 @@ from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, KernelTable, Prof
 RANK_FILE = re.compile(r"\.rank(\d+)\.")
 
 
+def _hidden(kt: KernelTable, comm: np.ndarray, compute: np.ndarray, on: np.ndarray) -> tuple[int, int]:
+    """(communication ns, hidden ns) of one device (`on`): per communication stream, the
+    union of its kernels, and the part of it under compute kernels on the device's other streams."""
+    total = hidden = 0
+    for stream in np.unique(kt.stream[comm & on]):
+        mine = comm & on & (kt.stream == stream)
+        others = compute & on & (kt.stream != stream)
+        c = union(kt.start[mine], kt.end[mine])
+        total += int(np.sum(c[1] - c[0]))
+        hidden += covered_measure(c, union(kt.start[others], kt.end[others]))
+    return total, hidden
+
+
 def overlap(kt: KernelTable, ranges: Sequence[Range] = ()) -> list[dict]:
     """Per device: communication kernel time (per-stream unions, summed), the part hidden
-    under compute on other streams, the exposed rest and the hidden share; ms."""
+    under compute on other streams, the exposed rest and the hidden share; ms. With step
+    ranges, `per_step` gives the same per kind of step (`step`, JAX's `fused_step`): how many
+    ran, their median length, and the communication and exposed time of the mean step, so
+    that JAX's split and fused steps, which overlap differently, are not mixed."""
     cats = _categories(kt)
-    keep = _measured(kt, ranges) & (kt.kind == KERNEL) & (cats != _CATS.index(Category.AUTOTUNING))
-    comm = keep & (cats == _CATS.index(Category.COMMUNICATION))
-    compute = keep & ~comm
+    kernels = (kt.kind == KERNEL) & (cats != _CATS.index(Category.AUTOTUNING))
+    is_comm = cats == _CATS.index(Category.COMMUNICATION)
+    keep = _measured(kt, ranges) & kernels
+    kinds = {name: [r for r in ranges if r.name == name] for name in STEP_RANGES}
+    kinds = {name: (spans, _measured(kt, spans) & kernels) for name, spans in kinds.items() if spans}
     out = []
     for device in np.unique(kt.device[keep]):
         on = kt.device == device
-        total = hidden = 0
-        for stream in np.unique(kt.stream[comm & on]):
-            mine = comm & on & (kt.stream == stream)
-            others = compute & on & (kt.stream != stream)
-            c = union(kt.start[mine], kt.end[mine])
-            total += int(np.sum(c[1] - c[0]))
-            hidden += covered_measure(c, union(kt.start[others], kt.end[others]))
-        out.append({"device": int(device), "communication_ms": total / 1e6, "hidden_ms": hidden / 1e6,
-                    "exposed_ms": (total - hidden) / 1e6, "hidden_share": hidden / total if total else None})
+        total, hidden = _hidden(kt, keep & is_comm, keep & ~is_comm, on)
+        rec = {"device": int(device), "communication_ms": total / 1e6, "hidden_ms": hidden / 1e6,
+               "exposed_ms": (total - hidden) / 1e6, "hidden_share": hidden / total if total else None}
+        if kinds:
+            rec["per_step"] = {}
+            for name, (spans, k) in kinds.items():
+                comm, under = _hidden(kt, k & is_comm, k & ~is_comm, on)
+                n = len(spans)
+                rec["per_step"][name] = {"steps": n, "step_ms": statistics.median(r.end - r.start for r in spans) / 1e6,
+                                         "communication_ms": comm / n / 1e6, "exposed_ms": (comm - under) / n / 1e6}
+        out.append(rec)
+    return out
+
+
+def per_step_exposure(analysis: dict, steps: int | None = None) -> dict[str, dict]:
+    """Per kind of step: the communication and exposed time of the mean step, averaged over
+    the devices (`exposed_max_ms`: the device that waits longest), the step's length (the
+    median over devices of each device's median) and the exposed share of it. An analysis
+    made before `per_step` existed gives it where each rank ran one kind of step and
+    `steps`, the measured steps, is known (torch's `step`); JAX's split and fused steps
+    were summed together there and cannot be told apart."""
+    per: dict[str, list[dict]] = {}
+    for r in analysis.get("ranks", []):
+        for d in r["overlap"]:
+            if "per_step" in d:
+                for name, rec in d["per_step"].items():
+                    per.setdefault(name, []).append(rec)
+            elif steps and len(kinds := [k for k in STEP_RANGES if k in r["phases_ms"]]) == 1:
+                per.setdefault(kinds[0], []).append({"steps": steps, "step_ms": r["phases_ms"][kinds[0]],
+                                                     "communication_ms": d["communication_ms"] / steps,
+                                                     "exposed_ms": d["exposed_ms"] / steps})
+            else:
+                return {}
+    out = {}
+    for name, recs in per.items():
+        exposed = statistics.fmean(x["exposed_ms"] for x in recs)
+        step = statistics.median(x["step_ms"] for x in recs)
+        out[name] = {"devices": len(recs), "step_ms": step,
+                     "communication_ms": statistics.fmean(x["communication_ms"] for x in recs),
+                     "exposed_ms": exposed, "exposed_max_ms": max(x["exposed_ms"] for x in recs),
+                     "exposed_share_of_step": exposed / step if step else None}
     return out
 
 
@@ -89,9 +139,12 @@ def rank_analysis(profiles: dict[int, Profile], bytes_per_step: dict[str, float]
     comm = [d for r in ranks for d in r["overlap"]]
     total = sum(d["communication_ms"] for d in comm)
     hidden = sum(d["hidden_ms"] for d in comm)
-    return {"ranks": ranks, "spread": spread, "communication_ms": total, "hidden_ms": hidden,
-            "exposed_ms": total - hidden, "hidden_share": hidden / total if total else None,
-            "split": profile_split(profiles, bytes_per_step)}
+    out = {"ranks": ranks, "spread": spread, "communication_ms": total, "hidden_ms": hidden,
+           "exposed_ms": total - hidden, "hidden_share": hidden / total if total else None,
+           "split": profile_split(profiles, bytes_per_step)}
+    if per_step := per_step_exposure(out):
+        out["per_step"] = per_step
+    return out
 
 
 def rank_profiles(paths: Sequence[str | Path], nsys_bin: str | None = None,
@@ -109,6 +162,18 @@ def rank_profiles(paths: Sequence[str | Path], nsys_bin: str | None = None,
     return rank_analysis(by_rank, bytes_per_step)
 
 
+def per_step_lines(per_step: dict[str, dict]) -> list[str]:
+    """One line per kind of step: its communication and exposed time and the exposed share."""
+    out = []
+    for name, p in per_step.items():
+        share = f"{100 * p['exposed_share_of_step']:.1f}%" if p["exposed_share_of_step"] is not None else "-"
+        devices = f"{p['devices']} device" + ("s" if p["devices"] != 1 else "")
+        out.append(f"per {name}: {p['communication_ms']:.3f} ms of communication, {p['exposed_ms']:.3f} ms exposed "
+                   f"(mean over {devices}, at most {p['exposed_max_ms']:.3f}) in a {p['step_ms']:.3f} ms step: "
+                   f"{share} of the step")
+    return out
+
+
 def format_overlap(analysis: dict) -> str:
     """Per rank and device: communication, hidden and exposed ms; then the run's totals."""
     lines = [f"{'rank':>4} {'device':>6} {'comm ms':>9} {'hidden ms':>10} {'exposed ms':>11} {'hidden':>7} "
@@ -124,6 +189,7 @@ def format_overlap(analysis: dict) -> str:
         from harness.trace.analyses.collectives import format_split
 
         lines += format_split(analysis["split"])
+    lines += per_step_lines(per_step_exposure(analysis))
     lines.append(f"all: {analysis['communication_ms']:.3f} ms of communication, {analysis['exposed_ms']:.3f} ms "
                  f"exposed" + (f" ({100 * (1 - share):.1f}%)" if share is not None else ""))
     return "\n".join(lines) + "\n"

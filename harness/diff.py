@@ -28,6 +28,7 @@ from harness.common.cli import (
     add_out,
     add_timeline,
     fail,
+    loaded_backends,
     make_parser,
     non_negative_float,
     parse_args,
@@ -70,6 +71,7 @@ def _pairs(specs: list[str], nsys_bin: str | None) -> list[tuple]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    loaded_backends()  # the runs' backends are read by name
     if problem := timeline_problem(args):
         return fail(problem)
     if args.timeline and args.out is None:

@@ -25,6 +25,7 @@ from harness.common.cli import (
     comma_list,
     emit,
     fail,
+    loaded_backends,
     make_parser,
     parse_args,
     positive_float,
@@ -67,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--busbw-gbps", type=positive_float, default=None, metavar="GB/S",
                    help="the all-reduce bus bandwidth in GB/s (None: the link the N > 1 run measured)")
     args = parse_args(p, argv)
+    loaded_backends()  # the runs' backends are read by name
     try:
         if args.out and (problem := file_problem(args.out, "--out")):
             raise UsageError(problem)

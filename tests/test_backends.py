@@ -152,3 +152,21 @@ def test_a_plugin_may_build_on_a_builtin_record(tmp_path, monkeypatch):
     for _ in range(2):  # the failed load is not taken for a finished one
         with pytest.raises(UsageError, match="has no attribute 'NOTHING'"):
             backends.names()
+
+
+@pytest.mark.parametrize("tool", ["diff", "scaling", "run"])
+def test_a_bad_plugin_entry_ends_each_tool_in_one_line(tool: str, monkeypatch, capsys) -> None:
+    """Every tool that reads backends by name (run through --backend, diff and scaling through
+    the documents they read) refuses a plugin entry that cannot load, before any work, in one
+    line with exit code 2."""
+    import importlib
+
+    monkeypatch.setattr(backends, "_loaded", False)
+    monkeypatch.setattr(backends, "_records", {})
+    monkeypatch.setenv(backends.PLUGINS_ENV, "no_such_module_here:THING")
+    main = importlib.import_module(f"harness.{tool}").main
+    with pytest.raises(SystemExit) as exit_:
+        main(["nothing.json"] if tool != "run" else ["--backend", "torch"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "HARNESS_BACKEND_PLUGINS entry 'no_such_module_here:THING'" in err[0]

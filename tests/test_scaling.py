@@ -145,12 +145,18 @@ def test_options_are_rows_of_their_own_against_the_one_device_run() -> None:
     jax1_flags["env"] = jax2_flags["env"]
     got = {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([jax1, jax1_flags, jax2_flags])}
     assert got[("replicated, XLA_FLAGS=--xla_x=true", 2)] == pytest.approx(55 / 64)
+    # JAX's own options are settings too; where it caches is not
+    jax2_prec = _doc("jax", 2, 70.0)
+    jax2_prec["env"] = {"settings": {"JAX_DEFAULT_MATMUL_PRECISION": "float32", "JAX_COMPILATION_CACHE_DIR": "c"}}
+    assert {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([jax1, jax2_prec])} == {
+        ("-", 1): 1.0, ("replicated, JAX_DEFAULT_MATMUL_PRECISION=float32", 2): None}
     # without a one-device run under its flags a row has no efficiency: not one against another program
     assert {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([jax1, jax2_flags])} == {
         ("-", 1): 1.0, ("replicated, XLA_FLAGS=--xla_x=true", 2): None}
     # Inductor's options too, each set against the one-device run given them; where a run
     # caches its compilations changes nothing it times, so it makes no row of its own
-    cache = {"TORCHINDUCTOR_CACHE_DIR": "c", "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "NCCL_VERSION": "2"}
+    cache = {"TORCHINDUCTOR_CACHE_DIR": "c", "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "NCCL_VERSION": "2",
+             "JAX_COMPILATION_CACHE_DIR": "c"}
     cpp1, cpp2 = _doc("torch-compile", 1, 70.0), _doc("torch-compile", 2, 77.0)
     for doc in (cpp1, cpp2):
         doc["env"] = {"settings": {**cache, "TORCHINDUCTOR_CPP_WRAPPER": "1"}}

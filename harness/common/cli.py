@@ -197,13 +197,20 @@ def backend_names() -> tuple[str, ...]:
     return backends.names()
 
 
+def loaded_backends() -> tuple[str, ...]:
+    """The registered backends' names, loading the plugins first: for a tool that reads
+    backends by name, before it does any work; a plugin that cannot be loaded ends the tool
+    here, in one line."""
+    try:
+        return backends.names()
+    except UsageError as exc:
+        sys.exit(fail(str(exc)))
+
+
 def add_backend(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
     """--backend, one or comma-separated, from the registered backends (`harness.backends`);
     a plugin that cannot be loaded ends the tool here, in one line."""
-    try:
-        names = backends.names()
-    except UsageError as exc:
-        sys.exit(fail(str(exc)))
+    names = loaded_backends()
     if many:
         parser.add_argument("--backend", type=comma_list(choice("backend", names)), default=None,
                             help=f"comma-separated: {', '.join(names)} (None: {','.join(backends.defaults())}, "

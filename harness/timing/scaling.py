@@ -7,10 +7,11 @@ ran and is faster than its split step (what JAX users run), else `step`. The ste
 data-parallel run is its slowest rank's median (the pace of a synchronous step); MFU is
 per device (one device's FLOPs over that step and the device's peak). Rows group by
 backend, data-parallel strategy with its options (`strategy`: DDP's bucket size, static
-graph and gradient dtype, FSDP2's resharding, the compiler, allocator and NCCL settings a
-run was given through its environment) and the shape of the run (model, ctx, per-device batch,
-dtype, attention, device); each group's efficiency is against the backend's one-device run
-of that shape under the same settings, and a group without one has no efficiency.
+graph and gradient dtype, FSDP2's resharding, the compiler (XLA, JAX, Inductor), allocator
+and NCCL settings a run was given through its environment) and the shape of the run
+(model, ctx, per-device batch, dtype, attention, device); each group's efficiency is
+against the backend's one-device run of that shape under the same compiler and allocator
+settings (NCCL's do not apply to one device), and a group without one has no efficiency.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ def step_figures(doc: dict) -> tuple[int, str, float, float, float | None]:
     return n, phase, step_ms, n * o["batch"] * o["ctx"] / (step_ms / 1e3), mfu
 
 
-# Settings that change the program a run times: XLA's flags, Inductor's options (not where
-# it caches) and the CUDA caching allocator's configuration.
-PROGRAM_SETTINGS = ("XLA_FLAGS", "TORCHINDUCTOR_", "PYTORCH_CUDA_ALLOC_CONF")
-CACHE_SETTINGS = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE")
+# Settings that change the program a run times: XLA's flags, JAX's and Inductor's options
+# (not where or whether they cache compilations) and the CUDA caching allocator's configuration.
+PROGRAM_SETTINGS = ("XLA_FLAGS", "JAX_", "TORCHINDUCTOR_", "PYTORCH_CUDA_ALLOC_CONF")
+CACHE_SETTINGS = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
+                  "JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE",
+                  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
 # NCCL's tuning variables change how the collectives run, which one device never does; the
 # library's version, its logging and the multicast switch every run sets are no settings.
 COMM_SETTINGS = ("NCCL_",)

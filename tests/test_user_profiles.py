@@ -170,3 +170,49 @@ def test_flax_loop_steps_from_step_trace_annotation_match_hand_count() -> None:
     assert p.gpu_ns_per_step * 4 == pytest.approx(total_ns, abs=1)
     assert sum(p.categories.values()) == pytest.approx(p.gpu_ns_per_step)
     assert p.share(Category.GEMM) > 0.5  # cuBLAS GEMMs, classified as on the nsys path
+
+
+def _all_reduces(con: sqlite3.Connection, process: int, steady: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(start, end) of the NCCL all-reduce kernels whose launch call began in a steady step."""
+    return [row for lo, hi in steady for row in con.execute(
+        "SELECT k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "ON r.correlationId = k.correlationId AND r.globalTid >> 24 = k.globalPid >> 24 "
+        "JOIN StringIds s ON s.id = k.demangledName "
+        "WHERE k.globalPid >> 24 = ? AND r.start BETWEEN ? AND ? AND s.value LIKE 'ncclDevKernel_AllReduce%' "
+        "ORDER BY k.start", (process, lo, hi))]
+
+
+def test_nsys_communication_per_rank_matches_hand_count(nsys) -> None:
+    """Each rank's communication per step counts the collectives the per-step figures count
+    (the seven steady steps, by launch: the loop does not synchronize, so a step's
+    all-reduces run after its range ends), and the k-th all-reduce of one rank is set
+    against the k-th of the other: waiting + transfer by hand, from the kernels' times."""
+    con, (_, _, (table,), _) = nsys
+    ops = {}
+    for rank, process in enumerate(_processes(con)):
+        steady = _spans(con, process, "step")[1:]
+        ops[rank] = _all_reduces(con, process, steady)
+        comm = table["communication"][rank]
+        assert comm["step_ranges"] == 7
+        assert comm["per_step"]["step"]["communication_ms"] == pytest.approx(
+            sum(e - s for s, e in ops[rank]) / 7 / 1e6, rel=1e-9)  # one NCCL stream: no overlap among them
+    assert len(ops[0]) == len(ops[1]) == table["split"]["collectives"] == 28  # 4 buckets x 7 steps
+    split = {r["rank"]: r for r in table["split"]["ranks"]}
+    for rank in (0, 1):
+        last = [max(ops[0][k][0], ops[1][k][0]) for k in range(28)]
+        waiting = sum(lo - ops[rank][k][0] for k, lo in enumerate(last)) / 7 / 1e6
+        transfer = sum(ops[rank][k][1] - lo for k, lo in enumerate(last)) / 7 / 1e6
+        assert split[rank]["waiting_ms_per_step"] == pytest.approx(waiting, rel=1e-9)
+        assert split[rank]["transfer_ms_per_step"] == pytest.approx(transfer, rel=1e-9)
+
+
+def test_torch_profiler_ranks_share_one_clock_and_align() -> None:
+    """torch.profiler's traces count from one wall-clock base (baseTimeNanoseconds): the
+    ranks' all-reduces align, and the transfer, the same operation on both, agrees."""
+    _, _, (table,), _ = report_inputs([DATA / "torch_profiler"])
+    split = table["split"]
+    assert split is not None and split["collectives"] == 4  # DDP's 4 buckets in the one complete step
+    t0, t1 = (r["transfer_ms_per_step"] for r in split["ranks"])
+    assert abs(t0 - t1) < 0.1 * max(t0, t1)
+    for r in split["ranks"]:
+        assert r["waiting_ms_per_step"] + r["transfer_ms_per_step"] == pytest.approx(r["communication_ms_per_step"])

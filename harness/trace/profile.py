@@ -159,8 +159,9 @@ class Profile:
     rank: int | None = None  # the process's rank where the profile records it (Kineto's distributedInfo)
     world_size: int | None = None
     gpu: str | None = None  # the GPU's name where recorded
-    # Where the timestamps count from (UTC ns): nsys's session start. Reports of several
-    # processes on one host share one clock once each is shifted by its own start.
+    # Where the timestamps count from (UTC ns): nsys's session start, torch.profiler's
+    # baseTimeNanoseconds. Profiles of several processes on one host share one clock once
+    # each is shifted by its own start.
     session_start_ns: int | None = None
 
     def __post_init__(self) -> None:

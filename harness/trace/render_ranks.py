@@ -27,12 +27,37 @@ def render_ranks(tables: Sequence[dict]) -> list[str]:
                      f"{s['ratio']:.3f}" if s["ratio"] else "-"] for phase, s in t["straggler"].items()]
             out += ["Stragglers (the rank with the longest median range per phase):", "",
                     *markdown_table(["phase", "slowest", "range ms", "fastest", "slowest/fastest"], rows), ""]
-        rows = [[f"rank{r}", f"{c['communication_ms']:.3f}", f"{c['hidden_ms']:.3f}", f"{c['exposed_ms']:.3f}",
-                 f"{c['hidden_share']:.1%}" if c["hidden_share"] is not None else "-", str(c["step_ranges"] or "whole")]
-                for r, c in t["communication"].items()]
-        out += ["Communication kernels (NCCL, collectives) in the step ranges, summed over the steps: hidden = under "
-                "compute kernels on the device's other streams.", "",
-                *markdown_table(["rank", "comm ms", "hidden ms", "exposed ms", "hidden", "step ranges"], rows), ""]
+        out += _communication(t)
+    return out
+
+
+def _communication(t: dict) -> list[str]:
+    """Per rank (and kind of step): communication, hidden and exposed ms per measured step,
+    the exposed share of the step; then the transfer/waiting split where the ranks' clocks
+    are one."""
+    rows = []
+    for r, c in t["communication"].items():
+        share = f"{c['hidden_share']:.1%}" if c["hidden_share"] is not None else "-"
+        per = c.get("per_step") or {}
+        for name, p in per.items():
+            rows.append([f"rank{r}", name, f"{p['communication_ms']:.3f}",
+                         f"{p['communication_ms'] - p['exposed_ms']:.3f}", f"{p['exposed_ms']:.3f}", share,
+                         f"{p['exposed_share_of_step']:.1%}" if p["exposed_share_of_step"] is not None else "-",
+                         str(c["step_ranges"])])
+        if not per:  # no step ranges: the whole profile
+            rows.append([f"rank{r}", "whole profile", f"{c['communication_ms']:.3f}", f"{c['hidden_ms']:.3f}",
+                         f"{c['exposed_ms']:.3f}", share, "-", "-"])
+    out = ["Communication kernels (NCCL, collectives) of the measured steps (those of the per-step figures above), "
+           "per step: hidden = under compute kernels on the device's other streams; exposed = the rest, which the "
+           "step waits for.", "",
+           *markdown_table(["rank", "step", "comm ms/step", "hidden ms/step", "exposed ms/step", "hidden",
+                            "exposed share of the step", "measured steps"], rows), ""]
+    if t.get("split"):
+        from harness.trace.analyses.collectives import format_split
+
+        out += ["Transfer and waiting: the k-th collective of each kind aligned across the ranks on the clock they "
+                "share; the part of a rank's collective before the last rank's starts is waiting for that rank, the "
+                "rest transfer.", "", "```", *format_split(t["split"]), "```", ""]
     return out
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -221,6 +222,67 @@ def kernel_steps(kt: KernelTable, ranges: Sequence[Range], inner: np.ndarray, ro
             "measured": measured & ~only_first}
 
 
+@dataclass
+class Selection:
+    """Which kernels a profile's per-step figures count, and why (`select`)."""
+
+    ranges: list[Range]  # as the breakdown reads them (`program_ranges`)
+    parents: np.ndarray  # per range: the innermost range holding it (-1: none)
+    root: np.ndarray  # per range: its root (step) range (-1: none)
+    warm: np.ndarray  # per range: inside a warm-up range
+    bits: np.ndarray  # per range: its PHASE_RULES bits
+    first: set[int]  # root ranges set apart as the first step
+    instances: dict[str, list[int]]  # per root name: its steady (measured) instances
+    inner: np.ndarray  # per kernel: its innermost range by the chosen attribution (-1: none)
+    cats: np.ndarray  # per kernel: category index
+    rule: np.ndarray  # per kernel: the PHASE_RULES index that set its category (-1: its name)
+    tune: np.ndarray  # per kernel: an autotuner's
+    kernels: dict[str, np.ndarray]  # `kernel_steps`: kroot, warm, first, none, only_first, measured
+    mode: str  # "execution" or "launch"
+    reason: str
+    outside: float
+    moved: float | None
+    steady_rule: str
+    warnings: list[str]
+
+    def measured_steps(self) -> list[Range]:
+        """The measured step ranges (steady step instances) and every range inside one."""
+        keep = {i for insts in self.instances.values() for i in insts if self.ranges[i].name in STEP_RANGES}
+        return [r for i, r in enumerate(self.ranges) if self.root[i] in keep and not self.warm[i]]
+
+
+def select(profile: Profile, attribution: str = "auto") -> Selection | None:
+    """Attribute `profile`'s kernels to its ranges and mark those the per-step figures count
+    (module docstring): by execution or by launch (`attribution`, "auto" choosing), the
+    steady step instances, the first step set apart. None for a profile without ranges.
+    The breakdown and every analysis that must count the same kernels (communication
+    hidden under compute, collectives aligned across ranks) start here."""
+    if attribution not in ATTRIBUTIONS:
+        raise ProfileError(f"--attribution {attribution!r}: choose one of {', '.join(ATTRIBUTIONS)}")
+    kt = profile.kernels
+    ranges, numbered, unclosed = program_ranges(profile)
+    if not ranges:
+        return None
+    parents = attr.range_parents(ranges)
+    by_exec = attr.by_execution(kt, ranges)
+    launches = attr.has_launches(kt)
+    by_launch = attr.by_launch(kt, ranges) if launches else None
+    warm, root, bits = _range_info(ranges, parents)
+    cats, rule = _categories(kt, by_exec, bits)
+    tune = cats == _CAT[Category.AUTOTUNING]
+    outside, moved = attr.spill(np.where(tune, 0, kt.duration), by_exec, by_launch, ranges, kt)
+    mode, reason = attr.choose(attribution, outside, moved, launches)
+    # by launch, an activity whose launch is not in the profile belongs to no range: it was
+    # asked for before the profile began (the previous step's tail), whenever it ran
+    inner = by_exec if by_launch is None or mode == "execution" else by_launch
+    cats, rule = _categories(kt, inner, bits)
+    instances, first, steady_rule, warnings = _steady(ranges, warm, root)
+    steady_rule = "; ".join(filter(None, (numbered, unclosed, steady_rule)))
+    k = kernel_steps(kt, ranges, inner, root, warm, first, instances, tune)
+    return Selection(ranges, parents, root, warm, bits, first, dict(instances), inner, cats, rule, tune, k, mode,
+                     reason, outside, moved, steady_rule, warnings)
+
+
 def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto",
               labels: np.ndarray | None = None, schedules: Mapping | None = None) -> Breakdown:
     """Attribute `profile`'s kernels to phases (see module docstring) and summarise them.
@@ -232,36 +294,21 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     `labels` gives the per-kernel layers instead; `schedules` (phase -> the optimized HLO's
     schedule, `harness.trace.analyses.hlo_join`) labels JAX's kernels through XLA's metadata.
     """
-    if attribution not in ATTRIBUTIONS:
-        raise ProfileError(f"--attribution {attribution!r}: choose one of {', '.join(ATTRIBUTIONS)}")
+    sel = select(profile, attribution)
     kt = profile.kernels
-    ranges, numbered, unclosed = program_ranges(profile)
     if labels is None and any(r.name.startswith(LAYER_RANGE_PREFIX) for r in profile.ranges):
         labels = layer_labels(kt, profile.ranges)
-    names = {r.name for r in ranges}
+    names = {r.name for r in sel.ranges} if sel else set()
     missing = [n for n in require if n not in names]
     if missing:
         found = ", ".join(sorted(names)) or "none"
         raise ProfileError(f"{profile.path}: no range named {', '.join(map(repr, missing))}; ranges found: {found}")
-    if not ranges:
+    if sel is None:
         return _whole_profile(profile)
-    parents = attr.range_parents(ranges)
-    by_exec = attr.by_execution(kt, ranges)
-    launches = attr.has_launches(kt)
-    by_launch = attr.by_launch(kt, ranges) if launches else None
-    warm, root, bits = _range_info(ranges, parents)
-    cats, rule = _categories(kt, by_exec, bits)
-    dur = kt.duration
-    tune = cats == _CAT[Category.AUTOTUNING]
-    outside, moved = attr.spill(np.where(tune, 0, dur), by_exec, by_launch, ranges, kt)
-    mode, reason = attr.choose(attribution, outside, moved, launches)
-    # by launch, an activity whose launch is not in the profile belongs to no range: it was
-    # asked for before the profile began (the previous step's tail), whenever it ran
-    inner = by_exec if by_launch is None or mode == "execution" else by_launch
-    cats, rule = _categories(kt, inner, bits)
-    instances, first, steady_rule, warnings = _steady(ranges, warm, root)
-    steady_rule = "; ".join(filter(None, (numbered, unclosed, steady_rule)))
-    k = kernel_steps(kt, ranges, inner, root, warm, first, instances, tune)
+    ranges, parents, root, warm, first = sel.ranges, sel.parents, sel.root, sel.warm, sel.first
+    inner, cats, rule, tune, k = sel.inner, sel.cats, sel.rule, sel.tune, sel.kernels
+    mode, reason, outside, moved, warnings = sel.mode, sel.reason, sel.outside, sel.moved, list(sel.warnings)
+    steady_rule = sel.steady_rule
     kroot, kwarm, kfirst, none, only_first, measured = (k[key] for key in ("kroot", "warm", "first", "none",
                                                                             "only_first", "measured"))
     phases = _phases(ranges, parents, root, warm, first, kt, np.flatnonzero(measured), inner, kroot, cats, rule)

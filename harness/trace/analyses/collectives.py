@@ -30,12 +30,16 @@ import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harness.trace.analyses.intervals import _categories, _measured, covered_measure, union
 from harness.trace.kernels import Category
 from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, WARMUP, KernelTable, Profile, Range
+
+if TYPE_CHECKING:
+    from harness.trace.analyses.breakdown import Selection
 
 # Collective kinds: (name, pattern in a kernel name), first match wins.
 KINDS = (("all-reduce", re.compile(r"all_?-?reduce", re.IGNORECASE)),
@@ -69,11 +73,15 @@ class Op:
     end: int
 
 
-def kernel_ops(kt: KernelTable, ranges: Sequence[Range] = (), device: int | None = None) -> list[Op]:
+def kernel_ops(kt: KernelTable, ranges: Sequence[Range] = (), device: int | None = None,
+               selected: Selection | None = None) -> list[Op]:
     """The communication kernels of the measured steps (of one `device` where given), in
-    start order."""
+    start order: those executing inside the step `ranges`, or those `selected` counts
+    (`harness.trace.analyses.breakdown.select`: a user's program that does not synchronize
+    runs a step's collectives after its range has ended)."""
     cats = _categories(kt)
-    keep = _measured(kt, ranges) & (kt.kind == KERNEL) & (cats == list(Category).index(Category.COMMUNICATION))
+    steps = selected.kernels["measured"] if selected is not None else _measured(kt, ranges)
+    keep = steps & (kt.kind == KERNEL) & (cats == list(Category).index(Category.COMMUNICATION))
     if device is not None:
         keep &= kt.device == device
     return [Op(kind_of(kt.name_of(i)), int(kt.start[i]), int(kt.end[i])) for i in np.flatnonzero(keep)]
@@ -178,12 +186,14 @@ def _steps(ranges: Sequence[Range]) -> int:
 LAUNCH_BOUND = 0.5  # below this GPU-busy share of a phase, the host's launches set its pace
 
 
-def phase_busy(profile: Profile, phase: str) -> float | None:
-    """Share of the measured `phase` ranges of `profile` (those outside warm-up ranges)
-    during which a kernel runs on its GPU: the union of its kernels' intervals over every
-    stream, within the ranges, over the ranges' time. None without such ranges."""
-    warm = [r for r in profile.ranges if r.name == WARMUP]
-    spans = [r for r in profile.ranges if r.name == phase
+def phase_busy(profile: Profile, phase: str, ranges: Sequence[Range] | None = None) -> float | None:
+    """Share of the measured `phase` ranges of `profile` (those outside warm-up ranges, or
+    those among `ranges`) during which a kernel runs on its GPU: the union of its kernels'
+    intervals over every stream, within the ranges, over the ranges' time. None without
+    such ranges."""
+    ranges = profile.ranges if ranges is None else ranges
+    warm = [r for r in ranges if r.name == WARMUP]
+    spans = [r for r in ranges if r.name == phase
              and not any(w.start <= r.start and r.end <= w.end for w in warm)]
     if not spans:
         return None
@@ -193,32 +203,39 @@ def phase_busy(profile: Profile, phase: str) -> float | None:
     return covered_measure(union(kt.start, kt.end), phase_union) / total if total else None
 
 
-def profile_split(profiles: Mapping[int, Profile], bytes_per_step: Mapping[str, float] | None = None) -> dict | None:
+def profile_split(profiles: Mapping[int, Profile], bytes_per_step: Mapping[str, float] | None = None,
+                  selections: Mapping[int, Selection] | None = None) -> dict | None:
     """`align` over a data-parallel run's profiles: one per torch rank, each shifted onto
     the host's clock by its session start (an nsys report counts from its own), or JAX's
     one profile read as one timeline per device (its ranges shared by all). None where
     fewer than two timelines hold collectives. With a profile per rank, `late_busy` is the
-    GPU-busy share of the late rank's late phase (`phase_busy`; None for one process)."""
+    GPU-busy share of the late rank's late phase (`phase_busy`; None for one process).
+    `selections` (per rank, `harness.trace.analyses.breakdown.select`) gives the kernels
+    and ranges of the measured steps as the breakdown counts them, for users' profiles;
+    without them, the kernels executing inside the step ranges count."""
+    own = {r: (selections[r].measured_steps() if selections else p.ranges) for r, p in profiles.items()}
+    pick = {r: selections[r] if selections else None for r in profiles}
     if len(profiles) == 1:
-        (p,) = profiles.values()
+        ((rank, p),) = profiles.items()
         devices = np.unique(p.kernels.device).tolist()
-        ops = {int(d): kernel_ops(p.kernels, p.ranges, device=d) for d in devices}
-        ranges = {int(d): p.ranges for d in devices}
-        steps = _steps(p.ranges)
+        ops = {int(d): kernel_ops(p.kernels, own[rank], device=d, selected=pick[rank]) for d in devices}
+        ranges = {int(d): own[rank] for d in devices}
+        steps = _steps(own[rank])
     else:
         starts = {r: p.session_start_ns for r, p in profiles.items()}
         known = None not in starts.values()
         shift = {r: starts[r] - min(starts.values()) if known else 0 for r in profiles}
-        ops = {r: [Op(o.kind, o.start + shift[r], o.end + shift[r]) for o in kernel_ops(p.kernels, p.ranges)]
-               for r, p in profiles.items()}
-        ranges = {r: [Range(x.name, x.start + shift[r], x.end + shift[r], x.thread) for x in p.ranges]
-                  for r, p in profiles.items()}
-        steps = _steps(profiles[min(profiles)].ranges)
+        ops = {r: [Op(o.kind, o.start + shift[r], o.end + shift[r])
+                   for o in kernel_ops(p.kernels, own[r], selected=pick[r])] for r, p in profiles.items()}
+        ranges = {r: [Range(x.name, x.start + shift[r], x.end + shift[r], x.thread) for x in own[r]]
+                  for r in profiles}
+        steps = _steps(own[min(profiles)])
     if sum(1 for o in ops.values() if o) < 2:
         return None
     split = align(ops, ranges, bytes_per_step, steps)
     late = split["late_phase"] in PHASES and len(profiles) > 1 and split["last_rank"] in profiles
-    split["late_busy"] = phase_busy(profiles[split["last_rank"]], split["late_phase"]) if late else None
+    last = split["last_rank"]
+    split["late_busy"] = phase_busy(profiles[last], split["late_phase"], own[last]) if late else None
     return split
 
 

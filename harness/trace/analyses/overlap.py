@@ -19,12 +19,16 @@ import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harness.trace.analyses.intervals import _CATS, _categories, _measured, covered_measure, union
 from harness.trace.kernels import Category
 from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, KernelTable, Profile, ProfileError, Range
+
+if TYPE_CHECKING:
+    from harness.trace.analyses.breakdown import Selection
 
 RANK_FILE = re.compile(r"\.rank(\d+)\.")
 
@@ -42,18 +46,28 @@ def _hidden(kt: KernelTable, comm: np.ndarray, compute: np.ndarray, on: np.ndarr
     return total, hidden
 
 
-def overlap(kt: KernelTable, ranges: Sequence[Range] = ()) -> list[dict]:
+def overlap(kt: KernelTable, ranges: Sequence[Range] = (), selected: Selection | None = None) -> list[dict]:
     """Per device: communication kernel time (per-stream unions, summed), the part hidden
     under compute on other streams, the exposed rest and the hidden share; ms. With step
     ranges, `per_step` gives the same per kind of step (`step`, JAX's `fused_step`): how many
     ran, their median length, and the communication and exposed time of the mean step, so
-    that JAX's split and fused steps, which overlap differently, are not mixed."""
+    that JAX's split and fused steps, which overlap differently, are not mixed. The kernels
+    counted are those executing inside the step `ranges`, or those `selected` counts
+    (`harness.trace.analyses.breakdown.select`, for a user's profile: the measured steps
+    less the first, each kernel in the step that launched it where the program does not
+    synchronize)."""
     cats = _categories(kt)
     kernels = (kt.kind == KERNEL) & (cats != _CATS.index(Category.AUTOTUNING))
     is_comm = cats == _CATS.index(Category.COMMUNICATION)
-    keep = _measured(kt, ranges) & kernels
-    kinds = {name: [r for r in ranges if r.name == name] for name in STEP_RANGES}
-    kinds = {name: (spans, _measured(kt, spans) & kernels) for name, spans in kinds.items() if spans}
+    if selected is None:
+        keep = _measured(kt, ranges) & kernels
+        kinds = {name: [r for r in ranges if r.name == name] for name in STEP_RANGES}
+        kinds = {name: (spans, _measured(kt, spans) & kernels) for name, spans in kinds.items() if spans}
+    else:
+        keep = selected.kernels["measured"] & kernels
+        kroot = selected.kernels["kroot"]
+        kinds = {name: ([selected.ranges[i] for i in insts], keep & np.isin(kroot, insts))
+                 for name, insts in selected.instances.items() if name in STEP_RANGES and insts}
     out = []
     for device in np.unique(kt.device[keep]):
         on = kt.device == device

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.trace.analyses.answers import answers, harness_metadata, run_json_problems
-from harness.trace.analyses.breakdown import Breakdown, breakdown, load_profile
+from harness.trace.analyses.breakdown import Breakdown, breakdown, load_profile, select
+from harness.trace.analyses.collectives import profile_split
 from harness.trace.analyses.gpu_time import gpu_time
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
-from harness.trace.analyses.overlap import overlap
-from harness.trace.profile import STEP_RANGES, Profile, ProfileError, numbered_instances
+from harness.trace.analyses.overlap import overlap, per_step_exposure
+from harness.trace.profile import STEP_RANGES, Profile, ProfileError
 from harness.trace.sources.ranks import RankSet, job_name, profile_files, rank_in_name, rank_set, split_processes
 
 
@@ -76,11 +77,15 @@ def _set(files: list[Path], nsys_bin: str | None, force: bool) -> Input:
     return Input(list(rs.profiles.values()), rs)
 
 
-def cross_rank(rs: RankSet, bds: Sequence[Breakdown]) -> dict:
+def cross_rank(rs: RankSet, bds: Sequence[Breakdown], attribution: str = "auto") -> dict:
     """Per phase and rank: median GPU ms and range ms per step; per phase the straggler
     (the rank with the longest median range, and slowest/fastest); per rank the
-    communication kernels' time in the step ranges, hidden and exposed (ms, summed over
-    the steps and devices)."""
+    communication kernels of the measured steps (the breakdown's, under `attribution`: the
+    first step set apart, each kernel in the step that launched it where the program does
+    not synchronize), hidden and exposed (ms, summed over the steps and devices), with the
+    same per step (`per_step`); and the communication split into transfer and waiting by
+    aligning the ranks' collectives (`split`: None where the ranks' clocks are not known to
+    be one, or fewer than two ranks hold collectives)."""
     ranks = list(rs.profiles)
     phases: dict[str, dict[int, dict[str, float]]] = {}
     for rank, bd in zip(ranks, bds):
@@ -94,17 +99,22 @@ def cross_rank(rs: RankSet, bds: Sequence[Breakdown]) -> dict:
             slow, fast = max(walls, key=walls.get), min(walls, key=walls.get)
             straggler[name] = {"rank": slow, "range_ms": walls[slow], "fastest_rank": fast,
                                "ratio": walls[slow] / walls[fast] if walls[fast] else None}
+    selections = {rank: select(profile, attribution) for rank, profile in rs.profiles.items()}
     communication = {}
     for rank, profile in rs.profiles.items():
-        ranges, _ = numbered_instances(profile.ranges)
-        devices = overlap(profile.kernels, ranges)
+        sel = selections[rank]
+        devices = overlap(profile.kernels, selected=sel) if sel else overlap(profile.kernels)
         total = sum(d["communication_ms"] for d in devices)
         hidden = sum(d["hidden_ms"] for d in devices)
+        steps = sum(len(i) for name, i in sel.instances.items() if name in STEP_RANGES) if sel else 0
         communication[rank] = {"communication_ms": total, "hidden_ms": hidden, "exposed_ms": total - hidden,
-                               "hidden_share": hidden / total if total else None,
-                               "step_ranges": sum(r.name in STEP_RANGES for r in ranges)}
+                               "hidden_share": hidden / total if total else None, "step_ranges": steps,
+                               "per_step": per_step_exposure({"ranks": [{"overlap": devices, "phases_ms": {}}]})}
+    split = None
+    if None not in selections.values() and None not in {p.session_start_ns for p in rs.profiles.values()}:
+        split = profile_split(rs.profiles, selections=selections)
     return {"name": rs.name, "rank_source": rs.rank_source, "ranks": ranks, "phases": phases,
-            "straggler": straggler, "communication": communication}
+            "straggler": straggler, "communication": communication, "split": split}
 
 
 def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = (), run_jsons: Sequence[str | Path] = (),
@@ -132,5 +142,5 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
             figures.append({"label": bd.label, "gpu": profile.gpu, **gpu_time(profile, scope)})
             mine.append(bd)
         if item.rank_set:
-            tables.append(cross_rank(item.rank_set, mine))
+            tables.append(cross_rank(item.rank_set, mine, rule))
     return bds, answer_sets, tables, figures

@@ -184,4 +184,11 @@ def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
     used = sorted({devices.get(int(d)) for d in np.unique(kernels.device) if devices.get(int(d))}) if gpu else []
     return Profile(str(path), label or label_from_path(path), "torch.profiler", kernels, ranges, notes,
                    cpu_ops=not gpu, rank=info.get("rank"), world_size=info.get("world_size"),
-                   gpu=" + ".join(used) or None)
+                   gpu=" + ".join(used) or None, session_start_ns=_base_ns(trace))
+
+
+def _base_ns(trace: dict) -> int | None:
+    """The wall-clock instant the trace's timestamps count from (Kineto's
+    `baseTimeNanoseconds`): the ranks of one host share the clock it is read from."""
+    base = trace.get("baseTimeNanoseconds")
+    return int(base) if isinstance(base, (int, float)) else None

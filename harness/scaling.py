@@ -33,7 +33,7 @@ from harness.common.cli import (
 )
 from harness.common.results import file_problem
 from harness.timing.projection import format_projection, project
-from harness.timing.scaling import SHAPE, format_scaling, scaling_rows, step_figures
+from harness.timing.scaling import SHAPE, format_growth, format_scaling, scaling_rows, step_figures
 
 
 def load_run(path: str) -> dict:
@@ -81,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not rows:
         return fail(f"none of {', '.join(args.runs)} finished (status ok); nothing to tabulate")
     text = format_scaling(rows)
+    if growth := format_growth(rows):
+        text += "\n" + growth
     if args.project:
         try:
             text += "".join("\n" + format_projection(p) for p in projections(docs, args))

@@ -145,9 +145,10 @@ def test_options_are_rows_of_their_own_against_the_one_device_run() -> None:
     jax1_flags["env"] = jax2_flags["env"]
     got = {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([jax1, jax1_flags, jax2_flags])}
     assert got[("replicated, XLA_FLAGS=--xla_x=true", 2)] == pytest.approx(55 / 64)
-    # JAX's own options are settings too; where it caches is not
+    # JAX's numerics options are settings too; where it caches and which platform it runs on are not
     jax2_prec = _doc("jax", 2, 70.0)
-    jax2_prec["env"] = {"settings": {"JAX_DEFAULT_MATMUL_PRECISION": "float32", "JAX_COMPILATION_CACHE_DIR": "c"}}
+    jax2_prec["env"] = {"settings": {"JAX_DEFAULT_MATMUL_PRECISION": "float32", "JAX_COMPILATION_CACHE_DIR": "c",
+                                     "JAX_PLATFORMS": "cpu"}}
     assert {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([jax1, jax2_prec])} == {
         ("-", 1): 1.0, ("replicated, JAX_DEFAULT_MATMUL_PRECISION=float32", 2): None}
     # without a one-device run under its flags a row has no efficiency: not one against another program
@@ -186,3 +187,36 @@ def test_nccl_tuning_is_a_row_of_its_own_against_the_plain_one_device_run() -> N
     tuned["env"] = {"settings": {**always, "NCCL_NVLS_ENABLE": "1"}}
     assert ("DDP, 250 MB buckets, NCCL_NVLS_ENABLE=1", 4) in {
         (r["parallel"], r["n"]) for r in scaling_rows([one, plain, tuned])}
+
+
+def test_growth_by_phase_by_hand() -> None:
+    """Where the step grows: each phase of the slowest rank against the one-device run, with
+    the ranks' mean waiting and the all-reduce alone; JAX's fused step has no phases."""
+    from harness.timing.scaling import format_growth
+
+    one, two = _doc("torch", 1, 100.0), _doc("torch", 2, 130.0)
+    one["phases"].update(forward={"median_ms": 30.0}, backward={"median_ms": 60.0}, optimizer={"median_ms": 9.0})
+    two["phases"].update(forward={"median_ms": 31.0}, backward={"median_ms": 80.0}, optimizer={"median_ms": 9.0})
+    two["data_parallel"].update(
+        spread={"forward": {"max_ms": 40.0}, "backward": {"max_ms": 85.0}, "optimizer": {"max_ms": 9.5}},
+        link={"median_ms": 11.0},
+        host_split={"ranks": [{"waiting_ms_per_step": 9.0}, {"waiting_ms_per_step": 1.0}]})
+    jax1, jax2 = _doc("jax", 1, 60.0), _doc("jax", 2, 70.0)
+    for doc, ms in ((jax1, 55.0), (jax2, 66.0)):
+        doc["phases"]["fused_step"] = {"median_ms": ms}
+    rows = scaling_rows([one, two, jax1, jax2])
+    torch2 = next(r for r in rows if r["backend"] == "torch" and r["n"] == 2)
+    # the slowest rank's medians where the run has them, the one device's own else
+    assert torch2["growth"] == {"step": 30.0, "phases": {"forward": 10.0, "backward": 25.0, "optimizer": 0.5}}
+    assert (torch2["waiting_ms"], torch2["link_ms"]) == (5.0, 11.0)
+    jax2_row = next(r for r in rows if r["backend"] == "jax" and r["n"] == 2)
+    assert jax2_row["phase"] == "fused_step" and jax2_row["growth"] == {"step": 11.0, "phases": {}}
+    assert all(r["growth"] is None for r in rows if r["n"] == 1)
+    text = format_growth(rows)
+    assert "| torch | DDP, 25 MB buckets | 2 | step | +30.0 | +10.0 | +25.0 | +0.5 | 5.0 | 11.0 |" in text
+    assert "| jax | replicated | 2 | fused_step | +11.0 | - | - | - | - | - |" in text
+    assert format_growth(scaling_rows([one])) == ""
+    # FSDP2: an older document's host split is no waiting figure
+    two["data_parallel"]["parallel"] = "fsdp"
+    two["options"]["parallel"] = "fsdp"
+    assert next(r for r in scaling_rows([one, two]) if r["n"] == 2)["waiting_ms"] is None

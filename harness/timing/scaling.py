@@ -22,6 +22,8 @@ from harness import backends
 from harness.common.tables import markdown_table
 from harness.timing.distributed import DDP_DEFAULT_BUCKET_MB, SAFE_ENV, parallel_label
 
+PHASES = ("forward", "backward", "optimizer")
+
 SHAPE = ("model", "ctx", "batch", "dtype", "attention", "device")
 
 
@@ -42,12 +44,12 @@ def step_figures(doc: dict) -> tuple[int, str, float, float, float | None]:
     return n, phase, step_ms, n * o["batch"] * o["ctx"] / (step_ms / 1e3), mfu
 
 
-# Settings that change the program a run times: XLA's flags, JAX's and Inductor's options
-# (not where or whether they cache compilations) and the CUDA caching allocator's configuration.
-PROGRAM_SETTINGS = ("XLA_FLAGS", "JAX_", "TORCHINDUCTOR_", "PYTORCH_CUDA_ALLOC_CONF")
-CACHE_SETTINGS = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
-                  "JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE",
-                  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
+# Settings that change the program a run times: XLA's flags, Inductor's options (not where
+# it caches), JAX's numerics options (not its platform or cache) and the CUDA caching
+# allocator's configuration.
+PROGRAM_SETTINGS = ("XLA_FLAGS", "TORCHINDUCTOR_", "PYTORCH_CUDA_ALLOC_CONF", "JAX_DEFAULT_MATMUL_PRECISION",
+                    "JAX_ENABLE_X64", "JAX_DEFAULT_PRNG_IMPL", "JAX_THREEFRY_PARTITIONABLE")
+CACHE_SETTINGS = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE")
 # NCCL's tuning variables change how the collectives run, which one device never does; the
 # library's version, its logging and the multicast switch every run sets are no settings.
 COMM_SETTINGS = ("NCCL_",)
@@ -117,15 +119,71 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
                              "each")
         groups[key][n] = {"backend": o["backend"], "parallel": parallel, "n": n, "phase": phase, "step_ms": step_ms,
                           "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(SHAPE, key[2:])),
-                          "settings": program_settings(doc)}
+                          "settings": program_settings(doc), **_phase_figures(doc, phase)}
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], str(k[1]), *map(str, k[2:]))):
         base = groups[key].get(1) or _one_device(groups, key)
         for n in sorted(groups[key]):
             row = groups[key][n]
             row["efficiency"] = row["tokens_per_s"] / (n * base["tokens_per_s"]) if base else None
+            row["growth"] = _growth(row, base) if base and n > 1 else None
             rows.append(row)
     return rows
+
+
+def _phase_figures(doc: dict, step: str) -> dict:
+    """The phases of the step a row counts (forward, backward, optimizer: the slowest rank's
+    medians; none for JAX's fused step, one range), the all-reduce of the gradients alone
+    on the run's link (`link_ms`) and the mean waiting for the last rank per step that the
+    ranks' host timings show (`waiting_ms`), where the run has them."""
+    dp = doc.get("data_parallel") or {}
+    phases = {}
+    if step == "step":
+        for name in PHASES:
+            slowest = ((dp.get("spread") or {}).get(name) or {}).get("max_ms")
+            rec = doc["phases"].get(name)
+            if slowest is not None or rec:
+                phases[name] = slowest if slowest is not None else rec["median_ms"]
+    # under FSDP2 the host timings cannot tell waiting from computing (`distributed.host_split`),
+    # whatever split an older document carries
+    split = dp.get("host_split") if dp.get("parallel", "ddp") == "ddp" else None
+    waiting = (sum(r["waiting_ms_per_step"] for r in split["ranks"]) / len(split["ranks"])
+               if split and split.get("ranks") else None)
+    return {"phases_ms": phases, "link_ms": (dp.get("link") or {}).get("median_ms"), "waiting_ms": waiting}
+
+
+def _growth(row: dict, base: dict) -> dict:
+    """What the step gained over the one-device run, ms: the whole step and each phase the
+    two have in common, and the rest (the step's own time outside its phases)."""
+    out = {"step": row["step_ms"] - base["step_ms"], "phases": {}}
+    if row["phase"] == base["phase"] == "step":
+        out["phases"] = {p: row["phases_ms"][p] - base["phases_ms"][p] for p in PHASES
+                         if p in row["phases_ms"] and p in base["phases_ms"]}
+    return out
+
+
+def format_growth(rows: list[dict]) -> str:
+    """Where each data-parallel row's step grew from its one-device run, ms, beside the
+    time the ranks waited for each other and the all-reduce alone on the link."""
+    body = []
+    for r in rows:
+        g = r.get("growth")
+        if not g:
+            continue
+        ms = lambda v: f"{v:+.1f}" if v is not None else "-"  # noqa: E731
+        body.append([r["backend"], r["parallel"], r["n"], r["phase"], ms(g["step"]),
+                     *(ms(g["phases"].get(p)) for p in PHASES),
+                     f"{r['waiting_ms']:.1f}" if r["waiting_ms"] is not None else "-",
+                     f"{r['link_ms']:.1f}" if r["link_ms"] is not None else "-"])
+    if not body:
+        return ""
+    header = ["backend", "parallel", "N", "step", "step +ms", *(f"{p} +ms" for p in PHASES),
+              "waiting ms/step", "all-reduce alone ms"]
+    note = ("+ms: the step and each phase against the one-device run of the row's group (the slowest rank's "
+            "medians; JAX's fused step is one range, without phases); waiting: the mean per rank and step of "
+            "the time a rank's backward began before the last rank's (host timings, where the run made them); "
+            "all-reduce alone: the gradients' all-reduce timed by itself on the run's link before its steps.")
+    return "\n".join(["Where the step grows from one device:", "", *markdown_table(header, body), "", note]) + "\n"
 
 
 def _one_device(groups: dict[tuple, dict[int, dict]], key: tuple) -> dict | None:

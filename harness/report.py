@@ -30,9 +30,10 @@ from harness.common.cli import (
     timeline_problem,
 )
 from harness.common.html import svg_of, write_html
-from harness.trace.analyses.breakdown import ATTRIBUTIONS, TOP_N
+from harness.trace.analyses.breakdown import TOP_N
 from harness.trace.analyses.gpu_time import SCOPES
 from harness.trace.analyses.ranks import report_inputs
+from harness.trace.analyses.selection import ATTRIBUTIONS
 from harness.trace.profile import ProfileError
 from harness.trace.render import plot, write_report
 from harness.trace.render_ranks import render_gpu_time, render_ranks

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.trace.analyses import attribution as attr
-from harness.trace.analyses.breakdown import _CAT, _categories, _range_info, _steady, kernel_steps, program_ranges
 from harness.trace.analyses.hlo_join import label_kernels
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, measured_layer_phases
+from harness.trace.analyses.selection import _CAT, _categories, _range_info, _steady, kernel_steps, program_ranges
 from harness.trace.kernels import Category
 from harness.trace.profile import Profile, Range
 

@@ -39,7 +39,7 @@ from harness.trace.kernels import Category
 from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, WARMUP, KernelTable, Profile, Range
 
 if TYPE_CHECKING:
-    from harness.trace.analyses.breakdown import Selection
+    from harness.trace.analyses.selection import Selection
 
 # Collective kinds: (name, pattern in a kernel name), first match wins.
 KINDS = (("all-reduce", re.compile(r"all_?-?reduce", re.IGNORECASE)),
@@ -77,7 +77,7 @@ def kernel_ops(kt: KernelTable, ranges: Sequence[Range] = (), device: int | None
                selected: Selection | None = None) -> list[Op]:
     """The communication kernels of the measured steps (of one `device` where given), in
     start order: those executing inside the step `ranges`, or those `selected` counts
-    (`harness.trace.analyses.breakdown.select`: a user's program that does not synchronize
+    (`harness.trace.analyses.selection.select`: a user's program that does not synchronize
     runs a step's collectives after its range has ended)."""
     cats = _categories(kt)
     steps = selected.kernels["measured"] if selected is not None else _measured(kt, ranges)
@@ -210,7 +210,7 @@ def profile_split(profiles: Mapping[int, Profile], bytes_per_step: Mapping[str, 
     one profile read as one timeline per device (its ranges shared by all). None where
     fewer than two timelines hold collectives. With a profile per rank, `late_busy` is the
     GPU-busy share of the late rank's late phase (`phase_busy`; None for one process).
-    `selections` (per rank, `harness.trace.analyses.breakdown.select`) gives the kernels
+    `selections` (per rank, `harness.trace.analyses.selection.select`) gives the kernels
     and ranges of the measured steps as the breakdown counts them, for users' profiles;
     without them, the kernels executing inside the step ranges count."""
     own = {r: (selections[r].measured_steps() if selections else p.ranges) for r, p in profiles.items()}

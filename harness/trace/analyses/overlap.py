@@ -28,7 +28,7 @@ from harness.trace.kernels import Category
 from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, KernelTable, Profile, ProfileError, Range
 
 if TYPE_CHECKING:
-    from harness.trace.analyses.breakdown import Selection
+    from harness.trace.analyses.selection import Selection
 
 RANK_FILE = re.compile(r"\.rank(\d+)\.")
 
@@ -53,7 +53,7 @@ def overlap(kt: KernelTable, ranges: Sequence[Range] = (), selected: Selection |
     ran, their median length, and the communication and exposed time of the mean step, so
     that JAX's split and fused steps, which overlap differently, are not mixed. The kernels
     counted are those executing inside the step `ranges`, or those `selected` counts
-    (`harness.trace.analyses.breakdown.select`, for a user's profile: the measured steps
+    (`harness.trace.analyses.selection.select`, for a user's profile: the measured steps
     less the first, each kernel in the step that launched it where the program does not
     synchronize)."""
     cats = _categories(kt)

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.trace.analyses.answers import answers, harness_metadata, run_json_problems
-from harness.trace.analyses.breakdown import Breakdown, breakdown, load_profile, select
+from harness.trace.analyses.breakdown import Breakdown, breakdown, load_profile
 from harness.trace.analyses.collectives import profile_split
 from harness.trace.analyses.gpu_time import gpu_time
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
 from harness.trace.analyses.overlap import overlap, per_step_exposure
+from harness.trace.analyses.selection import select
 from harness.trace.profile import STEP_RANGES, Profile, ProfileError
 from harness.trace.sources.ranks import RankSet, job_name, profile_files, rank_in_name, rank_set, split_processes
 

@@ -2,10 +2,10 @@
 the per-step figures count it, its category and its layer.
 
 `harness.trace.analyses.breakdown` sums kernels per phase; a timeline lays the same kernels
-out one by one, so it needs the same decisions per kernel. `assign` makes them with the
-breakdown's own rules (its steady-step rule, its categories, the attribution rule the
-breakdown chose, its reading of the ranges and its per-kernel rule, `kernel_steps`), so the
-measured kernels of a phase here add up to the breakdown's figure.
+out one by one, so it needs the same decisions per kernel. `assign` takes them from the
+breakdown's own selection (`harness.trace.analyses.selection.select`, under the attribution
+rule the breakdown chose), so the measured kernels of a phase here add up to the
+breakdown's figure.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.trace.analyses import attribution as attr
 from harness.trace.analyses.hlo_join import label_kernels
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, measured_layer_phases
-from harness.trace.analyses.selection import _CAT, _categories, _range_info, _steady, kernel_steps, program_ranges
+from harness.trace.analyses.selection import _CAT, _categories, select
 from harness.trace.kernels import Category
 from harness.trace.profile import Profile, Range
 
@@ -41,21 +40,15 @@ def assign(profile: Profile, mode: str, schedules: Mapping | None = None) -> Ass
     """The breakdown's decisions per kernel; `mode` is the attribution the breakdown chose
     ("execution", "launch" or "none": no ranges, every kernel but the autotuner's is one step)."""
     kt = profile.kernels
-    ranges, _, _ = program_ranges(profile)
     labels = layer_labels(kt, profile.ranges) if any(r.name.startswith(LAYER_RANGE_PREFIX)
                                                      for r in profile.ranges) else None
-    if not ranges or mode == "none":
+    sel = select(profile, mode) if mode != "none" else None
+    if sel is None:
         cats, _ = _categories(kt, np.full(len(kt), -1, np.int64), np.zeros(1, np.int64))
         none = np.full(len(kt), -1, np.int64)
         return Assignment([], none, none, cats != _CAT[Category.AUTOTUNING], cats,
                           np.empty(0, np.int64), {}, labels)
-    parents = attr.range_parents(ranges)
-    # the breakdown's rule: by launch, an activity whose launch is not in the profile belongs to no range
-    inner = attr.by_launch(kt, ranges) if mode == "launch" and attr.has_launches(kt) else attr.by_execution(kt, ranges)
-    warm, root, bits = _range_info(ranges, parents)
-    cats, _ = _categories(kt, inner, bits)
-    instances, first, _, _ = _steady(ranges, warm, root)
-    k = kernel_steps(kt, ranges, inner, root, warm, first, instances, cats == _CAT[Category.AUTOTUNING])
     if labels is None and schedules is not None:
-        labels = label_kernels(kt, measured_layer_phases(ranges, root, warm, first), schedules).labels
-    return Assignment(ranges, inner, k["kroot"], k["measured"], cats, root, dict(instances), labels)
+        labels = label_kernels(kt, measured_layer_phases(sel.ranges, sel.root, sel.warm, sel.first), schedules).labels
+    return Assignment(sel.ranges, sel.inner, sel.kernels["kroot"], sel.kernels["measured"], sel.cats, sel.root,
+                      dict(sel.instances), labels)

@@ -153,8 +153,8 @@ def _phase_figures(doc: dict, step: str) -> dict:
 
 
 def _growth(row: dict, base: dict) -> dict:
-    """What the step gained over the one-device run, ms: the whole step and each phase the
-    two have in common, and the rest (the step's own time outside its phases)."""
+    """What the step gained over the one-device run, ms: the whole step, and each phase the
+    two have in common where both count the split step."""
     out = {"step": row["step_ms"] - base["step_ms"], "phases": {}}
     if row["phase"] == base["phase"] == "step":
         out["phases"] = {p: row["phases_ms"][p] - base["phases_ms"][p] for p in PHASES

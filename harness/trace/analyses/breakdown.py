@@ -48,7 +48,7 @@ from harness.trace.analyses.answers import answers, attention_flops, harness_met
 from harness.trace.analyses.hlo_join import hlo_dir, label_kernels, load_schedules
 from harness.trace.analyses.intervals import device_timelines
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
-from harness.trace.analyses.selection import _CAT, _CATS, _categories, select
+from harness.trace.analyses.selection import _CAT, _CATS, Selection, _categories, select
 from harness.trace.kernels import PHASE_RULES, Category, decode_gemm, short_name
 from harness.trace.profile import (
     ATTENTION_RANGES,
@@ -126,7 +126,8 @@ def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray
 
 
 def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto",
-              labels: np.ndarray | None = None, schedules: Mapping | None = None) -> Breakdown:
+              labels: np.ndarray | None = None, schedules: Mapping | None = None,
+              selection: Selection | None = None) -> Breakdown:
     """Attribute `profile`'s kernels to phases (see module docstring) and summarise them.
 
     `require` names ranges that must appear (e.g. ``("forward",)``); a missing one raises
@@ -134,9 +135,11 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     (``layer:...``) are no phases: they give each kernel its layer (`harness.trace.analyses.layers`),
     and the breakdown's `layers` holds the forward's and backward's time per layer;
     `labels` gives the per-kernel layers instead; `schedules` (phase -> the optimized HLO's
-    schedule, `harness.trace.analyses.hlo_join`) labels JAX's kernels through XLA's metadata.
+    schedule, `harness.trace.analyses.hlo_join`) labels JAX's kernels through XLA's metadata;
+    `selection`, the profile's `select` made already (its attribution then wins), saves
+    making it again.
     """
-    sel = select(profile, attribution)
+    sel = selection if selection is not None else select(profile, attribution)
     kt = profile.kernels
     if labels is None and any(r.name.startswith(LAYER_RANGE_PREFIX) for r in profile.ranges):
         labels = layer_labels(kt, profile.ranges)

@@ -11,7 +11,7 @@ profile torchrun``) become one rank set, one column per rank; any other file is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from harness.trace.analyses.collectives import profile_split
 from harness.trace.analyses.gpu_time import gpu_time
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
 from harness.trace.analyses.overlap import overlap, per_step_exposure
-from harness.trace.analyses.selection import select
+from harness.trace.analyses.selection import Selection, select
 from harness.trace.profile import STEP_RANGES, Profile, ProfileError
 from harness.trace.sources.ranks import RankSet, job_name, profile_files, rank_in_name, rank_set, split_processes
 
@@ -78,12 +78,12 @@ def _set(files: list[Path], nsys_bin: str | None, force: bool) -> Input:
     return Input(list(rs.profiles.values()), rs)
 
 
-def cross_rank(rs: RankSet, bds: Sequence[Breakdown], attribution: str = "auto") -> dict:
+def cross_rank(rs: RankSet, bds: Sequence[Breakdown], selections: Mapping[int, Selection | None]) -> dict:
     """Per phase and rank: median GPU ms and range ms per step; per phase the straggler
     (the rank with the longest median range, and slowest/fastest); per rank the
-    communication kernels of the measured steps (the breakdown's, under `attribution`: the
-    first step set apart, each kernel in the step that launched it where the program does
-    not synchronize), hidden and exposed (ms, summed over the steps and devices), with the
+    communication kernels of the measured steps (`selections`, per rank the breakdown's:
+    the first step set apart, each kernel in the step that launched it where the program
+    does not synchronize), hidden and exposed (ms, summed over the steps and devices), with the
     same per step (`per_step`); and the communication split into transfer and waiting by
     aligning the ranks' collectives (`split`: None where the ranks' clocks are not known to
     be one, or fewer than two ranks hold collectives)."""
@@ -100,7 +100,6 @@ def cross_rank(rs: RankSet, bds: Sequence[Breakdown], attribution: str = "auto")
             slow, fast = max(walls, key=walls.get), min(walls, key=walls.get)
             straggler[name] = {"rank": slow, "range_ms": walls[slow], "fastest_rank": fast,
                                "ratio": walls[slow] / walls[fast] if walls[fast] else None}
-    selections = {rank: select(profile, attribution) for rank, profile in rs.profiles.items()}
     communication = {}
     for rank, profile in rs.profiles.items():
         sel = selections[rank]
@@ -128,13 +127,14 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
     bds, answer_sets, tables, figures = [], [], [], []
     for item in load_inputs(paths, labels, nsys_bin, force):
         mine = []
-        rule = attribution
-        if item.rank_set and attribution == "auto":  # one rule for every rank, so that the columns compare
-            modes = {breakdown(p, require).attribution for p in item.profiles}
-            rule = "launch" if "launch" in modes else "auto"
-        for profile in item.profiles:
+        sels = [select(p, attribution) for p in item.profiles]
+        if item.rank_set and attribution == "auto" and any(s and s.mode == "launch" for s in sels):
+            # one rule for every rank, so that the columns compare
+            sels = [s if s is None or s.mode == "launch" else select(p, "launch") for p, s in zip(item.profiles, sels)]
+        for profile, sel in zip(item.profiles, sels):
             hlo = hlo_dir(profile.path)
-            bd = breakdown(profile, require, rule, schedules=load_schedules(hlo) if hlo.is_dir() else None)
+            bd = breakdown(profile, require, attribution, schedules=load_schedules(hlo) if hlo.is_dir() else None,
+                           selection=sel)
             i = len(bds)
             meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
             bd.warnings += run_json_problems(profile, bd, meta) if meta else []
@@ -143,5 +143,5 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
             figures.append({"label": bd.label, "gpu": profile.gpu, **gpu_time(profile, scope)})
             mine.append(bd)
         if item.rank_set:
-            tables.append(cross_rank(item.rank_set, mine, rule))
+            tables.append(cross_rank(item.rank_set, mine, dict(zip(item.rank_set.profiles, sels))))
     return bds, answer_sets, tables, figures

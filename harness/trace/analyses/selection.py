@@ -135,7 +135,6 @@ class Selection:
     parents: np.ndarray  # per range: the innermost range holding it (-1: none)
     root: np.ndarray  # per range: its root (step) range (-1: none)
     warm: np.ndarray  # per range: inside a warm-up range
-    bits: np.ndarray  # per range: its PHASE_RULES bits
     first: set[int]  # root ranges set apart as the first step
     instances: dict[str, list[int]]  # per root name: its steady (measured) instances
     inner: np.ndarray  # per kernel: its innermost range by the chosen attribution (-1: none)
@@ -184,5 +183,5 @@ def select(profile: Profile, attribution: str = "auto") -> Selection | None:
     instances, first, steady_rule, warnings = _steady(ranges, warm, root)
     steady_rule = "; ".join(filter(None, (numbered, unclosed, steady_rule)))
     k = kernel_steps(kt, ranges, inner, root, warm, first, instances, tune)
-    return Selection(ranges, parents, root, warm, bits, first, dict(instances), inner, cats, rule, tune, k, mode,
+    return Selection(ranges, parents, root, warm, first, dict(instances), inner, cats, rule, tune, k, mode,
                      reason, outside, moved, steady_rule, warnings)

@@ -187,6 +187,10 @@ def test_nccl_tuning_is_a_row_of_its_own_against_the_plain_one_device_run() -> N
     tuned["env"] = {"settings": {**always, "NCCL_NVLS_ENABLE": "1"}}
     assert ("DDP, 250 MB buckets, NCCL_NVLS_ENABLE=1", 4) in {
         (r["parallel"], r["n"]) for r in scaling_rows([one, plain, tuned])}
+    # torch's priority for its NCCL streams is a communication setting as well
+    tuned["env"] = {"settings": {**always, "TORCH_NCCL_HIGH_PRIORITY": "1"}}
+    assert {(r["parallel"], r["n"]): r["efficiency"] for r in scaling_rows([one, plain, tuned])}[
+        ("DDP, 250 MB buckets, TORCH_NCCL_HIGH_PRIORITY=1", 4)] == pytest.approx(75 / 88)
 
 
 def test_growth_by_phase_by_hand() -> None:

@@ -50,9 +50,11 @@ def step_figures(doc: dict) -> tuple[int, str, float, float, float | None]:
 PROGRAM_SETTINGS = ("XLA_FLAGS", "TORCHINDUCTOR_", "PYTORCH_CUDA_ALLOC_CONF", "JAX_DEFAULT_MATMUL_PRECISION",
                     "JAX_ENABLE_X64", "JAX_DEFAULT_PRNG_IMPL", "JAX_THREEFRY_PARTITIONABLE")
 CACHE_SETTINGS = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE")
-# NCCL's tuning variables change how the collectives run, which one device never does; the
-# library's version, its logging and the multicast switch every run sets are no settings.
-COMM_SETTINGS = ("NCCL_",)
+# NCCL's tuning variables, torch's for its NCCL process group (the stream priority of its
+# collectives) and the number of hardware queues a device's streams share change how the
+# collectives run beside the compute, which one device never does; the library's version,
+# its logging and the multicast switch every run sets are no settings.
+COMM_SETTINGS = ("NCCL_", "TORCH_NCCL_", "CUDA_DEVICE_MAX_CONNECTIONS")
 NOT_COMM_SETTINGS = ("NCCL_VERSION", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 
 

@@ -105,6 +105,34 @@ def test_planted_straggler_shows_as_waiting_on_the_other_rank(tmp_path) -> None:
     assert "last to arrive: rank 1 in 100% of steps, late from its forward" in proc.stdout
 
 
+def test_a_rank_late_to_a_timed_round_is_not_counted_by_the_others(tmp_path) -> None:
+    """The overhead check's rounds of back-to-back steps start with the ranks aligned.
+    Rank 1 sleeps 1 s before each of them (the fault hook's `round`: 4 rounds of two loops,
+    8 s in all). Had rank 0 started its round without it, its first step would wait for
+    rank 1 in the all-reduce, 1 s over 3 steps: 333 ms a step on a step of tens of ms."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "dp.json"
+    env = {**os.environ, "PYTHONPATH": str(root), "XFPROF_DP_SLOW_RANK": "1:1.0:round"}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "harness.run", "--backend", "torch", "--model", "tiny", "--ctx", "16",
+                           "--batch", "2", "--warmup", "1", "--steps", "3", "--device", "cpu", "--data-parallel", "2",
+                           "--quiet", "--out", str(out)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert elapsed > 8.0  # the planted sleeps happened
+    ranks = json.loads(out.read_text())["ranks"]
+    for r in ranks:
+        assert r["overhead"]["steps_per_round"] == 3
+        assert r["overhead"]["plain_step_ms"] < 1000 / 3 / 2, r["rank"]
+
+
 # Real profiles of a 2-GPU run (tests/data/dp_small_bf16/README.md): torch DDP, one nsys
 # report per rank, and JAX's one process over two devices; `small`, ctx 128, bf16, the
 # first two measured steps of each.

@@ -56,6 +56,32 @@ def test_jax_takes_its_fused_step_and_mfu_is_per_device() -> None:
     assert rows[1]["parallel"] == "replicated"
 
 
+def test_loop_step_is_the_slowest_ranks_back_to_back_step() -> None:
+    """The loop columns: the overhead check's plain step, the slowest rank's where the
+    ranks kept theirs (else the document's, rank 0's or the one process's), and the
+    efficiency on it; a run without the check has none."""
+    one, four, old, bare = (_doc("torch-compile-cg", 1, 75.0), _doc("torch-compile-cg", 4, 82.0),
+                            _doc("torch-compile-cg", 2, 81.0), _doc("jax", 1, 70.0))
+    for doc in (four, old):
+        doc["data_parallel"]["bucket_mb"] = 250.0
+    one["overhead"] = {"plain_step_ms": 66.0}
+    four["overhead"] = {"plain_step_ms": 70.0}  # rank 0's; rank 2 was slower
+    four["ranks"] = [{"rank": r, "overhead": {"plain_step_ms": ms}} for r, ms in enumerate((70.0, 71.0, 77.0, 72.0))]
+    old["overhead"] = {"plain_step_ms": 74.0}
+    old["ranks"] = [{"rank": 0}, {"rank": 1}]  # from before the ranks kept their checks
+    rows = {(r["backend"], r["n"]): r for r in scaling_rows([one, four, old, bare])}
+    assert rows["torch-compile-cg", 4]["loop_ms"] == 77.0
+    assert rows["torch-compile-cg", 4]["loop_efficiency"] == pytest.approx(66 / 77)
+    assert rows["torch-compile-cg", 4]["efficiency"] == pytest.approx(75 / 82)  # the synchronized step's, unchanged
+    assert rows["torch-compile-cg", 2]["loop_ms"] == 74.0
+    assert rows["torch-compile-cg", 2]["loop_efficiency"] == pytest.approx(66 / 74)
+    assert rows["jax", 1]["loop_ms"] is None and rows["jax", 1]["loop_efficiency"] is None
+    text = format_scaling(list(rows.values()))
+    assert "| 82.000 | 199805 | - | 91.5% | 77.000 | 85.7% |" in text
+    assert "| jax | large ctx 1024 batch 4/device bf16 naive cuda | - | 1 | step | 70.000 | 58514 | - | 100.0% | - | - |" \
+        in text
+
+
 def test_two_runs_of_one_point_are_refused() -> None:
     with pytest.raises(ValueError, match="N = 2"):
         scaling_rows([_doc("torch", 2, 1.0), _doc("torch", 2, 2.0)])

@@ -48,6 +48,8 @@ class FakeSession:
     def sync(self, value=None):
         time.sleep(self.sync_ms / 1e3)
 
+    align = sync
+
     def reset_peak_memory(self):
         pass
 

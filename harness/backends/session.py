@@ -33,6 +33,10 @@ class Session(Protocol):
     def sync(self, value: object = None) -> None:
         """Wait for the device's queued work (`value`: an output to wait for)."""
 
+    def align(self) -> None:
+        """Wait for the device, then for every process of a data-parallel run to get here
+        (a barrier over the process group); for one process, `sync`."""
+
     # -- memory ---------------------------------------------------------------------
     def reset_peak_memory(self) -> None: ...
 

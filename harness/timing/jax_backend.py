@@ -173,6 +173,10 @@ class JaxSession:
         """forward + backward + optimizer with no ranges: one fused jitted step."""
         return self.fused_step()
 
+    def align(self) -> None:
+        """One process drives every device: waiting for them is all there is to align."""
+        self.sync()
+
     # -- layer attribution ----------------------------------------------------------
     def optimized_hlo(self) -> dict[str, str]:
         """XLA's optimized HLO text of each jitted phase, by phase name (the range names).

@@ -11,7 +11,8 @@ global-mean loss and the full parameters to `<dir>/parity.npz`). Exit status 3 w
 rank's run failed. `XFPROF_DP_KILL_RANK=r:SIGNAL` makes rank r kill itself with SIGNAL
 (`r:exit`: exit with status 1) once the group is up, to test that the launcher ends the
 run and names the rank; `XFPROF_DP_SLOW_RANK=r:seconds` makes rank r sleep that long at
-the start of every forward, a planted straggler. Before a timed run every rank measures
+the start of every forward, a planted straggler (`r:seconds:round`: before each of the
+overhead check's timed rounds instead, a rank late to a round). Before a timed run every rank measures
 the link: a few all-reduces of the gradients' size (`measure_link`), kept as `link`.
 """
 
@@ -33,27 +34,30 @@ from harness.timing.distributed import SAFE_ENV, rank_path
 from harness.timing.torch_parallel import full_params, measure_link
 
 KILL_HOOK = "XFPROF_DP_KILL_RANK"
-SLOW_HOOK = "XFPROF_DP_SLOW_RANK"  # r:seconds: rank r sleeps that long at the start of every forward
+SLOW_HOOK = "XFPROF_DP_SLOW_RANK"  # r:seconds[:round]: rank r sleeps that long before every forward (or round)
 
 
 def _slow_if_asked(rank: int) -> None:
-    """Test-only fault: a planted straggler, rank r late into every forward."""
-    target, _, seconds = os.environ.get(SLOW_HOOK, "").partition(":")
+    """Test-only fault: a planted straggler, rank r late into every forward, or (`:round`)
+    into every timed round of the overhead check, where the ranks align."""
+    target, _, rest = os.environ.get(SLOW_HOOK, "").partition(":")
     if target != str(rank):
         return
+    seconds, _, where = rest.partition(":")
     from harness.timing import runner
 
     make = runner.make_session
 
     def slowed(opts, config):
         session = make(opts, config)
-        forward = session.forward
+        name = "align" if where == "round" else "forward"
+        call = getattr(session, name)
 
-        def late_forward(*args, **kwargs):
+        def late(*args, **kwargs):
             time.sleep(float(seconds))
-            return forward(*args, **kwargs)
+            return call(*args, **kwargs)
 
-        session.forward = late_forward
+        setattr(session, name, late)
         return session
 
     runner.make_session = slowed

@@ -12,6 +12,12 @@ and NCCL settings a run was given through its environment) and the shape of the 
 (model, ctx, per-device batch, dtype, attention, device); each group's efficiency is
 against the backend's one-device run of that shape under the same compiler and allocator
 settings (NCCL's do not apply to one device), and a group without one has no efficiency.
+
+Beside it, the loop's figures: the step as a training loop runs it, back to back with no
+ranges and one synchronization per round (the timer's overhead check, where the ranks
+start each round together), and the efficiency on that step. The two differ by what
+the per-phase synchronization costs on the host, which a loop hides behind the device's
+queue: JAX's dispatch to N devices, CUDA graph launches between phases.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections import defaultdict
 from harness import backends
 from harness.common.tables import markdown_table
 from harness.timing.distributed import DDP_DEFAULT_BUCKET_MB, SAFE_ENV, parallel_label
+from harness.timing.timer import OVERHEAD_STEPS
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -121,16 +128,31 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
                              "each")
         groups[key][n] = {"backend": o["backend"], "parallel": parallel, "n": n, "phase": phase, "step_ms": step_ms,
                           "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(SHAPE, key[2:])),
-                          "settings": program_settings(doc), **_phase_figures(doc, phase)}
+                          "settings": program_settings(doc), "loop_ms": loop_step_ms(doc),
+                          **_phase_figures(doc, phase)}
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], str(k[1]), *map(str, k[2:]))):
         base = groups[key].get(1) or _one_device(groups, key)
         for n in sorted(groups[key]):
             row = groups[key][n]
             row["efficiency"] = row["tokens_per_s"] / (n * base["tokens_per_s"]) if base else None
+            # the per-device batch is fixed, so the tokens/s ratio is the ratio of the steps
+            row["loop_efficiency"] = (base["loop_ms"] / row["loop_ms"]
+                                      if base and base["loop_ms"] and row["loop_ms"] else None)
             row["growth"] = _growth(row, base) if base and n > 1 else None
             rows.append(row)
     return rows
+
+
+def loop_step_ms(doc: dict) -> float | None:
+    """A run's step in a loop, ms: the overhead check's plain steps (back to back, one
+    synchronization per round; the median of its rounds' mean step), the slowest rank's
+    where the ranks recorded theirs, else the one process's (or, in documents from before
+    the ranks kept theirs, rank 0's); None where the run made no overhead check."""
+    per_rank = [(r.get("overhead") or {}).get("plain_step_ms") for r in doc.get("ranks") or []]
+    if per_rank and all(v is not None for v in per_rank):
+        return max(per_rank)
+    return (doc.get("overhead") or {}).get("plain_step_ms")
 
 
 def _phase_figures(doc: dict, step: str) -> dict:
@@ -204,11 +226,18 @@ def format_scaling(rows: list[dict]) -> str:
         s = r["shape"]
         eff = f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "-"
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+        loop = f"{r['loop_ms']:.3f}" if r.get("loop_ms") else "-"
+        loop_eff = f"{100 * r['loop_efficiency']:.1f}%" if r.get("loop_efficiency") is not None else "-"
         body.append([r["backend"], f"{s['model']} ctx {s['ctx']} batch {s['batch']}/device {s['dtype']} "
                      f"{s['attention']} {s['device']}", r["parallel"], r["n"], r["phase"], f"{r['step_ms']:.3f}",
-                     f"{r['tokens_per_s']:.0f}", mfu, eff])
-    header = ["backend", "run", "parallel", "N", "step", "step ms", "tokens/s (job)", "MFU per device", "efficiency"]
+                     f"{r['tokens_per_s']:.0f}", mfu, eff, loop, loop_eff])
+    header = ["backend", "run", "parallel", "N", "step", "step ms", "tokens/s (job)", "MFU per device", "efficiency",
+              "loop step ms", "loop efficiency"]
     note = ("efficiency: tokens/s at N over N x tokens/s at N = 1, the per-device batch fixed; "
             "step: each run's fastest whole step (JAX's fused_step where faster), the slowest rank's median; "
-            "efficiency -: no one-device run of that backend and shape under the same compiler settings")
+            "efficiency -: no one-device run of that backend and shape under the same compiler settings; "
+            "loop step: the same step run back to back with one synchronization per round of "
+            f"{OVERHEAD_STEPS} steps (at most; the overhead check's rounds, median of the round means, the slowest "
+            "rank's where each rank kept its own, else rank 0's), as a training loop runs it; "
+            "loop efficiency: the one-device loop step over the loop step at N")
     return "\n".join([*markdown_table(header, body), "", note]) + "\n"

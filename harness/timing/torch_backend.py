@@ -77,6 +77,13 @@ class TorchSession:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def align(self) -> None:
+        """`sync`, then a barrier over the process group when this is one rank of several."""
+        self.sync()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            self.sync()
+
     def _loss_of(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with self.autocast():
             return self.loss(self.model(inputs), targets)

@@ -78,6 +78,19 @@ def test_loop_step_is_the_slowest_ranks_back_to_back_step() -> None:
     assert rows["jax", 1]["loop_ms"] is None and rows["jax", 1]["loop_efficiency"] is None
     text = format_scaling(list(rows.values()))
     assert "| 82.000 | 199805 | - | 91.5% | 77.000 | 85.7% |" in text
+    # a loop step slower than the synchronized step (a busier host during the check), or a
+    # check that flagged itself, gives no loop efficiency, at N = 1 for every row after it
+    one["overhead"] = {"plain_step_ms": 80.0}
+    rows = {(r["backend"], r["n"]): r for r in scaling_rows([one, four])}
+    assert rows["torch-compile-cg", 1]["loop_doubt"] == "slower than the synchronized step"
+    assert rows["torch-compile-cg", 4]["loop_efficiency"] is None
+    assert "| 75.000 | 54613 | - | 100.0% | 80.000 * | - |" in format_scaling(list(rows.values()))
+    one["overhead"] = {"plain_step_ms": 66.0}
+    four["ranks"][1]["overhead"]["flag"] = "ratio below 1 within the rounds' spread"
+    rows = {(r["backend"], r["n"]): r for r in scaling_rows([one, four])}
+    assert rows["torch-compile-cg", 4]["loop_doubt"] and rows["torch-compile-cg", 4]["loop_efficiency"] is None
+    old["overhead"]["flag"] = "ratio below 1 within the rounds' spread"  # only rank 0's check, in the document
+    assert {r["n"]: r for r in scaling_rows([one, old])}[2]["loop_doubt"]
     assert "| jax | large ctx 1024 batch 4/device bf16 naive cuda | - | 1 | step | 70.000 | 58514 | - | 100.0% | - | - |" \
         in text
 

@@ -129,7 +129,7 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
         groups[key][n] = {"backend": o["backend"], "parallel": parallel, "n": n, "phase": phase, "step_ms": step_ms,
                           "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(SHAPE, key[2:])),
                           "settings": program_settings(doc), "loop_ms": loop_step_ms(doc),
-                          **_phase_figures(doc, phase)}
+                          "loop_doubt": loop_doubt(doc, step_ms), **_phase_figures(doc, phase)}
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], str(k[1]), *map(str, k[2:]))):
         base = groups[key].get(1) or _one_device(groups, key)
@@ -137,8 +137,8 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
             row = groups[key][n]
             row["efficiency"] = row["tokens_per_s"] / (n * base["tokens_per_s"]) if base else None
             # the per-device batch is fixed, so the tokens/s ratio is the ratio of the steps
-            row["loop_efficiency"] = (base["loop_ms"] / row["loop_ms"]
-                                      if base and base["loop_ms"] and row["loop_ms"] else None)
+            row["loop_efficiency"] = (base["loop_ms"] / row["loop_ms"] if base and base["loop_ms"] and row["loop_ms"]
+                                      and not base["loop_doubt"] and not row["loop_doubt"] else None)
             row["growth"] = _growth(row, base) if base and n > 1 else None
             rows.append(row)
     return rows
@@ -153,6 +153,20 @@ def loop_step_ms(doc: dict) -> float | None:
     if per_rank and all(v is not None for v in per_rank):
         return max(per_rank)
     return (doc.get("overhead") or {}).get("plain_step_ms")
+
+
+def loop_doubt(doc: dict, step_ms: float) -> str | None:
+    """Why a run's loop step cannot be set against others (None where it can): a loop
+    without synchronizations between phases slower than the synchronized step, or an
+    overhead check that flagged itself, means the host was busier during the check than
+    during the measured steps."""
+    checks = [r["overhead"] for r in doc.get("ranks") or [] if r.get("overhead")] or [doc.get("overhead") or {}]
+    if any(c.get("flag") for c in checks):
+        return "the run's overhead check flagged its rounds"
+    loop = loop_step_ms(doc)
+    if loop is not None and loop > step_ms:
+        return "slower than the synchronized step"
+    return None
 
 
 def _phase_figures(doc: dict, step: str) -> dict:
@@ -226,7 +240,7 @@ def format_scaling(rows: list[dict]) -> str:
         s = r["shape"]
         eff = f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "-"
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-        loop = f"{r['loop_ms']:.3f}" if r.get("loop_ms") else "-"
+        loop = f"{r['loop_ms']:.3f}{' *' if r.get('loop_doubt') else ''}" if r.get("loop_ms") else "-"
         loop_eff = f"{100 * r['loop_efficiency']:.1f}%" if r.get("loop_efficiency") is not None else "-"
         body.append([r["backend"], f"{s['model']} ctx {s['ctx']} batch {s['batch']}/device {s['dtype']} "
                      f"{s['attention']} {s['device']}", r["parallel"], r["n"], r["phase"], f"{r['step_ms']:.3f}",
@@ -239,5 +253,8 @@ def format_scaling(rows: list[dict]) -> str:
             "loop step: the same step run back to back with one synchronization per round of "
             f"{OVERHEAD_STEPS} steps (at most; the overhead check's rounds, median of the round means, the slowest "
             "rank's where each rank kept its own, else rank 0's), as a training loop runs it; "
-            "loop efficiency: the one-device loop step over the loop step at N")
+            "loop efficiency: the one-device loop step over the loop step at N; "
+            "*: a loop step slower than the synchronized step, or from an overhead check that flagged itself: the "
+            "host was busier during the check than during the measured steps, and no loop efficiency is taken "
+            "from it")
     return "\n".join([*markdown_table(header, body), "", note]) + "\n"

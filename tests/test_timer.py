@@ -48,8 +48,6 @@ class FakeSession:
     def sync(self, value=None):
         time.sleep(self.sync_ms / 1e3)
 
-    align = sync
-
     def reset_peak_memory(self):
         pass
 
@@ -121,6 +119,25 @@ def test_overhead_like_with_like() -> None:
     with events:
         rec = timer.overhead(("fused_step",), None)
     assert rec["ratio"] < 1 and "faster than plain ones in every round" in rec["flag"]
+
+
+def test_each_timed_round_starts_aligned() -> None:
+    """The rounds call the session's `align` before each timed loop, outside the time
+    (here it sleeps 50 ms, a rank waiting for a late one); a session without it (the other
+    tests' FakeSession) gets its `sync`."""
+    class Aligned(FakeSession):
+        aligned = 0
+
+        def align(self):
+            self.aligned += 1
+            time.sleep(0.05)
+
+    session = Aligned(garbage=10)
+    timer, events = _timer(session, steps=3)
+    with events:
+        rec = timer.overhead(("fused_step",), None)
+    assert session.aligned == 2 * rec["rounds"]  # one per loop per round
+    assert rec["plain_step_ms"] < 50 / 3
 
 
 def test_overhead_flag_reads_a_ratio_below_one() -> None:

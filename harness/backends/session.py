@@ -35,7 +35,8 @@ class Session(Protocol):
 
     def align(self) -> None:
         """Wait for the device, then for every process of a data-parallel run to get here
-        (a barrier over the process group); for one process, `sync`."""
+        (a barrier over the process group); for one process, `sync`. Optional: the timer
+        calls `sync` for a session without it."""
 
     # -- memory ---------------------------------------------------------------------
     def reset_peak_memory(self) -> None: ...

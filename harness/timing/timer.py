@@ -135,8 +135,9 @@ class Timer:
         """Per loop, its mean ms per step in each of OVERHEAD_ROUNDS rounds. A round runs every
         loop (`loops[key](n)` runs n steps) for `steps_per_round` steps, in the given order or,
         with `alternate`, reversed every other round; `before(key)` runs untimed ahead of each
-        loop, then the session's `align` (the ranks of a data-parallel run start each loop
-        together, so none counts the time it waits for a later one), and a sync and a
+        loop, then the session's `align` (its `sync` where it has none: the ranks of a
+        data-parallel run start each loop together, so none counts the time it waits for a
+        later one), and a sync and a
         collection after it. The collector is paused throughout, so drift and collections
         fall on every loop alike."""
         n, means = self.steps_per_round, {key: [] for key in loops}
@@ -146,7 +147,7 @@ class Timer:
                 order = list(loops) if not alternate or r % 2 == 0 else list(reversed(loops))
                 for key in order:
                     before(key)
-                    self.session.align()
+                    getattr(self.session, "align", self.session.sync)()
                     t0 = time.perf_counter()
                     loops[key](n)
                     means[key].append((time.perf_counter() - t0) * 1e3 / n)

@@ -128,8 +128,8 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
                              "each")
         groups[key][n] = {"backend": o["backend"], "parallel": parallel, "n": n, "phase": phase, "step_ms": step_ms,
                           "tokens_per_s": tps, "mfu": mfu, "shape": dict(zip(SHAPE, key[2:])),
-                          "settings": program_settings(doc), "loop_ms": loop_step_ms(doc),
-                          "loop_doubt": loop_doubt(doc, step_ms), **_phase_figures(doc, phase)}
+                          "settings": program_settings(doc), "loop_ms": (loop := loop_step_ms(doc)),
+                          "loop_doubt": loop_doubt(doc, step_ms, loop), **_phase_figures(doc, phase)}
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], str(k[1]), *map(str, k[2:]))):
         base = groups[key].get(1) or _one_device(groups, key)
@@ -155,15 +155,14 @@ def loop_step_ms(doc: dict) -> float | None:
     return (doc.get("overhead") or {}).get("plain_step_ms")
 
 
-def loop_doubt(doc: dict, step_ms: float) -> str | None:
-    """Why a run's loop step cannot be set against others (None where it can): a loop
-    without synchronizations between phases slower than the synchronized step, or an
-    overhead check that flagged itself, means the host was busier during the check than
-    during the measured steps."""
+def loop_doubt(doc: dict, step_ms: float, loop: float | None) -> str | None:
+    """Why a run's loop step `loop` (`loop_step_ms`) cannot be set against others (None
+    where it can): a loop without synchronizations between phases slower than the
+    synchronized step `step_ms`, or an overhead check that flagged itself, means the host
+    was busier during the check than during the measured steps."""
     checks = [r["overhead"] for r in doc.get("ranks") or [] if r.get("overhead")] or [doc.get("overhead") or {}]
     if any(c.get("flag") for c in checks):
         return "the run's overhead check flagged its rounds"
-    loop = loop_step_ms(doc)
     if loop is not None and loop > step_ms:
         return "slower than the synchronized step"
     return None

@@ -134,12 +134,11 @@ class Timer:
                before: Callable[[str], None] = lambda key: None) -> dict[str, list[float]]:
         """Per loop, its mean ms per step in each of OVERHEAD_ROUNDS rounds. A round runs every
         loop (`loops[key](n)` runs n steps) for `steps_per_round` steps, in the given order or,
-        with `alternate`, reversed every other round; `before(key)` runs untimed ahead of each
-        loop, then the session's `align` (its `sync` where it has none: the ranks of a
+        with `alternate`, reversed every other round. Ahead of each loop, untimed, run
+        `before(key)` and the session's `align` (its `sync` where it has none): the ranks of a
         data-parallel run start each loop together, so none counts the time it waits for a
-        later one), and a sync and a
-        collection after it. The collector is paused throughout, so drift and collections
-        fall on every loop alike."""
+        later one. After each loop, a sync and a collection. The collector is paused
+        throughout, so drift and collections fall on every loop alike."""
         n, means = self.steps_per_round, {key: [] for key in loops}
         with collector_paused():
             for r in range(OVERHEAD_ROUNDS):

@@ -232,6 +232,22 @@ def test_dying_rank_ends_the_run_and_names_it(tmp_path: Path) -> None:
     assert _processes_mentioning(str(tmp_path)) == []
 
 
+def test_a_rank_killed_by_a_signal_keeps_its_last_words(tmp_path: Path) -> None:
+    """An abort prints its reason before the signal: the failure names the signal and
+    carries the rank's last line of output; a silent rank gets the signal alone."""
+    import collections
+    import signal
+
+    tail = collections.deque(["loading", "terminate called after throwing an instance of 'gloo::IoException'", ""])
+    status, message, priority = distributed._cause(1, -signal.SIGABRT, str(tmp_path), tail)
+    assert (status, priority) == ("error", 0)
+    assert message == ("rank 1 was killed by SIGABRT; its last output: terminate called after throwing an instance "
+                       "of 'gloo::IoException'")
+    assert distributed._cause(1, -signal.SIGKILL, str(tmp_path), collections.deque())[1] == (
+        "rank 1 was killed by SIGKILL (the kernel's out-of-memory killer sends SIGKILL)")
+    assert distributed._cause(0, 1, str(tmp_path), collections.deque())[1] == "rank 0 exited with code 1: no output"
+
+
 def test_compare_runs_the_other_backend_after_a_dying_rank(tmp_path: Path) -> None:
     # rank 1 exits; rank 0, waiting in a collective, is stopped by the launcher and not blamed
     env = _env(XFPROF_DP_KILL_RANK="1:exit", XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")

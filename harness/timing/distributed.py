@@ -154,18 +154,18 @@ def _cause(rank: int, code: int, workdir: str, tail: collections.deque) -> tuple
     cause: a signal, then the rank's own error, then an exit status, then an error that
     says a peer went away."""
     doc_path = os.path.join(workdir, f"rank{rank}.json")
-    if code < 0:
+    last = next((line for line in reversed(tail) if line.strip()), "").strip()[:300]
+    if code < 0:  # what the rank printed last says why where it could (an abort's reason)
         name = signal.Signals(-code).name
         hint = " (the kernel's out-of-memory killer sends SIGKILL)" if name == "SIGKILL" else ""
-        return "error", f"rank {rank} was killed by {name}{hint}", 0
+        return "error", f"rank {rank} was killed by {name}{hint}" + (f"; its last output: {last}" if last else ""), 0
     if os.path.exists(doc_path):
         with open(doc_path) as f:
             doc = json.load(f)
         if doc.get("status") not in (None, "ok"):
             message = doc["error"]["message"]
             return doc["status"], f"rank {rank}: {message}", 3 if _PEER_FAILED.search(message) else 1
-    last = next((line for line in reversed(tail) if line.strip()), "no output").strip()[:300]
-    return "error", f"rank {rank} exited with code {code}: {last}", 3 if _PEER_FAILED.search(last) else 2
+    return "error", f"rank {rank} exited with code {code}: {last or 'no output'}", 3 if _PEER_FAILED.search(last) else 2
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

@@ -28,6 +28,9 @@ from harness.timing.spec import RunSpec
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "tiny", "--ctx", "16", "--batch", "2", "--warmup", "1", "--steps", "2", "--device", "cpu"]
 HOST_2 = "--xla_force_host_platform_device_count=2"
+# XLA merges sharded parameters' all-gathers and reduce-scatters up to 256 MiB
+MERGED = {"xla_gpu_all_gather_combine_threshold_bytes": 268435456,
+          "xla_gpu_reduce_scatter_combine_threshold_bytes": 268435456}
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -158,6 +161,7 @@ for parallel in ("ddp", "fsdp", "zero1"):
     for _ in range(2):
         s.forward(); s.backward(); s.optimizer_step()
     out[parallel]["update_compiles"] = s._update._cache_size()
+    out[parallel]["compiler_options"] = s.compiler_options
     out[parallel]["layouts_kept"] = before == [x.sharding for x in jax.tree.leaves((s.state, s.opt_state))]
     out[parallel]["moments_split"] = any(len(x.sharding.device_set) == 2 and not x.sharding.is_fully_replicated
                                          for x in jax.tree.leaves(s.opt_state))
@@ -168,10 +172,12 @@ print(json.dumps(out))
 def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
     env = _env(XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")
     out = tmp_path / "jax.json"
-    proc = _harness(["harness.run", "--backend", "jax", *TINY, "--data-parallel", "2", "--quiet", "--out",
-                     str(out)], env)
+    proc = _harness(["harness.run", "--backend", "jax", *TINY, "--data-parallel", "2", "--parallel", "fsdp", "--quiet",
+                     "--out", str(out)], env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
+    assert doc["data_parallel"]["label"].startswith("sharded parameters, collectives merged (")
+    assert doc["env"]["compiler_options"] == MERGED  # what the jitted programs were compiled with
     assert doc["data_parallel"]["global_batch"] == 4
     assert doc["data_parallel"]["step_ms"] == doc["phases"]["step"]["median_ms"]
     assert doc["phases"]["step"]["tokens_per_s"] == pytest.approx(4 * 16 / (doc["phases"]["step"]["median_ms"] / 1e3))
@@ -186,6 +192,8 @@ def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
         assert r["max_abs"] < 1e-5 < 1e-4 < r["moved"], parallel
         assert r["update_compiles"] == 1 and r["layouts_kept"], parallel
         assert r["moments_split"] == (parallel != "ddp"), parallel  # zero1 and fsdp split the AdamW state
+        # only sharded parameters have per-parameter collectives for XLA to merge
+        assert r["compiler_options"] == (MERGED if parallel == "fsdp" else {}), parallel
 
 
 def test_jax_without_host_devices_is_one_line() -> None:

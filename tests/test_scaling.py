@@ -95,6 +95,23 @@ def test_loop_step_is_the_slowest_ranks_back_to_back_step() -> None:
         in text
 
 
+def test_a_row_names_the_strategy_its_run_recorded() -> None:
+    """A document's own label names its strategy: JAX's sharded parameters from before the
+    collectives were merged stay a row of their own beside today's, and both are set
+    against the same one-device run."""
+    one, old, new = _doc("jax", 1, 70.0), _doc("jax", 4, 80.0), _doc("jax", 4, 75.0)
+    for doc, label in ((old, "sharded parameters (each parameter ...)"),
+                       (new, "sharded parameters, collectives merged (each parameter ...; XLA merges ...)")):
+        doc["options"]["parallel"] = "fsdp"
+        doc["data_parallel"]["label"] = label
+    rows = {r["parallel"]: r for r in scaling_rows([one, old, new])}
+    assert set(rows) == {"-", "sharded parameters", "sharded parameters, collectives merged"}
+    assert rows["sharded parameters"]["efficiency"] == pytest.approx(70 / 80)
+    assert rows["sharded parameters, collectives merged"]["efficiency"] == pytest.approx(70 / 75)
+    del new["data_parallel"]["label"]  # a document without one: the strategy's label today
+    assert scaling_rows([new])[0]["parallel"] == "sharded parameters, collectives merged"
+
+
 def test_two_runs_of_one_point_are_refused() -> None:
     with pytest.raises(ValueError, match="N = 2"):
         scaling_rows([_doc("torch", 2, 1.0), _doc("torch", 2, 2.0)])

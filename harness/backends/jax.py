@@ -34,7 +34,8 @@ NSYS_FLAGS = ("--nvtx-domain-exclude=TSL",)
 # the update bound is looser than the gradient bound for that reason.
 PARALLEL = {
     "ddp": "replicated (parameters and AdamW state on every device)",
-    "fsdp": "sharded parameters (each parameter and its AdamW state split along its first axis N divides)",
+    "fsdp": ("sharded parameters, collectives merged (each parameter and its AdamW state split along its first "
+             "axis N divides; XLA merges independent all-gathers, and reduce-scatters, into ones of up to 256 MiB)"),
     "zero1": "sharded optimizer state (parameters replicated, AdamW state split along the data axis)",
 }
 TOLERANCES: dict[str, dict[str, float]] = {

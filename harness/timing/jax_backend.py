@@ -15,6 +15,7 @@ loops (`harness.trace.analyses.hlo_join` joins it to the kernels).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -32,6 +33,21 @@ from harness.timing.convert import torch_to_jax
 LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, always on: the step runs the same "
                 "executables); kernels joined to the optimized HLO schedule of each jitted phase, written beside the "
                 "result as <name>.hlo/<phase>.txt")
+
+
+# Under sharded parameters XLA's partitioner emits one all-gather per parameter in the
+# forward and the backward, and one reduce-scatter per gradient: hundreds of collectives a
+# step for `large`, each paying its launch and a rendezvous of every device. These options
+# let XLA merge independent ones into collectives of up to 256 MiB: fewer, larger transfers,
+# for some memory (a merged all-gather's weights are resident from the first consumer of any
+# of them). Replicated parameters have one all-reduce per gradient bucket already.
+SHARDED_COMPILER_OPTIONS = {"xla_gpu_all_gather_combine_threshold_bytes": 256 << 20,
+                            "xla_gpu_reduce_scatter_combine_threshold_bytes": 256 << 20}
+
+
+def compiler_options(parallel: str, data_parallel: int) -> dict[str, int]:
+    """The XLA options every jitted program of a session is compiled with (none on one device)."""
+    return dict(SHARDED_COMPILER_OPTIONS) if data_parallel > 1 and parallel == "fsdp" else {}
 
 
 def shard_params(params, mesh: Mesh):
@@ -70,7 +86,8 @@ class JaxSession:
     devices form a mesh with one `data` axis, the batch is sharded along it, parameters and
     optimizer state are replicated (`parallel` "ddp") or sharded (`shard_params`, "fsdp"),
     or the parameters replicated and the optimizer state sharded ("zero1"), and the same
-    jitted functions run under those shardings (XLA inserts the collectives)."""
+    jitted functions run under those shardings (XLA inserts the collectives), compiled with
+    `compiler_options`."""
 
     backend = "jax"
 
@@ -112,8 +129,10 @@ class JaxSession:
         self._grads = None
         # Donating buffers is what a real training loop does; the CPU backend ignores it.
         donate = (0, 1) if self.device.platform != "cpu" else ()
-        self._loss = jax.jit(self._loss_fn)
-        self._fwd = jax.jit(lambda p, x, y: jax.vjp(lambda q: self._loss_fn(q, x, y), p))
+        self.compiler_options = compiler_options(parallel, data_parallel)
+        jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
+        self._loss = jit(self._loss_fn)
+        self._fwd = jit(lambda p, x, y: jax.vjp(lambda q: self._loss_fn(q, x, y), p))
         # Under data parallelism every program hands back the layouts it was given: the
         # gradients the parameters', the update the parameters' and the optimizer state's,
         # so no step reshards (or recompiles for) what the previous one returned.
@@ -123,9 +142,9 @@ class JaxSession:
             params_sh, opt_sh = shardings(self.state), shardings(self.opt_state)
             keep = {"bwd": params_sh, "update": (params_sh, opt_sh),
                     "fused": (params_sh, opt_sh, NamedSharding(mesh, P()))}
-        self._bwd = jax.jit(lambda vjp: vjp(jnp.ones((), jnp.float32))[0], **_out(keep, "bwd"))
-        self._update = jax.jit(self._apply_update, donate_argnums=donate, **_out(keep, "update"))
-        self._fused = jax.jit(self._fused_step, donate_argnums=donate, **_out(keep, "fused"))
+        self._bwd = jit(lambda vjp: vjp(jnp.ones((), jnp.float32))[0], **_out(keep, "bwd"))
+        self._update = jit(self._apply_update, donate_argnums=donate, **_out(keep, "update"))
+        self._fused = jit(self._fused_step, donate_argnums=donate, **_out(keep, "fused"))
 
     def _loss_fn(self, params, inputs, targets):
         model = nnx.merge(self.graphdef, compute_params(params, self.dtype))
@@ -215,7 +234,8 @@ class JaxSession:
 
     # -- values for parity ----------------------------------------------------------
     def logits(self) -> np.ndarray:
-        fn = jax.jit(lambda p, x: nnx.merge(self.graphdef, compute_params(p, self.dtype))(x))
+        fn = jax.jit(lambda p, x: nnx.merge(self.graphdef, compute_params(p, self.dtype))(x),
+                     compiler_options=self.compiler_options or None)
         return np.asarray(fn(self.state, self.inputs), dtype=np.float32)
 
     def loss_and_grads(self) -> tuple[float, dict[str, np.ndarray]]:

@@ -154,7 +154,9 @@ def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> di
         peak_tflops=peak_tf,
         figures=FIGURES,
         memory_note=backend.memory_note,
-        env=environment({"device": device_name or "cpu", **session.versions()}),
+        env=environment({"device": device_name or "cpu", **session.versions(),
+                         **({"compiler_options": options} if (options := getattr(session, "compiler_options", None))
+                            else {})}),
     )
     if opts.data_parallel > 1:  # time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for a host's ranks
         result["intervals_ns"] = {name: [[int(a * 1e9), int(b * 1e9)] for a, b in spans]

@@ -95,7 +95,9 @@ def strategy(doc: dict) -> str:
     parts = []
     if dp and dp["n"] > 1:
         parallel = o.get("parallel", "ddp")
-        parts.append(parallel_label(o["backend"], parallel, short=True))
+        # the label the run recorded: what it ran, where the strategy changed since
+        parts.append(dp["label"].split(" (")[0] if dp.get("label") else parallel_label(o["backend"], parallel,
+                                                                                         short=True))
         wrapped = backends.get(o["backend"]).wrap_options
         if wrapped and parallel == "ddp":
             mb = dp["bucket_mb"] if "bucket_mb" in dp else (o.get("ddp_bucket_mb") or DDP_DEFAULT_BUCKET_MB)

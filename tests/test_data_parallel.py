@@ -204,6 +204,33 @@ def test_jax_without_host_devices_is_one_line() -> None:
     assert "--data-parallel 2" in lines[0] and "XLA_FLAGS=--xla_force_host_platform_device_count=2" in lines[0]
 
 
+def test_rank_frees_its_cycles_before_it_destroys_the_group(monkeypatch) -> None:
+    """An FSDP2 model lives in reference cycles and holds the process group: a rank frees
+    such cycles before destroying the group, not at the interpreter's exit."""
+    import gc
+
+    from harness.timing import rank
+
+    events = []
+
+    class Held:  # stands for the model: a cycle freed only by the collector
+        def __del__(self) -> None:
+            events.append("freed")
+
+    monkeypatch.setattr(rank.dist, "destroy_process_group", lambda: events.append("destroyed"))
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection between here and the shutdown
+    try:
+        held = Held()
+        held.cycle = held
+        del held
+        rank._shutdown()
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert events == ["freed", "destroyed"]
+
+
 def test_more_ranks_than_gpus_is_one_line(monkeypatch) -> None:
     import torch
 

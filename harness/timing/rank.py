@@ -19,6 +19,7 @@ the link: a few all-reduces of the gradients' size (`measure_link`), kept as `li
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import signal
@@ -84,6 +85,17 @@ def _parity_step(opts, config) -> tuple[float, dict[str, np.ndarray]]:
     return float(loss) / dist.get_world_size(), full_params(session.model)
 
 
+def _shutdown() -> None:
+    """Free what the job left in reference cycles, then destroy the process group.
+
+    An FSDP2 model sits in reference cycles and holds the process group through its device
+    mesh. Left to the interpreter's exit, the group's last reference goes mid-finalization,
+    and gloo's worker threads can abort the rank ("terminate called without an active
+    exception", SIGABRT). Collected first, the group is released while the interpreter is whole."""
+    gc.collect()
+    dist.destroy_process_group()
+
+
 def main(argv: Sequence[str]) -> int:
     from harness import started
     from harness.config import get_config
@@ -104,7 +116,7 @@ def main(argv: Sequence[str]) -> int:
         loss, params = _parity_step(opts, get_config(opts.model, attention=opts.attention))
         if rank == 0:
             np.savez(os.path.join(workdir, "parity.npz"), __loss__=np.float64(loss), **params)
-        dist.destroy_process_group()
+        _shutdown()
         return 0
     if opts.framework_profile:
         opts = dataclasses.replace(opts, framework_profile=rank_path(opts.framework_profile, rank))
@@ -123,7 +135,7 @@ def main(argv: Sequence[str]) -> int:
     if doc["status"] != "ok":
         print(f"rank {rank}: {doc['error']['message']}", file=sys.stderr, flush=True)
         return 3
-    dist.destroy_process_group()
+    _shutdown()
     return 0
 
 

@@ -40,7 +40,7 @@ LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, al
 # step for `large`, each paying its launch and a rendezvous of every device. These options
 # let XLA merge independent ones into collectives of up to 256 MiB: fewer, larger transfers,
 # for some memory (a merged all-gather's weights are resident from the first consumer of any
-# of them). Replicated parameters have one all-reduce per gradient bucket already.
+# of them). Only sharded parameters are compiled with them: the strategy they were measured on.
 SHARDED_COMPILER_OPTIONS = {"xla_gpu_all_gather_combine_threshold_bytes": 256 << 20,
                             "xla_gpu_reduce_scatter_combine_threshold_bytes": 256 << 20}
 

@@ -40,9 +40,14 @@ _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 
 def parallel_label(backend: str, parallel: str, short: bool = False) -> str:
     """The data-parallel strategy of `backend` under `--parallel`, as its framework names
-    it (`Backend.parallel`); `short`: the words before any bracket."""
+    it (`Backend.parallel`); `short`: `short_label`."""
     label = backends.get(backend).parallel.get(parallel, parallel)
-    return label.split(" (")[0] if short else label
+    return short_label(label) if short else label
+
+
+def short_label(label: str) -> str:
+    """A strategy's label without its explanation: the words before any bracket."""
+    return label.split(" (")[0]
 
 
 def parallel_problem(backend: str, parallel: str, ddp_bucket_mb: float | None = None, ddp_static_graph: bool = False,

@@ -26,7 +26,7 @@ from collections import defaultdict
 
 from harness import backends
 from harness.common.tables import markdown_table
-from harness.timing.distributed import DDP_DEFAULT_BUCKET_MB, SAFE_ENV, parallel_label
+from harness.timing.distributed import DDP_DEFAULT_BUCKET_MB, SAFE_ENV, parallel_label, short_label
 from harness.timing.timer import OVERHEAD_STEPS
 
 PHASES = ("forward", "backward", "optimizer")
@@ -96,8 +96,7 @@ def strategy(doc: dict) -> str:
     if dp and dp["n"] > 1:
         parallel = o.get("parallel", "ddp")
         # the label the run recorded: what it ran, where the strategy changed since
-        parts.append(dp["label"].split(" (")[0] if dp.get("label") else parallel_label(o["backend"], parallel,
-                                                                                         short=True))
+        parts.append(short_label(dp.get("label") or parallel_label(o["backend"], parallel)))
         wrapped = backends.get(o["backend"]).wrap_options
         if wrapped and parallel == "ddp":
             mb = dp["bucket_mb"] if "bucket_mb" in dp else (o.get("ddp_bucket_mb") or DDP_DEFAULT_BUCKET_MB)

@@ -132,6 +132,10 @@ def test_parallel_strategies_are_asked_of_the_record() -> None:
     assert parallel_problem("torch", "zero1") == ("--parallel zero1 (sharded optimizer state) is jax's; for torch use "
                                                   "--parallel ddp (DDP) or fsdp (FSDP2)")
     assert parallel_problem("jax", "zero1") is None and parallel_problem("torch", "ddp", 25.0) is None
+    # CUDA graphs do not follow FSDP2's all-gathers: refused with the fix rather than run many times slower
+    refused = parallel_problem("torch-compile-cg", "fsdp")
+    assert refused.startswith("--parallel fsdp: torch-compile-cg's CUDA graphs do not") and "--backend torch-compile" in refused
+    assert parallel_problem("torch-compile", "fsdp") is None and parallel_problem("torch-compile-cg", "ddp") is None
 
 
 def test_a_plugin_may_build_on_a_builtin_record(tmp_path, monkeypatch):

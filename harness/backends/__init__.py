@@ -58,6 +58,9 @@ class Backend:
     nsys_flags: tuple[str, ...] = ()  # extra `nsys profile` flags
     # data-parallel strategies (harness.common.cli.PARALLEL) -> what each does, in its framework's words
     parallel: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # strategies of `parallel` it refuses to run -> why, in one line naming the fix (their
+    # labels stay, for the documents of runs made before the refusal)
+    parallel_refused: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # takes the DDP/FSDP2 wrap options (--ddp-bucket-mb, --ddp-static-graph, --grad-comm,
     # --fsdp-reshard-after-forward); a backend without them runs with none and is refused them
     wrap_options: bool = False

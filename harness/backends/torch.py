@@ -35,6 +35,11 @@ PARALLEL = {"ddp": "DDP", "fsdp": "FSDP2"}  # DistributedDataParallel, FSDP2 ful
 # gradients) becomes about 155 graphs; 250 MB buckets make about 16, still enough to
 # overlap every all-reduce but the last with the backward.
 COMPILED_DDP_BUCKET_MB = 250.0
+# FSDP2 gathers and frees every block's parameters in hooks between the compiled graphs,
+# which CUDA graphs do not follow: measured on four GPUs, a step ran tens of times slower
+# than under DDP (results/scaling-large-ctx1024-bf16-h200x4, fifth start).
+CUDA_GRAPHS_FSDP = ("torch-compile-cg's CUDA graphs do not follow FSDP2's per-block all-gathers (a step runs tens "
+                    "of times slower than under DDP); use --backend torch-compile, or --parallel ddp")
 COMPILED_LAYER_RANGES = ("module hooks would break the compiled graph at every layer (no fusion across layers, "
                          "another program than the one timed); use --backend torch or jax")
 
@@ -154,5 +159,6 @@ CUDA_GRAPHS = Backend(name="torch-compile-cg", make_session=_make_session("torch
                       unavailable=lambda device: (_cudagraphs_unavailable(device)
                                                   or _compiled_unavailable("torch-compile-cg", device)),
                       devices=("cuda",), layer_ranges_problem=COMPILED_LAYER_RANGES,
-                      tolerances=COMPILE_TOLERANCES, ddp_bucket_mb=COMPILED_DDP_BUCKET_MB, **_FAMILY)
+                      tolerances=COMPILE_TOLERANCES, ddp_bucket_mb=COMPILED_DDP_BUCKET_MB,
+                      parallel_refused={"fsdp": CUDA_GRAPHS_FSDP}, **_FAMILY)
 RECORDS = (EAGER, COMPILED, CUDA_GRAPHS)

@@ -61,6 +61,8 @@ def parallel_problem(backend: str, parallel: str, ddp_bucket_mb: float | None = 
     if not record.wrap_options and ddp + fsdp:
         return (f"{(ddp + fsdp)[0]} is an option of torch's DDP/FSDP2; {backend}'s strategies are --parallel "
                 f"{', '.join(record.parallel)}")
+    if parallel in record.parallel_refused:
+        return f"--parallel {parallel}: {record.parallel_refused[parallel]}"
     if record.parallel and parallel not in record.parallel:  # none: no data parallelism to choose
         owners = [b.name for b in backends.all_backends() if parallel in b.parallel]
         theirs = parallel_label(owners[0], parallel, short=True)

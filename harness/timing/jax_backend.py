@@ -130,7 +130,7 @@ class JaxSession:
         # Donating buffers is what a real training loop does; the CPU backend ignores it.
         donate = (0, 1) if self.device.platform != "cpu" else ()
         self.compiler_options = compiler_options(parallel, data_parallel)
-        jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
+        self._jit = jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
         self._loss = jit(self._loss_fn)
         self._fwd = jit(lambda p, x, y: jax.vjp(lambda q: self._loss_fn(q, x, y), p))
         # Under data parallelism every program hands back the layouts it was given: the
@@ -234,8 +234,7 @@ class JaxSession:
 
     # -- values for parity ----------------------------------------------------------
     def logits(self) -> np.ndarray:
-        fn = jax.jit(lambda p, x: nnx.merge(self.graphdef, compute_params(p, self.dtype))(x),
-                     compiler_options=self.compiler_options or None)
+        fn = self._jit(lambda p, x: nnx.merge(self.graphdef, compute_params(p, self.dtype))(x))
         return np.asarray(fn(self.state, self.inputs), dtype=np.float32)
 
     def loss_and_grads(self) -> tuple[float, dict[str, np.ndarray]]:

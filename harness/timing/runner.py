@@ -154,9 +154,7 @@ def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> di
         peak_tflops=peak_tf,
         figures=FIGURES,
         memory_note=backend.memory_note,
-        env=environment({"device": device_name or "cpu", **session.versions(),
-                         **({"compiler_options": options} if (options := getattr(session, "compiler_options", None))
-                            else {})}),
+        env=environment({"device": device_name or "cpu", **session.versions(), **_compiler_options(session)}),
     )
     if opts.data_parallel > 1:  # time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for a host's ranks
         result["intervals_ns"] = {name: [[int(a * 1e9), int(b * 1e9)] for a, b in spans]
@@ -166,6 +164,13 @@ def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> di
     if (layers := result.get("layer_ranges")) and layers.get("flag"):
         result["warnings"].append(f"layer ranges overhead: {layers['flag']}")
     return result
+
+
+def _compiler_options(session: Session) -> dict:
+    """`{"compiler_options": ...}` where the session compiles its programs with options of its
+    own (JAX's sharded parameters), else nothing."""
+    options = getattr(session, "compiler_options", None)
+    return {"compiler_options": options} if options else {}
 
 
 def _fused_step_still_runs(opts: RunSpec, backend: Backend, exc: PhaseFailure) -> bool:

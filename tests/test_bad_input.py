@@ -362,6 +362,34 @@ def test_report_refuses_the_run_document_of_another_run(harness_json, needle, tm
     _one_line(err, "--harness-json", needle, "pass the document harness.run wrote in the profiled run")
 
 
+def test_report_labels_a_profile_by_the_longest_registered_backend_in_its_name(tmp_path, capsys, monkeypatch) -> None:
+    """`torch-compile.sqlite.gz` is torch-compile's profile, not torch's, so torch-compile's
+    run document is its own and no mismatch; a backend registered at run time
+    (`torch-compile-x`) labels its files too, and a name holding two backends labels neither."""
+    import dataclasses
+
+    from harness import backends
+    from harness.trace.profile import label_from_path
+
+    profile = tmp_path / "torch-compile.sqlite.gz"
+    profile.write_bytes(open(TORCH_ATTN, "rb").read())
+    doc = json.loads(open(TORCH_ATTN.replace(".sqlite.gz", ".harness.json")).read())
+    doc["options"]["backend"] = "torch-compile"
+    (tmp_path / "torch-compile.json").write_text(json.dumps(doc))
+    code, err = _main(report, [str(profile), "--harness-json", str(tmp_path / "torch-compile.json"),
+                               "--out", str(tmp_path / "rep"), "--no-plot"], capsys)
+    assert code == 0, err
+    assert "torch-compile" in (tmp_path / "rep" / "kernels.md").read_text()
+    monkeypatch.delenv(backends.PLUGINS_ENV, raising=False)
+    backends.register(dataclasses.replace(backends.get("torch-compile"), name="torch-compile-x"))
+    try:
+        assert label_from_path("runs/torch-compile-x-trace.json") == "torch-compile-x"
+        assert label_from_path("torch-compile-cg.nsys-rep") == "torch-compile-cg"
+        assert label_from_path("jax-vs-torch.json.gz") == "jax-vs-torch"
+    finally:
+        backends.unregister("torch-compile-x")
+
+
 def test_report_warns_where_the_run_document_s_forward_is_far_from_the_profile_s(tmp_path, capsys) -> None:
     """The `small` run's document beside the `tiny` profile: same backend, steps and GPU,
     but a forward 3.5x the profile's."""

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-BACKENDS = ("torch", "jax")
+from harness import backends
+
 # Range names the harness emits (NVTX, record_function or TraceAnnotation).
 WARMUP = "warmup"
 PROFILER_STEP = "ProfilerStep"  # torch.profiler's own step ranges, ProfilerStep#N
@@ -174,11 +175,16 @@ PROFILE_SUFFIXES = re.compile(r"(?:\.pt\.trace)?\.(?:json|sqlite|xplane\.pb|nsys
 
 
 def label_from_path(path: str | Path) -> str:
-    """The backend named in the file name ("torch", "jax"), else the name without its
-    profile suffixes (`x.rank0.json.gz` -> `x.rank0`: ranks of one job stay apart)."""
+    """The registered backend (`harness.backends`) named in the file name, else the name
+    without its profile suffixes (`x.rank0.json.gz` -> `x.rank0`: ranks of one job stay apart).
+
+    A name inside a longer registered name found at the same place is that name's
+    (`torch-compile.sqlite` is torch-compile's, not torch's); two backends named: neither."""
     name = Path(path).name.lower()
-    found = [b for b in BACKENDS if b in name]
-    return found[0] if len(found) == 1 else PROFILE_SUFFIXES.sub("", Path(path).name)
+    spans = [(m.start(), m.start() + len(b), b) for b in backends.names()
+             for m in re.finditer(re.escape(b.lower()), name)]
+    found = {b for s, e, b in spans if not any(s2 <= s and e <= e2 and (s2, e2) != (s, e) for s2, e2, _ in spans)}
+    return found.pop() if len(found) == 1 else PROFILE_SUFFIXES.sub("", Path(path).name)
 
 
 # A name ending in a number: `step0`, `step 12`, `iteration_3`, `train_step[7]`, `ProfilerStep#5`.

@@ -199,3 +199,31 @@ def test_waterfall_title_and_axis_agree_and_nothing_is_clipped(small, tmp_path, 
                                      " ms (timer means; medians")
     tops = [bar.get_y() + bar.get_height() for bar in ax.patches] + [bar.get_y() for bar in ax.patches]
     assert ax.get_ylim()[1] > max(tops) and ax.get_ylim()[0] <= min(tops)
+
+
+FUSED = Path(__file__).parent.parent / "results" / "large-ctx1024-bf16-fused-h100-80gb-hbm3-profiled"
+
+
+def test_an_older_document_s_config_is_read_and_its_unknown_fields_noted(tmp_path) -> None:
+    """The committed compare folder saved `wide_layer`/`wide_factor`, fields this version has
+    not: its GEMM throughput is still there (torch's forward GEMM FLOPs over its GEMM time,
+    by hand) and a note names the fields; a config that cannot be read says so, not nothing."""
+    from harness.config import get_config
+    from harness.timing.flops import phase_flops
+
+    a, b = resolve_one(f"{FUSED}:torch"), resolve_one(f"{FUSED}:jax")
+    assert a.doc["config"]["wide_layer"] is None
+    d = diff_runs(a, b)
+    gemm = next(t for t in d.phase("forward").throughput if t.what == "GEMM")
+    config = get_config("large", attention="fused")
+    flops = phase_flops(config, 4, 1024)["forward"] - 36 * 4 * 4 * 1024 * 1024 * 1280  # less the fused attention's
+    assert gemm.a == pytest.approx(flops / a.phases["forward"].categories["gemm"] / 1e3)
+    assert gemm.a == pytest.approx(732.7, abs=0.1)
+    assert any("torch: its saved model config has fields this version does not know (wide_factor, wide_layer)" in n
+               for n in d.notes)
+    b.doc = {**b.doc, "config": {**b.doc["config"], "num_heads": 7}}
+    d = diff_runs(a, b)
+    gemm = next(t for t in d.phase("forward").throughput if t.what == "GEMM")
+    assert gemm.a == pytest.approx(732.7, abs=0.1) and gemm.b is None
+    assert any("jax: no GEMM or optimizer throughput: its saved model config is not valid here (d_model=1280 must "
+               "be divisible by num_heads=7)" in n for n in d.notes)

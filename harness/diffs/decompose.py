@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from harness import backends
 from harness.diffs.inputs import PhaseProfile, Run
 from harness.diffs.layers import LayerPhase, diff_layers
-from harness.diffs.throughput import Throughput, throughput
+from harness.diffs.throughput import Throughput, config_problems, throughput
 from harness.diffs.throughput import doc_field as _get
 from harness.timing.spec import PHASE_ORDER
 from harness.trace.kernels import Category
@@ -359,6 +359,8 @@ def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
     if note := per_device_note(a, b):
         notes.append(note)
     phases = [_phase_diff(a, b, pair) for pair in _pairs(a, b)]
+    if a.phases is not None and b.phases is not None:  # the throughput lines need both profiles
+        notes += [note for run in (a, b) if (note := config_problems(run)[1])]
     if bool(a.layers) != bool(b.layers):
         notes.append(f"{(b if a.layers else a).label}: no layer ranges recorded; no per-layer table")
     d = Diff(a.label, b.label, fields, phases, notes, layers=diff_layers(a.layers, b.layers))

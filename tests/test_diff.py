@@ -227,3 +227,24 @@ def test_an_older_document_s_config_is_read_and_its_unknown_fields_noted(tmp_pat
     assert gemm.a == pytest.approx(732.7, abs=0.1) and gemm.b is None
     assert any("jax: no GEMM or optimizer throughput: its saved model config is not valid here (d_model=1280 must "
                "be divisible by num_heads=7)" in n for n in d.notes)
+
+
+def test_unrelated_workloads_are_named_before_any_ratio(small) -> None:
+    """HTA's DLRM-like trace (rank 0: 36.4% of its compute in fbgemm's embedding kernels)
+    against the small transformer (none): the first sentence says they did different work,
+    before the "9.82x faster". Runs of one model by two frameworks say nothing of the kind;
+    a forced diff of two model sizes names their FLOPs per device (the documents')."""
+    dlrm = resolve_one(DATA / "hta" / "sampled_rank-0.json.gz")
+    d = diff_runs(dlrm, resolve_one(TORCH.with_name("torch_small_train.sqlite.gz")))
+    cats = dlrm.phases["step"].categories
+    share = cats["embedding"] / (sum(cats.values()) - cats["communication"])
+    assert share == pytest.approx(0.364, abs=1e-3)
+    first, headline = diff_markdown(d).splitlines()[2:4]
+    assert first.startswith(f"A and B did different work (embedding kernels are {share:.1%} of "
+                            "sampled_rank-0.json.gz's compute and 0.0% of torch_small_train's)")
+    assert "9.82x faster" in headline and "9.82x" not in first
+    assert small.different_work == []
+    tiny = diff_runs(resolve_one(TORCH), resolve_one(TINY), force=True)
+    flops = [json.loads(p.read_text())["phases"]["step"]["flops"] for p in (TORCH, TINY)]
+    assert tiny.different_work == [f"torch_small_train's step computes {flops[0] / 1e12:.3g} TFLOP per device, "
+                                   f"torch_tiny_attn's step {flops[1] / 1e12:.3g}"]

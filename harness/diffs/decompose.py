@@ -42,6 +42,7 @@ from harness.diffs.inputs import PhaseProfile, Run
 from harness.diffs.layers import LayerPhase, diff_layers
 from harness.diffs.throughput import Throughput, config_problems, throughput
 from harness.diffs.throughput import doc_field as _get
+from harness.diffs.work import different_work
 from harness.timing.spec import PHASE_ORDER
 from harness.trace.kernels import Category
 
@@ -147,6 +148,8 @@ class Diff:
     # side ("a", "b") -> communication, hidden, exposed ms over the measured steps and the
     # exposed share of the communication; only where both runs have overlap figures
     overlap: dict[str, dict] = field(default_factory=dict)
+    # what shows that the two sides did different work (`harness.diffs.work`), one clause each
+    different_work: list[str] = field(default_factory=list)
 
     def phase(self, name: str) -> PhaseDiff | None:
         return next((p for p in self.phases if p.phase == name), None)
@@ -367,6 +370,7 @@ def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
     step = d.step  # the compared step: each side's overlap per step is that kind of step's
     oa, ob = (_overlap(run, getattr(step, f"{side}_phase", None)) for run, side in ((a, "a"), (b, "b")))
     d.overlap = {"a": oa, "b": ob} if oa and ob else {}
+    d.different_work = different_work(a, b, (step.phase, step.a_phase, step.b_phase) if step else None, fields)
     return d
 
 

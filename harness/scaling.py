@@ -5,7 +5,8 @@
         [--inter-node-gbps 400] [--devices-per-node 8] [--busbw-gbps GB/s]
 
 Each file is a `harness.run --out` document (N = 1, 2, 4, 8 with `--data-parallel`,
-the same per-device `--batch`); failed runs are left out. The library is
+the same per-device `--batch`), or a `harness.compare` folder (or its summary.json), which
+stands for its runs; failed runs are left out. The library is
 `harness.timing.scaling`. `--project` adds, per backend, shape and strategy (its options
 and settings, as the table's rows group), the step time, exposed communication and
 efficiency the model of `harness.timing.projection` predicts at those N from the N = 1
@@ -16,6 +17,7 @@ given (predict N = 4 from N = 1 and 2, and give the N = 4 run to check it).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -45,24 +47,34 @@ from harness.timing.scaling import (
 )
 
 
-def load_run(path: str) -> dict:
-    """One harness.run result document; a UsageError naming `path` for anything else (a
-    folder, a binary file, other JSON, a document without the fields the table needs)."""
-    fix = "give harness.run --out files"
+def load_runs(path: str) -> list[dict]:
+    """The harness.run result documents `path` holds: the document itself, or the runs of a
+    harness.compare summary (its summary.json or its folder); a UsageError naming `path`
+    for anything else (a folder without a summary, a binary file, other JSON, a document
+    without the fields the table needs)."""
+    fix = "give harness.run --out files or harness.compare folders"
+    folder = os.path.isdir(path)
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(os.path.join(path, "summary.json") if folder else path, encoding="utf-8") as f:
             doc = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: {'is a folder without a summary.json' if folder else 'no such file'}; {fix}") \
+            from None
     except IsADirectoryError:
         raise UsageError(f"{path}: is a folder; {fix}") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot be read ({exc.strerror or exc}); {fix}") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise UsageError(f"{path}: not JSON; {fix}") from None
+    compare = isinstance(doc, dict) and str(doc.get("schema", "")).startswith("harness.compare/")
+    if folder and not compare:
+        raise UsageError(f"{path}: is a folder whose summary.json is no harness.compare summary; {fix}")
+    docs = list((doc.get("runs") or {}).values()) if compare else [doc]
     try:
-        scaling_rows([doc])
+        scaling_rows(docs)
     except (KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path}: not a harness.run result document (no {exc}); {fix}") from None
-    return doc
+    return docs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.out and (problem := file_problem(args.out, "--out")):
             raise UsageError(problem)
-        docs = [load_run(path) for path in args.runs]
+        docs = [doc for path in args.runs for doc in load_runs(path)]
         rows = scaling_rows(docs)
     except UsageError as exc:
         return fail(str(exc))

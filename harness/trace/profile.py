@@ -169,6 +169,25 @@ class Profile:
         if not isinstance(self.kernels, KernelTable):
             self.kernels = KernelTable.from_kernels(list(self.kernels))
         self.ranges = sorted(self.ranges, key=lambda r: (r.start, -r.end))
+        self._check_durations()
+
+    def _check_durations(self) -> None:
+        """A ProfileError naming the records that end before they start: no analysis can
+        place a negative duration (it would subtract time), and it is the profile's own fault,
+        not a matter of clocks."""
+        kt = self.kernels
+        bad = np.flatnonzero(kt.end < kt.start)
+        what = "CPU ops" if self.cpu_ops else "GPU activities"
+        if len(bad):
+            first = int(bad[0])
+            raise ProfileError(f"{self.path}: {len(bad)} of {len(kt)} {what} end before they start (negative "
+                               f"durations; the first: {kt.name_of(first)!r}, {int(kt.duration[first])} ns): the "
+                               "profiler wrote damaged records; record the profile again")
+        ranges = [r for r in self.ranges if r.end < r.start]
+        if ranges:
+            raise ProfileError(f"{self.path}: {len(ranges)} of {len(self.ranges)} ranges end before they start "
+                               f"(negative durations; the first: {ranges[0].name!r}, {ranges[0].end - ranges[0].start}"
+                               " ns): the profiler wrote damaged records; record the profile again")
 
 
 PROFILE_SUFFIXES = re.compile(r"(?:\.pt\.trace)?\.(?:json|sqlite|xplane\.pb|nsys-rep)(?:\.gz)?$")

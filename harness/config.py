@@ -73,6 +73,17 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
+def config_from_document(saved: dict) -> tuple[ModelConfig, list[str]]:
+    """The `ModelConfig` a result document saved (its `config`), and the names of the saved
+    fields this version has no field for: a document written by an older or newer harness
+    is read by the fields both know, and the caller says which it left out. Raises
+    ValueError (TypeError for a field of the wrong kind) where the known fields make no
+    valid config."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(saved) - fields)
+    return ModelConfig(**{k: v for k, v in saved.items() if k in fields}), unknown
+
+
 def get_config(name: str, **overrides) -> ModelConfig:
     """The preset `name`, with any field replaced by `overrides`."""
     if name not in PRESETS:

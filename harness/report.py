@@ -24,6 +24,7 @@ from harness.common.cli import (
     add_out,
     add_timeline,
     fail,
+    loaded_backends,
     make_parser,
     parse_args,
     positive_int,
@@ -67,6 +68,7 @@ def build_parser():
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    loaded_backends()  # the profiles are labelled by the backends named in their file names
     if len(args.label) > len(args.files) or len(args.harness_json) > len(args.files):
         return fail("--label/--harness-json: more of them than profile files; give at most one per file")
     if os.path.exists(args.out) and not os.path.isdir(args.out):

@@ -5,16 +5,19 @@
         [--inter-node-gbps 400] [--devices-per-node 8] [--busbw-gbps GB/s]
 
 Each file is a `harness.run --out` document (N = 1, 2, 4, 8 with `--data-parallel`,
-the same per-device `--batch`); failed runs are left out. The library is
-`harness.timing.scaling`. `--project` adds, per backend and shape, the step time,
-exposed communication and efficiency the model of `harness.timing.projection` predicts
-at those N from the N = 1 run and the smallest N > 1, beside the measured step at any N
-also given (predict N = 4 from N = 1 and 2, and give the N = 4 run to check it).
+the same per-device `--batch`), or a `harness.compare` folder (or its summary.json), which
+stands for its runs; failed runs are left out. The library is
+`harness.timing.scaling`. `--project` adds, per backend, shape and strategy (its options
+and settings, as the table's rows group), the step time, exposed communication and
+efficiency the model of `harness.timing.projection` predicts at those N from the N = 1
+run and the group's smallest N > 1, beside the group's measured step at any N also
+given (predict N = 4 from N = 1 and 2, and give the N = 4 run to check it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -33,27 +36,45 @@ from harness.common.cli import (
 )
 from harness.common.results import file_problem
 from harness.timing.projection import format_projection, project
-from harness.timing.scaling import SHAPE, format_growth, format_scaling, scaling_rows, step_figures
+from harness.timing.scaling import (
+    SHAPE,
+    format_growth,
+    format_scaling,
+    program_settings,
+    scaling_rows,
+    step_figures,
+    strategy,
+)
 
 
-def load_run(path: str) -> dict:
-    """One harness.run result document; a UsageError naming `path` for anything else (a
-    folder, a binary file, other JSON, a document without the fields the table needs)."""
-    fix = "give harness.run --out files"
+def load_runs(path: str) -> list[dict]:
+    """The harness.run result documents `path` holds: the document itself, or the runs of a
+    harness.compare summary (its summary.json or its folder); a UsageError naming `path`
+    for anything else (a folder without a summary, a binary file, other JSON, a document
+    without the fields the table needs)."""
+    fix = "give harness.run --out files or harness.compare folders"
+    folder = os.path.isdir(path)
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(os.path.join(path, "summary.json") if folder else path, encoding="utf-8") as f:
             doc = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: {'is a folder without a summary.json' if folder else 'no such file'}; {fix}") \
+            from None
     except IsADirectoryError:
         raise UsageError(f"{path}: is a folder; {fix}") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot be read ({exc.strerror or exc}); {fix}") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise UsageError(f"{path}: not JSON; {fix}") from None
+    compare = isinstance(doc, dict) and str(doc.get("schema", "")).startswith("harness.compare/")
+    if folder and not compare:
+        raise UsageError(f"{path}: is a folder whose summary.json is no harness.compare summary; {fix}")
+    docs = list((doc.get("runs") or {}).values()) if compare else [doc]
     try:
-        scaling_rows([doc])
+        scaling_rows(docs)
     except (KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path}: not a harness.run result document (no {exc}); {fix}") from None
-    return doc
+    return docs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.out and (problem := file_problem(args.out, "--out")):
             raise UsageError(problem)
-        docs = [load_run(path) for path in args.runs]
+        docs = [doc for path in args.runs for doc in load_runs(path)]
         rows = scaling_rows(docs)
     except UsageError as exc:
         return fail(str(exc))
@@ -93,22 +114,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def projections(docs: list[dict], args) -> list[dict]:
-    """One projection per backend and shape with an N = 1 run and one at N > 1."""
+    """One projection per group of data-parallel runs (backend, shape and `strategy`: the
+    strategy with its options and settings, as the table's rows group), each fitted from the
+    backend's N = 1 run of that shape under the same compiler settings and the group's
+    smallest N, with the group's larger N beside the prediction as measured."""
+    ones: dict[tuple, dict] = {}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for doc in docs:
         if doc.get("status") == "ok":
             o = doc["options"]
-            groups[(o["backend"], *(o[k] for k in SHAPE))].append(doc)
+            shape = (o["backend"], *(o[k] for k in SHAPE))
+            if step_figures(doc)[0] == 1:
+                ones.setdefault((shape, program_settings(doc)), doc)
+            else:
+                groups[(shape, strategy(doc), program_settings(doc))].append(doc)
+    if not groups:
+        raise ValueError("no run at N > 1: give an N = 1 run and one at N > 1 to fit the model")
     out = []
-    for key, group in groups.items():
+    for (shape, parallel, settings), group in groups.items():
+        base = ones.get((shape, settings))
+        if base is None:
+            raise ValueError(f"{shape[0]} ({parallel}) {shape[1]} ctx {shape[2]}: give an N = 1 run of that backend "
+                             "and shape under the same compiler settings to fit the model")
         by_n = {step_figures(d)[0]: d for d in group}
-        larger = sorted(n for n in by_n if n > 1)
-        if 1 not in by_n or not larger:
-            raise ValueError(f"{key[0]} {key[1]} ctx {key[2]}: give an N = 1 run and one at N > 1 to fit the model")
-        out.append(project(by_n[1], by_n[larger[0]], args.project, args.busbw_gbps, args.devices_per_node,
-                           args.inter_node_gbps, [by_n[n] for n in larger[1:]]))
+        larger = sorted(by_n)
+        p = project(base, by_n[larger[0]], args.project, args.busbw_gbps, args.devices_per_node,
+                    args.inter_node_gbps, [by_n[n] for n in larger[1:]])
+        out.append({**p, "strategy": parallel})
     return out
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -158,10 +158,10 @@ def test_a_plugin_may_build_on_a_builtin_record(tmp_path, monkeypatch):
             backends.names()
 
 
-@pytest.mark.parametrize("tool", ["diff", "scaling", "run"])
+@pytest.mark.parametrize("tool", ["diff", "scaling", "run", "report"])
 def test_a_bad_plugin_entry_ends_each_tool_in_one_line(tool: str, monkeypatch, capsys) -> None:
     """Every tool that reads backends by name (run through --backend, diff and scaling through
-    the documents they read) refuses a plugin entry that cannot load, before any work, in one
+    the documents they read, report through the profiles' file names) refuses a plugin entry that cannot load, before any work, in one
     line with exit code 2."""
     import importlib
 

@@ -362,6 +362,34 @@ def test_report_refuses_the_run_document_of_another_run(harness_json, needle, tm
     _one_line(err, "--harness-json", needle, "pass the document harness.run wrote in the profiled run")
 
 
+def test_report_labels_a_profile_by_the_longest_registered_backend_in_its_name(tmp_path, capsys, monkeypatch) -> None:
+    """`torch-compile.sqlite.gz` is torch-compile's profile, not torch's, so torch-compile's
+    run document is its own and no mismatch; a backend registered at run time
+    (`torch-compile-x`) labels its files too, and a name holding two backends labels neither."""
+    import dataclasses
+
+    from harness import backends
+    from harness.trace.profile import label_from_path
+
+    profile = tmp_path / "torch-compile.sqlite.gz"
+    profile.write_bytes(open(TORCH_ATTN, "rb").read())
+    doc = json.loads(open(TORCH_ATTN.replace(".sqlite.gz", ".harness.json")).read())
+    doc["options"]["backend"] = "torch-compile"
+    (tmp_path / "torch-compile.json").write_text(json.dumps(doc))
+    code, err = _main(report, [str(profile), "--harness-json", str(tmp_path / "torch-compile.json"),
+                               "--out", str(tmp_path / "rep"), "--no-plot"], capsys)
+    assert code == 0, err
+    assert "torch-compile" in (tmp_path / "rep" / "kernels.md").read_text()
+    monkeypatch.delenv(backends.PLUGINS_ENV, raising=False)
+    backends.register(dataclasses.replace(backends.get("torch-compile"), name="torch-compile-x"))
+    try:
+        assert label_from_path("runs/torch-compile-x-trace.json") == "torch-compile-x"
+        assert label_from_path("torch-compile-cg.nsys-rep") == "torch-compile-cg"
+        assert label_from_path("jax-vs-torch.json.gz") == "jax-vs-torch"
+    finally:
+        backends.unregister("torch-compile-x")
+
+
 def test_report_warns_where_the_run_document_s_forward_is_far_from_the_profile_s(tmp_path, capsys) -> None:
     """The `small` run's document beside the `tiny` profile: same backend, steps and GPU,
     but a forward 3.5x the profile's."""
@@ -371,6 +399,60 @@ def test_report_warns_where_the_run_document_s_forward_is_far_from_the_profile_s
     assert code == 0
     _one_line(err, "warning: --harness-json", "model small) is 3.49x the profile's (5.968 ms)")
     assert "model small) is 3.49x" in (tmp_path / "rep" / "kernels.md").read_text()
+
+
+def test_report_refuses_negative_durations_naming_them(tmp_path, capsys) -> None:
+    """A torch.profiler trace with every tenth GPU activity's duration negated: one line
+    naming the records that end before they start, not a table of negative GPU time."""
+    trace = json.loads(gzip.decompress(open(os.path.join(DATA, "user_profiles", "torch_profiler", "rank0.json.gz"),
+                                            "rb").read()))
+    gpu = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
+                                                                                     "gpu_memset")]
+    for e in gpu[::10]:
+        e["dur"] = -e["dur"]
+    path = tmp_path / "damaged.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    code, err = _main(report, [str(path), "--out", str(tmp_path / "rep"), "--no-plot"], capsys)
+    assert code == 2 and not (tmp_path / "rep").exists()
+    _one_line(err, f"{path}: {len(gpu[::10])} of {len(gpu)} GPU activities end before they start (negative "
+                   "durations", "record the profile again")
+
+
+COMPARE = os.path.join(ROOT, "results", "large-ctx256-bf16-h200-profiled")
+
+
+@pytest.mark.parametrize("given, needle", [
+    (COMPARE, f"{COMPARE}: a harness.compare result folder, not a profile"),
+    (os.path.join(COMPARE, "summary.json"), f"{COMPARE}: a harness.compare result folder, not a profile"),
+    (os.path.join(COMPARE, "kernels.json"), "kernels.json: a kernel breakdown (kernels.json of harness.report"),
+    (os.path.join(DATA, "torch_tiny_attn", "torch_tiny_attn.harness.json"),
+     "torch_tiny_attn.harness.json: a harness.run result document, not a profile"),
+], ids=["compare folder", "compare summary", "kernels.json", "run document"])
+def test_report_of_a_result_of_the_harness_says_what_it_is(given, needle, tmp_path, capsys) -> None:
+    code, err = _main(report, [given, "--out", str(tmp_path / "rep"), "--no-plot"], capsys)
+    assert code == 2
+    _one_line(err, needle)
+    assert "traceEvents" not in err
+
+
+def test_scaling_reads_a_compare_summary_as_its_runs(tmp_path, capsys) -> None:
+    """The committed one-device compare whose JAX run ran out of memory: its summary (or its
+    folder) stands for its runs, the finished ones tabulated with their own step medians;
+    one whose runs all failed is named as such."""
+    folder = os.path.join(ROOT, "results", "large-ctx1024-bf16-fused-h100-80gb-hbm3")
+    summary = json.loads(open(os.path.join(folder, "summary.json")).read())
+    for given in (folder, os.path.join(folder, "summary.json")):
+        assert scaling.main([given]) == 0
+        out = capsys.readouterr().out
+        for backend in ("torch", "torch-compile"):
+            assert f"| {backend} | large ctx 1024 batch 4/device bf16 fused cuda | - | 1 | step | " \
+                   f"{summary['runs'][backend]['phases']['step']['median_ms']:.3f} |" in out
+        assert "| jax |" not in out
+    failed = tmp_path / "summary.json"
+    failed.write_text(json.dumps({**summary, "runs": {"jax": summary["runs"]["jax"]}}))
+    code, err = _main(scaling, [str(failed)], capsys)
+    assert code == 2
+    _one_line(err, f"none of {failed} finished (status ok)")
 
 
 # -- harness.scaling names the file ---------------------------------------------------------

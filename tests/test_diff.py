@@ -199,3 +199,52 @@ def test_waterfall_title_and_axis_agree_and_nothing_is_clipped(small, tmp_path, 
                                      " ms (timer means; medians")
     tops = [bar.get_y() + bar.get_height() for bar in ax.patches] + [bar.get_y() for bar in ax.patches]
     assert ax.get_ylim()[1] > max(tops) and ax.get_ylim()[0] <= min(tops)
+
+
+FUSED = Path(__file__).parent.parent / "results" / "large-ctx1024-bf16-fused-h100-80gb-hbm3-profiled"
+
+
+def test_an_older_document_s_config_is_read_and_its_unknown_fields_noted(tmp_path) -> None:
+    """The committed compare folder saved `wide_layer`/`wide_factor`, fields this version has
+    not: its GEMM throughput is still there (torch's forward GEMM FLOPs over its GEMM time,
+    by hand) and a note names the fields; a config that cannot be read says so, not nothing."""
+    from harness.config import get_config
+    from harness.timing.flops import phase_flops
+
+    a, b = resolve_one(f"{FUSED}:torch"), resolve_one(f"{FUSED}:jax")
+    assert a.doc["config"]["wide_layer"] is None
+    d = diff_runs(a, b)
+    gemm = next(t for t in d.phase("forward").throughput if t.what == "GEMM")
+    config = get_config("large", attention="fused")
+    flops = phase_flops(config, 4, 1024)["forward"] - 36 * 4 * 4 * 1024 * 1024 * 1280  # less the fused attention's
+    assert gemm.a == pytest.approx(flops / a.phases["forward"].categories["gemm"] / 1e3)
+    assert gemm.a == pytest.approx(732.7, abs=0.1)
+    assert any("torch: its saved model config has fields this version does not know (wide_factor, wide_layer)" in n
+               for n in d.notes)
+    b.doc = {**b.doc, "config": {**b.doc["config"], "num_heads": 7}}
+    d = diff_runs(a, b)
+    gemm = next(t for t in d.phase("forward").throughput if t.what == "GEMM")
+    assert gemm.a == pytest.approx(732.7, abs=0.1) and gemm.b is None
+    assert any("jax: no GEMM or optimizer throughput: its saved model config is not valid here (d_model=1280 must "
+               "be divisible by num_heads=7)" in n for n in d.notes)
+
+
+def test_unrelated_workloads_are_named_before_any_ratio(small) -> None:
+    """HTA's DLRM-like trace (rank 0: 36.4% of its compute in fbgemm's embedding kernels)
+    against the small transformer (none): the first sentence says they did different work,
+    before the "9.82x faster". Runs of one model by two frameworks say nothing of the kind;
+    a forced diff of two model sizes names their FLOPs per device (the documents')."""
+    dlrm = resolve_one(DATA / "hta" / "sampled_rank-0.json.gz")
+    d = diff_runs(dlrm, resolve_one(TORCH.with_name("torch_small_train.sqlite.gz")))
+    cats = dlrm.phases["step"].categories
+    share = cats["embedding"] / (sum(cats.values()) - cats["communication"])
+    assert share == pytest.approx(0.364, abs=1e-3)
+    first, headline = diff_markdown(d).splitlines()[2:4]
+    assert first.startswith(f"A and B did different work (embedding kernels are {share:.1%} of "
+                            "sampled_rank-0.json.gz's compute and 0.0% of torch_small_train's)")
+    assert "9.82x faster" in headline and "9.82x" not in first
+    assert small.different_work == []
+    tiny = diff_runs(resolve_one(TORCH), resolve_one(TINY), force=True)
+    flops = [json.loads(p.read_text())["phases"]["step"]["flops"] for p in (TORCH, TINY)]
+    assert tiny.different_work == [f"torch_small_train's step computes {flops[0] / 1e12:.3g} TFLOP per device, "
+                                   f"torch_tiny_attn's step {flops[1] / 1e12:.3g}"]

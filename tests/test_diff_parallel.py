@@ -162,3 +162,40 @@ def test_exposed_communication_per_compared_step() -> None:
     assert line.startswith("Exposed communication per step: B's fused_step waits 0.200 ms for its communication "
                            "(2.0% of the step) against A's step 3.000 ms (25.0%), the mean over devices; of the "
                            "communication kernel time over all measured steps 30.0% is exposed against 75.0%")
+
+
+def test_a_data_parallel_folder_from_before_per_device_figures_is_refused(tmp_path, capsys) -> None:
+    """The committed DDP-4 folder, its JAX breakdown written the way the harness wrote it
+    before the per-device figures (no `devices`, the kernels of its 4 devices summed: a
+    forward GEMM of 38.4 ms against the 9.6 ms of one device): one line with the fix, not
+    a per-device note beside summed figures. The folder as committed diffs per device."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from harness import diff as diff_cli
+
+    src = Path(__file__).parent.parent / "results" / "large-ctx1024-bf16-fused-ddp4-h200-profiled"
+    shutil.copy(src / "summary.json", tmp_path)
+    bds = json.loads((src / "kernels.json").read_text())
+    jax = next(bd for bd in bds if bd["label"] == "jax")
+    for p in jax["phases"].values():
+        n = p.pop("devices")
+        for key in ("busy_ns_per_step", "hidden_communication_ns_per_step"):
+            p.pop(key)
+        for key in ("gpu_ns_per_step", "kernels_per_step", "copies_per_step", "gpu_ns_median"):
+            p[key] *= n
+        p["categories"] = {c: v * n for c, v in p["categories"].items()}
+        for k in p["kernels"]:
+            k["ns_per_step"] *= n
+            k["calls_per_step"] *= n
+    assert jax["phases"]["forward"]["categories"]["gemm"] / 1e6 == pytest.approx(38.43, abs=0.01)
+    (tmp_path / "kernels.json").write_text(json.dumps(bds))
+    assert diff_cli.main([f"{tmp_path}:torch-compile-cg", f"{tmp_path}:jax"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {tmp_path}:jax: its kernels.json predates the per-device figures: the kernels of its 4 "
+                   "devices are summed, not per device; diff its profile (kept by harness.compare --keep-profiles) "
+                   "or run the compare again"]
+    assert diff_cli.main([f"{src}:torch-compile-cg", f"{src}:jax"]) == 0
+    out = capsys.readouterr().out
+    assert "| GEMM | 10.502 | 9.608 | -0.894 | 253 | 145 |" in out

@@ -280,3 +280,29 @@ def test_growth_by_phase_by_hand() -> None:
     two["data_parallel"]["parallel"] = "fsdp"
     two["options"]["parallel"] = "fsdp"
     assert next(r for r in scaling_rows([one, two]) if r["n"] == 2)["waiting_ms"] is None
+
+
+def test_projection_sets_each_strategy_s_own_run_beside_the_prediction(tmp_path: Path, capsys) -> None:
+    """N = 4 runs with and without NCCL tuning are two groups: the plain run (118 ms) stands
+    beside the plain fit's prediction (115 ms, `test_projection_by_hand`), the tuned one
+    (130 ms, given last) is fitted as a group of its own, not set beside the plain prediction."""
+    docs = [_fit_doc(1, 100.0), _fit_doc(2, 110.0), _fit_doc(4, 118.0), _fit_doc(4, 130.0)]
+    docs[3]["env"] = {"settings": {"NCCL_MAX_CTAS": "4"}}
+    paths = []
+    for i, doc in enumerate(docs):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(doc))
+    assert scaling.main([*map(str, paths), "--project", "4"]) == 0
+    out = capsys.readouterr().out
+    plain = out[out.index("Projection for torch (DDP, 25 MB buckets):"):out.index("Projection for torch (DDP, 25 MB "
+                                                                                   "buckets, NCCL_MAX_CTAS=4)")]
+    assert "| 4 | 1 | 30.000 | 15.000 | 115.000 | 87.0% | 118.000 | 84.7% |" in plain and "130.000 |" not in plain
+    # the tuned group is fitted at its own N = 4 (130 ms: 30 ms over compute, the all-reduce's 30 ms, none hidden)
+    tuned = out[out.index("NCCL_MAX_CTAS=4): compute"):]
+    assert "fitted at N = 4 (130.000 ms): 0.0% of the all-reduce hidden" in tuned
+    # a group without a one-device run under its compiler settings cannot be fitted
+    docs[3]["env"] = {"settings": {"XLA_FLAGS": "--xla_x=true"}}
+    paths[3].write_text(json.dumps(docs[3]))
+    assert scaling.main([*map(str, paths), "--project", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "give an N = 1 run of that backend and shape under the same compiler settings" in err[0]

@@ -208,3 +208,27 @@ def gpu_slug(name: str | None) -> str:
         return "cpu"
     slug = name.lower().replace("nvidia", "").strip()
     return "-".join("".join(c if c.isalnum() else " " for c in slug).split())
+
+
+def not_a_profile(path: str | os.PathLike, doc: object) -> str | None:
+    """Where a JSON file given as a profile is a result the harness wrote (a `harness.run`
+    document, a `harness.compare` summary, a kernel breakdown), the one line saying so and
+    what to give instead; None for any other JSON."""
+    schema = doc.get("schema", "") if isinstance(doc, dict) else ""
+    if schema.startswith("harness.run/"):
+        return (f"{path}: a harness.run result document, not a profile; give the profile of that run "
+                "(.nsys-rep, .sqlite[.gz] or its --profile trace), with this file as --harness-json")
+    if schema.startswith("harness.compare/"):
+        return compare_folder_problem(Path(path).parent)
+    if isinstance(doc, list) and doc and all(isinstance(d, dict) and {"label", "phases"} <= d.keys() for d in doc):
+        return (f"{path}: a kernel breakdown (kernels.json of harness.report or harness.compare), not a profile; "
+                "give the profile it was made from")
+    if schema.startswith("harness."):
+        return f"{path}: a {schema} document of the harness, not a profile; give a profile"
+    return None
+
+
+def compare_folder_problem(folder: str | os.PathLike) -> str:
+    """The one line for a `harness.compare` result folder given where profiles are expected."""
+    return (f"{folder}: a harness.compare result folder, not a profile; its kernel breakdown is kernels.md there, "
+            "and a report of its runs needs their profiles (harness.compare --keep-profiles DIR keeps them)")

@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 from harness import backends
 from harness.diffs.inputs import PhaseProfile, Run
 from harness.diffs.layers import LayerPhase, diff_layers
-from harness.diffs.throughput import Throughput, throughput
+from harness.diffs.throughput import Throughput, config_problems, throughput
 from harness.diffs.throughput import doc_field as _get
+from harness.diffs.work import different_work
 from harness.timing.spec import PHASE_ORDER
 from harness.trace.kernels import Category
 
@@ -147,6 +148,8 @@ class Diff:
     # side ("a", "b") -> communication, hidden, exposed ms over the measured steps and the
     # exposed share of the communication; only where both runs have overlap figures
     overlap: dict[str, dict] = field(default_factory=dict)
+    # what shows that the two sides did different work (`harness.diffs.work`), one clause each
+    different_work: list[str] = field(default_factory=list)
 
     def phase(self, name: str) -> PhaseDiff | None:
         return next((p for p in self.phases if p.phase == name), None)
@@ -359,12 +362,15 @@ def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
     if note := per_device_note(a, b):
         notes.append(note)
     phases = [_phase_diff(a, b, pair) for pair in _pairs(a, b)]
+    if a.phases is not None and b.phases is not None:  # the throughput lines need both profiles
+        notes += [note for run in (a, b) if (note := config_problems(run)[1])]
     if bool(a.layers) != bool(b.layers):
         notes.append(f"{(b if a.layers else a).label}: no layer ranges recorded; no per-layer table")
     d = Diff(a.label, b.label, fields, phases, notes, layers=diff_layers(a.layers, b.layers))
     step = d.step  # the compared step: each side's overlap per step is that kind of step's
     oa, ob = (_overlap(run, getattr(step, f"{side}_phase", None)) for run, side in ((a, "a"), (b, "b")))
     d.overlap = {"a": oa, "b": ob} if oa and ob else {}
+    d.different_work = different_work(a, b, (step.phase, step.a_phase, step.b_phase) if step else None, fields)
     return d
 
 

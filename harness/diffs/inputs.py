@@ -26,6 +26,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from harness import backends
 from harness.diffs.launches import Launches, launches_per_phase
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.overlap import rank_analysis
@@ -203,10 +204,27 @@ def _from_compare(folder: Path, backend: str | None) -> list[Run]:
         doc = runs[name]
         if doc.get("status") != "ok":
             raise InputError(f"{folder}:{name}: the run failed ({(doc.get('error') or {}).get('message', '?')})")
+        if name in kernels and (problem := _summed_devices(folder, name, doc, kernels[name])):
+            raise InputError(problem)
         phases = {k: _phase(p) for k, p in kernels[name].items()} if name in kernels else None
         out.append(Run(f"{folder.name}:{name}", f"{folder}:{name}", doc, phases,
                        layers=layers.get(name) or doc.get("layers"), overlap=overlaps.get(name)))
     return out
+
+
+def _summed_devices(folder: Path, name: str, doc: dict, phases: dict) -> str | None:
+    """Why the kernels.json phases of a one-process data-parallel run cannot be read per
+    device (None where they can): a breakdown written before the per-device figures (its
+    phases record no `devices`) summed the kernels of all N devices, and its rows do not
+    say which device each kernel ran on, so no figure of it can be set against one device's."""
+    n = int((doc.get("data_parallel") or {}).get("n") or (doc.get("options") or {}).get("data_parallel") or 1)
+    backend = (doc.get("options") or {}).get("backend")
+    one_process = backend in backends.names() and backends.get(backend).one_process
+    if n == 1 or not one_process or all("devices" in p for p in phases.values()):
+        return None
+    return (f"{folder}:{name}: its kernels.json predates the per-device figures: the kernels of its {n} devices are "
+            "summed, not per device; diff its profile (kept by harness.compare --keep-profiles) or run the compare "
+            "again")
 
 
 def _run_doc(path: Path) -> dict:

@@ -109,7 +109,9 @@ def sentences(d: Diff) -> list[str]:
     p = d.step
     if p is None:
         return ["The runs have no phase in common.", *layer_sentences(d.layers)]
-    out = [_headline(d, p), *filter(None, [step_choice(d)])]
+    unlike = ([f"A and B did different work ({'; '.join(d.different_work)}): the times below are of unlike runs, "
+               "and their ratio is no speed-up of one over the other."] if d.different_work else [])
+    out = [*unlike, _headline(d, p), *filter(None, [step_choice(d)])]
     causes = [part.name for part in sorted(p.parts, key=lambda x: -abs(x.delta_ms))[:CAUSES]]
     out += [(c := _cause(p, name))[0].upper() + c[1:] for name in causes]
     out += [f"{line[0].upper()}{line[1:]}." for t in p.throughput if t.what not in causes and (line := _bound(t))]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.common.hardware import hbm_tbps, peak_tflops
-from harness.config import ModelConfig
+from harness.config import ModelConfig, config_from_document
 from harness.diffs.inputs import PhaseProfile, Run
 from harness.timing.flops import optimizer_bytes, phase_flops
 from harness.trace.kernels import Category
@@ -32,11 +32,26 @@ class Throughput:
 
 
 def _config(run: Run) -> ModelConfig | None:
+    return config_problems(run)[0]
+
+
+def config_problems(run: Run) -> tuple[ModelConfig | None, str | None]:
+    """The model config a run's document saved, and what the diff must say about it: the
+    saved fields this version does not know (read without them), or why there is none and
+    so no GEMM or optimizer throughput (None: nothing to say)."""
     cfg = doc_field(run.doc, ("config",))
+    if run.doc is None:
+        return None, None  # a profile alone: the diff says it has no document
+    if not isinstance(cfg, dict):
+        return None, f"{run.label}: no GEMM or optimizer throughput: its document saved no model config"
     try:
-        return ModelConfig(**cfg) if isinstance(cfg, dict) else None
-    except (TypeError, ValueError):
-        return None
+        config, unknown = config_from_document(cfg)
+    except (TypeError, ValueError) as exc:
+        return None, f"{run.label}: no GEMM or optimizer throughput: its saved model config is not valid here ({exc})"
+    if unknown:
+        return config, (f"{run.label}: its saved model config has fields this version does not know "
+                        f"({', '.join(unknown)}); read without them")
+    return config, None
 
 
 def _gemm_flops(run: Run, phase: str, p: PhaseProfile) -> float | None:

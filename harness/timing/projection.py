@@ -95,9 +95,10 @@ def format_projection(p: dict) -> str:
              f"{r['measured_step_ms']:.3f}" if r["measured_step_ms"] else "-",
              f"{100 * r['measured_efficiency']:.1f}%" if r["measured_efficiency"] else "-"] for r in p["rows"]]
     inter = f"{p['inter_gbps']:g} Gbit/s per device" if p["inter_gbps"] else "not given"
-    lines = [f"Projection for {p['backend']}: compute {p['compute_ms']:.3f} ms (the N = 1 step); fitted at N = "
-             f"{p['fit_n']} ({p['fit_step_ms']:.3f} ms): {100 * p['hidden']:.1f}% of the all-reduce hidden, "
-             f"other {p['other_ms']:.3f} ms; gradients {p['grad_bytes'] / 1e9:.3f} GB; bus bandwidth "
+    strategy = f" ({p['strategy']})" if p.get("strategy") else ""
+    lines = [f"Projection for {p['backend']}{strategy}: compute {p['compute_ms']:.3f} ms (the N = 1 step); "
+             f"fitted at N = {p['fit_n']} ({p['fit_step_ms']:.3f} ms): {100 * p['hidden']:.1f}% of the all-reduce "
+             f"hidden, other {p['other_ms']:.3f} ms; gradients {p['grad_bytes'] / 1e9:.3f} GB; bus bandwidth "
              f"{p['busbw_gbps']:.1f} GB/s ({p['busbw_source']}); "
              f"{p['per_node']} devices per node; inter-node {inter}.", "",
              *markdown_table(["N", "nodes", "all-reduce ms", "exposed ms", "step ms", "efficiency",

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-BACKENDS = ("torch", "jax")
+from harness import backends
+
 # Range names the harness emits (NVTX, record_function or TraceAnnotation).
 WARMUP = "warmup"
 PROFILER_STEP = "ProfilerStep"  # torch.profiler's own step ranges, ProfilerStep#N
@@ -168,17 +169,41 @@ class Profile:
         if not isinstance(self.kernels, KernelTable):
             self.kernels = KernelTable.from_kernels(list(self.kernels))
         self.ranges = sorted(self.ranges, key=lambda r: (r.start, -r.end))
+        self._check_durations()
+
+    def _check_durations(self) -> None:
+        """A ProfileError naming the records that end before they start: no analysis can
+        place a negative duration (it would subtract time), and it is the profile's own fault,
+        not a matter of clocks."""
+        kt = self.kernels
+        bad = np.flatnonzero(kt.end < kt.start)
+        what = "CPU ops" if self.cpu_ops else "GPU activities"
+        if len(bad):
+            first = int(bad[0])
+            raise ProfileError(f"{self.path}: {len(bad)} of {len(kt)} {what} end before they start (negative "
+                               f"durations; the first: {kt.name_of(first)!r}, {int(kt.duration[first])} ns): the "
+                               "profiler wrote damaged records; record the profile again")
+        ranges = [r for r in self.ranges if r.end < r.start]
+        if ranges:
+            raise ProfileError(f"{self.path}: {len(ranges)} of {len(self.ranges)} ranges end before they start "
+                               f"(negative durations; the first: {ranges[0].name!r}, {ranges[0].end - ranges[0].start}"
+                               " ns): the profiler wrote damaged records; record the profile again")
 
 
 PROFILE_SUFFIXES = re.compile(r"(?:\.pt\.trace)?\.(?:json|sqlite|xplane\.pb|nsys-rep)(?:\.gz)?$")
 
 
 def label_from_path(path: str | Path) -> str:
-    """The backend named in the file name ("torch", "jax"), else the name without its
-    profile suffixes (`x.rank0.json.gz` -> `x.rank0`: ranks of one job stay apart)."""
+    """The registered backend (`harness.backends`) named in the file name, else the name
+    without its profile suffixes (`x.rank0.json.gz` -> `x.rank0`: ranks of one job stay apart).
+
+    A name inside a longer registered name found at the same place is that name's
+    (`torch-compile.sqlite` is torch-compile's, not torch's); two backends named: neither."""
     name = Path(path).name.lower()
-    found = [b for b in BACKENDS if b in name]
-    return found[0] if len(found) == 1 else PROFILE_SUFFIXES.sub("", Path(path).name)
+    spans = [(m.start(), m.start() + len(b), b) for b in backends.names()
+             for m in re.finditer(re.escape(b.lower()), name)]
+    found = {b for s, e, b in spans if not any(s2 <= s and e <= e2 and (s2, e2) != (s, e) for s2, e2, _ in spans)}
+    return found.pop() if len(found) == 1 else PROFILE_SUFFIXES.sub("", Path(path).name)
 
 
 # A name ending in a number: `step0`, `step 12`, `iteration_3`, `train_step[7]`, `ProfilerStep#5`.

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.common.results import not_a_profile
 from harness.trace.analyses.attribution import TID_PROCESS_SHIFT
 from harness.trace.profile import (
     KERNEL,
@@ -72,7 +73,8 @@ def read_trace(path: Path) -> dict:
         raise ProfileError(f"{path}: not a torch.profiler Chrome trace ({exc}); write one with "
                            "prof.export_chrome_trace or torch.profiler.tensorboard_trace_handler") from None
     if not isinstance(trace, dict) or "traceEvents" not in trace:
-        raise ProfileError(f"{path}: JSON without traceEvents: not a torch.profiler trace")
+        raise ProfileError(not_a_profile(path, trace)
+                           or f"{path}: JSON without traceEvents: not a torch.profiler trace")
     return trace
 
 

@@ -108,3 +108,20 @@ def test_errors_name_the_program_as_the_user_typed_it(capsys) -> None:
     with pytest.raises(SystemExit):
         run.main(["--backend", "torch", "--ctx", "64", "--steps", "0"])
     assert capsys.readouterr().err.endswith("(see python -m harness.run --help)\n")
+
+
+def test_recorded_command_reruns_as_written(tmp_path, monkeypatch) -> None:
+    """The documents' `command` read `python xfprof compare ... --out <basename>`: neither
+    runnable (xfprof is a script on PATH, not a file here) nor writing where the run wrote."""
+    import shlex
+
+    from harness.common.results import command_line
+
+    out = str(tmp_path / "my results")
+    typed = ["compare", "--model", "tiny", "--ctx", "64", "--out", out]
+    recorded = command_line(["/opt/venv/bin/python", "/opt/venv/bin/xfprof", *typed])
+    assert recorded.startswith("xfprof compare --model tiny") and shlex.split(recorded) == ["xfprof", *typed]
+    recorded = command_line(["/usr/bin/python3.11", "-m", "harness.compare", *typed[1:]])
+    assert shlex.split(recorded) == ["python", "-m", "harness.compare", *typed[1:]]
+    monkeypatch.setenv("HOME", str(tmp_path))  # a home folder's path is written ~/...: the shell expands it
+    assert command_line(["python", "-m", "harness.run", "--out", out]) == "python -m harness.run --out ~/'my results'"

@@ -154,3 +154,24 @@ def test_fast_outlier_says_how_much_faster_than_the_median() -> None:
     rec = summarize([20.0, 21.0, 20.5, 80.0, 20.2])
     (line,) = compare_render.outlier_lines({"phases": {"step": rec}})
     assert line.endswith(f"({80.0 / 20.5:.1f}x the median)")
+
+
+def test_profile_analysis_after_parity_says_each_stage(tmp_path, capsys) -> None:
+    """After "[parity] finished", compare --profile analysed its profiles without a word:
+    each backend's kernel breakdown, and the timeline, say what they do and when done."""
+    import shutil
+
+    from harness.timing.compare_profiles import backend_timeline, kernel_breakdown
+
+    data = Path(__file__).parent / "data" / "torch_fallback"
+    profile = data / "torch_tiny_fallback.json.gz"
+    shutil.copy(data / "torch_tiny_fallback.harness.json", tmp_path / "torch.json")
+    (bd,), _ = kernel_breakdown({"torch": str(profile)}, str(tmp_path), None)
+    assert list(bd.phases) == ["step", "forward", "backward", "optimizer"] and bd.label == "torch"
+    backend_timeline({"torch": str(profile)}, [bd], 1, None, None)
+    lines = capsys.readouterr().err.splitlines()
+    what = f"[compare] kernel breakdown 1/1: torch ({profile.stat().st_size / 1e3:.1f} kB)"
+    assert lines[0] == what
+    assert lines[1].startswith(f"{what}: done in ") and lines[1].endswith(" s: phases step, forward, backward, optimizer")
+    assert lines[2] == "[compare] timeline: torch on one trace" and lines[3].startswith(f"{lines[2]}: done in ")
+    assert len(lines) == 4

@@ -145,7 +145,9 @@ def test_a_long_report_says_what_it_is_doing(tmp_path: Path, capsys: pytest.Capt
     activities = sum(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in events if e.get("ph") == "X")
     assert report.main([str(trace), "--out", str(tmp_path), "--no-plot"]) == 0
     captured = capsys.readouterr()
-    said = [line.removeprefix("[report] ") for line in captured.err.splitlines()]
+    said = captured.err.splitlines()
+    assert all(line.startswith("[trace] ") for line in said[:4]) and all(x.startswith("[report] ") for x in said[4:])
+    said = [line.split("] ", 1)[1] for line in said]  # the trace library reads and analyses, the tool writes
     assert said[0] == f"reading sampled_rank-0.json.gz ({trace.stat().st_size / 1e3:.1f} kB)"
     assert said[1].startswith(f"{said[0]}: done in ") and said[1].endswith(f" s: {activities:,} GPU activities, "
                                                                             "57 ranges")
@@ -153,7 +155,7 @@ def test_a_long_report_says_what_it_is_doing(tmp_path: Path, capsys: pytest.Capt
     assert [s.split(": done in ")[0] for s in said[3:]] == [said[2], "writing kernels.md, .csv, .json",
                                                             "writing kernels.md, .csv, .json", "writing report.html",
                                                             "writing report.html"]
-    assert "[report]" not in captured.out
+    assert "[report]" not in captured.out and "[trace]" not in captured.out
 
 
 def test_progress_speaks_only_for_long_work(monkeypatch, capsys: pytest.CaptureFixture) -> None:

@@ -5,8 +5,8 @@ a word, which reads as a hang. `stage` wraps such a piece of work: once it has r
 `AFTER_S` seconds it says what it does (with its counts: a file's size, a profile's
 kernels), then every `EVERY_S` seconds how long so far, and at its end how long it took
 and what it found. A stage that ends sooner says nothing, so small inputs (and the
-tests) keep their output, and a failure its one line. `say` is the plain line, for tools
-that report every step anyway (compare).
+tests) keep their output, and a failure its one line; a tool that reports every step
+anyway (compare) has its stages speak at once.
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ def file_size(path: str | os.PathLike) -> str:
 
 
 @contextlib.contextmanager
-def stage(tool: str, what: str) -> Iterator[Callable[[str], None]]:
-    """Work that may run long (module docstring). Yields `found(text)`: what the stage found
-    ("2,345 kernels"), added to its closing line where it said anything."""
+def stage(tool: str, what: str, now: bool = False) -> Iterator[Callable[[str], None]]:
+    """Work that may run long (module docstring); `now`: say `what` at once (a tool that
+    reports every step anyway). Yields `found(text)`: what the stage found ("2,345
+    kernels"), added to its closing line where it said anything."""
     result: list[str] = []
     spoke = threading.Event()
     stop = threading.Event()
@@ -60,7 +61,7 @@ def stage(tool: str, what: str) -> Iterator[Callable[[str], None]]:
         while not stop.wait(EVERY_S):
             say(tool, f"{what}: {time.monotonic() - start:.0f} s so far")
 
-    if AFTER_S <= 0:
+    if now or AFTER_S <= 0:
         say(tool, what)
         spoke.set()
     watcher = threading.Thread(target=watch, name=f"progress: {what}", daemon=True)

@@ -71,7 +71,7 @@ def load_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = (), 
 
 def _read(path: Path, label: str | None, nsys_bin: str | None, force: bool) -> Profile:
     """`load_profile`, saying what it reads when that takes long (`harness.common.progress`)."""
-    with stage("report", f"reading {path.name} ({file_size(path)})") as found:
+    with stage("trace", f"reading {path.name} ({file_size(path)})") as found:
         profile = load_profile(path, label, nsys_bin, force)
         found(f"{len(profile.kernels):,} GPU activities, {len(profile.ranges):,} ranges")
     return profile
@@ -141,7 +141,7 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
             # one rule for every rank, so that the columns compare
             sels = [s if s is None or s.mode == "launch" else select(p, "launch") for p, s in zip(item.profiles, sels)]
         for profile, sel in zip(item.profiles, sels):
-            with stage("report", f"analysing {profile.label} ({len(profile.kernels):,} GPU activities, "
+            with stage("trace", f"analysing {profile.label} ({len(profile.kernels):,} GPU activities, "
                                  f"{len(profile.ranges):,} ranges)"):
                 hlo = hlo_dir(profile.path)
                 bd = breakdown(profile, require, attribution,

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -35,10 +37,10 @@ def entry_points() -> dict[str, str]:
 
 
 def summary(module: str) -> str:
-    """The first sentence of the module's docstring (read from its source), at most 90 characters."""
+    """The first sentence of the module's docstring (read from its source), whole: `usage`
+    wraps it rather than cutting it short."""
     doc = ast.get_docstring(ast.parse((PACKAGE / f"{module}.py").read_text())) or ""
-    sentence = " ".join(doc.split("\n\n")[0].split()).split(". ")[0].rstrip(".:")
-    return sentence if len(sentence) <= 90 else sentence[:89] + "…"
+    return " ".join(doc.split("\n\n")[0].split()).split(". ")[0].rstrip(".:")
 
 
 def version() -> str:
@@ -49,18 +51,31 @@ def version() -> str:
         return "unknown"
 
 
-def usage() -> str:
+def usage(columns: int | None = None) -> str:
+    """The top-level help: every command with its summary, wrapped to `columns` (default: the
+    terminal's width, at least 60) under the summaries' column."""
     tools = entry_points()
     width = max(map(len, tools))
-    lines = [f"  {name:<{width}}  {summary(module)}" for name, module in tools.items()]
+    columns = columns or max(60, shutil.get_terminal_size().columns)
+    lines = [textwrap.fill(summary(module), columns, initial_indent=f"  {name:<{width}}  ",
+                           subsequent_indent=" " * (width + 4), break_on_hyphens=False)
+             for name, module in tools.items()]
     return ("usage: xfprof [--version] [--help] <command> [options]\n\n"
             "Cross-framework profiling workbench: each command is `python -m harness.<module>`\n"
             "(`xfprof <command> --help` for its options).\n\ncommands:\n" + "\n".join(lines) + "\n")
 
 
+def launcher() -> str:
+    """How the user started this dispatcher, as their tools' errors should name it:
+    `python -m harness`, else `xfprof` (the console script)."""
+    return "python -m harness" if sys.orig_argv[1:3] == ["-m", "harness"] else "xfprof"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch `argv` (default: the command line) to the named tool; its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]) and argv[1:]:
+        argv = [*argv[1:], argv[0]]  # `xfprof -h compare`: compare's help, not this one
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), end="")
         return 0
@@ -72,8 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(tools)} (see xfprof --help)",
               file=sys.stderr)
         return 2
+    from harness.common import cli
+
     module = importlib.import_module(f"harness.{tools[argv[0]]}")
-    return module.main(argv[1:])
+    before, cli.LAUNCHER = cli.LAUNCHER, launcher()
+    try:
+        return module.main(argv[1:])
+    finally:
+        cli.LAUNCHER = before
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from harness.common.cli import (
     timeline_problem,
 )
 from harness.common.html import svg_of, write_html
+from harness.common.progress import stage
 from harness.trace.analyses.breakdown import TOP_N
 from harness.trace.analyses.gpu_time import SCOPES
 from harness.trace.analyses.ranks import report_inputs
@@ -78,21 +79,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
                                                          args.nsys_bin, args.attribution, args.force, args.scope)
-        paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot,
-                             sections=[*render_ranks(ranks), *render_gpu_time(figures)])
+        with stage("report", f"writing kernels.md, .csv, .json{'' if args.no_plot else ' and drawing kernels.png'}"):
+            paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot,
+                                 sections=[*render_ranks(ranks), *render_gpu_time(figures)])
         paths["gpu_time"] = Path(args.out) / "gpu_time.json"
         paths["gpu_time"].write_text(json.dumps(figures, indent=1))
         if ranks:
             paths["ranks"] = Path(args.out) / "ranks.json"
             paths["ranks"].write_text(json.dumps(ranks, indent=1))
-        svgs = {} if args.no_plot else {"kernels.png": svg_of(lambda path: plot(path, bds, args.top))}
-        paths["html"] = write_html(args.out, "kernels.md", svgs)
+        with stage("report", "writing report.html" + ("" if args.no_plot else " and drawing its chart")):
+            svgs = {} if args.no_plot else {"kernels.png": svg_of(lambda path: plot(path, bds, args.top))}
+            paths["html"] = write_html(args.out, "kernels.md", svgs)
         if args.timeline:
             from harness.trace.timeline import build_timeline, runs_from_inputs, write_timeline
 
-            runs = runs_from_inputs(args.files, bds, args.label, args.nsys_bin, args.force)
-            paths["timeline"] = write_timeline(Path(args.out) / "timeline.json.gz",
-                                               build_timeline(runs, args.timeline_steps))
+            with stage("report", f"laying {len(bds)} profiles on timeline.json.gz"):
+                runs = runs_from_inputs(args.files, bds, args.label, args.nsys_bin, args.force)
+                paths["timeline"] = write_timeline(Path(args.out) / "timeline.json.gz",
+                                                   build_timeline(runs, args.timeline_steps))
     except ProfileError as exc:
         return fail(str(exc))
     print("\n".join(str(p) for p in paths.values()))

@@ -29,3 +29,13 @@ def inductor():
         torch.compile(lambda x: x * 2 + 1)(torch.ones(4))
     except (RuntimeError, OSError) as e:  # Inductor's build errors (BackendCompilerFailed, InvalidCxxCompiler)
         pytest.skip(f"torch.compile (Inductor) cannot compile here: {type(e).__name__}: {e}")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_progress(monkeypatch):
+    """Progress lines of long work (`harness.common.progress`) only where a test asks for
+    them: on a busy machine a small profile can take past AFTER_S to read, and the lines
+    would land in the output that a test checks."""
+    from harness.common import progress
+
+    monkeypatch.setattr(progress, "AFTER_S", 3600.0)

@@ -108,3 +108,70 @@ def test_phase_bars_leave_out_phases_a_backend_lacks(summary: dict, tmp_path, mo
     assert all(h > 0 for heights in bars.values() for h in heights)
     assert bars["torch"][3] == pytest.approx(summary["runs"]["torch"]["phases"]["step"]["median_ms"])
     assert "whiskers: 10th-90th percentile" in ax.get_title()
+
+
+def test_overhead_flag_is_printed_once_not_again_as_a_warning(summary: dict) -> None:
+    """The runner records an overhead flag twice (in `overhead` and among `warnings`); the
+    terminal text, compare's table and report.md print it once, on the overhead line."""
+    jax = summary["runs"]["jax"]
+    flag = "ratio below 1 within the rounds' spread (0.844-1.236x): no measurable overhead"
+    jax["overhead"]["flag"] = flag
+    jax["warnings"] = [f"instrumentation overhead: {flag}", "a warning of its own"]
+    jax["layer_ranges"] = {"overhead_ratio": 1.2, "round_ratios": [1.1, 1.3], "flag": "layers flag"}
+    jax["warnings"].append("layer ranges overhead: layers flag")
+    for text in (format_result(jax), format_table(summary), compare_markdown(summary)):
+        assert text.count(flag) == 1 and text.count("layers flag") == 1
+        assert "a warning of its own" in text
+    assert f"instrumentation overhead: 1.008x plain steps (rounds 0.844-1.236): {flag}" in format_result(jax)
+
+
+def test_cpu_tflops_keep_their_digits(summary: dict) -> None:
+    """A CPU's TFLOP/s (0.0023) printed with two decimals read "0.00", as if no work was done."""
+    torch = summary["runs"]["torch"]
+    step = torch["phases"]["step"]
+    expected = f"{step['flops'] / (step['median_ms'] / 1e3) / 1e12:.2g}"
+    assert expected == "0.0026"
+    rows = compare_render.table_rows(summary)
+    col = rows[0].index("torch TFLOP/s")
+    assert next(r for r in rows if r[0] == "step")[col] == expected
+    assert not any(r[col] == "0.00" for r in rows)
+    line = next(x for x in format_result(torch).splitlines() if x.startswith("step "))
+    assert line.split()[-3] == expected
+    assert compare_render._tf({"tflops": 12.345}) == "12.35" and compare_render._tf({"tflops": None}) == "-"
+
+
+def test_fast_outlier_says_how_much_faster_than_the_median() -> None:
+    """A step far below the median (a CPU optimizer phase: 1.7 ms among ~200 ms) printed as
+    "0.0x the median"; it reads as how many times faster than the median it ran."""
+    from harness.common.stats import summarize
+
+    times = [200.0, 210.0, 205.0, 1.7, 202.0, 208.0, 204.0]
+    rec = summarize(times)
+    assert [o["index"] for o in rec["outliers"]] == [3]
+    doc = {"phases": {"optimizer": rec}}
+    (line,) = compare_render.outlier_lines(doc)
+    assert line == f"outlier: optimizer, measured step 3: 1.70 ms ({204.0 / 1.7:.1f}x faster than the median)"
+    rec = summarize([20.0, 21.0, 20.5, 80.0, 20.2])
+    (line,) = compare_render.outlier_lines({"phases": {"step": rec}})
+    assert line.endswith(f"({80.0 / 20.5:.1f}x the median)")
+
+
+def test_profile_analysis_after_parity_says_each_stage(tmp_path, capsys) -> None:
+    """After "[parity] finished", compare --profile analysed its profiles without a word:
+    each backend's kernel breakdown, and the timeline, say what they do and when done."""
+    import shutil
+
+    from harness.timing.compare_profiles import backend_timeline, kernel_breakdown
+
+    data = Path(__file__).parent / "data" / "torch_fallback"
+    profile = data / "torch_tiny_fallback.json.gz"
+    shutil.copy(data / "torch_tiny_fallback.harness.json", tmp_path / "torch.json")
+    (bd,), _ = kernel_breakdown({"torch": str(profile)}, str(tmp_path), None)
+    assert list(bd.phases) == ["step", "forward", "backward", "optimizer"] and bd.label == "torch"
+    backend_timeline({"torch": str(profile)}, [bd], 1, None, None)
+    lines = capsys.readouterr().err.splitlines()
+    what = f"[compare] kernel breakdown 1/1: torch ({profile.stat().st_size / 1e3:.1f} kB)"
+    assert lines[0] == what
+    assert lines[1].startswith(f"{what}: done in ") and lines[1].endswith(" s: phases step, forward, backward, optimizer")
+    assert lines[2] == "[compare] timeline: torch on one trace" and lines[3].startswith(f"{lines[2]}: done in ")
+    assert len(lines) == 4

@@ -128,3 +128,57 @@ def test_gemm_caption_reads_each_transpose_on_its_own() -> None:
     assert "`nn` (weights stored [in, out], or P V)" in caption
     assert "`tn` (weights stored [out, in], or Q K^T)" in caption
     assert "i.e. weights stored" not in caption
+
+
+def test_a_long_report_says_what_it_is_doing(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    """`report` on an HTA trace printed nothing for 90 s: each stage that runs long says what
+    it does (reading, with the file's size; analysing, with the profile's counts; writing and
+    drawing) on stderr, and when done, what it found. Stages made to count as long at once here."""
+    import gzip
+
+    from harness.common import progress
+
+    monkeypatch.setattr(progress, "AFTER_S", 0.0)
+    monkeypatch.setattr(progress, "EVERY_S", 600.0)  # no "so far" lines in between
+    trace = DATA / "hta" / "sampled_rank-0.json.gz"
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    activities = sum(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in events if e.get("ph") == "X")
+    assert report.main([str(trace), "--out", str(tmp_path), "--no-plot"]) == 0
+    captured = capsys.readouterr()
+    said = captured.err.splitlines()
+    assert all(line.startswith("[trace] ") for line in said[:4]) and all(x.startswith("[report] ") for x in said[4:])
+    said = [line.split("] ", 1)[1] for line in said]  # the trace library reads and analyses, the tool writes
+    assert said[0] == f"reading sampled_rank-0.json.gz ({trace.stat().st_size / 1e3:.1f} kB)"
+    assert said[1].startswith(f"{said[0]}: done in ") and said[1].endswith(f" s: {activities:,} GPU activities, "
+                                                                            "57 ranges")
+    assert said[2] == f"analysing sampled_rank-0 ({activities:,} GPU activities, 57 ranges)"
+    assert [s.split(": done in ")[0] for s in said[3:]] == [said[2], "writing kernels.md, .csv, .json",
+                                                            "writing kernels.md, .csv, .json", "writing report.html",
+                                                            "writing report.html"]
+    assert "[report]" not in captured.out and "[trace]" not in captured.out
+
+
+def test_progress_speaks_only_for_long_work(monkeypatch, capsys: pytest.CaptureFixture) -> None:
+    """A stage says nothing when it ends before AFTER_S (tests and small inputs stay quiet, a
+    failure keeps its one line); past it, what it does, how long so far every EVERY_S, and
+    at the end how long it took and what it found; a stage that fails says no "done"."""
+    import time
+
+    from harness.common import progress
+
+    with progress.stage("t", "quick") as found:
+        found("nothing")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "AFTER_S", 0.05)
+    monkeypatch.setattr(progress, "EVERY_S", 0.05)
+    with progress.stage("t", "slow work (3 files)") as found:
+        time.sleep(0.4)
+        found("42 kernels")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "[t] slow work (3 files)" and lines[1].endswith(" s so far") and len(lines) >= 4
+    assert lines[-1].startswith("[t] slow work (3 files): done in 0.") and lines[-1].endswith(" s: 42 kernels")
+    with pytest.raises(ValueError), progress.stage("t", "failing"):
+        time.sleep(0.2)
+        raise ValueError
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "[t] failing" and not any("done" in line for line in lines)

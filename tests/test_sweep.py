@@ -662,3 +662,15 @@ def test_ddp_options_reach_the_torch_cells_only() -> None:
     assert " ".join(torch_cmd).endswith("--data-parallel 4 --parallel ddp --ddp-bucket-mb 100 --ddp-static-graph "
                                         "--grad-comm bf16")
     assert "--ddp-bucket-mb" not in jax_cmd and jax_cmd[-4:] == ["--data-parallel", "4", "--parallel", "ddp"]
+
+
+def test_cpu_tflops_keep_their_digits(rendered: dict) -> None:
+    """A CPU cell's TFLOP/s (0.00082) printed with two decimals read "0.00"; below
+    0.005 it keeps two significant digits, so no cell reads as no work done."""
+    from harness.sweeps.render import section_throughput
+
+    text = "\n".join(section_throughput(rendered["data"]))
+    assert "| 0.00 |" not in text
+    small = [p["tflops"] for r in rendered["data"]["phases"] if r["status"] == "ok"
+             for p in (r["forward"], r["backward"], r["step"]) if p and p["tflops"] and p["tflops"] < 0.005]
+    assert small and all(f"| {t:.2g} |" in text for t in small)

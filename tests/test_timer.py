@@ -240,3 +240,25 @@ def test_layer_ranges_overhead_runs_in_the_timer_s_rounds() -> None:
     assert layers["rounds"] == 4 and layers["steps_per_round"] == 2 and len(layers["round_ratios"]) == 4
     assert layers["with_ms"] > 0 and layers["without_ms"] > 0
     assert layers["overhead_ratio"] == pytest.approx(layers["with_ms"] / layers["without_ms"])
+
+
+@pytest.mark.parametrize("warmup, first", [(2, "warm-up 1/2"), (0, "step 1/3")])
+def test_a_compiling_backend_says_its_first_step_compiles(warmup: int, first: str) -> None:
+    """torch.compile's first compile sat for minutes behind a bare "warm-up 1/5": the first
+    step of each loop of a compiling backend says it compiles; later steps, and a backend
+    that does not compile, do not."""
+    assert [b.name for b in backends.all_backends() if b.compiles] == ["torch-compile", "torch-compile-cg", "jax"]
+    said: list[str] = []
+    opts = SimpleNamespace(mode="train", warmup=warmup, steps=3)
+    with EventLog(None) as events:
+        timer = Timer(FakeSession(garbage=1), opts, said.append, events, compiles=True)
+        timer.loop("split step", ("forward",))
+        timer.loop("fused step", ("fused_step",), outer=None)
+    compiling = [m for m in said if m.endswith(" (compiling, this can take minutes)")]
+    assert compiling == [f"split step: {first} (compiling, this can take minutes)",
+                         f"fused step: {first} (compiling, this can take minutes)"]
+    assert len(said) == 2 * (warmup + 3)
+    said.clear()
+    with EventLog(None) as events:
+        Timer(FakeSession(garbage=1), opts, said.append, events).loop("split step", ("forward",))
+    assert said and not any("compiling" in m for m in said)

@@ -9,7 +9,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-from harness.__main__ import entry_points, main
+import pytest
+
+from harness.__main__ import entry_points, main, usage
+from harness.common import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +37,7 @@ def test_subcommands_are_the_entry_point_modules() -> None:
 def test_help_lists_every_subcommand(capsys) -> None:
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    listed = [line.split()[0] for line in out.split("commands:\n")[1].splitlines()]
+    listed = [line.split()[0] for line in out.split("commands:\n")[1].splitlines() if not line.startswith("   ")]
     assert listed == list(entry_points())
 
 
@@ -60,3 +63,65 @@ def test_unknown_subcommand_is_one_line(capsys) -> None:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'comapre'" in err and "compare" in err
     json.dumps(err)
+
+
+def _first_sentence(module: str) -> str:
+    doc = ast.get_docstring(ast.parse((ROOT / "harness" / f"{module}.py").read_text()))
+    return " ".join(doc.split("\n\n")[0].split()).split(". ")[0].rstrip(".:")
+
+
+def test_help_gives_every_summary_whole_within_the_width() -> None:
+    """Summaries over 90 characters were cut with "..." (9 of 16); they wrap instead."""
+    text = usage(columns=80)
+    assert "…" not in text and "..." not in text
+    commands = text.split("commands:\n")[1]
+    assert all(len(line) <= 80 for line in commands.splitlines())
+    joined = " ".join(commands.split())
+    for name, module in entry_points().items():
+        assert f"{name} {_first_sentence(module)}" in joined
+    assert "check they agree, report side by side" in joined  # compare's, past the old cut
+
+
+def test_help_before_a_command_is_that_command_s_help(capsys) -> None:
+    """`xfprof -h compare` printed the top-level help."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["-h", "compare"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: xfprof compare ") and "--model" in out and "commands:" not in out
+
+
+def test_errors_name_the_program_as_the_user_typed_it(capsys) -> None:
+    """Through xfprof, an error says `see xfprof run --help`, not `python -m harness.run --help`;
+    run directly, the module's name; and the launcher's name does not outlive the call."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--backend", "torch", "--ctx", "64", "--steps", "0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == ("error: argument --steps: expected a positive integer, got '0' "
+                                       "(see xfprof run --help)\n")
+    assert cli.LAUNCHER is None
+    with pytest.raises(SystemExit):
+        main(["bench-optimizer", "--bogus"])
+    assert "(see xfprof bench-optimizer --help)" in capsys.readouterr().err
+    from harness import run
+
+    with pytest.raises(SystemExit):
+        run.main(["--backend", "torch", "--ctx", "64", "--steps", "0"])
+    assert capsys.readouterr().err.endswith("(see python -m harness.run --help)\n")
+
+
+def test_recorded_command_reruns_as_written(tmp_path, monkeypatch) -> None:
+    """The documents' `command` read `python xfprof compare ... --out <basename>`: neither
+    runnable (xfprof is a script on PATH, not a file here) nor writing where the run wrote."""
+    import shlex
+
+    from harness.common.results import command_line
+
+    out = str(tmp_path / "my results")
+    typed = ["compare", "--model", "tiny", "--ctx", "64", "--out", out]
+    recorded = command_line(["/opt/venv/bin/python", "/opt/venv/bin/xfprof", *typed])
+    assert recorded.startswith("xfprof compare --model tiny") and shlex.split(recorded) == ["xfprof", *typed]
+    recorded = command_line(["/usr/bin/python3.11", "-m", "harness.compare", *typed[1:]])
+    assert shlex.split(recorded) == ["python", "-m", "harness.compare", *typed[1:]]
+    monkeypatch.setenv("HOME", str(tmp_path))  # a home folder's path is written ~/...: the shell expands it
+    assert command_line(["python", "-m", "harness.run", "--out", out]) == "python -m harness.run --out ~/'my results'"

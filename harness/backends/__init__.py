@@ -77,6 +77,7 @@ class Backend:
     default: bool = False  # in the tools' default set of backends
     memory_model: bool = False  # harness.memory_model's prediction (eager torch's saved tensors) applies to it
     compile_weight: int = 1  # a sweep cell's rough cost relative to its FLOPs (compilation time)
+    compiles: bool = False  # a loop's first step compiles (torch.compile, jax.jit): its progress line says so
 
 
 _records: dict[str, Backend] = {}

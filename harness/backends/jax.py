@@ -94,5 +94,6 @@ JAX = Backend(name="jax", make_session=_make_session, precision=PRECISION, atten
               memory_note=MEMORY_NOTE, fused_step=True, layer_ranges="hlo", annotate_attention=_annotate_attention,
               nsys_flags=NSYS_FLAGS, parallel=PARALLEL, one_process=True, profile_file="jax-trace",
               profiler=_profiler, annotation=_annotation, compile_events="jax.monitoring", simulated_oom=_oom,
-              tolerances=TOLERANCES, default=True, compile_weight=3)
+              tolerances=TOLERANCES, default=True, compile_weight=3,
+              compiles=True)
 RECORDS = (JAX,)

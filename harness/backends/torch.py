@@ -153,12 +153,12 @@ COMPILED = Backend(name="torch-compile", make_session=_make_session("torch-compi
                    precision=COMPILED_PRECISION,
                    unavailable=lambda device: _compiled_unavailable("torch-compile", device),
                    layer_ranges_problem=COMPILED_LAYER_RANGES, tolerances=COMPILE_TOLERANCES, default=True,
-                   ddp_bucket_mb=COMPILED_DDP_BUCKET_MB, **_FAMILY)
+                   ddp_bucket_mb=COMPILED_DDP_BUCKET_MB, compiles=True, **_FAMILY)
 CUDA_GRAPHS = Backend(name="torch-compile-cg", make_session=_make_session("torch-compile-cg", True),
                       precision=COMPILED_PRECISION,
                       unavailable=lambda device: (_cudagraphs_unavailable(device)
                                                   or _compiled_unavailable("torch-compile-cg", device)),
                       devices=("cuda",), layer_ranges_problem=COMPILED_LAYER_RANGES,
                       tolerances=COMPILE_TOLERANCES, ddp_bucket_mb=COMPILED_DDP_BUCKET_MB,
-                      parallel_refused={"fsdp": CUDA_GRAPHS_FSDP}, **_FAMILY)
+                      parallel_refused={"fsdp": CUDA_GRAPHS_FSDP}, compiles=True, **_FAMILY)
 RECORDS = (EAGER, COMPILED, CUDA_GRAPHS)

@@ -52,9 +52,14 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+LAUNCHER: str | None = None  # `xfprof` (or `python -m harness`), set by `harness.__main__` when it dispatches
+
+
 def make_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    """The parser of `python -m <prog>`: its description is the first paragraph of `doc`."""
-    return Parser(prog=f"python -m {prog}", description=(doc or "").split("\n\n")[0],
+    """The parser of `python -m <prog>`, named as the user started it (`xfprof <tool>` through the
+    `LAUNCHER`) so that errors' "see ... --help" reads as typed; its description is `doc`'s first paragraph."""
+    name = f"{LAUNCHER} {prog.removeprefix('harness.').replace('_', '-')}" if LAUNCHER else f"python -m {prog}"
+    return Parser(prog=name, description=(doc or "").split("\n\n")[0],
                   formatter_class=HelpFormatter, allow_abbrev=False)
 
 

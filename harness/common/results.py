@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -128,20 +129,23 @@ def git_commit() -> str | None:
         return None
 
 
-def command_line() -> str:
-    """How this process was started, with temporary paths reduced to their file names."""
-    tmp = tempfile.gettempdir()
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+def command_line(argv: list[str] | None = None) -> str:
+    """How this process was started (`argv`: `sys.orig_argv`), as a command that reruns it
+    from the same folder: the `xfprof` console script by its name, the interpreter as
+    `python`, every argument as given (an --out path as typed, not cut to its file name),
+    quoted for a POSIX shell; a path under the home folder is written `~/...`."""
+    argv = list(sys.orig_argv if argv is None else argv)[1:]
+    program = ["python"]
+    if argv and not argv[0].startswith("-") and os.path.basename(argv[0]) == "xfprof":  # the console script
+        program, argv = ["xfprof"], argv[1:]
+    home = os.path.expanduser("~").rstrip(os.sep) + os.sep
 
-    def clean(arg: str) -> str:
-        if arg.startswith(root):
-            return arg[len(root):]  # a file of this project, relative to its root
-        if arg.startswith(tmp) or arg.startswith(os.path.expanduser("~")):
-            return os.path.basename(arg)
-        return arg
+    def quote(arg: str) -> str:
+        if home != os.sep and arg.startswith(home):
+            return "~/" + shlex.quote(arg[len(home):])
+        return shlex.quote(arg)
 
-    args = [clean(a) for a in sys.orig_argv[1:]]
-    return " ".join(["python", *args])
+    return " ".join([*program, *map(quote, argv)])
 
 
 # nvidia-smi fields recorded with every result. A GPU held at its power limit

@@ -60,3 +60,22 @@ def cell(rec: dict, digits: int = 3) -> str:
     if "p10_ms" not in rec:
         return f"{rec['median_ms']:{f}} ± {rec['std_ms']:{f}}"
     return f"{rec['median_ms']:{f}} ({rec['p10_ms']:{f}}-{rec['p90_ms']:{f}})"
+
+
+def figure(value: float | None, decimals: int = 2) -> str:
+    """A positive figure for a table with `decimals` places, or with two significant digits
+    where those places would round it to zero (a CPU's TFLOP/s: "0.0023", not "0.00");
+    "-" for none or zero."""
+    if not value:
+        return "-"
+    return f"{value:.{decimals}f}" if round(value, decimals) else f"{value:.2g}"
+
+
+def times_the_median(ratio: float | None) -> str:
+    """An outlier step's time against the median in words: "7.3x the median", or for one
+    below it "120x faster than the median" (not "0.0x the median")."""
+    if ratio is None:
+        return "the median is 0 ms"
+    if ratio == 0:
+        return "0x the median"
+    return f"{ratio:.1f}x the median" if ratio >= 1 else f"{1 / ratio:.1f}x faster than the median"

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from harness import backends
 from harness.common.html import svg_of, write_html
+from harness.common.stats import figure
 from harness.common.tables import markdown_table
 from harness.sweeps.analysis import STATUS_TEXT, regime
 from harness.sweeps.plots import GIB, groups, plot_memory, plot_phase_bars, plot_time_vs_ctx
@@ -117,7 +118,7 @@ def section_throughput(data: dict) -> list[str]:
            "the datasheet peak of one device for the dtype; '-' where the device is not in the peak table (e.g. "
            "CPU).", ""]
     rows = [[*_size(r, data), r["backend"], r["dtype"],
-             *(_value(r, (r[p] or {}).get("tflops"), lambda v: f"{v:.2f}") for p in phases),
+             *(_value(r, (r[p] or {}).get("tflops"), figure) for p in phases),
              *(_value(r, (r[p] or {}).get("mfu"), _pct) for p in phases)] for r in data["phases"]]
     return out + _table([*_size_header(data), "backend", "dtype", *(f"{p} TFLOP/s" for p in phases),
                          *(f"{p} MFU" for p in phases)], rows)
@@ -131,7 +132,7 @@ def section_best(data: dict) -> list[str]:
            "that is faster) reaches the highest MFU per device (TFLOP/s per device where no peak is known), over "
            "every model, context, batch and device count N of the sweep; tokens/s is the whole job's.", ""]
     rows = [[b["backend"], b["dtype"], b["model"], str(b["ctx"]), str(b["batch"]), str(b["data_parallel"]),
-             b["phase"], _pct(b["mfu"]) if b["mfu"] is not None else "-", f"{b['tflops']:.2f}",
+             b["phase"], _pct(b["mfu"]) if b["mfu"] is not None else "-", figure(b["tflops"]),
              f"{b['tokens_per_s']:,.0f}" if b["tokens_per_s"] else "-"] for b in data["best"]]
     return out + _table(["backend", "dtype", "model", "ctx", "batch/device", "N", "step range", "MFU per device",
                          "TFLOP/s per device", "tokens/s (job)"], rows)

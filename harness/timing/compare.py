@@ -239,6 +239,7 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
               "(--overwrite replaces it)", file=sys.stderr)
         name = kept
     final = os.path.join(results_root, name)
+    print(f"[compare] writing {final}: report, plots{' and kernel breakdown' if kernels else ''}", file=sys.stderr)
     tmp = make_dir_tmp(f".{name}.", results_root)
     try:
         for backend, doc in (runs or {}).items():

@@ -6,23 +6,35 @@ from __future__ import annotations
 import os
 import shutil
 
+from harness.common.progress import file_size, stage
+
 
 def keep_profiles(profiles: dict[str, str], dest: str) -> None:
     """Copy each profile, and the SQLite export beside an .nsys-rep, into `dest`."""
     os.makedirs(dest, exist_ok=True)
-    for path in profiles.values():
-        sqlite = os.path.splitext(path)[0] + ".sqlite"
-        for src in (path, sqlite) if path.endswith(".nsys-rep") and os.path.exists(sqlite) else (path,):
-            copy = shutil.copytree if os.path.isdir(src) else shutil.copy2
-            copy(src, os.path.join(dest, os.path.basename(src)))
+    with stage("compare", f"copying {len(profiles)} profiles to {dest}", now=True):
+        for path in profiles.values():
+            sqlite = os.path.splitext(path)[0] + ".sqlite"
+            for src in (path, sqlite) if path.endswith(".nsys-rep") and os.path.exists(sqlite) else (path,):
+                copy = shutil.copytree if os.path.isdir(src) else shutil.copy2
+                copy(src, os.path.join(dest, os.path.basename(src)))
 
 
 def kernel_breakdown(profiles: dict[str, str], workdir: str, nsys_bin: str | None) -> tuple[list, list]:
-    """Kernel breakdowns and the answers (a)-(e), one per profiled backend."""
+    """Kernel breakdowns and the answers (a)-(e), one per profiled backend, each saying
+    on stderr what it reads and how long it took (a large profile takes minutes)."""
     from harness.trace.analyses.breakdown import breakdown_files
 
-    return breakdown_files(list(profiles.values()), list(profiles),
-                           [os.path.join(workdir, f"{backend}.json") for backend in profiles], nsys_bin=nsys_bin)
+    bds, answer_sets = [], []
+    for i, (backend, path) in enumerate(profiles.items(), 1):
+        with stage("compare", f"kernel breakdown {i}/{len(profiles)}: {backend} ({file_size(path)})",
+                   now=True) as found:
+            (bd,), (answers,) = breakdown_files([path], [backend], [os.path.join(workdir, f"{backend}.json")],
+                                                nsys_bin=nsys_bin)
+            found(f"phases {', '.join(bd.phases) or 'none'}")
+        bds.append(bd)
+        answer_sets.append(answers)
+    return bds, answer_sets
 
 
 def communication_overlap(profiles: dict[str, str], devices: int, nsys_bin: str | None,
@@ -34,9 +46,13 @@ def communication_overlap(profiles: dict[str, str], devices: int, nsys_bin: str 
     from harness.trace.analyses.collectives import collective_bytes
     from harness.trace.analyses.overlap import rank_profiles
 
-    return {backend: rank_profiles(rank_files(first, devices), nsys_bin,
-                                   collective_bytes((runs or {}).get(backend), backends.get(backend).wrap_options))
-            for backend, first in profiles.items()}
+    out = {}
+    for backend, first in profiles.items():
+        files = rank_files(first, devices)
+        with stage("compare", f"communication overlap: {backend}, {len(files)} profiles", now=True):
+            sizes = collective_bytes((runs or {}).get(backend), backends.get(backend).wrap_options)
+            out[backend] = rank_profiles(files, nsys_bin, sizes)
+    return out
 
 
 def rank_files(first: str, devices: int) -> list[str]:
@@ -58,4 +74,5 @@ def backend_timeline(profiles: dict[str, str], bds: list, devices: int, nsys_bin
             paths.append(path)
             per_path.append(bd)  # every rank runs the same program: rank 0's attribution rule holds
             labels.append(f"{backend} rank {r}" if len(ranks) > 1 else backend)
-    return build_timeline(runs_from_files(paths, per_path, nsys_bin, labels=labels), steps)
+    with stage("compare", f"timeline: {', '.join(labels)} on one trace", now=True):
+        return build_timeline(runs_from_files(paths, per_path, nsys_bin, labels=labels), steps)

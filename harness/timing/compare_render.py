@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from harness.common.stats import cell
+from harness.common.stats import cell, figure
 from harness.common.tables import markdown_table
-from harness.timing.run_render import format_data_parallel, outlier_lines
+from harness.timing.run_render import format_data_parallel, other_warnings, outlier_lines
 
 
 def _ms(p: dict | None) -> str:
@@ -14,7 +14,7 @@ def _ms(p: dict | None) -> str:
 
 
 def _tf(p: dict | None) -> str:
-    return f"{p['tflops']:.2f}" if p and p.get("tflops") else "-"
+    return figure(p.get("tflops")) if p else "-"
 
 
 def _mfu(p: dict | None) -> str:
@@ -147,8 +147,11 @@ def _notes(summary: dict) -> list[str]:
             flag = f" ({ov['flag']})" if ov.get("flag") else ""
             lines.append(f"{backend}: instrumented step / plain step = {ov['ratio']:.3f} "
                          f"(rounds {min(rr):.3f}-{max(rr):.3f}){flag}")
+        if (layers := r.get("layer_ranges")) and layers.get("overhead_ratio"):
+            flag = f" ({layers['flag']})" if layers.get("flag") else ""
+            lines.append(f"{backend}: layer ranges: {layers['overhead_ratio']:.3f}x the step without them{flag}")
         lines += [f"{backend}: {line}" for line in outlier_lines(r)]
-        lines += [f"{backend}: warning: {w}" for w in r.get("warnings", [])]
+        lines += [f"{backend}: warning: {w}" for w in other_warnings(r)]
     return lines
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.common.stats import cell
+from harness.common.stats import cell, figure, times_the_median
 from harness.timing.distributed import parallel_label
 
 
@@ -19,7 +19,7 @@ def format_result(doc: dict) -> str:
         lines.append("rank 0's phases (the data-parallel step below is the slowest rank's median):")
     lines.append(f"{'phase':<11} {'median ms (p10-p90)':>26} {'TFLOP/s':>8} {'MFU':>6} {'peak MiB':>9}")
     for name, p in doc["phases"].items():
-        tf = f"{p['tflops']:.2f}" if p["tflops"] else "-"
+        tf = figure(p["tflops"])
         mfu = f"{100 * p['mfu']:.1f}%" if p["mfu"] else "-"
         mem = f"{p['peak_memory_bytes'] / 2**20:.0f}" if p["peak_memory_bytes"] else "-"
         lines.append(f"{name:<11} {cell(p):>26} {tf:>8} {mfu:>6} {mem:>9}")
@@ -29,19 +29,29 @@ def format_result(doc: dict) -> str:
         step_ms = first["time_to_first_step_ms"] - first["setup_ms"]
         lines.append(f"time to first step: {first['time_to_first_step_ms'] / 1e3:.2f} s "
                      f"(setup {first['setup_ms'] / 1e3:.2f} s + first step {step_ms / 1e3:.2f} s)")
-    if doc.get("overhead"):
-        lines.append(f"instrumentation overhead: {doc['overhead']['ratio']:.3f}x plain steps "
-                     f"(rounds {min(doc['overhead']['round_ratios']):.3f}-{max(doc['overhead']['round_ratios']):.3f})")
+    if ov := doc.get("overhead"):
+        lines.append(f"instrumentation overhead: {ov['ratio']:.3f}x plain steps "
+                     f"(rounds {min(ov['round_ratios']):.3f}-{max(ov['round_ratios']):.3f})"
+                     + (f": {ov['flag']}" if ov.get("flag") else ""))
     if (layers := doc.get("layer_ranges")) and layers.get("overhead_ratio"):
         lines.append(f"layer ranges: {layers['overhead_ratio']:.3f}x the step without them "
-                     f"(rounds {min(layers['round_ratios']):.3f}-{max(layers['round_ratios']):.3f})")
-    lines += [f"warning: {w}" for w in doc.get("warnings", [])]
+                     f"(rounds {min(layers['round_ratios']):.3f}-{max(layers['round_ratios']):.3f})"
+                     + (f": {layers['flag']}" if layers.get("flag") else ""))
+    lines += [f"warning: {w}" for w in other_warnings(doc)]
     return "\n".join(lines)
+
+
+def other_warnings(doc: dict) -> list[str]:
+    """The run's warnings less the overhead flags, which the overhead lines carry already
+    (printed twice, the second time as a warning, they read as two problems)."""
+    shown = {f"instrumentation overhead: {(doc.get('overhead') or {}).get('flag')}",
+             f"layer ranges overhead: {(doc.get('layer_ranges') or {}).get('flag')}"}
+    return [w for w in doc.get("warnings", []) if w not in shown]
 
 
 def outlier_lines(doc: dict) -> list[str]:
     """One line per outlier step of a result document: phase, index, time, cause."""
-    return [f"outlier: {name}, measured step {o['index']}: {o['ms']:.2f} ms ({o['x_median']:.1f}x the median)"
+    return [f"outlier: {name}, measured step {o['index']}: {o['ms']:.2f} ms ({times_the_median(o['x_median'])})"
             + (f": {'; '.join(o['causes'])}" if o.get("causes") else "")
             for name, p in doc.get("phases", {}).items() for o in p.get("outliers", [])]
 

@@ -92,7 +92,7 @@ def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> di
             session = make_session(opts, config)
             setup_ms = (time.perf_counter() - t0) * 1e3
             result["precision"] = backend.precision[opts.dtype]
-            timer = Timer(session, opts, lambda m: progress(f"[{opts.backend}] {m}"), events, fault)
+            timer = Timer(session, opts, lambda m: progress(f"[{opts.backend}] {m}"), events, fault, backend.compiles)
             layers = LayerRanges(session) if opts.layer_ranges and backend.layer_ranges == "hooks" else None
             if opts.layer_ranges and backend.layer_ranges == "hlo":
                 result["layer_ranges"] = {"overhead_ratio": None, "method": JAX_LAYERS}

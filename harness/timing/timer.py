@@ -49,8 +49,11 @@ class Timer:
     """Runs phases inside NVTX ranges, synchronizing at each end, and records times and peaks."""
 
     def __init__(self, session, opts, progress: Callable[[str], None], events: EventLog,
-                 fault: Callable[[str], BaseException | None] = lambda name: None):
+                 fault: Callable[[str], BaseException | None] = lambda name: None, compiles: bool = False):
+        """`compiles`: the backend compiles on a loop's first step, which the progress line
+        then says (minutes of silence behind "warm-up 1/5" read as a hang)."""
         self.session, self.opts, self.progress, self.events, self.fault = session, opts, progress, events, fault
+        self.compiles = compiles
         self.times: dict[str, list[float]] = {}
         self.intervals: dict[str, list[tuple[float, float]]] = {}
         self.peaks: dict[str, int] = {}
@@ -104,13 +107,14 @@ class Timer:
         """Warm-up steps, then measured ones with the collector paused; `outer` names the
         range around each measured step."""
         o = self.opts
+        compiling = " (compiling, this can take minutes)" if self.compiles else ""
         for i in range(o.warmup):
-            self.progress(f"{label}: warm-up {i + 1}/{o.warmup}")
+            self.progress(f"{label}: warm-up {i + 1}/{o.warmup}" + (compiling if i == 0 else ""))
             t0, t1 = self.step(phases, False, outer)
             self.first_step_ms.setdefault(label, (t1 - t0) * 1e3)
         with collector_paused():
             for i in range(o.steps):
-                self.progress(f"{label}: step {i + 1}/{o.steps}")
+                self.progress(f"{label}: step {i + 1}/{o.steps}" + (compiling if i == 0 and not o.warmup else ""))
                 steps_before = self.optimizer_steps
                 t0, t1 = self.step(phases, True, outer)
                 self.first_step_ms.setdefault(label, (t1 - t0) * 1e3)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.common.progress import file_size, stage
 from harness.trace.analyses.answers import answers, harness_metadata, run_json_problems
 from harness.trace.analyses.breakdown import Breakdown, breakdown, load_profile
 from harness.trace.analyses.collectives import profile_split
@@ -62,14 +63,22 @@ def load_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = (), 
         if len(group) > 1:
             out.append(_set(group, nsys_bin, force))
             continue
-        profile = load_profile(path, label, nsys_bin, force)
+        profile = _read(path, label, nsys_bin, force)
         split = split_processes(profile)
         out.append(Input(list(split.profiles.values()), split) if split else Input([profile]))
     return out
 
 
+def _read(path: Path, label: str | None, nsys_bin: str | None, force: bool) -> Profile:
+    """`load_profile`, saying what it reads when that takes long (`harness.common.progress`)."""
+    with stage("trace", f"reading {path.name} ({file_size(path)})") as found:
+        profile = load_profile(path, label, nsys_bin, force)
+        found(f"{len(profile.kernels):,} GPU activities, {len(profile.ranges):,} ranges")
+    return profile
+
+
 def _set(files: list[Path], nsys_bin: str | None, force: bool) -> Input:
-    profiles = [load_profile(f, None, nsys_bin, force) for f in files]
+    profiles = [_read(f, None, nsys_bin, force) for f in files]
     for f, p in zip(files, profiles):
         if split_processes(p):
             raise ProfileError(f"{f}: holds several processes; pass it alone (its processes are its ranks), "
@@ -132,16 +141,18 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
             # one rule for every rank, so that the columns compare
             sels = [s if s is None or s.mode == "launch" else select(p, "launch") for p, s in zip(item.profiles, sels)]
         for profile, sel in zip(item.profiles, sels):
-            hlo = hlo_dir(profile.path)
-            bd = breakdown(profile, require, attribution, schedules=load_schedules(hlo) if hlo.is_dir() else None,
-                           selection=sel)
-            i = len(bds)
-            meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
-            bd.warnings += run_json_problems(profile, bd, meta) if meta else []
-            bds.append(bd)
-            answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
-            figures.append({"label": bd.label, "gpu": profile.gpu, **gpu_time(profile, scope)})
-            mine.append(bd)
+            with stage("trace", f"analysing {profile.label} ({len(profile.kernels):,} GPU activities, "
+                                 f"{len(profile.ranges):,} ranges)"):
+                hlo = hlo_dir(profile.path)
+                bd = breakdown(profile, require, attribution,
+                               schedules=load_schedules(hlo) if hlo.is_dir() else None, selection=sel)
+                i = len(bds)
+                meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
+                bd.warnings += run_json_problems(profile, bd, meta) if meta else []
+                bds.append(bd)
+                answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
+                figures.append({"label": bd.label, "gpu": profile.gpu, **gpu_time(profile, scope)})
+                mine.append(bd)
         if item.rank_set:
             tables.append(cross_rank(item.rank_set, mine, dict(zip(item.rank_set.profiles, sels))))
     return bds, answer_sets, tables, figures

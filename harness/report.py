@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.common.answer import answer_markdown
 from harness.common.cli import (
     add_nsys_bin,
     add_out,
@@ -31,6 +32,7 @@ from harness.common.cli import (
 )
 from harness.common.html import svg_of, write_html
 from harness.trace.analyses.breakdown import TOP_N
+from harness.trace.analyses.findings import report_findings
 from harness.trace.analyses.gpu_time import SCOPES
 from harness.trace.analyses.ranks import report_inputs
 from harness.trace.analyses.selection import ATTRIBUTIONS
@@ -77,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
                                                          args.nsys_bin, args.attribution, args.force, args.scope)
         paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot,
-                             sections=[*render_ranks(ranks), *render_gpu_time(figures)])
+                             sections=[*render_ranks(ranks), *render_gpu_time(figures)],
+                             lead=answer_markdown(report_findings(bds, ranks)))
         paths["gpu_time"] = Path(args.out) / "gpu_time.json"
         paths["gpu_time"].write_text(json.dumps(figures, indent=1))
         if ranks:

@@ -1,0 +1,154 @@
+"""The answer at the top of a report, on a user's FSDP2 loop the project did not write
+(tests/data/user_ranks: two ranks, torch.profiler per rank): each line's figures against
+hand counts made here from the traces' JSON, and the verdict rules on planted figures."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.common.answer import GPU_BOUND, HOST_BOUND, MAX_FINDINGS, Finding, answer_markdown, bound, bound_text
+from harness.trace.analyses.findings import report_findings
+from harness.trace.analyses.ranks import report_inputs
+
+FSDP2 = Path(__file__).parent / "data" / "user_ranks" / "fsdp2"
+
+
+def _steps_and_work(path: Path) -> tuple[dict, list[dict], list[dict]]:
+    """The trace, its measured steps (every ProfilerStep but the first, which compiles) and
+    the GPU work launched inside them (a launch call's correlation id inside a step)."""
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    ev = doc["traceEvents"]
+    steps = sorted((e for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])[1:]
+    launch = {e["args"]["correlation"]: e["ts"] for e in ev
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    work = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+            and any(s["ts"] <= launch.get(e["args"].get("correlation"), -1) <= s["ts"] + s["dur"] for s in steps)]
+    return doc, steps, work
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[list[float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _hand(path: Path) -> dict:
+    """Per step (ms): the step's wall time, the union of its GPU work, and its NCCL kernel
+    time not under a compute kernel."""
+    _, steps, work = _steps_and_work(path)
+    busy = sum(e - s for s, e in _merged([(w["ts"], w["ts"] + w["dur"]) for w in work]))
+    compute = _merged([(w["ts"], w["ts"] + w["dur"]) for w in work
+                       if w["cat"] == "kernel" and not w["name"].startswith("nccl")])
+    exposed = sum(w["dur"] - sum(max(0.0, min(w["ts"] + w["dur"], b) - max(w["ts"], a)) for a, b in compute)
+                  for w in work if w["name"].startswith("nccl"))
+    n = len(steps)
+    return {"wall": sum(s["dur"] for s in steps) / n / 1e3, "busy": busy / n / 1e3, "exposed": exposed / n / 1e3,
+            "steps": n}
+
+
+def _collectives(path: Path) -> dict[str, list[tuple[float, float]]]:
+    """NCCL kernels of the measured steps by kind, as (start on the job's clock, duration) in µs."""
+    doc, _, work = _steps_and_work(path)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for w in work:
+        if w["name"].startswith("nccl"):
+            kind = next(k for k in ("AllGather", "ReduceScatter", "AllReduce") if k in w["name"])
+            out.setdefault(kind, []).append((w["ts"] + doc["baseTimeNanoseconds"] / 1e3, w["dur"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def answer() -> list[str]:
+    bds, _, tables, _ = report_inputs([FSDP2 / "rank0.json.gz", FSDP2 / "rank1.json.gz"])
+    return answer_markdown(report_findings(bds, tables))
+
+
+def _figures(line: str) -> list[float]:
+    return [float(x) for x in re.findall(r"(\d+\.\d+)", line)]
+
+
+def test_the_answer_opens_with_the_rank_that_paces_the_job(answer) -> None:
+    c0, c1 = _collectives(FSDP2 / "rank0.json.gz"), _collectives(FSDP2 / "rank1.json.gz")
+    pairs = [(a, b) for kind in c0 for a, b in zip(c0[kind], c1[kind])]
+    assert len(pairs) == 80
+    last_one = sum(b[0] >= a[0] for a, b in pairs) / len(pairs)
+    assert last_one == 1.0  # rank 1 starts every collective last
+    one = _hand(FSDP2 / "rank1.json.gz")
+    compute = min(one["busy"], one["wall"]) - one["exposed"]
+    line = answer[2]
+    assert line.startswith(f"- rank 1 paces the job: it arrives last at {last_one:.0%} of the collectives")
+    assert f"its GPU computes {compute / one['wall']:.1%} of its step ({compute:.1f} of {one['wall']:.1f} ms)" in line
+    assert compute / one["wall"] < HOST_BOUND and "its host, not its GPU, sets the pace" in line
+
+
+def test_waiting_against_transfer_matches_hand_count(answer) -> None:
+    c0, c1 = _collectives(FSDP2 / "rank0.json.gz"), _collectives(FSDP2 / "rank1.json.gz")
+    steps = _hand(FSDP2 / "rank0.json.gz")["steps"]
+    waiting = transfer = 0.0
+    for kind in c0:
+        for (s0, d0), (s1, _) in zip(c0[kind], c1[kind]):
+            w = max(0.0, min(max(s0, s1) - s0, d0))  # rank 0's part before rank 1's collective starts
+            waiting, transfer = waiting + w, transfer + d0 - w
+    line = answer[3]
+    assert line.startswith(f"- rank 0 waits {waiting / steps / 1e3:.1f} ms per step in collectives for rank 1, "
+                           f"against {transfer / steps / 1e3:.1f} ms of transfer")
+
+
+def test_each_rank_verdict_matches_hand_count(answer) -> None:
+    zero, one = _hand(FSDP2 / "rank0.json.gz"), _hand(FSDP2 / "rank1.json.gz")
+    assert answer[4].startswith("- rank 0: waits for rank 1")  # most of its step is waiting, not its host
+    assert _figures(answer[4])[1] == pytest.approx(100 * (min(zero["busy"], zero["wall"]) - zero["exposed"])
+                                                   / zero["wall"], abs=0.05)
+    expected = bound_text("rank 1", one["wall"], one["busy"], one["exposed"])
+    assert answer[5] == f"- {expected} (see: Per phase)"
+    assert expected.startswith("rank 1: host-bound")
+
+
+def test_no_straggler_where_the_ranks_steps_agree(answer) -> None:
+    walls = [_hand(FSDP2 / f"rank{r}.json.gz")["wall"] for r in (0, 1)]
+    line = next(x for x in answer if "straggler" in x)
+    # the ranks wait for each other, so their steps last alike: the paced job has no straggler
+    assert max(walls) / min(walls) < 1.05
+    assert line.startswith("- no straggler") and f"slowest rank 1, {max(walls):.1f} ms" in line
+
+
+def test_the_answer_is_short_and_states_its_rules(answer) -> None:
+    bullets = [x for x in answer if x.startswith("- ")]
+    assert 4 <= len(bullets) <= MAX_FINDINGS
+    assert answer[-2].startswith("Rules: host-bound where the GPU computes")
+
+
+def test_report_opens_with_the_answer(tmp_path) -> None:
+    from harness.report import main
+
+    assert main([str(FSDP2 / "rank0.json.gz"), str(FSDP2 / "rank1.json.gz"), "--out", str(tmp_path), "--no-plot"]) == 0
+    lines = (tmp_path / "kernels.md").read_text().splitlines()
+    assert lines[2] == "## The answer" and lines[4].startswith("- rank 1 paces the job")
+    assert "The answer" in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.parametrize(("share", "verdict"), [(HOST_BOUND - 0.001, "host-bound"), (HOST_BOUND, "partly host-bound"),
+                                                (GPU_BOUND - 0.001, "partly host-bound"), (GPU_BOUND, "GPU-bound")])
+def test_bound_thresholds(share: float, verdict: str) -> None:
+    assert bound(share) == verdict
+
+
+def test_bound_text_takes_exposed_communication_out_of_the_busy_time() -> None:
+    # 100 ms step, GPU busy 90 ms of which 30 ms communication nobody computes under: 60% computing
+    assert bound_text("x", 100.0, 90.0, 30.0) == ("x: partly host-bound: its GPU computes 60.0% of the step (60.0 of "
+                                                  "100.0 ms); 30.0% of the step is exposed communication")
+
+
+def test_answer_keeps_to_its_line_budget() -> None:
+    lines = answer_markdown([Finding("t", f"finding {i}") for i in range(MAX_FINDINGS + 3)])
+    bullets = [x for x in lines if x.startswith("- ")]
+    assert len(bullets) == MAX_FINDINGS + 1 and bullets[-1] == "- ... 3 more findings in the sections below"

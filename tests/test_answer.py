@@ -152,3 +152,21 @@ def test_answer_keeps_to_its_line_budget() -> None:
     lines = answer_markdown([Finding("t", f"finding {i}") for i in range(MAX_FINDINGS + 3)])
     bullets = [x for x in lines if x.startswith("- ")]
     assert len(bullets) == MAX_FINDINGS + 1 and bullets[-1] == "- ... 3 more findings in the sections below"
+
+
+def test_compare_report_opens_with_the_fastest_backend_and_its_margin() -> None:
+    from harness.timing.compare_render import compare_markdown
+
+    summary = json.loads((Path(__file__).parent / "data" / "compare_cpu" / "summary.json").read_text())
+    steps = {b: (r["phases"].get("fused_step") or r["phases"]["step"]) for b, r in summary["runs"].items()}
+    best = min(steps, key=lambda b: steps[b]["median_ms"])
+    lines = compare_markdown(summary).splitlines()
+    assert lines[2] == "## The answer"
+    assert lines[4].startswith(f"- {best} is fastest: {steps[best]['median_ms']:.1f} ms per step; ")
+    for b, p in steps.items():
+        if b != best:
+            ratio = p["median_ms"] / steps[best]["median_ms"]
+            apart = p["p10_ms"] > steps[best]["p90_ms"]
+            assert f"{ratio:.2f}x faster" in lines[4] and f"than {b}, " in lines[4]
+            assert ("beyond the noise" in lines[4]) == apart or "inside the noise" in lines[4]
+    assert any(x.startswith("- parity: ") for x in lines[4:12])

@@ -17,6 +17,8 @@ GPU_BOUND = 0.85  # ... at least this share: the GPU's own work sets the pace
 STRAGGLER = 1.05  # slowest over fastest rank's step time beyond this: a straggler
 OUTLIER_STEPS = 1.2  # a step's mean time over its median beyond this: outlier steps
 DOUBT_SHARE = 0.05  # kernel time outside every range beyond this share: attribution is in doubt
+NOISE_WORDS = {True: "inside the noise (the p10-p90 ranges overlap)", False: "beyond the noise",
+               None: "noise unknown (no timer spread on one side)"}
 
 RULES = (f"host-bound where the GPU computes (busy, less exposed communication) under {HOST_BOUND:.0%} of the "
          f"step, GPU-bound from {GPU_BOUND:.0%}; a straggler where the slowest rank's median step is over "
@@ -31,6 +33,20 @@ class Finding:
     topic: str
     text: str
     see: str = ""
+
+
+def speed(a_ms: float, b_ms: float) -> str:
+    """B against A as a speed ratio and the time saved or added: "5.07x faster (80.3% less time)"."""
+    if not (a_ms > 0 and b_ms > 0) or a_ms == b_ms:
+        return "the same time" if a_ms == b_ms else "no ratio (a time is zero or missing)"
+    if b_ms < a_ms:
+        return f"{a_ms / b_ms:.2f}x faster ({(a_ms - b_ms) / a_ms:.1%} less time, {a_ms - b_ms:.3f} ms)"
+    return f"{b_ms / a_ms:.2f}x slower ({(b_ms - a_ms) / a_ms:.1%} more time, {b_ms - a_ms:.3f} ms)"
+
+
+def overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool | None:
+    """Whether two p10-p90 ranges overlap (None: a side has no spread)."""
+    return None if not (a and b) else a[0] <= b[1] and b[0] <= a[1]
 
 
 def bound(compute_share: float) -> str:

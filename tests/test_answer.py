@@ -163,7 +163,7 @@ def test_compare_report_opens_with_the_fastest_backend_and_its_margin() -> None:
     lines = compare_markdown(summary).splitlines()
     assert lines[2] == "## The answer"
     assert lines[4].startswith(f"- {best} is fastest: {steps[best]['median_ms']:.1f} ms per step; ")
-    parts = {part.split(" than ")[1].split(",")[0]: part for part in lines[4].split("; ")[1:]}
+    parts = {part.split(" than ")[1].split(",")[0]: part for part in lines[4].split(" (see: ")[0].split("; ")[1:]}
     for b, p in steps.items():
         if b != best:
             ratio = p["median_ms"] / steps[best]["median_ms"]

@@ -298,6 +298,11 @@ def write_csv(path: Path, bds: Sequence[Breakdown]) -> None:
 
 
 def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
+    """`kernel_figure` saved as a PNG."""
+    kernel_figure(bds, top_n).savefig(path, dpi=110)
+
+
+def kernel_figure(bds: Sequence[Breakdown], top_n: int = TOP_N):
     """Stacked category bars per profile x phase (left) and each profile's top kernels of
     its step (right)."""
     from matplotlib.figure import Figure  # not pyplot: no GUI backend, and half the import time
@@ -325,7 +330,7 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
         ax.set_xlabel("ms per step")
         ax.set_title(f"{bd.label}: top {_unit([bd])}s ({p.phase})")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,

@@ -171,3 +171,34 @@ def test_compare_report_opens_with_the_fastest_backend_and_its_margin() -> None:
             assert parts[b].startswith(f"{ratio:.2f}x faster")
             assert parts[b].endswith("beyond the noise" if apart else "inside the noise (the p10-p90 ranges overlap)")
     assert any(x.startswith("- parity: ") for x in lines[4:12])
+
+
+def test_sweep_answer_from_the_stored_cpu_sweep(tmp_path) -> None:
+    """JAX's step against torch's per cell, counted here from cells.jsonl, and the failed cells."""
+    import shutil
+    import statistics
+
+    from harness.common.answer import answer_markdown
+    from harness.sweeps.analysis import analyze
+    from harness.sweeps.answer import RULES, sweep_findings
+
+    data_dir = Path(__file__).parent / "data" / "sweep"
+    shutil.copytree(data_dir, tmp_path / "s")
+    cells = [json.loads(line) for line in (data_dir / "cells.jsonl").read_text().splitlines()]
+    steps = {}
+    for c in cells:
+        if c["status"] == "ok" and c["cell"]["warmup"] is None:
+            p = c["result"]["phases"]
+            steps[(c["cell"]["model"], c["cell"]["ctx"], c["cell"]["dtype"], c["cell"]["backend"])] = \
+                (p.get("fused_step") or p["step"])["median_ms"] if c["cell"]["backend"] == "jax" else p["step"]["median_ms"]
+    lines = answer_markdown(sweep_findings(analyze(str(tmp_path / "s"))), RULES)
+    for dtype in ("fp32", "bf16"):
+        ratios = [steps[(m, t, d, "jax")] / steps[(m, t, d, "torch")] for (m, t, d, b) in steps
+                  if b == "torch" and d == dtype and (m, t, d, "jax") in steps]
+        line = next(x for x in lines if x.startswith(f"- {dtype}: jax's step takes"))
+        assert line.startswith(f"- {dtype}: jax's step takes {statistics.median(ratios):.2f}x (median; "
+                               f"{min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} cells) the time of torch's")
+        assert f"jax is faster in {sum(r < 1 for r in ratios)} of {len(ratios)}" in line
+    failed = {c["key"] for c in cells if c["status"] not in ("ok", "not run") and c["cell"]["warmup"] is None}
+    line = next(x for x in lines if "OOM" in x or "failed" in x)
+    assert all(key in line for key in failed)

@@ -19,6 +19,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 
+from harness.common.answer import answer_markdown
 from harness.common.cli import (
     UsageError,
     add_out,
@@ -34,6 +35,7 @@ from harness.common.cli import (
 from harness.common.results import file_problem
 from harness.timing.projection import format_projection, project
 from harness.timing.scaling import SHAPE, format_growth, format_scaling, scaling_rows, step_figures
+from harness.timing.scaling_answer import RULES, scaling_findings
 
 
 def load_run(path: str) -> dict:
@@ -80,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc))
     if not rows:
         return fail(f"none of {', '.join(args.runs)} finished (status ok); nothing to tabulate")
-    text = format_scaling(rows)
+    text = "\n".join(answer_markdown(scaling_findings(rows), RULES)) + "\n" + format_scaling(rows)
     if growth := format_growth(rows):
         text += "\n" + growth
     if args.project:

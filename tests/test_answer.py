@@ -202,3 +202,28 @@ def test_sweep_answer_from_the_stored_cpu_sweep(tmp_path) -> None:
     failed = {c["key"] for c in cells if c["status"] not in ("ok", "not run") and c["cell"]["warmup"] is None}
     line = next(x for x in lines if "OOM" in x or "failed" in x)
     assert all(key in line for key in failed)
+
+
+def test_scaling_answer_names_each_groups_efficiency_and_the_best(tmp_path, capsys) -> None:
+    from harness import scaling
+
+    def doc(backend: str, n: int, step_ms: float) -> dict:
+        o = {"backend": backend, "model": "large", "ctx": 1024, "batch": 4, "dtype": "bf16", "attention": "naive",
+             "device": "cuda", "parallel": "ddp", "data_parallel": n}
+        d = {"status": "ok", "options": o, "phases": {"step": {"median_ms": step_ms}}}
+        if n > 1:
+            d["data_parallel"] = {"n": n, "step_ms": step_ms}
+        return d
+
+    runs = [doc("torch", 1, 100.0), doc("torch", 4, 125.0), doc("jax", 1, 80.0), doc("jax", 4, 84.0)]
+    paths = []
+    for i, d in enumerate(runs):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(d))
+    assert scaling.main([str(p) for p in paths]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "## The answer"
+    # weak scaling: the step at N = 4 against the one-device step, the per-device batch fixed
+    assert lines[2] == f"- best: jax (replicated), {80 / 84:.1%} at N = 4 (see: the table)"
+    assert any(x.startswith(f"- torch (DDP, 25 MB buckets) at N = 4: {100 / 125:.1%} efficiency on the synchronized "
+                            "step (125.0 ms)") for x in lines)

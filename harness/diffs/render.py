@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.common.answer import NOISE_WORDS, speed
+from harness.common.answer import NOISE_WORDS, Finding, answer_markdown, speed
 from harness.common.tables import markdown_table
 from harness.diffs.decompose import HOST, Diff, PhaseDiff, Throughput, phase_words
 from harness.diffs.layers import LayerPhase, layer_sentences
@@ -160,8 +160,14 @@ def _phase_lines(p: PhaseDiff) -> list[str]:
     return [*lines, ""]
 
 
+RULES = ("the step's gap split into the parts the two profiles measure (kernels by category, the host's time with "
+         f"no kernel running); the {CAUSES} largest by size are its causes; beyond the noise where the two timers' "
+         "p10-p90 ranges do not overlap; unexplained: the gap the parts leave")
+
+
 def diff_markdown(d: Diff) -> str:
-    lines = [f"# {d.b_label} against {d.a_label}", "", *sentences(d), ""]
+    findings = [Finding("diff", s) for s in sentences(d)]
+    lines = [f"# {d.b_label} against {d.a_label}", "", *answer_markdown(findings, RULES)]
     lines += [f"- {label}: {a}" + ("" if a == b else f" / {b}") for label, (a, b) in d.fields.items()]
     lines += ["", *(f"- note: {n}" for n in d.notes), ""] if d.notes else [""]
     for p in d.phases:

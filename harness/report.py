@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.common.answer import answer_markdown
 from harness.common.cli import (
     add_nsys_bin,
     add_out,
@@ -30,14 +31,15 @@ from harness.common.cli import (
     positive_int,
     timeline_problem,
 )
-from harness.common.html import svg_of, write_html
+from harness.common.html import svg_of_figure, write_html
 from harness.common.progress import stage
 from harness.trace.analyses.breakdown import TOP_N
+from harness.trace.analyses.findings import report_findings
 from harness.trace.analyses.gpu_time import SCOPES
 from harness.trace.analyses.ranks import report_inputs
 from harness.trace.analyses.selection import ATTRIBUTIONS
 from harness.trace.profile import ProfileError
-from harness.trace.render import plot, write_report
+from harness.trace.render import kernel_figure, write_report
 from harness.trace.render_ranks import render_gpu_time, render_ranks
 
 
@@ -80,15 +82,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
                                                          args.nsys_bin, args.attribution, args.force, args.scope)
         with stage("report", f"writing kernels.md, .csv, .json{'' if args.no_plot else ' and drawing kernels.png'}"):
-            paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot,
-                                 sections=[*render_ranks(ranks), *render_gpu_time(figures)])
+            paths = write_report(args.out, bds, answer_sets, args.top, png=False,
+                                 sections=[*render_ranks(ranks), *render_gpu_time(figures)],
+                                 lead=answer_markdown(report_findings(bds, ranks)))
+            svgs = {}
+            if not args.no_plot:  # drawn once, for the PNG and the page's SVG
+                fig = kernel_figure(bds, args.top)
+                paths["png"] = Path(args.out) / "kernels.png"
+                fig.savefig(paths["png"], dpi=110)
+                svgs["kernels.png"] = svg_of_figure(fig)
         paths["gpu_time"] = Path(args.out) / "gpu_time.json"
         paths["gpu_time"].write_text(json.dumps(figures, indent=1))
         if ranks:
             paths["ranks"] = Path(args.out) / "ranks.json"
             paths["ranks"].write_text(json.dumps(ranks, indent=1))
-        with stage("report", "writing report.html" + ("" if args.no_plot else " and drawing its chart")):
-            svgs = {} if args.no_plot else {"kernels.png": svg_of(lambda path: plot(path, bds, args.top))}
+        with stage("report", "writing report.html"):
             paths["html"] = write_html(args.out, "kernels.md", svgs)
         if args.timeline:
             from harness.trace.timeline import build_timeline, runs_from_inputs, write_timeline

@@ -22,6 +22,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 
+from harness.common.answer import answer_markdown
 from harness.common.cli import (
     UsageError,
     add_out,
@@ -45,6 +46,7 @@ from harness.timing.scaling import (
     step_figures,
     strategy,
 )
+from harness.timing.scaling_answer import RULES, scaling_findings
 
 
 def load_runs(path: str) -> list[dict]:
@@ -101,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc))
     if not rows:
         return fail(f"none of {', '.join(args.runs)} finished (status ok); nothing to tabulate")
-    text = format_scaling(rows)
+    text = "\n".join(answer_markdown(scaling_findings(rows), RULES)) + "\n" + format_scaling(rows)
     if growth := format_growth(rows):
         text += "\n" + growth
     if args.project:

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from harness.common.answer import NOISE_WORDS, Finding, answer_markdown, speed
 from harness.common.tables import markdown_table
 from harness.diffs.decompose import HOST, Diff, PhaseDiff, Throughput, phase_words
 from harness.diffs.layers import LayerPhase, layer_sentences
@@ -20,15 +21,6 @@ def _ms(x: float | None) -> str:
 
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
-
-
-def speed(a_ms: float, b_ms: float) -> str:
-    """B against A as a speed ratio and the time saved or added: "5.07x faster (80.3% less time)"."""
-    if not (a_ms > 0 and b_ms > 0) or a_ms == b_ms:
-        return "the same time" if a_ms == b_ms else "no ratio (a time is zero or missing)"
-    if b_ms < a_ms:
-        return f"{a_ms / b_ms:.2f}x faster ({(a_ms - b_ms) / a_ms:.1%} less time, {a_ms - b_ms:.3f} ms)"
-    return f"{b_ms / a_ms:.2f}x slower ({(b_ms - a_ms) / a_ms:.1%} more time, {b_ms - a_ms:.3f} ms)"
 
 
 def step_choice(d: Diff) -> str | None:
@@ -49,8 +41,7 @@ def _headline(d: Diff, p: PhaseDiff) -> str:
     phase = phase_words(p, d.a_label, d.b_label)
     if not p.a_ms:
         return f"{phase}: no time for A."
-    noise = {True: "inside the noise (the p10-p90 ranges overlap)", False: "beyond the noise",
-             None: "noise unknown (no timer spread on one side)"}[p.in_noise]
+    noise = NOISE_WORDS[p.in_noise]
     return (f"B ({d.b_label}) takes {p.b_ms:.3f} ms per {phase} against A's ({d.a_label}) {p.a_ms:.3f} ms "
             f"({p.whole}): {speed(p.a_ms, p.b_ms)}, {noise}.")
 
@@ -171,8 +162,14 @@ def _phase_lines(p: PhaseDiff) -> list[str]:
     return [*lines, ""]
 
 
+RULES = ("the step's gap split into the parts the two profiles measure (kernels by category, the host's time with "
+         f"no kernel running); the {CAUSES} largest by size are its causes; beyond the noise where the two timers' "
+         "p10-p90 ranges do not overlap; unexplained: the gap the parts leave")
+
+
 def diff_markdown(d: Diff) -> str:
-    lines = [f"# {d.b_label} against {d.a_label}", "", *sentences(d), ""]
+    findings = [Finding("diff", s) for s in sentences(d)]
+    lines = [f"# {d.b_label} against {d.a_label}", "", *answer_markdown(findings, RULES)]
     lines += [f"- {label}: {a}" + ("" if a == b else f" / {b}") for label, (a, b) in d.fields.items()]
     lines += ["", *(f"- note: {n}" for n in d.notes), ""] if d.notes else [""]
     for p in d.phases:

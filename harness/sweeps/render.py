@@ -16,10 +16,12 @@ import os
 from collections.abc import Callable
 
 from harness import backends
+from harness.common.answer import answer_markdown
 from harness.common.html import svg_of, write_html
 from harness.common.stats import figure
 from harness.common.tables import markdown_table
 from harness.sweeps.analysis import STATUS_TEXT, regime
+from harness.sweeps.answer import RULES, sweep_findings
 from harness.sweeps.plots import GIB, groups, plot_memory, plot_phase_bars, plot_time_vs_ctx
 from harness.timing.scaling import format_scaling
 from harness.timing.spec import PHASE_ORDER
@@ -269,6 +271,7 @@ def sweep_markdown(data: dict, plots: list[str]) -> str:
     lines = [f"# Sweep: batch {batches}, {o['attention']} attention, {o['mode']} on {o['device']}", "",
              f"warm-up {o['warmup']}, measured steps {o['steps']}; cells: "
              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), ""]
+    lines += answer_markdown(sweep_findings(data), RULES)
     lines += section_environment(data)
     for section in (section_times, section_bound, section_throughput, section_best, section_scaling, section_memory,
                     section_speedups, section_warmup, section_kernels, section_failed):

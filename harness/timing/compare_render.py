@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from harness.common.answer import answer_markdown
 from harness.common.stats import cell, figure
 from harness.common.tables import markdown_table
 from harness.timing.run_render import format_data_parallel, other_warnings, outlier_lines
@@ -260,6 +261,9 @@ def compare_markdown(summary: dict, kernels: str | None = None) -> str:
     runs = summary["runs"]
     out = [f"# {o['model']}, ctx {o['ctx']}, batch {o['batch']}, {o['dtype']}, attention {o['attention']}, "
            f"{o['mode']} on {summary.get('device') or o['device']}", ""]
+    from harness.timing.compare_answer import RULES, compare_findings  # it reads this module's verdicts
+
+    out += answer_markdown(compare_findings(summary), RULES)
     failures = _failures(summary)
     if failures:
         out += ["**Failed runs** (no timings are shown for them):", ""] + [f"- {f}" for f in failures] + [""]

@@ -224,11 +224,13 @@ def _layers(bd: Breakdown, n: int) -> list[str]:
 
 
 def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
-                       top_n: int = TOP_N, title: str = "Kernel breakdown", sections: Sequence[str] = ()) -> str:
+                       top_n: int = TOP_N, title: str = "Kernel breakdown", sections: Sequence[str] = (),
+                       lead: Sequence[str] = ()) -> str:
     """The report as markdown; `answer_sets` default to `answers(bd)` for each breakdown;
-    `sections` (markdown lines, e.g. the cross-rank tables) go before the left-out kernels."""
+    `lead` (markdown lines: the answer) opens it; `sections` (e.g. the cross-rank tables)
+    go before the left-out kernels."""
     answer_sets = answer_sets or [answers(bd) for bd in bds]
-    out = [f"# {title}", ""]
+    out = [f"# {title}", "", *lead]
     for bd in bds:
         spill = "" if bd.outside_share is None else f"; {bd.outside_share:.1%} of in-range kernel time ran outside"
         out += [f"- **{bd.label}**: `{Path(bd.path).name}` (source: {bd.source}; "
@@ -296,6 +298,11 @@ def write_csv(path: Path, bds: Sequence[Breakdown]) -> None:
 
 
 def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
+    """`kernel_figure` saved as a PNG."""
+    kernel_figure(bds, top_n).savefig(path, dpi=110)
+
+
+def kernel_figure(bds: Sequence[Breakdown], top_n: int = TOP_N):
     """Stacked category bars per profile x phase (left) and each profile's top kernels of
     its step (right)."""
     from matplotlib.figure import Figure  # not pyplot: no GUI backend, and half the import time
@@ -323,19 +330,19 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
         ax.set_xlabel("ms per step")
         ax.set_title(f"{bd.label}: top {_unit([bd])}s ({p.phase})")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
                  top_n: int = TOP_N, stem: str = "kernels", png: bool = True,
-                 sections: Sequence[str] = ()) -> dict[str, Path]:
-    """Write ``<stem>.md``, ``.csv``, ``.json`` and (with `png`) ``.png`` into `out_dir`;
-    return their paths."""
+                 sections: Sequence[str] = (), lead: Sequence[str] = ()) -> dict[str, Path]:
+    """Write ``<stem>.md``, ``.csv``, ``.json`` and (with `png`) ``.png`` into `out_dir`
+    (`lead` and `sections` as `breakdown_markdown` places them); return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     answer_sets = answer_sets or [answers(bd) for bd in bds]
     paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", *(("png",) if png else ()))}
-    paths["md"].write_text(breakdown_markdown(bds, answer_sets, top_n, sections=sections))
+    paths["md"].write_text(breakdown_markdown(bds, answer_sets, top_n, sections=sections, lead=lead))
     write_csv(paths["csv"], bds)
     # The profile's file name only: where it lay (often a temp folder) says nothing.
     doc = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]

@@ -14,7 +14,7 @@ from harness.trace.stats import Breakdown, PhaseStats
 NOTABLE_SHARE = 0.05  # answer (c): non-GEMM kernels at or above this share of forward
 
 
-def _step_phase(bd: Breakdown) -> PhaseStats | None:
+def step_phase(bd: Breakdown) -> PhaseStats | None:
     """The step range's phase, else (a user's `train_step`) the root that holds the others."""
     found = next((bd.phases[s] for s in STEP_RANGES if s in bd.phases), None)
     roots = [p for p in bd.phases.values() if p.root == p.phase and len(bd.phases) > 1]
@@ -42,7 +42,7 @@ def answers(bd: Breakdown, harness_forward_ms: float | None = None,
     `harness_forward_ms`: the harness's own forward time per step, if known.
     `metadata`: ``batch``, ``seq``, ``heads``, ``d_head`` for the attention FLOPs of (e).
     """
-    fwd, step = bd.phases.get("forward"), _step_phase(bd)
+    fwd, step = bd.phases.get("forward"), step_phase(bd)
     out: dict[str, dict | list | str | None] = dict.fromkeys("abcde")
     if fwd:
         # medians over the steps on both sides (the harness timer's figure is its median too)

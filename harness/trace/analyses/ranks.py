@@ -122,7 +122,8 @@ def cross_rank(rs: RankSet, bds: Sequence[Breakdown], selections: Mapping[int, S
     split = None
     if None not in selections.values() and None not in {p.session_start_ns for p in rs.profiles.values()}:
         split = profile_split(rs.profiles, selections=selections)
-    return {"name": rs.name, "rank_source": rs.rank_source, "ranks": ranks, "phases": phases,
+    return {"name": rs.name, "rank_source": rs.rank_source, "ranks": ranks, "labels": [bd.label for bd in bds],
+            "phases": phases,
             "straggler": straggler, "communication": communication, "split": split}
 
 

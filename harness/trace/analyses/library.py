@@ -13,6 +13,7 @@ once per name.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -20,23 +21,35 @@ import numpy as np
 
 from harness.trace.analyses import attribution as attr
 from harness.trace.library_ranges import group_name, library_of
-from harness.trace.profile import PROFILER_STEP, KernelTable, Range
+from harness.trace.profile import KernelTable, Range
 from harness.trace.stats import PhaseStats, SubRange
 
 LISTED = 4  # names listed per library in the one line of a profile without ranges of its own
 
 
+def _library(name: str) -> str:
+    """The library of a library range: by name, else a ProfilerStep inside the program's step."""
+    return library_of(name) or "torch.profiler"
+
+
 def holders(own: Sequence[Range], library: Sequence[Range]) -> np.ndarray:
-    """Per library range, the innermost of the program's ranges `own` that contains it (-1: none)."""
+    """Per library range, the innermost of the program's ranges `own` that contains it (-1:
+    none; of equal spans, the program's holds the library's). One pass over both sorted by
+    start: a stack of the nested own ranges open there, whose ends fall from bottom to top."""
     out = np.full(len(library), -1, np.int64)
-    if not own:
-        return out
-    start, end = np.array([r.start for r in own]), np.array([r.end for r in own])
-    length = end - start
-    for i, r in enumerate(library):
-        inside = np.flatnonzero((start <= r.start) & (end >= r.end))
-        if len(inside):  # equal spans: the later one, nested in the earlier (`attribution.range_parents`)
-            out[i] = inside[::-1][np.argmin(length[inside][::-1])]
+    events = sorted([(r.start, -r.end, 0, i) for i, r in enumerate(own)]
+                    + [(r.start, -r.end, 1, i) for i, r in enumerate(library)])
+    stack: list[int] = []
+    ends: list[int] = []  # -end of each stacked range: rising from bottom to top
+    for _, neg_end, kind, i in events:
+        if kind == 0:
+            while ends and -ends[-1] < -neg_end:
+                stack.pop()
+                ends.pop()
+            stack.append(i)
+            ends.append(neg_end)
+        elif (j := bisect_right(ends, neg_end) - 1) >= 0:
+            out[i] = stack[j]
     return out
 
 
@@ -70,7 +83,7 @@ def sub_ranges(kt: KernelTable, library: Sequence[Range], phase_of: Sequence[str
     for (phase, name), j in keys.items():
         p = phases[phase]
         per_step = ns[j] / (max(p.steps, 1) * p.devices)
-        out[phase].append(SubRange(name=name, library=library_of(name) or PROFILER_STEP,
+        out[phase].append(SubRange(name=name, library=_library(name),
                                    per_step=count[j] / max(p.steps, 1), gpu_ns_per_step=float(per_step),
                                    share=float(per_step / p.gpu_ns_per_step) if p.gpu_ns_per_step else 0.0))
     return {phase: sorted(out[phase], key=lambda s: (-s.gpu_ns_per_step, s.name)) for phase in phases if phase in out}
@@ -81,7 +94,7 @@ def only_library(library: Sequence[Range], whole: bool) -> str:
     tables then cover, and the library ranges, a few names per library."""
     names: dict[str, dict[str, None]] = defaultdict(dict)
     for r in library:
-        names[library_of(r.name) or PROFILER_STEP][group_name(r.name)] = None
+        names[_library(r.name)][group_name(r.name)] = None
     listed = "; ".join(f"{lib}: " + ", ".join(f"`{n}`" for n in list(ns)[:LISTED])
                        + (f" and {len(ns) - LISTED} more" if len(ns) > LISTED else "") for lib, ns in names.items())
     cover = ("the tables cover the whole profile (one \"step\")" if whole

@@ -36,9 +36,12 @@ def _ns(us) -> int:
     return int(Decimal(str(us)) * 1000)
 
 
+OPENED_BY = {"FSDP::": "FSDP", "nccl:": "NCCL", "Optimizer.": "torch.optim"}  # the ranges torch opens here
+
+
 def _hand(name: str) -> dict[tuple[str, str], tuple[int, int]]:
-    """Per (phase, FSDP range name with its block index as `*`): how many FSDP ranges lie in
-    that phase (its innermost `forward`/`backward`/`optimizer` range, else the step) in the
+    """Per (phase, library range name with its block index as `*`): how many such ranges
+    (FSDP's, c10d's `nccl:*` and torch.optim's) lie in that phase (its innermost `forward`/`backward`/`optimizer` range, else the step) in the
     measured steps ProfilerStep#2 and #3 (#1 is set apart as the first step), and the ns of
     the GPU activities launched inside one of them on the range's own thread."""
     events = json.loads(gzip.decompress((FSDP / name).read_bytes()), parse_float=Decimal)["traceEvents"]
@@ -53,7 +56,7 @@ def _hand(name: str) -> dict[tuple[str, str], tuple[int, int]]:
     count: dict[tuple[str, str], int] = defaultdict(int)
     members: dict[tuple[str, str], list[tuple[int, int, tuple]]] = defaultdict(list)
     for n, lo, hi, thread in spans:
-        if not n.startswith("FSDP::") or not any(a <= lo and hi <= b for a, b in steps):
+        if not n.startswith(tuple(OPENED_BY)) or not any(a <= lo and hi <= b for a, b in steps):
             continue
         holding = [(b - a, p) for p, a, b in phases if a <= lo and hi <= b]
         key = (min(holding)[1] if holding else "ProfilerStep", re.sub(r"blocks\.\d", "blocks.*", n))
@@ -80,10 +83,11 @@ def test_fsdp2_sub_ranges_match_hand_count(fsdp: tuple, rank: int) -> None:
     hand = _hand(RANKS[rank])
     got = {(phase, s.name): s for phase, subs in bd.library_ranges.items() for s in subs}
     assert set(got) == set(hand)
-    assert {phase for phase, _ in got} == {"forward", "backward"}  # none in the optimizer, none loose in the step
+    assert {phase for phase, name in got if name.startswith("FSDP")} == {"forward", "backward"}
+    assert got["optimizer", "Optimizer.step#AdamW.step"].per_step == 1
     for key, (n, ns) in hand.items():
         s = got[key]
-        assert s.library == "FSDP"
+        assert s.library == next(lib for prefix, lib in OPENED_BY.items() if key[1].startswith(prefix))
         assert s.per_step * 2 == n
         assert s.gpu_ns_per_step * 2 == pytest.approx(ns, abs=1)
         assert s.share == pytest.approx(s.gpu_ns_per_step / bd.phases[key[0]].gpu_ns_per_step)

@@ -27,7 +27,10 @@ Kernel names that ran only in the first steady instance of a root that repeats (
 autotuning candidates, one-off initialisation) are kept out of the per-step figures too,
 unless that instance is numbered past 1.
 XLA autotuner kernels are never computation: they are reported apart, wherever they ran.
-A profile without any range gets one pseudo-phase, the whole profile.  GPU time is the
+Ranges a framework opens itself (``FSDP::*``, ``nccl:*``..., `harness.trace.library_ranges`)
+are no phases and no steps: their kernels count in the phase that holds them, and
+`Breakdown.library_ranges` lists them per phase (`harness.trace.analyses.library`).
+A profile without any range of its own gets one pseudo-phase, the whole profile.  GPU time is the
 sum of kernel durations (overlap on several streams counts twice), "busy" time the union
 of their intervals over streams, "range" time the wall time of the ranges.  One process
 driving N devices (JAX data-parallel) is N device timelines: GPU figures are per device.
@@ -231,7 +234,8 @@ def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm
 
 
 def _whole_profile(profile: Profile) -> Breakdown:
-    """No ranges at all: one pseudo-phase holding every kernel but the autotuner's."""
+    """No ranges of the program's own: one pseudo-phase holding every kernel but the
+    autotuner's, with the library ranges, if any, as its sub-ranges."""
     kt = profile.kernels
     inner = np.full(len(kt), -1, np.int64)
     cats, rule = _categories(kt, inner, np.zeros(1, np.int64))
@@ -240,15 +244,15 @@ def _whole_profile(profile: Profile) -> Breakdown:
     whole = _phase(WHOLE_PROFILE, WHOLE_PROFILE, kt, k, np.zeros(len(k), np.int64), cats, rule, [0],
                    {0: int(kt.end.max() - kt.start.min())}, 0)
     library = program_ranges(profile)[3]
-    note = ("no annotation ranges" if not library else "no annotation ranges of the program's own") + (
-        ": the tables cover the whole profile (one \"step\"); add NVTX ranges "
-        "(torch.cuda.nvtx.range_push/pop, jax.profiler.TraceAnnotation) around steps and phases "
-        "for per-step figures")
+    own = " of the program's own" if library else ""
+    note = (f"no annotation ranges{own}: the tables cover the whole profile (one \"step\"); add NVTX ranges "
+            "(torch.cuda.nvtx.range_push/pop, jax.profiler.TraceAnnotation) around steps and phases "
+            "for per-step figures")
     mode = "launch" if attr.has_launches(kt) else "execution"
     return Breakdown(label=profile.label, source=profile.source, path=profile.path, phases={WHOLE_PROFILE: whole},
                      warmup=Bucket(), autotuning=_bucket(kt, tune, inner, []), unattributed=Bucket(),
                      warnings=_warnings({WHOLE_PROFILE: whole}, profile.cpu_ops), notes=[note, *profile.notes],
-                     attribution="none", attribution_reason="no ranges",
+                     attribution="none", attribution_reason=f"no ranges{own}",
                      steady_rule=only_library(library, whole=True) if library else "no ranges: the whole profile",
                      api=list(profile.api), cpu_ops=profile.cpu_ops,
                      library_ranges=sub_ranges(kt, library, [WHOLE_PROFILE] * len(library), ~tune, mode,

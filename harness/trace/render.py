@@ -223,6 +223,30 @@ def _layers(bd: Breakdown, n: int) -> list[str]:
     return markdown_table(["phase", "layer", f"{busy([bd])} ms", "share of phase"], rows)
 
 
+def _library(bds: Sequence[Breakdown]) -> list[str]:
+    """The library ranges inside each phase (`harness.trace.analyses.library`), one table:
+    per profile, how many per step, their kernels' time per step and share of the phase."""
+    rows = []
+    for phase in _phases(bds):
+        names: dict[str, str] = {}
+        for bd in bds:
+            names.update((s.name, s.library) for s in bd.library_ranges.get(phase, ()) if s.name not in names)
+        for name, library in names.items():
+            cells = []
+            for bd in bds:
+                s = next((s for s in bd.library_ranges.get(phase, ()) if s.name == name), None)
+                cells.append(f"{s.per_step:.4g}, {_ms(s.gpu_ns_per_step)} ms, {s.share:.1%}" if s else "-")
+            rows.append([phase, f"`{name}`", library, *cells])
+    if not rows:
+        return []
+    return ["## Library ranges inside each phase", "",
+            f"Ranges a framework opens itself are no phases: their {_unit(bds)}s count in the phase that holds them. "
+            f"Per profile: ranges per step, {busy(bds)} ms per step of the {_unit(bds)}s launched inside them on their "
+            "thread (run inside them, where the profile attributes by execution), share of the phase; `*` stands "
+            "for a module index (one row per block's ranges).", "",
+            *markdown_table(["phase", "library range", "library", *(bd.label for bd in bds)], rows), ""]
+
+
 def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
                        top_n: int = TOP_N, title: str = "Kernel breakdown", sections: Sequence[str] = (),
                        lead: Sequence[str] = ()) -> str:
@@ -274,7 +298,7 @@ def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | N
             out += [f"### {bd.label}: GEMM kernels decoded", "", _caption(bd), "", *gemm, ""]
         if bd.api:
             out += [f"### {bd.label}: CUDA API calls (whole profile)", "", *_api(bd), ""]
-    out += [*sections, "## Left out of the phases", "", *(line for bd in bds for line in _left_out(bd))]
+    out += [*_library(bds), *sections, "## Left out of the phases", "", *(line for bd in bds for line in _left_out(bd))]
     warnings = [f"- {bd.label}: {w}" for bd in bds for w in bd.warnings]
     notes = [f"- {bd.label}: {n}" for bd in bds for n in bd.notes]
     if warnings:

@@ -48,6 +48,18 @@ class PhaseStats:
 
 
 @dataclass
+class SubRange:
+    """Library ranges of one name (module indices folded, `harness.trace.library_ranges`)
+    inside one phase, per measured step of the phase."""
+
+    name: str
+    library: str  # FSDP, NCCL, torch.compile...
+    per_step: float  # ranges of this name inside the phase, per step
+    gpu_ns_per_step: float  # the kernels launched (or run) inside them, as the phase counts them
+    share: float  # of the phase's GPU time
+
+
+@dataclass
 class Bucket:
     """Kernels kept out of the phases (warm-up, autotuning, outside every step...)."""
 
@@ -78,3 +90,4 @@ class Breakdown:
     api: list[ApiStat] = field(default_factory=list)
     layers: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> canonical layer -> ns per step
     cpu_ops: bool = False  # CPU ops stand in for kernels: times are host times, not GPU times
+    library_ranges: dict[str, list[SubRange]] = field(default_factory=dict)  # phase -> its library sub-ranges

@@ -10,7 +10,8 @@ Layout
 - One process per run (a backend, a rank, a profile) and per kind of step it times: JAX's
   split ``step`` and its ``fused_step`` are two processes, ``jax`` and ``jax fused_step``.
 - In each process, one thread per host thread with ranges or kernel launches ("host ..."),
-  whose slices are the harness's ranges (category ``user_annotation``, as torch.profiler
+  whose slices are the harness's ranges and the library ranges inside them
+  (`harness.trace.library_ranges`; category ``user_annotation``, as torch.profiler
   writes them) and each kernel's launch call, and one thread per GPU stream ("GPU d stream
   s"), whose slices are the kernels (category ``kernel``, with args ``device`` and
   ``stream``, so `harness.trace.sources.kineto.load_torch_trace` reads the
@@ -53,6 +54,7 @@ from harness.trace.analyses.breakdown import Breakdown, load_profile
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX
 from harness.trace.kernels import CATEGORY_COLORS, Category
+from harness.trace.library_ranges import library_of
 from harness.trace.profile import UNKNOWN, Profile
 from harness.trace.sources.launch_config import launch_configs
 
@@ -194,7 +196,7 @@ def _lay_out(w: _Writer, pid: int, track: _Track, shifts: list[tuple[int, int, i
             mask = a.measured & (a.root == inst)
             rng = [r for i, r in enumerate(a.ranges) if a.range_root[i] == inst]
             rng += [r for r in run.profile.ranges
-                    if r.name.startswith(LAYER_RANGE_PREFIX) and lo <= r.start <= r.end <= hi]
+                    if (r.name.startswith(LAYER_RANGE_PREFIX) or library_of(r.name)) and lo <= r.start <= r.end <= hi]
         for r in rng:
             w.slice(pid, host.get(r.thread, 1), r.name, "user_annotation", r.start - shift, r.end - shift)
         for i in np.flatnonzero(mask):

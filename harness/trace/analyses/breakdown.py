@@ -27,7 +27,10 @@ Kernel names that ran only in the first steady instance of a root that repeats (
 autotuning candidates, one-off initialisation) are kept out of the per-step figures too,
 unless that instance is numbered past 1.
 XLA autotuner kernels are never computation: they are reported apart, wherever they ran.
-A profile without any range gets one pseudo-phase, the whole profile.  GPU time is the
+Ranges a framework opens itself (``FSDP::*``, ``nccl:*``..., `harness.trace.library_ranges`)
+are no phases and no steps: their kernels count in the phase that holds them, and
+`Breakdown.library_ranges` lists them per phase (`harness.trace.analyses.library`).
+A profile without any range of its own gets one pseudo-phase, the whole profile.  GPU time is the
 sum of kernel durations (overlap on several streams counts twice), "busy" time the union
 of their intervals over streams, "range" time the wall time of the ranges.  One process
 driving N devices (JAX data-parallel) is N device timelines: GPU figures are per device.
@@ -48,7 +51,8 @@ from harness.trace.analyses.answers import answers, attention_flops, harness_met
 from harness.trace.analyses.hlo_join import hlo_dir, label_kernels, load_schedules
 from harness.trace.analyses.intervals import device_timelines
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
-from harness.trace.analyses.selection import _CAT, _CATS, Selection, _categories, select
+from harness.trace.analyses.library import holders, only_library, sub_ranges
+from harness.trace.analyses.selection import _CAT, _CATS, Selection, _categories, program_ranges, select
 from harness.trace.kernels import PHASE_RULES, Category, decode_gemm, short_name
 from harness.trace.profile import (
     ATTENTION_RANGES,
@@ -57,6 +61,7 @@ from harness.trace.profile import (
     MEMSET,
     PHASES,
     STEP_RANGES,
+    WARMUP,
     KernelTable,
     Profile,
     ProfileError,
@@ -143,7 +148,7 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     kt = profile.kernels
     if labels is None and any(r.name.startswith(LAYER_RANGE_PREFIX) for r in profile.ranges):
         labels = layer_labels(kt, profile.ranges)
-    names = {r.name for r in sel.ranges} if sel else set()
+    names = {r.name for r in [*sel.ranges, *sel.library]} if sel else set()
     missing = [n for n in require if n not in names]
     if missing:
         found = ", ".join(sorted(names)) or "none"
@@ -156,7 +161,7 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     steady_rule = sel.steady_rule
     kroot, kwarm, kfirst, none, only_first, measured = (k[key] for key in ("kroot", "warm", "first", "none",
                                                                             "only_first", "measured"))
-    phases = _phases(ranges, parents, root, warm, first, kt, np.flatnonzero(measured), inner, kroot, cats, rule)
+    phases, keys = _phases(ranges, parents, root, warm, first, kt, np.flatnonzero(measured), inner, kroot, cats, rule)
     if not phases:
         raise ProfileError(f"{profile.path}: no kernel ran inside a measured range (ranges: "
                            f"{', '.join(sorted(names))}); were the kernels recorded on the same clock?")
@@ -174,19 +179,25 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
         warnings += [f"the layer join covers only {c:.1%} of the {p} GPU time" for p, c in join.coverage.items()
                      if c < 0.95]
     layers = {} if labels is None else layer_totals(kt, layer_ranges, labels)
+    library = sub_ranges(kt, sel.library, [keys[h] if h >= 0 else None for h in holders(ranges, sel.library)],
+                         measured, mode, phases)
+    if sel.library and all(r.name in (*STEP_RANGES, WARMUP) for r in ranges):
+        steady_rule += "; " + only_library(sel.library, whole=False)
     return Breakdown(label=profile.label, source=profile.source, path=profile.path, phases=phases,
                      warmup=bucket(kwarm & ~tune), autotuning=bucket(tune), unattributed=bucket(none),
                      warnings=[*warnings, *_warnings(phases, profile.cpu_ops)], notes=notes,
                      first_step=bucket(kfirst & ~tune & ~none & ~kwarm), first_only=bucket(only_first),
                      attribution=mode, attribution_reason=reason, outside_share=outside, moved_share=moved,
-                     steady_rule=steady_rule, api=list(profile.api), layers=layers, cpu_ops=profile.cpu_ops)
+                     steady_rule=steady_rule, api=list(profile.api), layers=layers, cpu_ops=profile.cpu_ops,
+                     library_ranges=library)
 
 
 def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm: np.ndarray, first: set[int],
             kt: KernelTable, m: np.ndarray, inner: np.ndarray, kroot: np.ndarray, cats: np.ndarray,
-            rule: np.ndarray) -> dict[str, PhaseStats]:
+            rule: np.ndarray) -> tuple[dict[str, PhaseStats], list[str | None]]:
     """Per (root name, range name): the measured kernels `m` of the ranges of that name and
-    of the ranges nested in them, up to the kernel's root (vectorized, one pass per level)."""
+    of the ranges nested in them, up to the kernel's root (vectorized, one pass per level);
+    and per range, its phase's key (None: outside the measured steps)."""
     keys: dict[tuple[str, str], int] = {}
     group = np.full(len(ranges), -1, np.int64)
     members: dict[int, list[int]] = defaultdict(list)
@@ -208,7 +219,9 @@ def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm
     bounds = np.searchsorted(G, np.arange(len(keys) + 1))
     phases: dict[str, PhaseStats] = {}
     one_root = len({rname for rname, _ in keys}) == 1  # a user's `train_step`: its phases keep their names
+    key_of: dict[int, str] = {}
     for (rname, name), g in sorted(keys.items(), key=lambda kv: _phase_order(kv[0])):
+        key_of[g] = key = name if one_root or rname in ("step", name) else f"{rname}/{name}"
         k = K[bounds[g]:bounds[g + 1]]
         if not len(k):
             continue
@@ -216,13 +229,13 @@ def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm
         for i in members[g]:
             walls[int(root[i])] += ranges[i].end - ranges[i].start
         insts = sorted(walls, key=lambda i: ranges[i].start)
-        key = name if one_root or rname in ("step", name) else f"{rname}/{name}"
         phases[key] = _phase(key, rname, kt, k, kroot[k], cats, rule, insts, walls, len(members[g]))
-    return phases
+    return phases, [key_of[int(g)] if g >= 0 else None for g in group]
 
 
 def _whole_profile(profile: Profile) -> Breakdown:
-    """No ranges at all: one pseudo-phase holding every kernel but the autotuner's."""
+    """No ranges of the program's own: one pseudo-phase holding every kernel but the
+    autotuner's, with the library ranges, if any, as its sub-ranges."""
     kt = profile.kernels
     inner = np.full(len(kt), -1, np.int64)
     cats, rule = _categories(kt, inner, np.zeros(1, np.int64))
@@ -230,14 +243,20 @@ def _whole_profile(profile: Profile) -> Breakdown:
     k = np.flatnonzero(~tune)
     whole = _phase(WHOLE_PROFILE, WHOLE_PROFILE, kt, k, np.zeros(len(k), np.int64), cats, rule, [0],
                    {0: int(kt.end.max() - kt.start.min())}, 0)
-    note = ("no annotation ranges: the tables cover the whole profile (one \"step\"); add NVTX ranges "
+    library = program_ranges(profile)[3]
+    own = " of the program's own" if library else ""
+    note = (f"no annotation ranges{own}: the tables cover the whole profile (one \"step\"); add NVTX ranges "
             "(torch.cuda.nvtx.range_push/pop, jax.profiler.TraceAnnotation) around steps and phases "
             "for per-step figures")
+    mode = "launch" if attr.has_launches(kt) else "execution"
     return Breakdown(label=profile.label, source=profile.source, path=profile.path, phases={WHOLE_PROFILE: whole},
                      warmup=Bucket(), autotuning=_bucket(kt, tune, inner, []), unattributed=Bucket(),
                      warnings=_warnings({WHOLE_PROFILE: whole}, profile.cpu_ops), notes=[note, *profile.notes],
-                     attribution="none", attribution_reason="no ranges", steady_rule="no ranges: the whole profile",
-                     api=list(profile.api), cpu_ops=profile.cpu_ops)
+                     attribution="none", attribution_reason=f"no ranges{own}",
+                     steady_rule=only_library(library, whole=True) if library else "no ranges: the whole profile",
+                     api=list(profile.api), cpu_ops=profile.cpu_ops,
+                     library_ranges=sub_ranges(kt, library, [WHOLE_PROFILE] * len(library), ~tune, mode,
+                                               {WHOLE_PROFILE: whole}))
 
 
 _ORDER = (*STEP_RANGES, *PHASES, *ATTENTION_RANGES)

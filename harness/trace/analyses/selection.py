@@ -1,8 +1,8 @@
-"""Which kernels a profile's per-step figures count: the ranges as the breakdown reads them,
-each kernel's innermost range (by execution interval or by launch call,
-`harness.trace.analyses.attribution`), its step (root range instance), its category, and
-the steady steps (warm-up ranges and a first step set apart; the rules in
-`harness.trace.analyses.breakdown`'s docstring).
+"""Which kernels a profile's per-step figures count: the ranges as the breakdown reads them
+(library ranges set apart: `harness.trace.library_ranges`), each kernel's innermost range
+(by execution interval or by launch call, `harness.trace.analyses.attribution`), its step
+(root range instance), its category, and the steady steps (warm-up ranges and a first step
+set apart; the rules in `harness.trace.analyses.breakdown`'s docstring).
 
 `select` makes these decisions once per profile; the breakdown sums them per phase, and
 the analyses that must count the same kernels (communication hidden under compute,
@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from harness.trace.analyses import attribution as attr
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX
 from harness.trace.kernels import PHASE_RULES, Category, classify
+from harness.trace.library_ranges import library_of
 from harness.trace.profile import (
+    PROFILER_STEP,
     STEP_RANGES,
     WARMUP,
     KernelTable,
@@ -93,14 +95,33 @@ def _categories(kt: KernelTable, inner: np.ndarray, bits: np.ndarray) -> tuple[n
     return cats, rule
 
 
-def program_ranges(profile: Profile) -> tuple[list[Range], str, str]:
+def program_ranges(profile: Profile) -> tuple[list[Range], str, str, list[Range]]:
     """The profile's ranges as the breakdown reads them: layer ranges left out (they label
-    kernels, `harness.trace.analyses.layers`), numbered ranges as instances of one range,
-    torch.profiler's last ProfilerStep dropped where it closed mid-iteration; with the two
-    rules applied, in words ("" where none)."""
-    ranges, numbered = numbered_instances([r for r in profile.ranges if not r.name.startswith(LAYER_RANGE_PREFIX)])
-    ranges, unclosed = open_profiler_step(ranges)
-    return ranges, numbered, unclosed
+    kernels, `harness.trace.analyses.layers`), library ranges set apart (no phases, no
+    steps: `harness.trace.library_ranges`; a ``ProfilerStep`` inside the program's own step
+    range is one too), numbered ranges as instances of one range, torch.profiler's last
+    ProfilerStep dropped where it closed mid-iteration; with the two rules applied, in
+    words ("" where none), and the library ranges."""
+    own, library = [], []
+    for r in profile.ranges:
+        if not r.name.startswith(LAYER_RANGE_PREFIX):
+            (library if library_of(r.name) else own).append(r)
+    ranges, numbered = numbered_instances(own)
+    parents = attr.range_parents(ranges)
+    inside_step = [r.name.partition("#")[0] == PROFILER_STEP and _below_step(ranges, parents, i)
+                   for i, r in enumerate(ranges)]
+    library = sorted([*library, *(r for r, nested in zip(ranges, inside_step) if nested)],
+                     key=lambda r: (r.start, -r.end))
+    ranges, unclosed = open_profiler_step([r for r, nested in zip(ranges, inside_step) if not nested])
+    return ranges, numbered, unclosed, library
+
+
+def _below_step(ranges: Sequence[Range], parents: np.ndarray, i: int) -> bool:
+    """Whether range `i` lies inside a step range of the program's own (`step`, not ProfilerStep)."""
+    p = parents[i]
+    while p >= 0 and not (ranges[p].name in STEP_RANGES and ranges[p].name != PROFILER_STEP):
+        p = parents[p]
+    return p >= 0
 
 
 def kernel_steps(kt: KernelTable, ranges: Sequence[Range], inner: np.ndarray, root: np.ndarray, warm: np.ndarray,
@@ -148,6 +169,7 @@ class Selection:
     moved: float | None
     steady_rule: str
     warnings: list[str]
+    library: list[Range] = field(default_factory=list)  # library ranges: no phases, no steps (`program_ranges`)
 
     def measured_steps(self) -> list[Range]:
         """The measured step ranges (steady step instances) and every range inside one."""
@@ -164,7 +186,7 @@ def select(profile: Profile, attribution: str = "auto") -> Selection | None:
     if attribution not in ATTRIBUTIONS:
         raise ProfileError(f"--attribution {attribution!r}: choose one of {', '.join(ATTRIBUTIONS)}")
     kt = profile.kernels
-    ranges, numbered, unclosed = program_ranges(profile)
+    ranges, numbered, unclosed, library = program_ranges(profile)
     if not ranges:
         return None
     parents = attr.range_parents(ranges)
@@ -184,4 +206,4 @@ def select(profile: Profile, attribution: str = "auto") -> Selection | None:
     steady_rule = "; ".join(filter(None, (numbered, unclosed, steady_rule)))
     k = kernel_steps(kt, ranges, inner, root, warm, first, instances, tune)
     return Selection(ranges, parents, root, warm, first, dict(instances), inner, cats, rule, tune, k, mode,
-                     reason, outside, moved, steady_rule, warnings)
+                     reason, outside, moved, steady_rule, warnings, library)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 import zlib
 from collections import defaultdict
 from decimal import Decimal
@@ -44,8 +43,6 @@ from harness.trace.profile import (
     label_from_path,
 )
 
-# record_function ranges torch itself opens: no phases of the program's.
-TORCH_OWN_RANGES = re.compile(r"^(?:Optimizer\.\w+#|DistributedDataParallel\.|nccl:|c10d::|autograd::)")
 GPU_KINDS = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 CPU_NOTE = ("no GPU activity in this trace: CPU {what} stand in for kernels, so times are "
@@ -153,8 +150,8 @@ def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
     """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a `Profile`.
 
     The program's ``record_function`` ranges and torch.profiler's ``ProfilerStep#N``
-    become ranges; those torch opens itself (`TORCH_OWN_RANGES`: ``Optimizer.step#AdamW.step``,
-    ``nccl:all_reduce``...) are left out. Without GPU activity,
+    become ranges; those torch opens itself (``Optimizer.step#AdamW.step``, ``nccl:all_reduce``...)
+    are library ranges, no phases (`harness.trace.library_ranges`). Without GPU activity,
     torch's ``cpu_op`` events stand in for kernels, each by its self time (`self_times`),
     and the notes say so."""
     path = Path(path)
@@ -180,7 +177,7 @@ def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
         raise ProfileError(f"{path}: the trace holds neither GPU kernels nor CPU ops; "
                            "was anything run inside the profiler's block?")
     ranges = [Range(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), threads(e.get("pid"), e.get("tid")))
-              for e in events if e.get("cat") == "user_annotation" and not TORCH_OWN_RANGES.match(e["name"])]
+              for e in events if e.get("cat") == "user_annotation"]
     info = trace.get("distributedInfo") or {}
     devices = {int(d.get("id", -1)): d.get("name") for d in trace.get("deviceProperties") or []}
     used = sorted({devices.get(int(d)) for d in np.unique(kernels.device) if devices.get(int(d))}) if gpu else []

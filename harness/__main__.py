@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
+from harness import starting
+
 PACKAGE = Path(__file__).resolve().parent
 _GUARD = 'if __name__ == "__main__":'
 
@@ -60,6 +62,7 @@ def usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch `argv` (default: the command line) to the named tool; its exit status."""
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), end="")
@@ -72,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(tools)} (see xfprof --help)",
               file=sys.stderr)
         return 2
+    if from_command_line:
+        starting()  # as under `python -m`: a signal while the tool imports ends it in one line
     module = importlib.import_module(f"harness.{tools[argv[0]]}")
     return module.main(argv[1:])
 

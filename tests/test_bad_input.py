@@ -167,27 +167,52 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _children(pid: int) -> list[int]:
+    """The live child processes of `pid`."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(child) for child in f.read().split()]
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 @pytest.mark.slow
-def test_ctrl_c_during_compare_keeps_what_finished(tmp_path) -> None:
-    out = tmp_path / "results"
+@pytest.mark.parametrize("sig, by", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_a_signal_during_compare_keeps_what_finished(tmp_path, sig, by) -> None:
+    """Ctrl-C, or SIGTERM to compare alone (what `timeout` or a scheduler sends): the finished
+    backend is kept and announced, the running one stopped, the work folder removed."""
+    out, tmp = tmp_path / "results", tmp_path / "tmp"
+    tmp.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "harness.compare", "--ctx", "16", "--device", "cpu", "--backend", "torch,jax",
                              "--warmup", "0", "--steps", "1", "--out", str(out)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, umask=0o022,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=_default_sigint, env=dict(os.environ, TMPDIR=str(tmp)))
     seen = []
     for line in proc.stderr:
         seen.append(line)
         if line.startswith("[torch] finished"):
             break
-    os.kill(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while not (children := _children(proc.pid)) and time.monotonic() < deadline:  # jax's run starting
+        time.sleep(0.02)
+    os.kill(proc.pid, sig)
     _, rest = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(seen) + rest
+    assert children and not any(_running(child) for child in children)
+    assert os.listdir(tmp) == []  # the work folder (with torch.json) removed once kept
     last = rest.strip().splitlines()[-1]
     kept = out / "tiny-ctx16-fp32-cpu-interrupted"
     assert "Traceback" not in rest.split("[torch] finished")[-1]
     assert last.startswith("error: interrupted: torch finished") and str(kept) in last and "not finished: jax" in last
     summary = json.loads((kept / "summary.json").read_text())
     assert summary["interrupted"] and summary["runs"]["jax"]["status"] == "interrupted"
+    assert summary["runs"]["jax"]["error"]["message"] == f"stopped by {by}"
     torch_doc = json.loads((kept / "torch.json").read_text())
     assert torch_doc["status"] == "ok" and torch_doc == summary["runs"]["torch"]
     assert stat.S_IMODE(os.stat(kept).st_mode) == 0o755

@@ -128,6 +128,18 @@ def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path) -> None:
     assert os.listdir(tmp_path) == ["result.json"]
 
 
+def test_a_write_cut_short_keeps_the_document_that_was_there(tmp_path) -> None:
+    """A report being written again that fails (or is stopped) half-way leaves the old one whole."""
+    report = tmp_path / "report.md"
+    report.write_text("# the report as it was\n")
+    with pytest.raises(KeyboardInterrupt), results.atomic_path(report) as tmp, open(tmp, "w") as f:
+        f.write("# half a ne")
+        raise KeyboardInterrupt
+    assert report.read_text() == "# the report as it was\n" and os.listdir(tmp_path) == ["report.md"]
+    results.write_text(report, "# the new report\n")
+    assert report.read_text() == "# the new report\n" and os.listdir(tmp_path) == ["report.md"]
+
+
 def test_result_folders_get_the_usual_permissions(tmp_path) -> None:
     old = os.umask(0o022)
     try:

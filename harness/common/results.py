@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -106,6 +108,31 @@ def write_json(path: str | os.PathLike, doc: object) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+    """A temporary name beside `path` (same folder, same suffix, so a writer that picks the
+    format by it still does) for the block to write; moved onto `path` in one step when the
+    block ends, removed when it fails. A reader, a crash or a signal never finds half a file
+    or an emptied one where a document was; a block that writes nothing leaves `path` as it was."""
+    path = os.fspath(path)
+    folder, name = os.path.split(path)
+    stem, suffix = os.path.splitext(name)
+    tmp = os.path.join(folder, f".{stem}.tmp{os.getpid()}{suffix}")
+    try:
+        yield tmp
+        if os.path.exists(tmp):
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically (`atomic_path`)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
 
 
 def git_commit() -> str | None:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,38 @@ def test_parity_halves_the_batch_when_its_process_reports_out_of_memory(tmp_path
     monkeypatch.setattr(compare_lib, "_stream", failing)
     assert compare_lib.run_parity(spec, str(tmp_path), ["jax"]) == {"ok": None, "error": "ValueError in parity",
                                                                     "batch": 8}
+
+
+def test_a_second_compare_into_the_same_folder_is_refused_while_the_first_runs(tmp_path, monkeypatch, capsys):
+    """Two compares of one result folder at once: the second refuses in one line, before any
+    work, instead of both saying "wrote" and the first result going; once the first is done,
+    the folder is free again and no lock file is left."""
+    with open(os.path.join(ROOT, "tests", "data", "compare_cpu", "summary.json")) as f:
+        summary = json.load(f)
+    running, done, calls = threading.Event(), threading.Event(), []
+
+    def first(comparison):  # stands for the comparison's work
+        calls.append(comparison)
+        if len(calls) == 1:
+            running.set()
+            done.wait(30)
+        return summary, str(tmp_path / "tiny-ctx16-fp32-cpu")
+
+    monkeypatch.setattr(compare, "compare", first)
+    argv = ["--model", "tiny", "--ctx", "16", "--device", "cpu", "--backend", "torch", "--out", str(tmp_path)]
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(compare.main(argv)))
+    thread.start()
+    assert running.wait(30)
+    try:
+        capsys.readouterr()
+        assert compare.main([*argv, "--overwrite"]) == 2
+    finally:
+        done.set()
+        thread.join(30)
+    err = capsys.readouterr().err
+    assert len(calls) == 1 and codes == [0]
+    assert err == (f"error: --out {tmp_path}: another compare (process {os.getpid()}) is writing tiny-ctx16-fp32-cpu "
+                   "there now; wait for it to finish, or pass another --out to run both\n")
+    assert os.listdir(tmp_path) == []
+    assert compare.main(argv) == 0 and len(calls) == 2

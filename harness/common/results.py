@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -133,6 +134,45 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` atomically (`atomic_path`)."""
     with atomic_path(path) as tmp, open(tmp, "w") as f:
         f.write(text)
+
+
+class LockHeld(Exception):
+    """Another process holds the lock; `holder` is its process id as it wrote it ("" if unknown)."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
+@contextlib.contextmanager
+def held_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on file `path` (`fcntl.flock`, created here, holding this process's
+    id) for the block, so that two processes never write the same result at once; another
+    holder raises `LockHeld` at once, without waiting. The file is removed on release; the
+    lock ends with the process however it ends, so a killed holder leaves no stale lock."""
+    path = os.fspath(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            raise LockHeld(holder) from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its last holder removed it as we opened it: lock the file at `path` now
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        os.close(fd)
 
 
 def git_commit() -> str | None:

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import sys
+import time
 
 import pytest
 
@@ -662,3 +663,18 @@ def test_ddp_options_reach_the_torch_cells_only() -> None:
     assert " ".join(torch_cmd).endswith("--data-parallel 4 --parallel ddp --ddp-bucket-mb 100 --ddp-static-graph "
                                         "--grad-comm bf16")
     assert "--ddp-bucket-mb" not in jax_cmd and jax_cmd[-4:] == ["--data-parallel", "4", "--parallel", "ddp"]
+
+
+def test_a_stopped_cell_gets_sigterm_before_sigkill(tmp_path) -> None:
+    """Stopping a cell (Ctrl-C or SIGTERM to the sweep, its timeout) sends its process group
+    SIGTERM first, so that its harness.run stops what it started: a data-parallel launcher's
+    ranks run in sessions of their own, which a SIGKILL of the group leaves running."""
+    marker, log = tmp_path / "stopped", tmp_path / "cell.log"
+    code = (f"import signal, sys, time\ndef stop(*_):\n    open({str(marker)!r}, 'w').close()\n    sys.exit(130)\n"
+            "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    job = runner.CellProcess([sys.executable, "-c", code], str(log), None)
+    deadline = time.monotonic() + 30
+    while "ready" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job.kill()
+    assert marker.exists() and job.proc.returncode == 130

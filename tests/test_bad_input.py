@@ -428,7 +428,8 @@ def test_scaling_names_the_file_that_is_not_a_run_document(kind, needle, tmp_pat
 
 # -- Ctrl-C while a tool is still importing --------------------------------------------------
 @pytest.mark.slow
-def test_ctrl_c_while_compare_starts_is_one_line(tmp_path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_compare_starts_is_one_line(tmp_path, sig) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "harness.compare", "--ctx", "16", "--device", "cpu",
                              "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=_default_sigint)
@@ -436,7 +437,7 @@ def test_ctrl_c_while_compare_starts_is_one_line(tmp_path) -> None:
     deadline = time.monotonic() + 60
     while "libtorch" not in open(maps).read() and time.monotonic() < deadline:  # torch is loading
         time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGINT)
+    os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and os.listdir(tmp_path) == []
     assert err in ("error: interrupted while starting; nothing ran\n",  # still importing, as a rule

@@ -353,3 +353,34 @@ def test_a_second_compare_into_the_same_folder_is_refused_while_the_first_runs(t
                    "there now; wait for it to finish, or pass another --out to run both\n")
     assert os.listdir(tmp_path) == []
     assert compare.main(argv) == 0 and len(calls) == 2
+
+
+def test_a_signal_during_the_kernel_breakdown_keeps_the_runs_and_parity(tmp_path, monkeypatch):
+    """SIGTERM (or Ctrl-C) after the runs and parity finished, while the profiles are being
+    read: the result folder is written all the same, without the breakdown, and the
+    interruption says where it is (exit 130 in the entry point)."""
+    from harness import Terminated
+
+    with open(os.path.join(ROOT, "tests", "data", "compare_cpu", "summary.json")) as f:
+        done = json.load(f)
+    profile = tmp_path / "torch.json.gz"
+    profile.write_bytes(b"")
+    monkeypatch.setattr(compare_lib, "run_backend", lambda b, c, work: (done["runs"][b], str(profile)))
+    monkeypatch.setattr(compare_lib, "parity_or_skip", lambda c, runs, work, backends: done["parity"])
+
+    def breakdown(profiles, work, nsys_bin):
+        raise Terminated("SIGTERM")
+
+    monkeypatch.setattr(compare_lib, "kernel_breakdown", breakdown)
+    args = parse_args(compare.build_parser(), ["--model", "tiny", "--ctx", "16", "--device", "cpu", "--backend",
+                                               "torch,jax", "--profile", "--out", str(tmp_path / "out")])
+    spec = compare.comparison_from_args(args, ["torch", "jax"], "framework")
+    with pytest.raises(compare_lib.Interrupted) as stopped:
+        compare_lib.compare(spec)
+    folder = tmp_path / "out" / "tiny-ctx16-fp32-cpu-profiled"
+    assert str(stopped.value) == ("interrupted: stopped by SIGTERM during the kernel breakdown; the runs and parity "
+                                  f"are kept in {folder}")
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["runs"] == {b: done["runs"][b] for b in ("torch", "jax")} and summary["parity"] == done["parity"]
+    assert summary["kernel_breakdown_error"] == "stopped by SIGTERM during the kernel breakdown"
+    assert "stopped by SIGTERM during the kernel breakdown" in (folder / "report.md").read_text()

@@ -60,3 +60,30 @@ def test_unknown_subcommand_is_one_line(capsys) -> None:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'comapre'" in err and "compare" in err
     json.dumps(err)
+
+
+def test_the_console_script_gives_its_tools_the_signal_handling_of_python_m(monkeypatch) -> None:
+    """Started as `xfprof <tool>`, a tool treats SIGTERM as Ctrl-C once it has parsed its
+    options, as under `python -m harness.<tool>`; a caller of main(argv) keeps its own handlers."""
+    import signal
+    import types
+
+    import harness
+    import harness.__main__ as launcher
+
+    seen = []
+
+    def tool_main(argv):
+        harness.started()  # what every tool's parse_args does
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return 0
+
+    monkeypatch.setattr(launcher.importlib, "import_module", lambda name: types.SimpleNamespace(main=tool_main))
+    monkeypatch.setattr(sys, "argv", ["xfprof", "memory-model"])
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        assert launcher.main(["memory-model"]) == 0 and seen == [before[1]]
+        assert launcher.main() == 0 and seen[1] is harness._terminated
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])

@@ -3,11 +3,12 @@
 Importing a tool takes seconds (torch, JAX, matplotlib). A Ctrl-C in that time would print
 a traceback of some import deep inside a library, and one landing while the interpreter
 sets up or tears down its streams dumps its state instead; so while a tool started from
-the command line is still importing, Ctrl-C or SIGTERM ends it with one line and exit code
-130 (nothing has run yet, so nothing is lost). `started`, called when the tool parses its
-arguments, gives Ctrl-C back to Python (KeyboardInterrupt), and makes SIGTERM (what
-`timeout`, batch schedulers and container stops send) raise it too, so every tool keeps
-its finished work, and stops its children, the same way on either signal.
+the command line is still importing, Ctrl-C or a stop signal ends it with one line and exit
+code 130 (nothing has run yet, so nothing is lost). `started`, called when the tool parses
+its arguments, gives Ctrl-C back to Python (KeyboardInterrupt), and makes the stop signals
+(`STOP_SIGNALS`: SIGTERM, which `timeout`, batch schedulers and container stops send, and
+SIGHUP, a closed terminal's) raise it too, so every tool keeps its finished work, and stops
+its children, the same way on any of them.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ import signal
 import sys
 from collections.abc import Iterator
 
+# Signals that stop a started tool the way Ctrl-C does (one ignored, as under nohup, stays ignored).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM once a tool has started: handled wherever Ctrl-C is, as Ctrl-C."""
+    """A stop signal once a tool has started (its name the argument): handled wherever
+    Ctrl-C is, as Ctrl-C."""
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
@@ -29,40 +34,43 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
 
 
 def _terminated(signum: int, frame: object) -> None:
-    """SIGTERM raises `Terminated` once; a repeat (a process group's signal, then the parent's
-    forwarding of it) must not cut short the keeping of what finished; SIGKILL still ends it."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated("SIGTERM")
+    """A stop signal raises `Terminated` once; a repeat (a process group's signal, then the
+    parent's forwarding of it) must not cut short the keeping of what finished; SIGKILL
+    still ends it."""
+    signal.signal(signum, signal.SIG_IGN)
+    raise Terminated(signal.Signals(signum).name)
 
 
 def starting() -> None:
-    """While a tool started from the command line imports: Ctrl-C and SIGTERM end it in one line."""
+    """While a tool started from the command line imports: Ctrl-C and the stop signals end it in one line."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted_while_starting)
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _interrupted_while_starting)
+    for stop in STOP_SIGNALS:
+        if signal.getsignal(stop) == signal.SIG_DFL:
+            signal.signal(stop, _interrupted_while_starting)
 
 
 def started() -> None:
-    """Ctrl-C raises KeyboardInterrupt again from here on, and SIGTERM raises `Terminated`
-    (see the module docstring); in a tool started from the command line only, so a caller
-    of a tool's `main` keeps its own handlers."""
+    """Ctrl-C raises KeyboardInterrupt again from here on, and the stop signals raise
+    `Terminated` (see the module docstring); in a tool started from the command line only,
+    so a caller of a tool's `main` keeps its own handlers."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if signal.getsignal(signal.SIGTERM) is _interrupted_while_starting:
-        signal.signal(signal.SIGTERM, _terminated)
+    for stop in STOP_SIGNALS:
+        if signal.getsignal(stop) is _interrupted_while_starting:
+            signal.signal(stop, _terminated)
 
 
 def stopped_by(exc: KeyboardInterrupt) -> str:
-    """The signal behind a KeyboardInterrupt, as a message names it: "SIGTERM" or "Ctrl-C"."""
-    return "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+    """The signal behind a KeyboardInterrupt, as a message names it: "SIGTERM", "SIGHUP" or "Ctrl-C"."""
+    return str(exc.args[0]) if isinstance(exc, Terminated) and exc.args else "Ctrl-C"
 
 
 @contextlib.contextmanager
 def held_signals() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block is done (a result being written is written
-    whole), then arrive as usual. Start no process inside: it would inherit the block."""
-    held = {signal.SIGINT, signal.SIGTERM}
+    """Ctrl-C and the stop signals wait until the block is done (a result being written is
+    written whole), then arrive as usual. Start no process inside: it would inherit the block."""
+    held = {signal.SIGINT, *STOP_SIGNALS}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         yield

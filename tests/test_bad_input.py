@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+import harness
 from harness import bench_attention, compare, memory_model, parity, report, run, scaling, sweep
 from harness.common import results
 from harness.config import PRESETS, get_config
@@ -427,6 +428,27 @@ def test_scaling_names_the_file_that_is_not_a_run_document(kind, needle, tmp_pat
 
 
 # -- Ctrl-C while a tool is still importing --------------------------------------------------
+@pytest.mark.parametrize("sig", harness.STOP_SIGNALS)
+def test_a_stop_signal_is_ctrl_c_once_a_tool_has_started(sig) -> None:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt naming themselves, once (a repeat, as from a
+    parent forwarding its group's signal, must not cut the keeping of finished work short)."""
+    before = signal.getsignal(signal.SIGINT), {s: signal.getsignal(s) for s in harness.STOP_SIGNALS}
+    try:
+        for s in harness.STOP_SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+        harness.starting()
+        harness.started()
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            os.kill(os.getpid(), sig)
+            time.sleep(5)
+        assert harness.stopped_by(stopped.value) == signal.Signals(sig).name
+        assert signal.getsignal(sig) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        for s, handler in before[1].items():
+            signal.signal(s, handler)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_compare_starts_is_one_line(tmp_path, sig) -> None:

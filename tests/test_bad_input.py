@@ -139,6 +139,10 @@ def test_a_write_cut_short_keeps_the_document_that_was_there(tmp_path) -> None:
     assert report.read_text() == "# the report as it was\n" and os.listdir(tmp_path) == ["report.md"]
     results.write_text(report, "# the new report\n")
     assert report.read_text() == "# the new report\n" and os.listdir(tmp_path) == ["report.md"]
+    link = tmp_path / "latest.md"
+    link.symlink_to(report)  # a link (or /dev/stdout) is written through, not replaced by a file
+    results.write_text(link, "# through the link\n")
+    assert link.is_symlink() and report.read_text() == "# through the link\n"
 
 
 def test_result_folders_get_the_usual_permissions(tmp_path) -> None:

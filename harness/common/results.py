@@ -116,8 +116,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     """A temporary name beside `path` (same folder, same suffix, so a writer that picks the
     format by it still does) for the block to write; moved onto `path` in one step when the
     block ends, removed when it fails. A reader, a crash or a signal never finds half a file
-    or an emptied one where a document was; a block that writes nothing leaves `path` as it was."""
+    or an emptied one where a document was; a block that writes nothing leaves `path` as it was.
+    A link, device or pipe at `path` (/dev/stdout) is written in place: a rename would replace it."""
     path = os.fspath(path)
+    if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
+        yield path
+        return
     folder, name = os.path.split(path)
     stem, suffix = os.path.splitext(name)
     tmp = os.path.join(folder, f".{stem}.tmp{os.getpid()}{suffix}")

@@ -1,18 +1,31 @@
-"""The workbench's tools, each run as `python -m harness.<tool>`.
+"""The workbench's tools, each run as `python -m harness.<tool>` (or `xfprof <tool>`).
 
 Importing a tool takes seconds (torch, JAX, matplotlib). A Ctrl-C in that time would print
 a traceback of some import deep inside a library, and one landing while the interpreter
-sets up or tears down its streams dumps its state instead; so while a tool started with
-`-m` is still importing, Ctrl-C ends it with one line and exit code 130 (nothing has run
-yet, so nothing is lost). `started`, called when the tool parses its arguments, gives
-Ctrl-C back to Python (KeyboardInterrupt), which the tools handle to keep finished work.
+sets up or tears down its streams dumps its state instead; so while a tool started from
+the command line is still importing, Ctrl-C or a stop signal ends it with one line and exit
+code 130 (nothing has run yet, so nothing is lost). `started`, called when the tool parses
+its arguments, gives Ctrl-C back to Python (KeyboardInterrupt), and makes the stop signals
+(`STOP_SIGNALS`: SIGTERM, which `timeout`, batch schedulers and container stops send, and
+SIGHUP, a closed terminal's) raise it too, so every tool keeps its finished work, and stops
+its children, the same way on any of them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
+
+# Signals that stop a started tool the way Ctrl-C does (one ignored, as under nohup, stays ignored).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """A stop signal once a tool has started (its name the argument): handled wherever
+    Ctrl-C is, as Ctrl-C."""
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
@@ -20,12 +33,51 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
     os._exit(130)
 
 
+def _terminated(signum: int, frame: object) -> None:
+    """A stop signal raises `Terminated` once; a repeat (a process group's signal, then the
+    parent's forwarding of it) must not cut short the keeping of what finished; SIGKILL
+    still ends it."""
+    signal.signal(signum, signal.SIG_IGN)
+    raise Terminated(signal.Signals(signum).name)
+
+
+def starting() -> None:
+    """While a tool started from the command line imports: Ctrl-C and the stop signals end it in one line."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted_while_starting)
+    for stop in STOP_SIGNALS:
+        if signal.getsignal(stop) == signal.SIG_DFL:
+            signal.signal(stop, _interrupted_while_starting)
+
+
 def started() -> None:
-    """Ctrl-C raises KeyboardInterrupt again from here on (see the module docstring)."""
+    """Ctrl-C raises KeyboardInterrupt again from here on, and the stop signals raise
+    `Terminated` (see the module docstring); in a tool started from the command line only,
+    so a caller of a tool's `main` keeps its own handlers."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    for stop in STOP_SIGNALS:
+        if signal.getsignal(stop) is _interrupted_while_starting:
+            signal.signal(stop, _terminated)
+
+
+def stopped_by(exc: KeyboardInterrupt) -> str:
+    """The signal behind a KeyboardInterrupt, as a message names it: "SIGTERM", "SIGHUP" or "Ctrl-C"."""
+    return str(exc.args[0]) if isinstance(exc, Terminated) and exc.args else "Ctrl-C"
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """Ctrl-C and the stop signals wait until the block is done (a result being written is
+    written whole), then arrive as usual. Start no process inside: it would inherit the block."""
+    held = {signal.SIGINT, *STOP_SIGNALS}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 # sys.argv[0] is "-m" while `python -m` imports the tool's package, and only then.
-if sys.argv[:1] == ["-m"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _interrupted_while_starting)
+if sys.argv[:1] == ["-m"]:
+    starting()

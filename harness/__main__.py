@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
+from harness import starting
+
 PACKAGE = Path(__file__).resolve().parent
 _GUARD = 'if __name__ == "__main__":'
 
@@ -73,6 +75,7 @@ def launcher() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch `argv` (default: the command line) to the named tool; its exit status."""
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]) and argv[1:]:
         argv = [*argv[1:], argv[0]]  # `xfprof -h compare`: compare's help, not this one
@@ -87,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(tools)} (see xfprof --help)",
               file=sys.stderr)
         return 2
+    if from_command_line:
+        starting()  # as under `python -m`: a signal while the tool imports ends it in one line
     from harness.common import cli
 
     module = importlib.import_module(f"harness.{tools[argv[0]]}")

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,20 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_attention: no GPU visible to JAX (platform {platform_name!r}); "
               "use --device cpu for a tiny smoke run", file=sys.stderr)
         return 2
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        rows = run_benchmark(args, measure_cell)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    rows = run_benchmark(args, measure_cell)  # Ctrl-C or SIGTERM (`harness.started`) keeps the cells measured
     print(render_table(rows))
     for kind, path in write_results(rows, args).items():
         print(f"wrote {kind}: {path}")
     return 0 if args.stopped_after is None else 1
-
-
-def _interrupt(signum, frame):
-    """SIGTERM (e.g. a time limit) stops a sweep the way Ctrl-C does."""
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ on the same weights and batch (library: `harness.timing.compare`). The result fo
 report.html and phases.png (with --timeline and --nsys or --profile, timeline.json.gz: the
 backends' profiles on one trace, measured steps aligned). A result folder of that name
 already there is refused before anything runs (--overwrite replaces it; another --out keeps
-both). Ctrl-C keeps the finished
-backends' results and a partial summary in <name>-interrupted/ and says so. Exit status:
+both), and so is a second compare of the same folder while the first runs. Ctrl-C or
+SIGTERM keeps the finished backends' results and a partial summary in <name>-interrupted/
+(or, after the runs and parity, the result folder without what was cut short) and says so. Exit status:
 0 all good, 1 parity failed, 3 a run failed, 4 the kernel breakdown failed, 2 bad input,
 130 interrupted. --render FOLDER runs nothing: it writes report.md and phases.png of an
 existing result folder again from its summary.json with today's code, upgrading a document
@@ -23,11 +24,12 @@ written before the robust statistics (library: `harness.timing.upgrade`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from harness import backends
 from harness.common.cli import (
@@ -50,7 +52,7 @@ from harness.common.cli import (
     select_platform,
     timeline_problem,
 )
-from harness.common.results import dir_problem
+from harness.common.results import LockHeld, dir_problem, ensure_dir, held_lock
 from harness.run import add_layer_ranges, annotate_attention_problem, layer_ranges_problem
 from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
@@ -216,10 +218,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return fail("interrupted before any backend started; nothing was written", 130)
     try:
-        summary, path = compare(comparison)
+        with result_lock(comparison):
+            summary, path = compare(comparison)
+    except UsageError as exc:
+        return fail(str(exc))
     except Interrupted as exc:
         return fail(str(exc), 130)
     return report(summary, path)
+
+
+@contextlib.contextmanager
+def result_lock(comparison: Comparison) -> Iterator[None]:
+    """Hold --out's lock of the comparison's result folder while it runs, so that a second
+    compare of the same folder name is refused before it starts (UsageError) instead of
+    replacing, or racing, the first one's result."""
+    name = result_dir_name(comparison, expected_device(comparison.run.device))
+    try:
+        ensure_dir(comparison.out)
+        with held_lock(os.path.join(comparison.out, f".{name}.lock")):
+            yield
+    except LockHeld as exc:
+        who = f"process {exc.holder}" if exc.holder else "another process"
+        raise UsageError(f"--out {comparison.out}: another compare ({who}) is writing {name} there now; wait for it "
+                         "to finish, or pass another --out to run both") from None
 
 
 def report(summary: dict, path: str) -> int:

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from harness import backends
+from harness import backends, stopped_by
 from harness.common.cli import (
     UsageError,
     add_backend,
@@ -169,13 +169,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.update(compile_cache_env(args.compile_cache))
     progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     opts = options_from_args(args)
-    if opts.data_parallel > 1:
-        from harness.timing.distributed import nsys_per_rank, run_data_parallel
+    try:
+        if opts.data_parallel > 1:  # a signal stops the ranks too (`launch`)
+            from harness.timing.distributed import nsys_per_rank, run_data_parallel
 
-        wrap = nsys_per_rank(args.backend, args.nsys_ranks, args.nsys_bin) if args.nsys_ranks else None
-        doc = run_data_parallel(opts, progress, quiet=args.quiet, wrap=wrap)
-    else:
-        doc = run(opts, progress)
+            wrap = nsys_per_rank(args.backend, args.nsys_ranks, args.nsys_bin) if args.nsys_ranks else None
+            doc = run_data_parallel(opts, progress, quiet=args.quiet, wrap=wrap)
+        else:
+            doc = run(opts, progress)
+    except KeyboardInterrupt as exc:
+        return fail(f"interrupted by {stopped_by(exc)} before the run finished; nothing was written", 130)
     kept_elsewhere = save_json(args.out, doc, "--out") if args.out else None
     print(format_result(doc))
     if opts.data_parallel > 1 and doc["status"] == "ok":

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+import harness
 from harness import bench_attention, compare, memory_model, parity, report, run, scaling, sweep
 from harness.common import results
 from harness.config import PRESETS, get_config
@@ -128,6 +129,22 @@ def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path) -> None:
     assert os.listdir(tmp_path) == ["result.json"]
 
 
+def test_a_write_cut_short_keeps_the_document_that_was_there(tmp_path) -> None:
+    """A report being written again that fails (or is stopped) half-way leaves the old one whole."""
+    report = tmp_path / "report.md"
+    report.write_text("# the report as it was\n")
+    with pytest.raises(KeyboardInterrupt), results.atomic_path(report) as tmp, open(tmp, "w") as f:
+        f.write("# half a ne")
+        raise KeyboardInterrupt
+    assert report.read_text() == "# the report as it was\n" and os.listdir(tmp_path) == ["report.md"]
+    results.write_text(report, "# the new report\n")
+    assert report.read_text() == "# the new report\n" and os.listdir(tmp_path) == ["report.md"]
+    link = tmp_path / "latest.md"
+    link.symlink_to(report)  # a link (or /dev/stdout) is written through, not replaced by a file
+    results.write_text(link, "# through the link\n")
+    assert link.is_symlink() and report.read_text() == "# through the link\n"
+
+
 def test_result_folders_get_the_usual_permissions(tmp_path) -> None:
     old = os.umask(0o022)
     try:
@@ -167,27 +184,52 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _children(pid: int) -> list[int]:
+    """The live child processes of `pid`."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(child) for child in f.read().split()]
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 @pytest.mark.slow
-def test_ctrl_c_during_compare_keeps_what_finished(tmp_path) -> None:
-    out = tmp_path / "results"
+@pytest.mark.parametrize("sig, by", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_a_signal_during_compare_keeps_what_finished(tmp_path, sig, by) -> None:
+    """Ctrl-C, or SIGTERM to compare alone (what `timeout` or a scheduler sends): the finished
+    backend is kept and announced, the running one stopped, the work folder removed."""
+    out, tmp = tmp_path / "results", tmp_path / "tmp"
+    tmp.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "harness.compare", "--ctx", "16", "--device", "cpu", "--backend", "torch,jax",
                              "--warmup", "0", "--steps", "1", "--out", str(out)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, umask=0o022,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=_default_sigint, env=dict(os.environ, TMPDIR=str(tmp)))
     seen = []
     for line in proc.stderr:
         seen.append(line)
         if line.startswith("[torch] finished"):
             break
-    os.kill(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while not (children := _children(proc.pid)) and time.monotonic() < deadline:  # jax's run starting
+        time.sleep(0.02)
+    os.kill(proc.pid, sig)
     _, rest = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(seen) + rest
+    assert children and not any(_running(child) for child in children)
+    assert os.listdir(tmp) == []  # the work folder (with torch.json) removed once kept
     last = rest.strip().splitlines()[-1]
     kept = out / "tiny-ctx16-fp32-cpu-interrupted"
     assert "Traceback" not in rest.split("[torch] finished")[-1]
     assert last.startswith("error: interrupted: torch finished") and str(kept) in last and "not finished: jax" in last
     summary = json.loads((kept / "summary.json").read_text())
     assert summary["interrupted"] and summary["runs"]["jax"]["status"] == "interrupted"
+    assert summary["runs"]["jax"]["error"]["message"] == f"stopped by {by}"
     torch_doc = json.loads((kept / "torch.json").read_text())
     assert torch_doc["status"] == "ok" and torch_doc == summary["runs"]["torch"]
     assert stat.S_IMODE(os.stat(kept).st_mode) == 0o755
@@ -472,8 +514,30 @@ def test_scaling_names_the_file_that_is_not_a_run_document(kind, needle, tmp_pat
 
 
 # -- Ctrl-C while a tool is still importing --------------------------------------------------
+@pytest.mark.parametrize("sig", harness.STOP_SIGNALS)
+def test_a_stop_signal_is_ctrl_c_once_a_tool_has_started(sig) -> None:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt naming themselves, once (a repeat, as from a
+    parent forwarding its group's signal, must not cut the keeping of finished work short)."""
+    before = signal.getsignal(signal.SIGINT), {s: signal.getsignal(s) for s in harness.STOP_SIGNALS}
+    try:
+        for s in harness.STOP_SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+        harness.starting()
+        harness.started()
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            os.kill(os.getpid(), sig)
+            time.sleep(5)
+        assert harness.stopped_by(stopped.value) == signal.Signals(sig).name
+        assert signal.getsignal(sig) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        for s, handler in before[1].items():
+            signal.signal(s, handler)
+
+
 @pytest.mark.slow
-def test_ctrl_c_while_compare_starts_is_one_line(tmp_path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_compare_starts_is_one_line(tmp_path, sig) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "harness.compare", "--ctx", "16", "--device", "cpu",
                              "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=_default_sigint)
@@ -481,7 +545,7 @@ def test_ctrl_c_while_compare_starts_is_one_line(tmp_path) -> None:
     deadline = time.monotonic() + 60
     while "libtorch" not in open(maps).read() and time.monotonic() < deadline:  # torch is loading
         time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGINT)
+    os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and os.listdir(tmp_path) == []
     assert err in ("error: interrupted while starting; nothing ran\n",  # still importing, as a rule

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,69 @@ def test_parity_halves_the_batch_when_its_process_reports_out_of_memory(tmp_path
     monkeypatch.setattr(compare_lib, "_stream", failing)
     assert compare_lib.run_parity(spec, str(tmp_path), ["jax"]) == {"ok": None, "error": "ValueError in parity",
                                                                     "batch": 8}
+
+
+def test_a_second_compare_into_the_same_folder_is_refused_while_the_first_runs(tmp_path, monkeypatch, capsys):
+    """Two compares of one result folder at once: the second refuses in one line, before any
+    work, instead of both saying "wrote" and the first result going; once the first is done,
+    the folder is free again and no lock file is left."""
+    with open(os.path.join(ROOT, "tests", "data", "compare_cpu", "summary.json")) as f:
+        summary = json.load(f)
+    running, done, calls = threading.Event(), threading.Event(), []
+
+    def first(comparison):  # stands for the comparison's work
+        calls.append(comparison)
+        if len(calls) == 1:
+            running.set()
+            done.wait(30)
+        return summary, str(tmp_path / "tiny-ctx16-fp32-cpu")
+
+    monkeypatch.setattr(compare, "compare", first)
+    argv = ["--model", "tiny", "--ctx", "16", "--device", "cpu", "--backend", "torch", "--out", str(tmp_path)]
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(compare.main(argv)))
+    thread.start()
+    assert running.wait(30)
+    try:
+        capsys.readouterr()
+        assert compare.main([*argv, "--overwrite"]) == 2
+    finally:
+        done.set()
+        thread.join(30)
+    err = capsys.readouterr().err
+    assert len(calls) == 1 and codes == [0]
+    assert err == (f"error: --out {tmp_path}: another compare (process {os.getpid()}) is writing tiny-ctx16-fp32-cpu "
+                   "there now; wait for it to finish, or pass another --out to run both\n")
+    assert os.listdir(tmp_path) == []
+    assert compare.main(argv) == 0 and len(calls) == 2
+
+
+def test_a_signal_during_the_kernel_breakdown_keeps_the_runs_and_parity(tmp_path, monkeypatch):
+    """SIGTERM (or Ctrl-C) after the runs and parity finished, while the profiles are being
+    read: the result folder is written all the same, without the breakdown, and the
+    interruption says where it is (exit 130 in the entry point)."""
+    from harness import Terminated
+
+    with open(os.path.join(ROOT, "tests", "data", "compare_cpu", "summary.json")) as f:
+        done = json.load(f)
+    profile = tmp_path / "torch.json.gz"
+    profile.write_bytes(b"")
+    monkeypatch.setattr(compare_lib, "run_backend", lambda b, c, work: (done["runs"][b], str(profile)))
+    monkeypatch.setattr(compare_lib, "parity_or_skip", lambda c, runs, work, backends: done["parity"])
+
+    def breakdown(profiles, work, nsys_bin):
+        raise Terminated("SIGTERM")
+
+    monkeypatch.setattr(compare_lib, "kernel_breakdown", breakdown)
+    args = parse_args(compare.build_parser(), ["--model", "tiny", "--ctx", "16", "--device", "cpu", "--backend",
+                                               "torch,jax", "--profile", "--out", str(tmp_path / "out")])
+    spec = compare.comparison_from_args(args, ["torch", "jax"], "framework")
+    with pytest.raises(compare_lib.Interrupted) as stopped:
+        compare_lib.compare(spec)
+    folder = tmp_path / "out" / "tiny-ctx16-fp32-cpu-profiled"
+    assert str(stopped.value) == ("interrupted: stopped by SIGTERM during the kernel breakdown; the runs and parity "
+                                  f"are kept in {folder}")
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["runs"] == {b: done["runs"][b] for b in ("torch", "jax")} and summary["parity"] == done["parity"]
+    assert summary["kernel_breakdown_error"] == "stopped by SIGTERM during the kernel breakdown"
+    assert "stopped by SIGTERM during the kernel breakdown" in (folder / "report.md").read_text()

@@ -312,3 +312,24 @@ def test_torch_compile_under_ddp_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert doc["ranks"][0]["loss"]["first"] != doc["ranks"][1]["loss"]["first"]
     for rank in doc["ranks"]:
         _assert_per_device(rank["phases"], devices=2)
+
+
+def test_sigterm_to_the_launcher_stops_its_ranks(tmp_path: Path) -> None:
+    """SIGTERM (a time limit's, a scheduler's) to harness.run while its ranks run: the ranks,
+    each in a session of its own where no signal to the launcher's group reaches, are
+    stopped, not left running; the run ends in one line, exit 130, its work folder removed."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness.run", "--backend", "torch", *TINY, "--steps", "100000",
+                             "--data-parallel", "2", "--quiet"], cwd=ROOT, env=_env(TMPDIR=str(tmp_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while len(ranks := _processes_mentioning(str(tmp_path))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(ranks) == 2
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "error: interrupted by SIGTERM before the run finished; nothing was written"
+    assert _processes_mentioning(str(tmp_path)) == [] and os.listdir(tmp_path) == []

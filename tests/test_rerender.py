@@ -192,3 +192,39 @@ def test_data_parallel_folder_from_before_per_device_figures_is_upgraded(tmp_pat
     assert (folder / "summary-original.json").exists()
     first = (folder / "summary.json").read_bytes()
     assert compare.main(["--render", str(folder)]) == 0 and (folder / "summary.json").read_bytes() == first
+
+
+def _cut(summary: dict, make: str) -> dict:
+    """`summary` cut short or hand-edited the way `make` names."""
+    if make.startswith("no "):
+        del summary[make[3:]]
+    elif make == "runs a list":
+        summary["runs"] = list(summary["runs"].values())
+    elif make == "a run a string":
+        summary["runs"]["jax"] = "ok"
+    elif make == "options without model":
+        del summary["options"]["model"]
+    elif make == "a phase a string":  # past the key checks: caught where the report reads it
+        summary["table"][0]["torch"] = "12 ms"
+    return summary
+
+
+@pytest.mark.parametrize("make, named", [
+    ("no parity", "no key 'parity'"), ("no table", "no key 'table'"), ("no options", "no key 'options'"),
+    ("no runs", "not a harness.compare document"), ("runs a list", "'runs' is a list, not an object"),
+    ("a run a string", "runs['jax'] is a string, not an object"), ("options without model", "'options' has no 'model'"),
+    ("a phase a string", "cannot be rendered (TypeError")])
+def test_render_of_a_cut_or_edited_summary_names_the_key_and_keeps_the_folder(tmp_path, capsys, make, named):
+    """One line naming the key (and the file), exit 2, and every file of the folder as it was:
+    a render never empties the report it could not write again."""
+    folder = tmp_path / "tiny-ctx16-fp32-cpu"
+    folder.mkdir()
+    with open(os.path.join(ROOT, "tests", "data", "compare_cpu", "summary.json")) as f:
+        (folder / "summary.json").write_text(json.dumps(_cut(json.load(f), make)))
+    (folder / "report.md").write_text("# the report as it was\n")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert compare.main(["--render", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: --render {folder}: ") and named in err, err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

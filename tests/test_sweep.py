@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import sys
+import time
 
 import pytest
 
@@ -674,3 +675,18 @@ def test_cpu_tflops_keep_their_digits(rendered: dict) -> None:
     small = [p["tflops"] for r in rendered["data"]["phases"] if r["status"] == "ok"
              for p in (r["forward"], r["backward"], r["step"]) if p and p["tflops"] and p["tflops"] < 0.005]
     assert small and all(f"| {t:.2g} |" in text for t in small)
+
+
+def test_a_stopped_cell_gets_sigterm_before_sigkill(tmp_path) -> None:
+    """Stopping a cell (Ctrl-C or SIGTERM to the sweep, its timeout) sends its process group
+    SIGTERM first, so that its harness.run stops what it started: a data-parallel launcher's
+    ranks run in sessions of their own, which a SIGKILL of the group leaves running."""
+    marker, log = tmp_path / "stopped", tmp_path / "cell.log"
+    code = (f"import signal, sys, time\ndef stop(*_):\n    open({str(marker)!r}, 'w').close()\n    sys.exit(130)\n"
+            "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    job = runner.CellProcess([sys.executable, "-c", code], str(log), None)
+    deadline = time.monotonic() + 30
+    while "ready" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job.kill()
+    assert marker.exists() and job.proc.returncode == 130

@@ -125,3 +125,30 @@ def test_recorded_command_reruns_as_written(tmp_path, monkeypatch) -> None:
     assert shlex.split(recorded) == ["python", "-m", "harness.compare", *typed[1:]]
     monkeypatch.setenv("HOME", str(tmp_path))  # a home folder's path is written ~/...: the shell expands it
     assert command_line(["python", "-m", "harness.run", "--out", out]) == "python -m harness.run --out ~/'my results'"
+
+
+def test_the_console_script_gives_its_tools_the_signal_handling_of_python_m(monkeypatch) -> None:
+    """Started as `xfprof <tool>`, a tool treats SIGTERM as Ctrl-C once it has parsed its
+    options, as under `python -m harness.<tool>`; a caller of main(argv) keeps its own handlers."""
+    import signal
+    import types
+
+    import harness
+    import harness.__main__ as launcher
+
+    seen = []
+
+    def tool_main(argv):
+        harness.started()  # what every tool's parse_args does
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return 0
+
+    monkeypatch.setattr(launcher.importlib, "import_module", lambda name: types.SimpleNamespace(main=tool_main))
+    monkeypatch.setattr(sys, "argv", ["xfprof", "memory-model"])
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        assert launcher.main(["memory-model"]) == 0 and seen == [before[1]]
+        assert launcher.main() == 0 and seen[1] is harness._terminated
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])

@@ -86,8 +86,8 @@ def run_benchmark(args: argparse.Namespace,
                                     Iterable[dict]] = measure_cell) -> list[dict]:
     """Measures every requested (cell, impl) with `measure`; returns one dict per pair.
 
-    Stopped part-way (Ctrl-C, or SIGTERM under `main`, e.g. from a time
-    limit), it returns the cells measured completely so far and sets
+    Stopped part-way (Ctrl-C, or SIGTERM in a tool started from the command
+    line, e.g. from a time limit: `harness.started`), it returns the cells measured completely so far and sets
     `args.stopped_after` to their number."""
     rows = []
     args.stopped_after = None

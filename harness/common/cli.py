@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from harness import backends, started
 from harness.common.errors import UsageError
+from harness.common.results import write_text
 from harness.config import ATTENTION_CHOICES, PRESETS
 
 DTYPES = ("fp32", "tf32", "bf16")
@@ -393,6 +394,5 @@ def emit(text: str, out: str | os.PathLike | None) -> None:
     if out is None:
         print(text, end="")
         return
-    with open(out, "w") as f:
-        f.write(text)
+    write_text(out, text)  # whole or not at all, should a signal or an error come half-way
     print(f"wrote {out}")

@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from harness.common.results import write_text
+
 HTML_NAME = "report.html"
 LINK_LINE = f"[{HTML_NAME}]({HTML_NAME}): this report as one self-contained page (sortable tables, vector plots)."
 
@@ -206,7 +208,7 @@ def write_html(folder: str | Path, markdown_name: str, svgs: Mapping[str, str | 
                                                    for name in rest)
     title = next((line.lstrip("# ").strip() for line in md.splitlines() if line.startswith("#")), markdown_name)
     path = folder / HTML_NAME
-    path.write_text(page(title, body))
+    write_text(path, page(title, body))
     if link and LINK_LINE not in md:
-        md_path.write_text(md.rstrip("\n") + "\n\n" + LINK_LINE + "\n")
+        write_text(md_path, md.rstrip("\n") + "\n\n" + LINK_LINE + "\n")
     return path

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -9,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -107,6 +110,74 @@ def write_json(path: str | os.PathLike, doc: object) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+    """A temporary name beside `path` (same folder, same suffix, so a writer that picks the
+    format by it still does) for the block to write; moved onto `path` in one step when the
+    block ends, removed when it fails. A reader, a crash or a signal never finds half a file
+    or an emptied one where a document was; a block that writes nothing leaves `path` as it was.
+    A link, device or pipe at `path` (/dev/stdout) is written in place: a rename would replace it."""
+    path = os.fspath(path)
+    if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
+        yield path
+        return
+    folder, name = os.path.split(path)
+    stem, suffix = os.path.splitext(name)
+    tmp = os.path.join(folder, f".{stem}.tmp{os.getpid()}{suffix}")
+    try:
+        yield tmp
+        if os.path.exists(tmp):
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically (`atomic_path`)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+
+
+class LockHeld(Exception):
+    """Another process holds the lock; `holder` is its process id as it wrote it ("" if unknown)."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
+@contextlib.contextmanager
+def held_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on file `path` (`fcntl.flock`, created here, holding this process's
+    id) for the block, so that two processes never write the same result at once; another
+    holder raises `LockHeld` at once, without waiting. The file is removed on release; the
+    lock ends with the process however it ends, so a killed holder leaves no stale lock."""
+    path = os.fspath(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            raise LockHeld(holder) from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its last holder removed it as we opened it: lock the file at `path` now
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        os.close(fd)
 
 
 def git_commit() -> str | None:

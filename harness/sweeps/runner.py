@@ -19,6 +19,7 @@ from collections.abc import Callable
 from harness import backends
 from harness.config import get_config
 from harness.sweeps.records import FIXED_DEFAULTS, Cell, append_record, cell_record, load_records
+from harness.timing.distributed import GRACE_S
 from harness.timing.spec import RunSpec, run_argv
 
 
@@ -84,10 +85,30 @@ class CellProcess:
         return done
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self._log.close()
+        """Stop the cell (`stop_cells`)."""
+        stop_cells([self])
+
+
+# How long a stopped cell gets to exit after SIGTERM before SIGKILL: a data-parallel run's
+# launcher first stops its ranks, each in a session of its own, which it gives GRACE_S.
+STOP_GRACE_S = GRACE_S + 5
+
+
+def stop_cells(jobs: list[CellProcess]) -> None:
+    """SIGTERM each cell's process group (its harness.run stops what it started, as on
+    Ctrl-C: a data-parallel launcher its ranks, which SIGKILL of the group would not reach),
+    then SIGKILL what is left after STOP_GRACE_S."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        live = [job for job in jobs if job.proc.poll() is None]
+        for job in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.proc.pid, sig)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(job.proc.poll() is None for job in live) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    for job in jobs:
+        job.proc.wait()
+        job._log.close()
 
 
 def outcome(doc: dict | None, code: int | None, timed_out: bool, timeout: float | None,
@@ -259,8 +280,7 @@ def run_sweep(cells: list[Cell], opts: dict, out_dir: str, *, timeout: float | N
                 detail = f": {rec['reason']}" if rec["reason"] else ""
                 log(f"[sweep] {rec['key']} {rec['status']} in {rec['wall_s']:.1f} s{detail}")
     except BaseException:
-        for started in running.values():
-            started.job.kill()
+        stop_cells([started.job for started in running.values()])
         raise
     left = len(pending) - len(todo)
     log(f"[sweep] stopped after {len(todo)} cells (--max-cells); "

@@ -10,7 +10,7 @@ GEMM autotuning instead of compiling again. Ratios are against the first backend
 <out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
 An existing folder of that name is replaced only with --overwrite (the entry point refuses to
 start otherwise; a folder that appears meanwhile is kept and the new one written beside it).
-Ctrl-C keeps what finished: the finished backends' documents and a partial summary go to
+Ctrl-C or SIGTERM keeps what finished: the finished backends' documents and a partial summary go to
 <name>-interrupted/, and `Interrupted` says what is there.
 """
 
@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 
+from harness import held_signals, stopped_by
 from harness.backends import get as backend_record
 from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
 from harness.timing.compare_profiles import backend_timeline, communication_overlap, keep_profiles, kernel_breakdown
@@ -35,7 +36,7 @@ SCHEMA = "harness.compare/1"
 
 
 class Interrupted(Exception):
-    """Ctrl-C during a comparison; the message says what finished and where it was kept."""
+    """Ctrl-C or SIGTERM during a comparison; the message says what finished and where it was kept."""
 
 
 def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
@@ -281,12 +282,13 @@ def finished_runs(backends: list[str], workdir: str) -> dict[str, dict]:
     return docs
 
 
-def keep_interrupted(comparison: Comparison, backends: list[str], finished: dict[str, dict]) -> str:
-    """After Ctrl-C: write the finished backends' documents and a partial summary (the
-    others marked "interrupted") to <name>-interrupted/; returns what was kept and where."""
+def keep_interrupted(comparison: Comparison, backends: list[str], finished: dict[str, dict],
+                     by: str = "Ctrl-C") -> str:
+    """After Ctrl-C or SIGTERM (`by`): write the finished backends' documents and a partial
+    summary (the others marked "interrupted") to <name>-interrupted/; returns what was kept and where."""
     if not finished:
         return "interrupted before any backend finished; nothing was written"
-    stopped = {"status": "interrupted", "error": {"phase": "process", "message": "stopped by Ctrl-C"}}
+    stopped = {"status": "interrupted", "error": {"phase": "process", "message": f"stopped by {by}"}}
     runs = {b: finished.get(b, stopped) for b in backends}
     summary = summarize_compare(comparison, runs, None)
     summary["interrupted"] = True
@@ -297,12 +299,46 @@ def keep_interrupted(comparison: Comparison, backends: list[str], finished: dict
             f" and a partial summary.json); not finished: {', '.join(left) or 'parity'}")
 
 
+def breakdown(c: Comparison, profiles: dict[str, str], runs: dict[str, dict], summary: dict,
+              work: str) -> tuple[list, list] | None:
+    """The kernel breakdown of the backends' `profiles` (their per-layer times join `runs`, the
+    data-parallel overlap and any failure `summary`); the profiles copied to --keep-profiles."""
+    from harness.trace.profile import ProfileError
+
+    kernels = None
+    try:
+        kernels = kernel_breakdown(profiles, work, c.nsys_bin)
+        for backend, bd in zip(profiles, kernels[0]):
+            if bd.layers:  # the per-layer time joins the run's document
+                runs[backend]["layers"] = bd.layers
+        if c.run.data_parallel > 1:
+            summary["overlap"] = communication_overlap(profiles, c.run.data_parallel, c.nsys_bin, runs)
+    except ProfileError as exc:
+        summary["kernel_breakdown_error"] = str(exc)
+    if c.keep_profiles:
+        keep_profiles(profiles, c.keep_profiles)
+    return kernels
+
+
+def write_or_keep(summary: dict, c: Comparison, kernels: tuple[list, list] | None) -> str:
+    """The result folder written under --out, or kept in a temporary folder (said on stderr)
+    when --out cannot take it; its path."""
+    name = result_dir_name(c, summary["device"])
+    try:
+        return write_results(summary, c.out, name, kernels, overwrite=c.overwrite)
+    except OSError as exc:  # --out was checked; it went away or filled up since: keep the result anyway
+        path = write_results(summary, tempfile.mkdtemp(prefix="compare-kept-"), name, kernels)
+        print(f"error: --out {c.out}: could not write the result folder ({exc.strerror or exc}); "
+              f"it is kept in {path}", file=sys.stderr)
+        return path
+
+
 def compare(comparison: Comparison) -> tuple[dict, str]:
     """Run each backend, the parity check (skipped when every backend ran out of memory)
     and the kernel breakdown (when `comparison.profiler` is "nsys" or "framework"); write
     the result folder under `comparison.out` (replacing one of the same name if
-    `overwrite`). Returns the compare document and the folder's path; Ctrl-C raises
-    `Interrupted` once what finished is kept."""
+    `overwrite`). Returns the compare document and the folder's path; Ctrl-C or SIGTERM
+    raises `Interrupted` once what finished is kept."""
     backends = list(comparison.backends)
     with tempfile.TemporaryDirectory(prefix="compare-") as work:
         c = dataclasses.replace(comparison, compile_cache=os.path.abspath(comparison.compile_cache
@@ -314,35 +350,31 @@ def compare(comparison: Comparison) -> tuple[dict, str]:
             runs = {b: doc for b, (doc, _) in results.items()}
             compared = [b for b in backends if not backend_record(b).reference]
             parity = None if c.no_parity or len(backends) < 2 else parity_or_skip(c, runs, work, compared)
-        except KeyboardInterrupt:
-            raise Interrupted(keep_interrupted(c, backends, finished_runs(backends, work))) from None
+        except KeyboardInterrupt as exc:
+            raise Interrupted(keep_interrupted(c, backends, finished_runs(backends, work), stopped_by(exc))) from None
         profiles = {b: prof for b, (doc, prof) in results.items() if prof and doc.get("status") == "ok"}
         summary = summarize_compare(c, runs, parity)
-        kernels = None
-        if profiles:
-            from harness.trace.profile import ProfileError
-
-            try:
-                kernels = kernel_breakdown(profiles, work, c.nsys_bin)
-                for backend, bd in zip(profiles, kernels[0]):
-                    if bd.layers:  # the per-layer time joins the run's document
-                        runs[backend]["layers"] = bd.layers
-                if c.run.data_parallel > 1:
-                    summary["overlap"] = communication_overlap(profiles, c.run.data_parallel, c.nsys_bin, runs)
-            except ProfileError as exc:
-                summary["kernel_breakdown_error"] = str(exc)
-            if c.keep_profiles:
-                keep_profiles(profiles, c.keep_profiles)
-        name = result_dir_name(c, summary["device"])
+        kernels, stopped = None, None
         try:
-            path = write_results(summary, c.out, name, kernels, overwrite=c.overwrite)
-        except OSError as exc:  # --out was checked; it went away or filled up since: keep the result anyway
-            path = write_results(summary, tempfile.mkdtemp(prefix="compare-kept-"), name, kernels)
-            print(f"error: --out {c.out}: could not write the result folder ({exc.strerror or exc}); "
-                  f"it is kept in {path}", file=sys.stderr)
-        if kernels and c.timeline:
-            from harness.trace.timeline import write_timeline
+            if profiles:
+                kernels = breakdown(c, profiles, runs, summary, work)
+        except KeyboardInterrupt as exc:  # the runs and parity finished: written without the breakdown
+            stopped = f"stopped by {stopped_by(exc)} during the kernel breakdown"
+            summary["kernel_breakdown_error"] = stopped
+            kernels = None
+        step = "as the result folder was written (it was finished first)"
+        try:
+            with held_signals():
+                path = write_or_keep(summary, c, kernels)
+            if kernels and c.timeline:
+                from harness.trace.timeline import write_timeline
 
-            write_timeline(os.path.join(path, "timeline.json.gz"),
-                           backend_timeline(profiles, kernels[0], c.run.data_parallel, c.nsys_bin, c.timeline_steps))
+                step = "while timeline.json.gz was written (it may be incomplete)"
+                write_timeline(os.path.join(path, "timeline.json.gz"),
+                               backend_timeline(profiles, kernels[0], c.run.data_parallel, c.nsys_bin,
+                                                c.timeline_steps))
+        except KeyboardInterrupt as exc:
+            stopped = stopped or f"stopped by {stopped_by(exc)} {step}"
+    if stopped:
+        raise Interrupted(f"interrupted: {stopped}; the runs and parity are kept in {path}")
     return summary, path

@@ -21,6 +21,7 @@ import os
 import shutil
 
 from harness import backends
+from harness.common.results import atomic_path, write_json, write_text
 from harness.common.stats import summarize
 from harness.timing.compare import phase_table
 
@@ -142,7 +143,50 @@ def _load(folder: str) -> dict:
     if problem:
         raise RenderError(f"--render {folder}: {problem}; pass a result folder that `python -m harness.compare` "
                           "wrote (results/<model>-ctx<N>-<dtype>-<gpu>[-profiled]/)")
+    if problem := shape_problem(summary):
+        raise RenderError(f"--render {folder}: {path}: {problem}; restore it (summary-original.json, or the "
+                          "document as harness.compare wrote it) or run the comparison again; nothing was written")
     return summary
+
+
+# What the report reads from a compare document: top-level keys and their types, the options its title names.
+REQUIRED = {"runs": dict, "options": dict, "table": list, "parity": (dict, type(None))}
+TITLE_OPTIONS = ("model", "ctx", "batch", "dtype", "attention", "mode", "device")
+
+
+def _kind(value: object) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def shape_problem(summary: dict) -> str | None:
+    """The first key of a compare document that the report needs and finds missing or of the
+    wrong type (one phrase naming it), or None: checked before anything is written, so a
+    hand-edited or cut-short summary.json is refused whole instead of failing half-way."""
+    for key, kind in REQUIRED.items():
+        if key not in summary:
+            return f"no key {key!r}"
+        if not isinstance(summary[key], kind):
+            wanted = " or ".join(_kind(k()) for k in (kind if isinstance(kind, tuple) else (kind,)))
+            return f"{key!r} is {_kind(summary[key])}, not {wanted}"
+    if missing := [k for k in TITLE_OPTIONS if k not in summary["options"]]:
+        return f"'options' has no {missing[0]!r}"
+    for backend, run in summary["runs"].items():
+        if not isinstance(run, dict):
+            return f"runs[{backend!r}] is {_kind(run)}, not an object"
+        if run.get("status") == "ok" and not isinstance(run.get("phases"), dict):
+            return f"runs[{backend!r}] is ok but has no 'phases' object"
+        if run.get("status") != "ok" and not isinstance((run.get("error") or {}).get("message"), str):
+            return f"runs[{backend!r}] failed but has no error message"
+    for row in summary["table"]:
+        if not isinstance(row, dict) or "phase" not in row:
+            return "'table' holds a row without a 'phase'"
+    parity = summary["parity"]
+    if parity and parity.get("ok") is not None:
+        for key in ("worst", "tolerances"):
+            if not isinstance(parity.get(key), dict):
+                return f"'parity' has a verdict but no {key!r} object"
+    return None
 
 
 def rerender(folder: str) -> list[str]:
@@ -154,34 +198,40 @@ def rerender(folder: str) -> list[str]:
 
     summary = _load(folder)
     written = []
-    if is_legacy(summary):
-        schemas = sorted({r.get("schema", "?") for r in summary["runs"].values()})
-        summary = upgrade(summary, f"{summary['schema']} with {', '.join(schemas)} runs")
-        original = os.path.join(folder, ORIGINAL)
-        if not os.path.exists(original):
-            shutil.copy2(os.path.join(folder, "summary.json"), original)
-            written.append(original)
-    runs = {b: per_device_run(r) for b, r in summary["runs"].items()}
-    if any(runs[b] is not r for b, r in summary["runs"].items()):
-        summary = {**summary, "runs": runs, "table": phase_table(runs), "per_device_upgrade": PER_DEVICE}
-        original = os.path.join(folder, ORIGINAL)
-        if not os.path.exists(original):
-            shutil.copy2(os.path.join(folder, "summary.json"), original)
-            written.append(original)
-    kernels, kernels_md = os.path.join(folder, "kernels.md"), None
-    if os.path.exists(kernels):
-        with open(kernels) as f:
-            kernels_md = f.read()
-        if summary.get("rerendered"):
-            summary["rerendered"]["kernels"] = KERNELS_KEPT
-    summary.pop("plot", None)
-    if plot_phases(summary, os.path.join(folder, "phases.png")):
-        summary["plot"] = "phases.png"
-        written.append(os.path.join(folder, "phases.png"))
-    with open(os.path.join(folder, "report.md"), "w") as f:
-        f.write(compare_markdown(summary, kernels_md))
+    try:  # every file drawn in full before any is replaced; a value shape_problem cannot see is caught
+        if is_legacy(summary):
+            schemas = sorted({r.get("schema", "?") for r in summary["runs"].values()})
+            summary = upgrade(summary, f"{summary['schema']} with {', '.join(schemas)} runs")
+            original = os.path.join(folder, ORIGINAL)
+            if not os.path.exists(original):
+                shutil.copy2(os.path.join(folder, "summary.json"), original)
+                written.append(original)
+        runs = {b: per_device_run(r) for b, r in summary["runs"].items()}
+        if any(runs[b] is not r for b, r in summary["runs"].items()):
+            summary = {**summary, "runs": runs, "table": phase_table(runs), "per_device_upgrade": PER_DEVICE}
+            original = os.path.join(folder, ORIGINAL)
+            if not os.path.exists(original):
+                shutil.copy2(os.path.join(folder, "summary.json"), original)
+                written.append(original)
+        kernels, kernels_md = os.path.join(folder, "kernels.md"), None
+        if os.path.exists(kernels):
+            with open(kernels) as f:
+                kernels_md = f.read()
+            if summary.get("rerendered"):
+                summary["rerendered"]["kernels"] = KERNELS_KEPT
+        summary.pop("plot", None)
+        phases, report = os.path.join(folder, "phases.png"), os.path.join(folder, "report.md")
+        with atomic_path(phases) as new_plot:
+            if plot_phases(summary, new_plot):
+                summary["plot"] = "phases.png"
+                written.append(phases)
+            markdown = compare_markdown(summary, kernels_md)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        detail = f"no key {exc.args[0]!r}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise RenderError(f"--render {folder}: summary.json cannot be rendered ({detail} where the report reads it); "
+                          "restore the document as harness.compare wrote it; nothing was replaced") from None
+    write_text(report, markdown)
     # kernels.png cannot be drawn again from the folder's files: report.html embeds it as it is
     written.append(str(write_html(folder, "report.md", {"phases.png": svg_of(lambda p: plot_phases(summary, p))})))
-    with open(os.path.join(folder, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    return [*written, os.path.join(folder, "report.md"), os.path.join(folder, "summary.json")]
+    write_json(os.path.join(folder, "summary.json"), summary)
+    return [*written, report, os.path.join(folder, "summary.json")]

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def test_compare_writes_a_complete_result_folder(compare_run):
     for backend in ("torch", "jax"):
         r = summary["runs"][backend]
         assert r["status"] == "ok" and r["env"]["git_commit"]
+        # the child's command names its result by file name: the compare's work folder is gone after the run
+        assert r["env"]["command"].endswith(f"--out {backend}.json") and tempfile.gettempdir() not in r["env"]["command"]
         ph = r["phases"]
         for name in ("forward", "backward", "optimizer", "step"):
             assert ph[name]["n"] == 3 and ph[name]["min_ms"] > 0

@@ -106,7 +106,10 @@ def run_backend(backend: str, comparison: Comparison, workdir: str) -> tuple[dic
     print(f"[{backend}] finished in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if os.path.exists(out):
         with open(out) as f:
-            return json.load(f), profile if profile and os.path.exists(profile) else None
+            doc = json.load(f)
+        if command := (doc.get("env") or {}).get("command"):  # the work folder goes with the run: its files by name
+            doc["env"]["command"] = command.replace(workdir.rstrip(os.sep) + os.sep, "")
+        return doc, profile if profile and os.path.exists(profile) else None
     if code == 0 and c.profiler == "nsys" and not ranks:  # harness.run exits 0 only after writing `out`
         message = (f"--nsys-bin {program[0]} exited with code 0 without running harness.run, so it did not "
                    "profile; name the Nsight Systems binary (nsys) or drop --nsys-bin")

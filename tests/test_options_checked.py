@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import compare, report, run
+from harness import compare, parity, report, run
 from harness.backends import jax as jax_backend
 from harness.config import get_config
 from harness.sweeps.memory_model import predict
@@ -20,8 +20,8 @@ FALLBACK = DATA / "torch_fallback" / "torch_tiny_fallback.json.gz"  # 2 warm-up 
 GIB = 2**30
 
 
-class Reached(Exception):
-    """The work started: the options were not refused before it."""
+class Reached(BaseException):
+    """The work started: the options were not refused before it (past a tool's `except Exception`)."""
 
 
 @pytest.fixture(autouse=True)
@@ -31,6 +31,7 @@ def no_work(monkeypatch):
 
     monkeypatch.setattr(compare, "compare", reached)
     monkeypatch.setattr(run, "run", reached)
+    monkeypatch.setattr(parity, "check_parity", reached)
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.delenv("HARNESS_XLA_FLAGS_CHECKED", raising=False)
 
@@ -123,8 +124,9 @@ def _largest_batch(memory: int, mode: str = "train") -> int:
     return batch
 
 
-@pytest.mark.parametrize("module, argv", [(compare, COMPARE), (run, [*RUN, "--backend", "torch"])],
-                         ids=["compare", "run"])
+@pytest.mark.parametrize("module, argv", [(compare, COMPARE), (run, [*RUN, "--backend", "torch"]),
+                                          (parity, [*RUN, "--backend", "jax"])],
+                         ids=["compare", "run", "parity"])
 def test_a_batch_beyond_the_machine_memory_is_refused(module, argv, tmp_path, capsys, monkeypatch) -> None:
     """A huge --batch ran into MemoryError after 10 s and left a failed result; the memory
     model's prediction refuses it first, naming the largest batch that fits (planted: a
@@ -148,6 +150,17 @@ def test_a_huge_batch_is_refused_against_the_real_host_memory(tmp_path, capsys) 
     _refused(run, [*RUN, "--backend", "torch", "--batch", "100000000", "--out", str(out)], capsys,
              "--batch 100000000:", "of host RAM", "or less")
     assert not out.exists()
+
+
+def test_the_gpu_memory_comes_from_nvidia_smi_without_starting_cuda(monkeypatch) -> None:
+    from harness import memory_model
+    from harness.common import results
+
+    monkeypatch.setattr(results, "nvidia_smi", lambda: {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_memory": "81559 MiB"})
+    assert memory_model.machine_memory("cuda") == (81559 * 2**20, "the GPU's 79.6 GiB")
+    monkeypatch.setattr(results, "nvidia_smi", lambda: {})  # no nvidia-smi: no verdict, nothing refused
+    assert memory_model.machine_memory("cuda") is None
+    assert memory_model.fit_problem("tiny", 16, 10**8, "fp32", "naive", "train", "cuda") is None
 
 
 def test_a_sweep_cell_runs_where_the_model_predicts_no_fit(capsys) -> None:

@@ -51,8 +51,10 @@ from harness.common.cli import (
     refuse_with,
     select_platform,
     timeline_problem,
+    timeline_steps_problem,
 )
 from harness.common.results import LockHeld, dir_problem, ensure_dir, held_lock
+from harness.memory_model import fit_problem
 from harness.run import add_layer_ranges, annotate_attention_problem, layer_ranges_problem
 from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
@@ -150,6 +152,8 @@ def default_backends(args: argparse.Namespace) -> list[str]:
     for backend in backends.defaults():
         if args.annotate_attention and (problem := annotate_attention_problem(backend)):
             print(f"compare: skipping {backend}: {problem}", file=sys.stderr)
+        elif args.layer_ranges and (problem := layer_ranges_problem(backend)):
+            print(f"compare: skipping {backend}: {problem}", file=sys.stderr)
         else:
             chosen.append(backend)
     return chosen
@@ -173,14 +177,25 @@ def check(args: argparse.Namespace) -> Comparison:
         raise UsageError(problem)
     if args.timeline and not (args.nsys or args.profile):
         raise UsageError("--timeline: lays out the profiles of --nsys or --profile; add one of them")
+    if problem := timeline_steps_problem(args.timeline_steps, args.steps, f"--steps {args.steps} measures"):
+        raise UsageError(problem)
     select_platform(args)
     if args.annotate_attention:
         for backend in args.backend or (backends.reference(),):  # --data-parallel refuses it for every backend
-            if problem := annotate_attention_problem(backend, args.data_parallel):
+            if problem := annotate_attention_problem(backend, args.data_parallel, args.attention):
+                raise UsageError(problem)
+    if args.layer_ranges:  # a backend asked for by name is refused; a default one is left out (default_backends)
+        for backend in args.backend or ():
+            if problem := layer_ranges_problem(backend):
                 raise UsageError(problem)
     args.backend = backends.choose_backends(args.backend, default_backends(args), args.device, "compare")
     if not args.backend:
         raise UsageError("no backend can run here with these options; name one with --backend")
+    if problem := backends.attention_problem_of(args.backend, args.attention):
+        raise UsageError(problem)
+    if problem := fit_problem(args.model, args.ctx, args.batch, args.dtype, args.attention, args.mode, args.device,
+                              args.data_parallel):
+        raise UsageError(problem)
     if args.data_parallel > 1:
         from harness.timing.distributed import check_devices, parallel_problem
 
@@ -193,10 +208,6 @@ def check(args: argparse.Namespace) -> Comparison:
                 raise UsageError(problem)
     check_paths(args)
     comparison = comparison_from_args(args, args.backend, profiler(args))
-    if args.layer_ranges:
-        for backend in args.backend:
-            if problem := layer_ranges_problem(backend):
-                print(f"compare: {problem}; {backend} runs without them", file=sys.stderr)
     device = expected_device(args.device)
     existing = os.path.join(args.out, result_dir_name(comparison, device)) if device else None
     if existing and os.path.exists(existing) and not args.overwrite:

@@ -13,6 +13,8 @@ whether it fits. The sweep report sets the same predictions beside measured peak
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -83,6 +85,67 @@ def size_problem(models: Sequence[str], ctxs: Sequence[int], batch: int, dtype: 
                 return (f"--model {model} --ctx {ctx} --batch {batch}: the step would need {step:.3g} GiB, beyond "
                         f"any device ({MAX_PREDICTED_GIB} GiB); lower --ctx or --batch")
     return None
+
+
+def machine_memory(device: str) -> tuple[int, str] | None:
+    """Bytes one device of this machine holds, and in words: the host's RAM on CPU, the first
+    GPU's memory as nvidia-smi reports it on cuda (read without starting CUDA here, which
+    would take memory from the runs); None where it cannot be read."""
+    if device == "cpu":
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
+        return total, f"this machine's {total / GIB:.1f} GiB of host RAM"
+    from harness.common.results import nvidia_smi
+
+    match = re.fullmatch(r"(\d+)\s*MiB", nvidia_smi().get("gpu_memory", ""))
+    if not match:
+        return None
+    total = int(match.group(1)) * 2**20
+    return total, f"the GPU's {total / GIB:.1f} GiB"
+
+
+def step_need(config, batch: int, ctx: int, dtype: str, mode: str) -> int:
+    """Predicted peak bytes of one step in `mode`: the step peak in train; without AdamW's
+    moments in forward-backward; in forward, a lower bound (parameters and float32 logits)."""
+    pred = predict(config, batch, ctx, dtype)
+    state = pred["state"]
+    if mode == "train":
+        return pred["peaks"]["step"]
+    if mode == "forward-backward":
+        return max(pred["peaks"]["forward"], pred["peaks"]["backward"]) - state["adamw_m"] - state["adamw_v"]
+    return state["parameters"] + batch * ctx * config.vocab_size * 4
+
+
+def fit_problem(model: str, ctx: int, batch: int, dtype: str, attention: str, mode: str, device: str,
+                data_parallel: int = 1, memory: tuple[int, str] | None = None) -> str | None:
+    """Why a run of these sizes would run out of memory on this machine (one line naming
+    --batch and the largest batch that fits), or None: refused before any work, where the
+    memory model's prediction (below JAX's measured peaks, a lower bound for fused attention)
+    exceeds the memory of a device (`memory`, default `machine_memory`; on CPU the ranks of
+    --data-parallel share the host's RAM)."""
+    memory = memory or machine_memory(device)
+    if memory is None:
+        return None
+    total, what = memory
+    config = get_config(model, attention=attention)
+    sharing = data_parallel if device == "cpu" else 1
+
+    def need(b: int) -> int:
+        return step_need(config, b, ctx, dtype, mode) * sharing
+
+    if need(batch) <= total:
+        return None
+    lo, hi = 0, batch  # need(lo) fits (or lo is 0), need(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid) <= total else (lo, mid)
+    fix = (f"use --batch {lo} or less" if lo else
+           f"no --batch fits at --model {model} --ctx {ctx}: lower --ctx or use a smaller --model")
+    ranks = f", {sharing} ranks of --data-parallel" if sharing > 1 else ""
+    return (f"--batch {batch}: the step would need about {need(batch) / GIB:.3g} GiB (harness.memory_model's "
+            f"prediction{ranks}), more than {what}; {fix}")
 
 
 def fit_line(pred: dict, device_gib: float) -> str:

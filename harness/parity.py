@@ -34,6 +34,7 @@ from harness.common.cli import (
 from harness.common.errors import describe_failure, is_oom
 from harness.common.results import new_file_problem, save_json
 from harness.config import get_config
+from harness.memory_model import fit_problem
 from harness.timing.parity import check_parity, format_table
 
 
@@ -63,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(problem)
         select_platform(args)
         args.backend = backends.choose_backends(args.backend, default_backends(args.device), args.device, "parity")
+        if problem := fit_problem(args.model, args.ctx, args.batch, args.dtype, args.attention, "train", args.device):
+            raise UsageError(problem)
     except UsageError as exc:
         return fail(str(exc))
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU here

@@ -30,6 +30,7 @@ from harness.common.cli import (
     parse_args,
     positive_int,
     timeline_problem,
+    timeline_steps_problem,
 )
 from harness.common.html import svg_of_figure, write_html
 from harness.common.progress import stage
@@ -81,6 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
                                                          args.nsys_bin, args.attribution, args.force, args.scope)
+        if args.timeline:  # before anything is written: a step the profiles lack is refused
+            from harness.trace.timeline import build_timeline, measured_steps, runs_from_inputs, write_timeline
+
+            runs = runs_from_inputs(args.files, bds, args.label, args.nsys_bin, args.force)
+            if problem := timeline_steps_problem(args.timeline_steps, measured_steps(runs),
+                                                 "the profiles hold measured"):
+                return fail(problem)
+            with stage("report", f"laying {len(bds)} profiles on a timeline"):
+                timeline = build_timeline(runs, args.timeline_steps)
         with stage("report", f"writing kernels.md, .csv, .json{'' if args.no_plot else ' and drawing kernels.png'}"):
             paths = write_report(args.out, bds, answer_sets, args.top, png=False,
                                  sections=[*render_ranks(ranks), *render_gpu_time(figures)],
@@ -99,12 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with stage("report", "writing report.html"):
             paths["html"] = write_html(args.out, "kernels.md", svgs)
         if args.timeline:
-            from harness.trace.timeline import build_timeline, runs_from_inputs, write_timeline
-
-            with stage("report", f"laying {len(bds)} profiles on timeline.json.gz"):
-                runs = runs_from_inputs(args.files, bds, args.label, args.nsys_bin, args.force)
-                paths["timeline"] = write_timeline(Path(args.out) / "timeline.json.gz",
-                                                   build_timeline(runs, args.timeline_steps))
+            paths["timeline"] = write_timeline(Path(args.out) / "timeline.json.gz", timeline)
     except ProfileError as exc:
         return fail(str(exc))
     print("\n".join(str(p) for p in paths.values()))

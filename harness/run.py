@@ -36,6 +36,7 @@ from harness.common.cli import (
     select_platform,
 )
 from harness.common.results import dir_problem, new_file_problem, save_json
+from harness.memory_model import fit_problem
 from harness.timing.run_render import format_data_parallel, format_result
 from harness.timing.runner import FAULT_PHASES, run
 from harness.timing.spec import RunSpec
@@ -73,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "jax: a trace directory) for harness.report, where nsys is not available")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--fail-in", default=None, help=argparse.SUPPRESS)  # fault injection for tests
+    # a sweep's cell: run where the memory model predicts no fit too (the sweep records the OOM)
+    p.add_argument("--allow-oom", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -84,8 +87,12 @@ def add_layer_ranges(p: argparse.ArgumentParser) -> None:
                         "reported), named scopes (jax)")
 
 
-def annotate_attention_problem(backend: str, data_parallel: int = 1) -> str | None:
-    """Why --annotate-attention cannot run with `backend` on `data_parallel` devices, or None."""
+def annotate_attention_problem(backend: str, data_parallel: int = 1, attention: str = "naive") -> str | None:
+    """Why --annotate-attention cannot run with `backend` on `data_parallel` devices and
+    `attention`, or None."""
+    if attention != "naive":
+        return (f"--annotate-attention times the three steps of naive attention, and --attention {attention} runs "
+                "one fused kernel instead; add --attention naive or drop --annotate-attention")
     if backends.get(backend).annotate_attention is None:
         able = [b.name for b in backends.all_backends() if b.annotate_attention is not None]
         return (f"--annotate-attention with --backend {backend}: it synchronizes inside attention, which a "
@@ -119,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         select_platform(args)
         if problem := backends.attention_problem(args.backend, args.attention):
             raise UsageError(problem)
-        if args.annotate_attention and (problem := annotate_attention_problem(args.backend, args.data_parallel)):
+        if args.annotate_attention and (problem := annotate_attention_problem(args.backend, args.data_parallel,
+                                                                              args.attention)):
             raise UsageError(problem)
         backends.choose_backends([args.backend], (), args.device, "run")
         if args.layer_ranges and (problem := layer_ranges_problem(args.backend)):
@@ -132,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 wide_block(get_config(args.model), args.wide_layer, args.wide_factor)
             except ValueError as exc:
                 raise UsageError(f"--wide-layer: {exc}") from None
+        if not args.allow_oom and (problem := fit_problem(args.model, args.ctx, args.batch, args.dtype, args.attention,
+                                                          args.mode, args.device, args.data_parallel)):
+            raise UsageError(problem)
         if args.fail_in is not None and args.fail_in not in FAULT_PHASES:
             raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")
         if args.out and (problem := new_file_problem(args.out, "--out", args.overwrite)):

@@ -100,10 +100,8 @@ def check(args: argparse.Namespace) -> None:
     """Options that argparse cannot check alone; a UsageError names the fix."""
     if args.model is None or args.ctx is None:
         raise UsageError("--model and --ctx are required (or --render DIR)")
-    if args.backend is not None and not any(args.attention in backends.get(b).attention for b in args.backend):
-        runs = [b for b in backends.names() if args.attention in backends.get(b).attention]
-        raise UsageError(f"--attention {args.attention} is no kernel of {', '.join(args.backend)}; include one of "
-                         f"{', '.join(runs)} in --backend")
+    if args.backend is not None and (problem := backends.attention_problem_of(args.backend, args.attention)):
+        raise UsageError(problem)
     if args.fail_cell is not None and args.fail_cell.rpartition(":")[2] not in FAULT_PHASES:
         raise UsageError(f"--fail-cell {args.fail_cell!r}: end with :{', :'.join(FAULT_PHASES)}")
     if args.nsys:

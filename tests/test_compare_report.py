@@ -45,6 +45,20 @@ def test_noisy_machine_warns_that_ratios_are_not_to_be_trusted(summary: dict) ->
     assert "**Warning: noisy timings.**" in md and "jax: step" not in md
 
 
+def test_an_attribution_run_says_so_before_its_table(summary: dict) -> None:
+    """The README's `compare --profile --annotate-attention` showed JAX many times slower than
+    torch (op by op, synchronized inside attention) with nothing to say those times are no
+    speed figures; the terminal table and report.md now say so above the table."""
+    assert compare_render.attribution_note(summary) is None
+    assert "attribution run" not in format_table(summary) + compare_markdown(summary)
+    for backend in ("torch", "jax"):  # the run documents of an --annotate-attention comparison
+        summary["runs"][backend]["options"]["annotate_attention"] = True
+    table, md = format_table(summary).splitlines(), compare_markdown(summary)
+    assert table[1].startswith("warning: attribution run (--annotate-attention)") and "not speed figures" in table[1]
+    assert table[2].startswith("phase")
+    assert md.index("**Attribution run (--annotate-attention)") < md.index("| phase |")
+
+
 def test_steady_runs_get_no_noise_warning(summary: dict) -> None:
     for r in summary["runs"].values():
         for p in r["phases"].values():

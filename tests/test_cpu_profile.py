@@ -133,3 +133,36 @@ def test_xla_thunks_nested_in_a_while_thunk_count_once() -> None:
     assert int(prof.kernels.duration.sum()) == union
     bd = breakdown(prof)
     assert bd.phases["step"].kernels[0].name == "ynn_fusion"  # the matmul, not the loop around it
+
+
+# Thunk names of XLA's CPU backend from a real `harness.run --backend jax --model tiny --ctx 16
+# --device cpu --framework-profile` (jax 0.10.2): its dots run as `dot` thunks and in YNNPACK
+# fusions; the other fusions hold no dot (by the run's optimized HLO).
+XLA_CPU_GEMMS = ("ynn_fusion", "ynn_fusion.23", "dot", "dot.3")
+XLA_CPU_OTHERS = {"multiply_add_fusion": Category.ELEMENTWISE, "wrapped_broadcast": Category.ELEMENTWISE,
+                  "subtract_add_fusion": Category.ELEMENTWISE, "copy_bitcast_fusion": Category.MEMORY,
+                  "multiply_reduce_fusion": Category.REDUCTION, "wrapped_reduce": Category.REDUCTION}
+
+
+def test_xla_cpu_matmuls_count_as_gemm() -> None:
+    """On a CPU, JAX's matmuls ran as `ynn_fusion` thunks, which the `fusion` pattern made
+    elementwise: the fixture's step (a 256x256 matmul, an add and a tanh per iteration) had
+    no GEMM time at all. Its GEMM time is the ynn_fusion thunks' time inside the measured
+    `step` ranges, summed from the profile's own tables; the add and the tanh stay elementwise."""
+    from harness.trace.kernels import classify
+    from harness.trace.sources import framework_profile
+
+    prof = framework_profile.load_jax_trace(JAX_TRACE)
+    bd = breakdown(prof)
+    steps = bd.phases["step"].steps
+    measured = [r for r in prof.ranges if r.name == "step"][-steps:]  # the first step is reported apart
+    kt = prof.kernels
+    by_name: dict[str, int] = defaultdict(int)
+    for i in range(len(kt)):
+        if any(r.start <= kt.start[i] < r.end for r in measured):
+            by_name[kt.name_of(i)] += int(kt.duration[i])
+    cats = bd.phases["step"].categories
+    assert cats["gemm"] == pytest.approx(by_name["ynn_fusion"] / steps)
+    assert cats["elementwise"] == pytest.approx((by_name["wrapped_add"] + by_name["wrapped_tanh"]) / steps)
+    assert all(classify(name) == Category.GEMM for name in XLA_CPU_GEMMS)
+    assert {name: classify(name) for name in XLA_CPU_OTHERS} == XLA_CPU_OTHERS

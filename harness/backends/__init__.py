@@ -47,6 +47,9 @@ class Backend:
     # (device) -> why it cannot run on `device` here (a sentence naming the fix), or None
     unavailable: Callable[[str], str | None] = lambda device: None
     devices: tuple[str, ...] = ("cuda", "cpu")  # the --device values it is made for (tools' defaults skip others)
+    # () -> what is wrong with the environment it reads (a sentence naming the variable and the
+    # fix), or None; refused before any work whether the backend is asked for or a default
+    environment_problem: Callable[[], str | None] = lambda: None
     stand_in: Mapping[str, str] = dataclasses.field(default_factory=dict)  # asked kernel -> the one it runs
     fused_step: bool = False  # a fused step (one program) timed beside the split one
     # "hooks": NVTX ranges per layer from module hooks (overhead measured); "hlo": named
@@ -216,9 +219,26 @@ def attention_problem(name: str, attention: str) -> str | None:
             f"{attention} runs on {', '.join(runs) or 'no backend'}")
 
 
+def attention_problem_of(names: Sequence[str], attention: str) -> str | None:
+    """Why `attention` asked of the backends `names` together would run on none of them (each
+    runs its stand-in, so a result labelled `attention` would hold no such kernel), or None."""
+    if any(attention in get(name).attention for name in names):
+        return None
+    runs = [b.name for b in all_backends() if attention in b.attention]
+    stand_ins = sorted({s for name in names if (s := get(name).stand_in.get(attention)) and s != attention})
+    instead = f" (they would run {', '.join(stand_ins)} in its place)" if stand_ins else ""
+    other = f", or ask for --attention {stand_ins[0]}" if stand_ins else ""
+    return (f"--attention {attention} is no kernel of --backend {','.join(names)}{instead}; include "
+            f"{' or '.join(runs) or 'a backend that runs it'} in --backend{other}")
+
+
 def choose_backends(asked: Sequence[str] | None, default: Sequence[str], device: str, tool: str) -> list[str]:
     """The backends a tool runs: `asked` (a UsageError if one cannot run on `device`), or
-    `default` less those that cannot, each skipped one named on stderr with the reason."""
+    `default` less those that cannot, each skipped one named on stderr with the reason. A
+    problem with the environment a backend reads is a UsageError either way."""
+    for name in asked if asked is not None else default:
+        if problem := get(name).environment_problem():
+            raise UsageError(problem)
     for name in asked or ():
         if reason := get(name).unavailable(device):
             raise UsageError(f"--backend {reason}")

@@ -7,6 +7,9 @@ needs to know about it, importing JAX only when a session, a profiler or a check
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from contextlib import AbstractContextManager
 
 from harness.backends import Backend
@@ -44,6 +47,35 @@ TOLERANCES: dict[str, dict[str, float]] = {
     # bf16 param: 4.7e-3 measured on `large` (36 layers) on an H200; rounding grows with depth.
     "bf16": {"logits": 3e-2, "loss": 1e-2, "grad": 5e-2, "param": 1e-2, "update": 1e-1},
 }
+
+
+# Set to the XLA_FLAGS a probe accepted, so that the subprocesses a tool starts need not probe again.
+XLA_FLAGS_CHECKED = "HARNESS_XLA_FLAGS_CHECKED"
+_PROBE = "import jax; jax.devices()"
+
+
+def xla_flags_problem() -> str | None:
+    """What XLA says of $XLA_FLAGS, in one line naming the variable and the bad flag, or None.
+
+    XLA parses XLA_FLAGS when JAX starts its backend and aborts the process on a flag it
+    does not know (or a first word without "--", which it takes for a file name): a run or
+    a comparison's JAX child would die after the others' work. A subprocess starting JAX's
+    CPU backend with the same XLA_FLAGS (a second or two) finds it first; a probe that
+    cannot tell (it times out) refuses nothing."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if not flags.strip() or os.environ.get(XLA_FLAGS_CHECKED) == flags:
+        return None
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode == 0:
+        os.environ[XLA_FLAGS_CHECKED] = flags
+        return None
+    lines = [line for line in done.stderr.splitlines() if "XLA_FLAGS" in line] or done.stderr.strip().splitlines()
+    said = (lines[-1].split("] ", 1)[-1].strip() if lines else f"exit status {done.returncode}")[:300]
+    return f"XLA_FLAGS={flags!r}: JAX cannot start with it ({said}); fix that flag or unset XLA_FLAGS"
 
 
 def _make_session(opts, config, tokens):
@@ -95,5 +127,5 @@ JAX = Backend(name="jax", make_session=_make_session, precision=PRECISION, atten
               nsys_flags=NSYS_FLAGS, parallel=PARALLEL, one_process=True, profile_file="jax-trace",
               profiler=_profiler, annotation=_annotation, compile_events="jax.monitoring", simulated_oom=_oom,
               tolerances=TOLERANCES, default=True, compile_weight=3,
-              compiles=True)
+              compiles=True, environment_problem=xla_flags_problem)
 RECORDS = (JAX,)

@@ -333,6 +333,17 @@ def timeline_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def timeline_steps_problem(steps: tuple[int, ...] | str | None, measured: int, where: str) -> str | None:
+    """One line when --timeline-steps picks a step index at or past `measured`, the number of
+    measured steps there are, else None: such a step has nothing to lay out. `where` begins
+    the sentence that says so ("--steps 3 measures", "the profiles hold measured")."""
+    if not isinstance(steps, tuple) or max(steps) < measured:
+        return None
+    beyond = ",".join(str(k) for k in steps if k >= measured)
+    held = f"steps 0-{measured - 1}" if measured > 1 else "step 0 only" if measured else "no step"
+    return f"--timeline-steps {beyond}: {where} {held}; pick indices below {max(measured, 1)}"
+
+
 def add_out(parser: argparse.ArgumentParser, help: str, default: str | None = None, metavar: str = "PATH") -> None:
     parser.add_argument("--out", default=default, metavar=metavar, help=help)
 

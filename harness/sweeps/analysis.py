@@ -6,12 +6,15 @@ import dataclasses
 import os
 import re
 
+import numpy as np
+
 from harness import backends
 from harness.common.cli import DTYPES
 from harness.common.hardware import memory_mib
 from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict
 from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
+from harness.timing.compare_render import NOISY_SPREAD
 from harness.timing.scaling import scaling_rows
 from harness.timing.spec import PHASE_ORDER
 from harness.timing.upgrade import per_device_run
@@ -67,8 +70,18 @@ def phase_rows(cells: list[dict]) -> list[dict]:
             row[name] = _phase(rec, name)
         fwd, bwd = row["forward"], row["backward"]
         row["bwd_over_fwd"] = bwd["median_ms"] / fwd["median_ms"] if fwd and bwd else None
+        row["noisy"] = [name for name in ("forward", "backward") if row[name] and noisy(row[name])]
         rows.append(row)
     return rows
+
+
+def noisy(phase: dict) -> bool:
+    """Whether a phase's steps were timed on a busy machine: p90 beyond `NOISY_SPREAD` times
+    p10, the compare report's rule (percentiles from the step times where a record predates them)."""
+    p10, p90 = phase.get("p10_ms"), phase.get("p90_ms")
+    if p10 is None and phase.get("times_ms"):
+        p10, p90 = np.percentile(phase["times_ms"], [10, 90])
+    return bool(p10 and p90 > NOISY_SPREAD * p10)
 
 
 def ratio_rows(rows: list[dict]) -> list[dict]:
@@ -122,12 +135,16 @@ def regime(r: dict) -> str:
     says nothing of the compute."""
     if r["data_parallel"] > 1:
         return "not judged (N > 1: the backward holds the gradient communication)" if r["bwd_over_fwd"] else ""
+    if r["bwd_over_fwd"] and r.get("noisy"):
+        return f"not judged (noisy {' and '.join(r['noisy'])}: p90 above {NOISY_SPREAD:g}x p10)"
     return bound_label(r["bwd_over_fwd"]) or ""
 
 
 def bound_notes(rows: list[dict]) -> list[dict]:
-    """Per backend x dtype x model x batch: the backward/forward ratio over context and the
-    first context where it reaches 1.5x (None when it never does)."""
+    """Per backend x dtype x model x batch: the backward/forward ratio over context, the
+    contexts whose steps were noisy (`noisy`), and from the steady ones only: the first
+    context where it reaches 1.5x (None when it never does) and the regimes at the first and
+    last steady context (None where none is steady)."""
     series: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["bwd_over_fwd"] is not None and r["data_parallel"] == 1:  # see `regime`
@@ -135,10 +152,15 @@ def bound_notes(rows: list[dict]) -> list[dict]:
     notes = []
     for (backend, dtype, model, batch, n), rs in series.items():
         rs = sorted(rs, key=lambda r: r["ctx"])
-        cross = next((r["ctx"] for r in rs if r["bwd_over_fwd"] >= 1.5), None)
+        steady = [r for r in rs if not r.get("noisy")]
+        cross = next((r["ctx"] for r in steady if r["bwd_over_fwd"] >= 1.5), None)
+        ends = (steady[0], steady[-1]) if steady else (None, None)
         notes.append({"backend": backend, "dtype": dtype, "model": model, "batch": batch, "data_parallel": n,
                       "ratios": [(r["ctx"], r["bwd_over_fwd"]) for r in rs], "reaches_1_5x_at": cross,
-                      "first": bound_label(rs[0]["bwd_over_fwd"]), "last": bound_label(rs[-1]["bwd_over_fwd"])})
+                      "noisy": [r["ctx"] for r in rs if r.get("noisy")],
+                      "first_ctx": ends[0] and ends[0]["ctx"], "last_ctx": ends[1] and ends[1]["ctx"],
+                      "first": ends[0] and bound_label(ends[0]["bwd_over_fwd"]),
+                      "last": ends[1] and bound_label(ends[1]["bwd_over_fwd"])})
     return notes
 
 

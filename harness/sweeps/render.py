@@ -101,15 +101,23 @@ def section_bound(data: dict) -> list[str]:
                   [[*_size(r, data), r["backend"], r["dtype"], _value(r, r["bwd_over_fwd"], _x),
                     regime(r)] for r in data["phases"]])
     for n in data["bound_notes"]:
-        trend = ", ".join(f"{ctx}: {v:.2f}x" for ctx, v in n["ratios"])
-        where = (f"reaches 1.5x at ctx {n['reaches_1_5x_at']}" if n["reaches_1_5x_at"] is not None
-                 else "stays below 1.5x over the contexts measured")
+        noisy = n.get("noisy", [])
+        trend = ", ".join(f"{ctx}: {v:.2f}x" + (" (noisy)" if ctx in noisy else "") for ctx, v in n["ratios"])
         batch = f" batch {n['batch']}" if len(data["batches"]) > 1 else ""
         batch += f" N {n['data_parallel']}" if len(data["data_parallel"]) > 1 else ""
-        first, last = n["ratios"][0][0], n["ratios"][-1][0]
-        span = (f"{n['first']} throughout" if n["first"] == n["last"]
+        if n["first"] is None:  # every context noisy: nothing to conclude
+            out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; not judged (every context's "
+                       "steps noisy)")
+            continue
+        steady = " steady" if noisy else ""
+        where = (f"reaches 1.5x at{steady} ctx {n['reaches_1_5x_at']}" if n["reaches_1_5x_at"] is not None
+                 else f"stays below 1.5x over the{steady} contexts measured")
+        first, last = n.get("first_ctx", n["ratios"][0][0]), n.get("last_ctx", n["ratios"][-1][0])
+        span = (f"{n['first']} throughout" if n["first"] == n["last"] and not noisy
+                else f"{n['first']} at every steady context" if n["first"] == n["last"]
                 else f"{n['first']} at ctx {first} -> {n['last']} at ctx {last}")
-        out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; {where} ({span})")
+        skipped = f"; ctx {', '.join(map(str, noisy))} noisy, not judged" if noisy else ""
+        out.append(f"- {n['backend']} {n['dtype']} {n['model']}{batch}: {trend}; {where} ({span}{skipped})")
     return out + [""]
 
 

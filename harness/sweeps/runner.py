@@ -39,8 +39,10 @@ def cell_spec(cell: Cell, opts: dict, fail_in: str | None = None) -> RunSpec:
 
 
 def cell_command(cell: Cell, opts: dict, out_json: str, fail_in: str | None = None) -> list[str]:
-    """The `harness.run` argv of one cell."""
-    return run_argv(cell_spec(cell, opts, fail_in), out_json)
+    """The `harness.run` argv of one cell; a cell that runs out of memory is a finding of the
+    sweep, so it runs where the memory model predicts no fit too (`--allow-oom`)."""
+    python, m, module, *options = run_argv(cell_spec(cell, opts, fail_in), out_json)
+    return [python, m, module, "--allow-oom", *options]
 
 
 def _tail(path: str, lines: int = 3) -> str:

@@ -100,6 +100,15 @@ def noise_warnings(summary: dict) -> list[str]:
                     "instrumentation overhead are not to be trusted; rerun on an idle machine"]
 
 
+def attribution_note(summary: dict) -> str | None:
+    """What the times of an --annotate-attention comparison are not (None for other runs)."""
+    if not any((r.get("options") or {}).get("annotate_attention") for r in summary["runs"].values()):
+        return None
+    return ("attribution run (--annotate-attention): it synchronizes inside attention and JAX runs the step op by "
+            "op, so these times are not speed figures and the ratios between backends compare nothing; run "
+            "without it for speed")
+
+
 def _drop_empty_groups(rows: list[list[str]], keep: int, size: int) -> list[list[str]]:
     """`rows` without the groups of `size` columns (after the first `keep`) whose cells are
     all "-": a figure no backend has (MFU off the peak table, memory on a CPU)."""
@@ -162,6 +171,7 @@ def format_table(summary: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"{o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} attention {o['attention']} "
              f"{o['mode']} on {summary.get('device') or o['device']}"]
+    lines += [f"warning: {note}" for note in [attribution_note(summary)] if note]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines += [f"warning: {line}" for line in noise_warnings(summary)]
     lines += _failures(summary)
@@ -264,6 +274,8 @@ def compare_markdown(summary: dict, kernels: str | None = None) -> str:
     from harness.timing.compare_answer import RULES, compare_findings  # it reads this module's verdicts
 
     out += answer_markdown(compare_findings(summary), RULES)
+    if note := attribution_note(summary):
+        out += [f"**{note[0].upper()}{note[1:]}.**", ""]
     failures = _failures(summary)
     if failures:
         out += ["**Failed runs** (no timings are shown for them):", ""] + [f"- {f}" for f in failures] + [""]

@@ -80,6 +80,9 @@ def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> di
               "flops_formula": FORMULA, "warnings": []}
     for where in ("fail_in", "hlo_dir"):  # a test's fault, and where this process wrote: not how it ran
         result["options"].pop(where)
+    if opts.annotate_attention:
+        result["warnings"].append("--annotate-attention: an attribution run (synchronizations inside attention; "
+                                  "JAX runs the step op by op): its times are not speed figures")
     if opts.warmup == 0:
         result["warnings"].append("--warmup 0: the first measured step includes compilation, autotuning and "
                                   "first allocations (see first_step_ms); use --warmup 2 or more for speed figures")

@@ -106,6 +106,12 @@ _COLLECTIVES = (r"nccl|gloo|(?:^|[^a-z])all[-_]?(?:reduce|gather|to[-_]?all)|red
 # "conv" must not start "convert" or "conversion".
 _CONVOLUTION = r"conv(?!er)|dgrad|wgrad|fprop_implicit|implicit_gemm|implicit_convolve|winograd|scudnn"
 
+# XLA's CPU thunks that multiply matrices: a plain `dot` (Eigen), and the YNNPACK (older:
+# XNNPACK) fusions XLA's CPU backend hands its dots to, named `ynn_fusion[.N]`. Those fusions
+# take a few reductions too (RMSNorm's sums: 6% of the `ynn_fusion` time of `tiny`'s fused
+# step, by the optimized HLO), which the name cannot tell apart; they count with the GEMMs.
+_XLA_CPU_GEMM = r"^(?:wrapped_)?dot(?:_general)?(?:\.\d+)?$|^[xy]nn_fusion(?:\.\d+)?$"
+
 # ATen ops that only move, view or cast data (Inductor's names for them).
 _COPY_OPS = (r"_to_copy|_unsafe_view|view|clone|t|transpose|permute|expand|slice|select|unbind|unsqueeze|squeeze"
              r"|cat|stack|copy_?")
@@ -135,6 +141,7 @@ PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.EMBEDDING, r"(?<![a-z])embedding|bounds_check_indices|linearize_index|bucketize_sparse_features"),
     (Category.MEMORY, r"(?<![a-z])permute_\w*kernel"),
     (Category.GEMM, r"(?<!fb)gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv"),
+    (Category.GEMM, _XLA_CPU_GEMM),  # before `fusion` makes a YNNPACK fusion elementwise
     (Category.QUANTIZATION, r"quantiz|(?<![a-z])h?fp8|float8"),
     (Category.OPTIMIZER, r"multi_tensor_apply|fused_adam|adam|_foreach_"),
     (Category.MEMORY, r"memcpy|memset|transpose|copy|\bcat\w*Batched|fill_kernel|triu_tril"),

@@ -237,6 +237,13 @@ def _earliest(run: Run) -> int:
     return int(min(firsts + ([int(launches.min())] if len(launches) else [])))
 
 
+def measured_steps(runs: Sequence[Run]) -> int:
+    """The most measured steps any of `runs` holds (a run without step ranges: one): the
+    timeline's step indices run below it."""
+    return max((len(insts) for run in runs for insts in (run.assignment.steps or {"": [None]}).values()),
+               default=0)
+
+
 def build_timeline(runs: Sequence[Run], steps: Sequence[int] | str | None = None,
                    marks: Sequence[Mark] = ()) -> dict:
     """The trace-event document of `runs`, steps aligned (module docstring). `steps`: None

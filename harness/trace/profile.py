@@ -170,7 +170,7 @@ class Profile:
         self.ranges = sorted(self.ranges, key=lambda r: (r.start, -r.end))
 
 
-PROFILE_SUFFIXES = re.compile(r"(?:\.pt\.trace)?\.(?:json|sqlite|xplane\.pb|nsys-rep)(?:\.gz)?$")
+PROFILE_SUFFIXES = re.compile(r"(?:\.pt)?(?:\.trace)?\.(?:json|sqlite|xplane\.pb|nsys-rep)(?:\.gz)?$")
 
 
 def label_from_path(path: str | Path) -> str:

@@ -147,16 +147,16 @@ def _cpu_ops(events: list[dict], threads: _Threads) -> list[Kernel]:
     return self_times(ops)
 
 
-def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
+def load_torch_trace(path: str | Path, label: str | None = None, trace: dict | None = None) -> Profile:
     """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a `Profile`.
 
     The program's ``record_function`` ranges and torch.profiler's ``ProfilerStep#N``
     become ranges; those torch opens itself (`TORCH_OWN_RANGES`: ``Optimizer.step#AdamW.step``,
     ``nccl:all_reduce``...) are left out. Without GPU activity,
     torch's ``cpu_op`` events stand in for kernels, each by its self time (`self_times`),
-    and the notes say so."""
+    and the notes say so. `trace`: the file, parsed already (`read_trace`)."""
     path = Path(path)
-    trace = read_trace(path)
+    trace = trace if trace is not None else read_trace(path)
     events = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
     threads = _Threads()
     apis = {name: i for i, name in enumerate(LAUNCH_APIS)}

@@ -99,7 +99,7 @@ def program_ranges(profile: Profile) -> tuple[list[Range], str, str]:
     torch.profiler's last ProfilerStep dropped where it closed mid-iteration; with the two
     rules applied, in words ("" where none)."""
     ranges, numbered = numbered_instances([r for r in profile.ranges if not r.name.startswith(LAYER_RANGE_PREFIX)])
-    ranges, unclosed = open_profiler_step(ranges)
+    ranges, unclosed = open_profiler_step(ranges, profile.kernels)
     return ranges, numbered, unclosed
 
 

@@ -141,7 +141,8 @@ def load_jax_trace_viewer(path: str | Path, label: str | None = None, trace: dic
     The export is the XSpace as a Chrome trace: each plane a process (``process_name``
     metadata: ``/host:CPU``, ``/device:GPU:N``), each line a thread (``thread_name``:
     ``Stream #14(Compute)``, ``python3``), each event a complete event (``"ph": "X"``, µs
-    with ns as three decimals) whose ``args`` are the event's stats as strings
+    printed as doubles, ``1.3120000000000001``: read to the nearest ns) whose ``args`` are
+    the event's stats as strings
     (``correlation_id``, ``step_num``, ``hlo_op``). `trace`: the file, parsed already."""
     path = Path(path)
     trace = trace if trace is not None else read_trace(path)

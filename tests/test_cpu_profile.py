@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections import defaultdict
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,28 @@ def test_xla_cpu_matmuls_count_as_gemm() -> None:
     assert cats["elementwise"] == pytest.approx((by_name["wrapped_add"] + by_name["wrapped_tanh"]) / steps)
     assert all(classify(name) == Category.GEMM for name in XLA_CPU_GEMMS)
     assert {name: classify(name) for name in XLA_CPU_OTHERS} == XLA_CPU_OTHERS
+
+
+def test_trace_viewer_export_of_xla_thunks_counts_each_once() -> None:
+    """The same program's trace-viewer export (`.trace.json.gz`, jax_cpu/capture_while.py):
+    read by the file's content (its `/host:CPU` process), the thunks (events with an `hlo_op`
+    arg) count once each per thread, as the union of their spans counted here from the JSON."""
+    path = JAX_TRACE.with_name("jax_while_cpu.trace.json.gz")
+    events = json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)["traceEvents"]
+    by_thread: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and "hlo_op" in e.get("args", {}):
+            s = round(Decimal(e["ts"]) * 1000)
+            by_thread[e["tid"]].append((s, s + round(Decimal(e["dur"]) * 1000)))
+    union = 0
+    for spans in by_thread.values():
+        end = 0
+        for s, e in sorted(spans):
+            union += max(e - max(s, end), 0)
+            end = max(end, e)
+    assert sum(map(len, by_thread.values())) == 3 * (1 + 4 * 3 + 2)  # per step: while, 4 x 3 in it, 2 copies
+    prof = load_profile(path)
+    assert prof.source == "jax.profiler" and prof.cpu_ops and "self time" in prof.notes[0]
+    assert int(prof.kernels.duration.sum()) == union
+    bd = breakdown(prof)
+    assert bd.phases["step"].steps == 2 and bd.phases["step"].kernels[0].name == "ynn_fusion"

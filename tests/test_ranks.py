@@ -70,7 +70,8 @@ def test_rank_files_given_together_get_distinct_labels(tmp_path: Path) -> None:
 @pytest.mark.parametrize("files,needle", [
     ({"a_rank0.json.gz": "sampled_rank-0.json.gz", "b_rank1.json.gz": "ns_resolution_rank0.json.gz"},
      "mix profiles of different jobs"),
-    ({"sampled_rank-1.json.gz": "sampled_rank-1.json.gz"}, "rank file missing from the set: rank 0"),
+    ({"x_rank0.json.gz": "mi250_rocm.json.gz", "x_rank2.json.gz": "mi250_rocm.json.gz"},
+     "rank file missing from the set: rank 1 of ranks 0..2"),
     ({"x_rank0.json.gz": "sampled_rank-0.json.gz", "x_rank1.json.gz": "sampled_rank-0.json.gz"},
      "a second profile of rank 0"),
 ])

@@ -172,6 +172,45 @@ def test_flax_loop_steps_from_step_trace_annotation_match_hand_count() -> None:
     assert p.share(Category.GEMM) > 0.5  # cuBLAS GEMMs, classified as on the nsys path
 
 
+def test_flax_loop_trace_viewer_export_reads_like_its_xspace(tmp_path: Path) -> None:
+    """jax.profiler's trace-viewer export (`<host>.trace.json.gz`, the file users open in
+    Perfetto; a real H100 capture): the kernels are the `/device:GPU:0` process's stream
+    threads, the steps the `train` events with a `step_num` arg, each kernel in the step whose
+    host event with the same `correlation_id` began inside it, all counted here from the JSON."""
+    from harness.trace.analyses.breakdown import breakdown, load_profile
+
+    path = DATA / "jax" / "flax_loop.trace.json.gz"
+    events = json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)["traceEvents"]
+    meta = {(e["pid"], e.get("tid") if e["name"] == "thread_name" else None): e["args"]["name"]
+            for e in events if e.get("ph") == "M" and e["name"] in ("process_name", "thread_name")}
+    ns = lambda us: round(Decimal(us) * 1000)  # noqa: E731  (µs as doubles: 1.3120000000000001)
+    steps, launch, device = [], {}, []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        process, thread, args = meta[(e["pid"], None)], meta.get((e["pid"], e["tid"]), ""), e.get("args", {})
+        if process == "/host:CPU" and "step_num" in args:
+            steps.append((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), int(args["step_num"])))
+        elif process == "/host:CPU" and "correlation_id" in args:
+            launch[args["correlation_id"]] = ns(e["ts"])
+        elif process == "/device:GPU:0" and thread.startswith("Stream"):
+            device.append((args["correlation_id"], e["name"], ns(e["dur"])))
+    assert sorted(n for _, _, n in steps) == [2, 3, 4, 5] and len(device) == 900
+    per_step = {n: [(name, d) for c, name, d in device if lo <= launch[c] <= hi] for lo, hi, n in steps}
+    kernels = {n: sum(not name.startswith("Memset") for name, _ in evs) for n, evs in per_step.items()}
+    assert set(kernels.values()) == {220}  # one CUDA graph of 220 kernels and 5 memsets per step
+    total_ns = sum(d for evs in per_step.values() for _, d in evs)
+
+    profile = load_profile(path)
+    assert (profile.source, len(profile.kernels), profile.cpu_ops) == ("jax.profiler", 900, False)
+    bd = breakdown(profile)
+    p = bd.phases["train"]
+    assert "number 2, not the program's first step: all 4 are measured" in bd.steady_rule
+    assert (p.steps, p.kernels_per_step, p.copies_per_step) == (4, 220, 5)
+    assert p.gpu_ns_per_step * 4 == total_ns
+    assert p.share(Category.GEMM) > 0.5
+
+
 def _all_reduces(con: sqlite3.Connection, process: int, steady: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """(start, end) of the NCCL all-reduce kernels whose launch call began in a steady step."""
     return [row for lo, hi in steady for row in con.execute(

@@ -56,11 +56,14 @@ class Range:
     number: int | None = None  # the instance number a numbered name carried (`step7` -> `step`, 7)
 
 
-# KernelTable.kind: what a GPU activity is (memcpys and memsets are not kernels)
-KERNEL, MEMCPY, MEMSET, GRAPH = 0, 1, 2, 3
+# KernelTable.kind: what a GPU activity is (memcpys and memsets are not kernels); SYNC: a
+# synchronization record on a GPU row (`Profile.syncs` only: no work of the GPU's)
+KERNEL, MEMCPY, MEMSET, GRAPH, SYNC = 0, 1, 2, 3, 4
 UNKNOWN = -1  # thread, launch time or correlation id that the source does not record
-# The API calls that put work on a stream asynchronously (HTA's launch and queue analyses count these)
-LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync")
+# The API calls that put work on a stream asynchronously (HTA's launch and queue analyses count
+# these), CUDA's and then ROCm's (HIP's, as torch.profiler records them on AMD GPUs)
+LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync",
+               "hipLaunchKernel", "hipExtModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync", "hipMemcpyWithStream")
 PROCESS_SHIFT = 24  # a thread id holds its process above bit 24 (nsys's globalTid; Kineto's as read)
 
 
@@ -164,6 +167,9 @@ class Profile:
     # baseTimeNanoseconds. Profiles of several processes on one host share one clock once
     # each is shifted by its own start.
     session_start_ns: int | None = None
+    # Kineto's cuda_sync records on the GPU rows (Stream Wait Event, Stream Sync, Event Sync,
+    # Context Sync), where recorded: no work, left out of every figure but HTA's (`gpu_time`)
+    syncs: KernelTable | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernels, KernelTable):
@@ -190,7 +196,7 @@ class Profile:
                                " ns): the profiler wrote damaged records; record the profile again")
 
 
-PROFILE_SUFFIXES = re.compile(r"(?:\.pt\.trace)?\.(?:json|sqlite|xplane\.pb|nsys-rep)(?:\.gz)?$")
+PROFILE_SUFFIXES = re.compile(r"(?:\.pt)?(?:\.trace)?\.(?:json|sqlite|xplane\.pb|nsys-rep)(?:\.gz)?$")
 
 
 def label_from_path(path: str | Path) -> str:
@@ -233,13 +239,16 @@ def numbered_instances(ranges: Sequence[Range]) -> tuple[list[Range], str]:
     return out, f"ranges named with a number are instances of one range: {listed}"
 
 
-def open_profiler_step(ranges: Sequence[Range]) -> tuple[list[Range], str]:
+def open_profiler_step(ranges: Sequence[Range], kernels: KernelTable | None = None) -> tuple[list[Range], str]:
     """The ranges without a last ``ProfilerStep`` that torch.profiler closed mid-iteration.
 
     ``prof.stop()`` (or the end of the loop) closes the step it is in: where the last
     ``ProfilerStep`` holds none of the ranges the earlier ones hold, it is no step of the
     program's and would halve the per-step figures; its kernels count as outside every
-    step. Returns the ranges and the rule applied ("" where none)."""
+    step. Where no step holds a range (a loop with no `record_function`), the same holds of
+    a last step in which no GPU activity of `kernels` was launched or began while one was
+    in an earlier step: set apart the first step as the warm-up, an empty one would be left
+    as the only step measured. Returns the ranges and the rule applied ("" where none)."""
     steps = [r for r in ranges if r.name == PROFILER_STEP]
     if len(steps) < 2:
         return list(ranges), ""
@@ -247,9 +256,17 @@ def open_profiler_step(ranges: Sequence[Range]) -> tuple[list[Range], str]:
     def holds(step: Range) -> bool:
         return any(r is not step and step.start <= r.start and r.end <= step.end for r in ranges)
 
+    def runs(step: Range) -> bool:
+        inside = lambda t: (step.start <= t) & (t <= step.end)  # noqa: E731
+        return kernels is not None and bool(np.any(inside(kernels.launch) | inside(kernels.start)))
+
     last = max(steps, key=lambda r: r.start)
-    if holds(last) or not any(holds(r) for r in steps if r is not last):
-        return list(ranges), ""
     number = f" #{last.number}" if last.number is not None else ""
-    return [r for r in ranges if r is not last], (f"the last `{PROFILER_STEP}`{number} holds none of the phases the "
-                                                  "others hold (closed by prof.stop()): left out")
+    earlier = [r for r in steps if r is not last]
+    if not holds(last) and any(holds(r) for r in earlier):
+        return [r for r in ranges if r is not last], (f"the last `{PROFILER_STEP}`{number} holds none of the phases "
+                                                      "the others hold (closed by prof.stop()): left out")
+    if not any(map(holds, steps)) and not runs(last) and any(map(runs, earlier)):
+        return [r for r in ranges if r is not last], (f"the last `{PROFILER_STEP}`{number} holds no GPU work, the "
+                                                      "others do (closed by prof.stop()): left out")
+    return list(ranges), ""

@@ -67,7 +67,8 @@ def render_gpu_time(figures: Sequence[dict]) -> list[str]:
         return []
     scope = figures[0]["scope"]
     what = ("HTA's scope (`--scope hta`): the last ProfilerStep and GPU activities launched outside the trace left "
-            "out, µs as HTA rounds them" if scope == "hta" else "every GPU activity of the profile (`--scope all`; "
+            "out where there are two steps or more, synchronization records on streams counted, µs as HTA rounds "
+            "them" if scope == "hta" else "every GPU activity of the profile (`--scope all`; "
             "`--scope hta` gives HTA's figures exactly)")
     rows = []
     for f in figures:

@@ -11,34 +11,47 @@ Definitions (HTA's, over the GPU activities of one rank, every device and stream
   each communication stream against compute on the device's *other* streams, inside the
   step ranges only.
 - launch statistics: activities launched by cudaLaunchKernel[ExC], cudaMemcpyAsync or
-  cudaMemsetAsync; launch delay = GPU start minus the launch call's end (0 if negative);
+  cudaMemsetAsync (scope ``all``: and ROCm's hipLaunchKernel, hipExtModuleLaunchKernel,
+  hipMemcpyAsync, hipMemsetAsync, hipMemcpyWithStream; HTA 0.5.0 counts none of these);
+  launch delay = GPU start minus the launch call's end (0 if negative);
   short kernels ran shorter than their launch call; outliers: launch calls over 50 µs,
   delays over 100 µs.
-- queue length, per stream: +1 at each launch call (those and cuLaunchKernel), -1 at each
-  start, in time order (a launch first at equal times); the count of changes and the max
-  and mean of the values after each change. Needs the launch calls (torch.profiler traces).
+- queue length, per stream: +1 at each launch call (those, ROCm's too, and cuLaunchKernel),
+  -1 at each start, in time order (a launch first at equal times); the count of changes and
+  the max and mean of the values after each change. Needs the launch calls (torch.profiler traces).
 
 Scopes: ``all`` takes every GPU activity, with times exact to the ns. ``hta`` is HTA's
-default: only activities whose launch call is in the trace and began before the last
-``ProfilerStep`` (HTA leaves the last, incomplete step out) where there are two or more;
-times in µs as HTA reads them (a start with ns decimals rounded up, an end down, in float64).
+default: where the trace holds two or more ``ProfilerStep`` names, only activities whose
+launch call is in the trace and began before the last ``ProfilerStep`` (HTA leaves the last,
+incomplete step out); with fewer, every activity (HTA filters nothing). Times in µs as HTA
+reads them (a start with ns decimals rounded up, an end down, in float64). HTA also counts
+Kineto's synchronization records on a stream (`Profile.syncs`: ``Stream Wait Event``,
+``Stream Sync``; any whose stream is not -1) as GPU activities, busy time and, unless the
+name ends in ``Sync``, compute: so does scope ``hta``, and scope ``all`` leaves them out.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from harness.trace.analyses.intervals import covered_measure, union
 from harness.trace.kernels import Category, classify
-from harness.trace.profile import KERNEL, LAUNCH_APIS, PROFILER_STEP, UNKNOWN, Profile, Range
+from harness.trace.profile import KERNEL, LAUNCH_APIS, PROFILER_STEP, UNKNOWN, KernelTable, Profile, Range
 
 SCOPES = ("all", "hta")
 RUNTIME_CUTOFF_US, DELAY_CUTOFF_US = 50, 100
-_LAUNCH_STATS_APIS = [LAUNCH_APIS.index(a) for a in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync",
-                                                      "cudaMemsetAsync")]
+_HTA_LAUNCH_STATS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync")
+_ROCM_LAUNCH_STATS = ("hipLaunchKernel", "hipExtModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync",
+                      "hipMemcpyWithStream")
+_LAUNCH_STATS_APIS = {"hta": [LAUNCH_APIS.index(a) for a in _HTA_LAUNCH_STATS],
+                      "all": [LAUNCH_APIS.index(a) for a in (*_HTA_LAUNCH_STATS, *_ROCM_LAUNCH_STATS)]}
+# HTA 0.5.0's names of no compute (its ComputeKernelGroupingPattern, inverted): `Stream Sync`
+# is none, `Stream Wait Event` is compute
+_HTA_NOT_COMPUTE = re.compile(r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(cuda.*LaunchKernel)|(^runFunction)")
 
 
 def _hta_us(start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -53,30 +66,45 @@ def _hta_us(start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _last_step_start(ranges: Sequence[Range]) -> int | None:
-    starts = [r.start for r in ranges if r.name.startswith(PROFILER_STEP + "#")]
-    return max(starts) if len(starts) >= 2 else None
+    """The last ProfilerStep's start, where the ranges hold two or more ProfilerStep names
+    (HTA counts names: with fewer it filters nothing)."""
+    steps = [r for r in ranges if r.name.startswith(PROFILER_STEP)]
+    return max(r.start for r in steps) if len({r.name for r in steps}) >= 2 else None
+
+
+def _columns(kt: KernelTable, compute: np.ndarray, comm: np.ndarray) -> dict[str, np.ndarray]:
+    """`kt`'s columns the figures use, with per row whether it is compute, communication."""
+    cols = {col: getattr(kt, col) for col in ("start", "end", "launch", "launch_end", "stream")}
+    cols["api"], cols["compute"], cols["comm"] = kt.launch_api, compute, comm
+    return cols
 
 
 def _times(profile: Profile, scope: str) -> dict[str, np.ndarray]:
     """Per activity in scope: start, end, launch start and end (µs, float in scope all),
-    stream, kind, launch API, name id."""
+    stream, launch API, whether compute, whether communication (HTA's synchronization
+    records too, in scope hta)."""
     kt = profile.kernels
-    keep = np.ones(len(kt), bool)
+    kernel = kt.kind == KERNEL
+    comm = kernel & np.array([classify(n) is Category.COMMUNICATION for n in kt.names] or [False])[kt.name]
+    parts = [_columns(kt, kernel & ~comm, comm)]
+    if scope == "hta" and profile.syncs is not None:
+        sy = profile.syncs.take(profile.syncs.stream != UNKNOWN)
+        compute = np.array([not _HTA_NOT_COMPUTE.match(n) for n in sy.names] or [False])[sy.name]
+        parts.append(_columns(sy, compute, np.zeros(len(sy), bool)))
+    t = {col: np.concatenate([p[col] for p in parts]) for col in parts[0]}
+    keep = np.ones(len(t["start"]), bool)
     if scope == "hta":
-        keep = kt.launch != UNKNOWN
         last = _last_step_start(profile.ranges)
         if last is not None:
-            keep &= _hta_us(kt.launch, kt.launch)[0] < _hta_us(np.array([last]), np.array([last]))[0][0]
-    out = {"stream": kt.stream[keep], "kind": kt.kind[keep], "api": kt.launch_api[keep], "name": kt.name[keep],
-           "launched": kt.launch[keep] != UNKNOWN}
+            keep = t["launch"] != UNKNOWN
+            keep &= _hta_us(t["launch"], t["launch"])[0] < _hta_us(np.array([last]), np.array([last]))[0][0]
+    out = {col: v[keep] for col, v in t.items()}
+    out["launched"] = out["launch"] != UNKNOWN
     out["per_us"] = 1000  # time units per µs: ns, exact
-    if scope == "hta" and np.any(kt.start % 1000):  # HTA rounds only a trace with fractional µs starts
-        out["start"], out["end"] = _hta_us(kt.start[keep], kt.end[keep])
-        out["launch"], out["launch_end"] = _hta_us(kt.launch[keep], kt.launch_end[keep])
+    if scope == "hta" and np.any(t["start"] % 1000):  # HTA rounds only a trace with fractional µs starts
+        out["start"], out["end"] = _hta_us(out["start"], out["end"])
+        out["launch"], out["launch_end"] = _hta_us(out["launch"], out["launch_end"])
         out["per_us"] = 1
-    else:
-        for col in ("start", "end", "launch", "launch_end"):
-            out[col] = getattr(kt, col)[keep]
     return out
 
 
@@ -88,10 +116,7 @@ def _measure(s: np.ndarray, e: np.ndarray) -> int:
 def gpu_time(profile: Profile, scope: str = "all") -> dict:
     """HTA's four analyses of one rank's profile (module docstring); times in µs."""
     t = _times(profile, scope)
-    names = profile.kernels.names
-    comm_name = np.array([classify(n) is Category.COMMUNICATION for n in names] or [False])
-    comm = (t["kind"] == KERNEL) & comm_name[t["name"]]
-    compute = (t["kind"] == KERNEL) & ~comm
+    comm, compute = t["comm"], t["compute"]
     us = t["per_us"]
     span = int(t["end"].max() - t["start"].min()) if len(t["start"]) else 0
     busy = _measure(t["start"], t["end"])
@@ -103,11 +128,11 @@ def gpu_time(profile: Profile, scope: str = "all") -> dict:
                 "non_compute_time_us": (busy - comp) / us}
     return {"scope": scope, "activities": len(t["start"]), "temporal": temporal,
             "overlap": hidden / comm_total if comm_total else None, "communication_us": comm_total / us,
-            "launch": _launch_stats(t), "queue": _queue(t)}
+            "launch": _launch_stats(t, scope), "queue": _queue(t)}
 
 
-def _launch_stats(t: dict[str, np.ndarray]) -> dict | None:
-    mine = t["launched"] & np.isin(t["api"], _LAUNCH_STATS_APIS)
+def _launch_stats(t: dict[str, np.ndarray], scope: str) -> dict | None:
+    mine = t["launched"] & np.isin(t["api"], _LAUNCH_STATS_APIS[scope])
     if not mine.any():
         return None
     us = t["per_us"]

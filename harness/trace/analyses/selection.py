@@ -112,7 +112,7 @@ def program_ranges(profile: Profile) -> tuple[list[Range], str, str, list[Range]
                    for i, r in enumerate(ranges)]
     library = sorted([*library, *(r for r, nested in zip(ranges, inside_step) if nested)],
                      key=lambda r: (r.start, -r.end))
-    ranges, unclosed = open_profiler_step([r for r, nested in zip(ranges, inside_step) if not nested])
+    ranges, unclosed = open_profiler_step([r for r, nested in zip(ranges, inside_step) if not nested], profile.kernels)
     return ranges, numbered, unclosed, library
 
 

@@ -14,6 +14,8 @@ Reading: `harness.trace.sources.kineto` reads the Chrome trace torch.profiler ex
 `jax_profiler` wrote) and reads it with ``jax.profiler.ProfileData``: kernels are the
 events of the ``/device:GPU:N`` planes' stream lines, ranges the host-plane events named
 like the harness's ranges (the host plane holds every runtime event too).
+`load_jax_trace_viewer` reads the same XSpace from the trace-viewer export written beside
+it (``<host>.trace.json.gz``, the file users open in Perfetto), by the same rules.
 
 On a machine without a GPU there are no kernels; the loaders then take CPU work as
 "kernels", mark the profile `cpu_ops` and say so in `Profile.notes`: torch's ``cpu_op``
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +48,9 @@ from harness.trace.profile import (
     Range,
     label_from_path,
 )
-from harness.trace.sources.kineto import CPU_NOTE, self_times
+from harness.trace.sources.kineto import CPU_NOTE, ns, read_trace, self_times
+
+HOST_PLANE, GPU_PLANE = "/host:CPU", "/device:GPU:"
 
 
 @contextlib.contextmanager
@@ -114,25 +118,65 @@ def load_jax_trace(path: str | Path, label: str | None = None,
         data = ProfileData.from_serialized_xspace(gzip.decompress(raw) if xplane.suffix == ".gz" else raw)
     except Exception as exc:  # the reader raises bare RuntimeError/ValueError on bad input
         raise ProfileError(f"{xplane}: not a JAX profiler trace ({exc})") from None
+    events = ((plane.name, line_no, line.name, e.name, int(e.start_ns), int(e.start_ns + e.duration_ns), e.stats)
+              for plane in data.planes if plane.name == HOST_PLANE or plane.name.startswith(GPU_PLANE)
+              for line_no, line in enumerate(plane.lines) for e in line.events)
+    return _jax_profile(events, xplane, label or label_from_path(path), range_names)
+
+
+def is_trace_viewer(trace: dict) -> bool:
+    """Whether a Chrome trace is jax.profiler's trace-viewer export (``<host>.trace.json.gz``,
+    the file Perfetto opens): its processes are the XSpace's planes, named ``/host:CPU`` and
+    ``/device:GPU:N``."""
+    return any(e.get("ph") == "M" and e.get("name") == "process_name"
+               and str((e.get("args") or {}).get("name", "")).startswith((HOST_PLANE, "/device:"))
+               for e in trace.get("traceEvents", ()) if isinstance(e, dict))
+
+
+def load_jax_trace_viewer(path: str | Path, label: str | None = None, trace: dict | None = None,
+                          range_names: Collection[str] = HARNESS_RANGES) -> Profile:
+    """Read jax.profiler's trace-viewer export (``<host>.trace.json[.gz]``, written beside the
+    ``.xplane.pb``) into a `Profile`, by `load_jax_trace`'s rules.
+
+    The export is the XSpace as a Chrome trace: each plane a process (``process_name``
+    metadata: ``/host:CPU``, ``/device:GPU:N``), each line a thread (``thread_name``:
+    ``Stream #14(Compute)``, ``python3``), each event a complete event (``"ph": "X"``, µs
+    printed as doubles, ``1.3120000000000001``: read to the nearest ns) whose ``args`` are
+    the event's stats as strings
+    (``correlation_id``, ``step_num``, ``hlo_op``). `trace`: the file, parsed already."""
+    path = Path(path)
+    trace = trace if trace is not None else read_trace(path)
+    raw = [e for e in trace["traceEvents"] if isinstance(e, dict)]
+    names = {(e.get("pid"), e.get("tid") if e.get("name") == "thread_name" else None): str(e["args"]["name"])
+             for e in raw if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name")
+             and isinstance(e.get("args"), dict) and "name" in e["args"]}
+    events = ((names.get((e.get("pid"), None), ""), e.get("tid"), names.get((e.get("pid"), e.get("tid")), ""),
+               e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e.get("args") or {})
+              for e in raw if e.get("ph") == "X" and "dur" in e and "ts" in e
+              and (e.get("args") or e.get("name") in range_names))  # the Python tracer's carry no args
+    return _jax_profile(events, path, label or label_from_path(path), range_names)
+
+
+def _jax_profile(events: Iterable[tuple], path: Path, label: str, range_names: Collection[str]) -> Profile:
+    """The `Profile` of an XSpace's events, each (plane, line id, line name, name, start ns,
+    end ns, stats): kernels from the GPU planes' stream lines, launches, steps, ranges and
+    (without a GPU) XLA's CPU thunks from the host plane."""
     gpu, ranges, cpu_ops, launches = [], [], [], {}
-    for plane in data.planes:
-        device = plane.name.startswith("/device:GPU:")
-        for line_no, line in enumerate(plane.lines):
-            for e in line.events:
-                start, end = int(e.start_ns), int(e.start_ns + e.duration_ns)
-                if device and line.name.startswith("Stream"):
-                    corr = dict(e.stats).get("correlation_id", UNKNOWN)
-                    gpu.append((e.name, start, end, int(plane.name.rsplit(":", 1)[1]), line_no, int(corr)))
-                elif plane.name == "/host:CPU":
-                    stats = dict(e.stats)
-                    if "correlation_id" in stats:
-                        launches[int(stats["correlation_id"])] = line_no, start
-                    if "step_num" in stats:
-                        ranges.append(Range(e.name, start, end, line_no, int(stats["step_num"])))
-                    elif e.name in range_names:
-                        ranges.append(Range(e.name, start, end, line_no))
-                    elif "hlo_op" in stats:
-                        cpu_ops.append(Kernel(e.name, start, end, 0, line_no, line_no))
+    for plane, line_id, line, name, start, end, stats in events:
+        if plane.startswith(GPU_PLANE):
+            if line.startswith("Stream"):
+                corr = dict(stats).get("correlation_id", UNKNOWN)
+                gpu.append((name, start, end, int(plane.rsplit(":", 1)[1]), line_id, int(corr)))
+        elif plane == HOST_PLANE:
+            stats = dict(stats)
+            if "correlation_id" in stats:
+                launches[int(stats["correlation_id"])] = line_id, start
+            if "step_num" in stats:
+                ranges.append(Range(name, start, end, line_id, int(stats["step_num"])))
+            elif name in range_names:
+                ranges.append(Range(name, start, end, line_id))
+            elif "hlo_op" in stats:
+                cpu_ops.append(Kernel(name, start, end, 0, line_id, line_id))
     notes = []
     if gpu:
         kernels = _gpu_table(gpu, launches)
@@ -140,10 +184,10 @@ def load_jax_trace(path: str | Path, label: str | None = None,
         kernels = KernelTable.from_kernels(self_times(cpu_ops))  # a `while` thunk holds its body's thunks
         notes.append(CPU_NOTE.format(what="XLA thunks (host events with an hlo_op stat, each by its self time)"))
     if not len(kernels):
-        raise ProfileError(f"{xplane}: neither GPU kernels nor XLA CPU ops in the trace; was a "
+        raise ProfileError(f"{path}: neither GPU kernels nor XLA CPU ops in the trace; was a "
                            "jitted computation run inside the profiler's block?")
-    return Profile(str(xplane), label or label_from_path(path), "jax.profiler", kernels,
-                   sorted(ranges, key=lambda r: r.start), notes, cpu_ops=not gpu)
+    return Profile(str(path), label, "jax.profiler", kernels, sorted(ranges, key=lambda r: r.start), notes,
+                   cpu_ops=not gpu)
 
 
 def _gpu_table(gpu: list[tuple], launches: dict[int, tuple[int, int]]) -> KernelTable:

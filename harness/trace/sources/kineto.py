@@ -9,6 +9,9 @@ What the trace holds (complete events, ``"ph": "X"``):
   ``args.correlation``. A GPU event whose launch lies before the trace window (or whose
   record Kineto dropped) has none; it is kept and counted, and the profile says how many.
 - Ranges: ``user_annotation`` events (``record_function``, ``ProfilerStep#N``) on host threads.
+- Synchronization: ``cuda_sync`` events on the GPU rows (``Stream Wait Event`` on the waiting
+  stream, ``Event Sync``/``Context Sync`` on none), tied by correlation to the API call that
+  asked for them; kept apart (`Profile.syncs`): no GPU work, but HTA's figures count them.
 
 Times: Kineto writes microseconds, with nanoseconds as up to three decimals
 (``1712195495519689.047``). A float64 keeps about 16 significant digits, and an epoch time
@@ -34,6 +37,7 @@ from harness.trace.profile import (
     LAUNCH_APIS,
     MEMCPY,
     MEMSET,
+    SYNC,
     UNKNOWN,
     Kernel,
     KernelTable,
@@ -44,6 +48,7 @@ from harness.trace.profile import (
 )
 
 GPU_KINDS = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
+RECORD_KINDS = {**GPU_KINDS, "cuda_sync": SYNC}
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 CPU_NOTE = ("no GPU activity in this trace: CPU {what} stand in for kernels, so times are "
             "host execution times, not GPU times")
@@ -103,7 +108,7 @@ def _gpu_table(gpu: list[dict], launches: dict[int, tuple[int, int, int, int]]) 
         start = ns(e["ts"])
         corr = int(args.get("correlation", UNKNOWN))
         thread, launched, cols["launch_end"][i], api[i] = launches.get(corr, (UNKNOWN,) * 4)
-        name[i], kind[i] = index[e["name"]], GPU_KINDS[e["cat"]]
+        name[i], kind[i] = index[e["name"]], RECORD_KINDS[e["cat"]]
         cols["start"][i], cols["end"][i] = start, start + ns(e["dur"])
         cols["device"][i] = int(args.get("device", e.get("pid", 0)) or 0)
         stream = args.get("stream", e.get("tid", 0))
@@ -146,16 +151,16 @@ def _cpu_ops(events: list[dict], threads: _Threads) -> list[Kernel]:
     return self_times(ops)
 
 
-def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
+def load_torch_trace(path: str | Path, label: str | None = None, trace: dict | None = None) -> Profile:
     """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a `Profile`.
 
     The program's ``record_function`` ranges and torch.profiler's ``ProfilerStep#N``
     become ranges; those torch opens itself (``Optimizer.step#AdamW.step``, ``nccl:all_reduce``...)
     are library ranges, no phases (`harness.trace.library_ranges`). Without GPU activity,
     torch's ``cpu_op`` events stand in for kernels, each by its self time (`self_times`),
-    and the notes say so."""
+    and the notes say so. `trace`: the file, parsed already (`read_trace`)."""
     path = Path(path)
-    trace = read_trace(path)
+    trace = trace if trace is not None else read_trace(path)
     events = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
     threads = _Threads()
     apis = {name: i for i, name in enumerate(LAUNCH_APIS)}
@@ -178,12 +183,14 @@ def load_torch_trace(path: str | Path, label: str | None = None) -> Profile:
                            "was anything run inside the profiler's block?")
     ranges = [Range(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), threads(e.get("pid"), e.get("tid")))
               for e in events if e.get("cat") == "user_annotation"]
+    syncs = [e for e in events if e.get("cat") == "cuda_sync"]
     info = trace.get("distributedInfo") or {}
     devices = {int(d.get("id", -1)): d.get("name") for d in trace.get("deviceProperties") or []}
     used = sorted({devices.get(int(d)) for d in np.unique(kernels.device) if devices.get(int(d))}) if gpu else []
     return Profile(str(path), label or label_from_path(path), "torch.profiler", kernels, ranges, notes,
                    cpu_ops=not gpu, rank=info.get("rank"), world_size=info.get("world_size"),
-                   gpu=" + ".join(used) or None, session_start_ns=_base_ns(trace))
+                   gpu=" + ".join(used) or None, session_start_ns=_base_ns(trace),
+                   syncs=_gpu_table(syncs, launches) if syncs else None)
 
 
 def _base_ns(trace: dict) -> int | None:

@@ -7,7 +7,8 @@ ranges; ranges are never matched across processes. Where a rank number comes fro
 found wins: the rank torch.distributed recorded in the trace (Kineto's ``distributedInfo``);
 a rank number in the file name; the order of the processes (process id) or of the files.
 The set says which it used. A set whose files disagree on the GPU, the world size, the
-profiler or the job name, or whose rank numbers leave a gap, is refused in one line.
+profiler or the job name, or whose rank numbers leave a gap between its lowest and highest,
+is refused in one line (one rank's file alone, or ranks 4..7 of a job, is a set).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def rank_set(paths: list[Path], profiles: list[Profile]) -> RankSet:
             raise ProfileError(f"{path}: a second profile of rank {rank} (also {by_rank[rank].path}): the files mix "
                                "runs; pass one run's per-rank files")
         by_rank[rank] = replace(profile, label=f"rank{rank}", rank=rank)
-    gaps = sorted(set(range(max(by_rank) + 1)) - set(by_rank))
+    gaps = sorted(set(range(min(by_rank), max(by_rank) + 1)) - set(by_rank))  # a set may start past rank 0
     if gaps:
         raise ProfileError(f"{paths[0].parent}: rank file missing from the set: rank {', '.join(map(str, gaps))} "
                            f"of ranks {min(by_rank)}..{max(by_rank)}; add it, or pass only ranks without a gap")

@@ -22,7 +22,13 @@ from hta.trace_analysis import TraceAnalysis
 HERE = Path(__file__).parent
 SETS = {"sampled": ["sampled_rank-0.json.gz", "sampled_rank-1.json.gz"],
         "negative_queue": ["negative_queue_rank0.json.gz"],
-        "ns_resolution": ["ns_resolution_rank0.json.gz"]}
+        "ns_resolution": ["ns_resolution_rank0.json.gz"],
+        "mi250": ["mi250_rocm.json.gz"],
+        "event_sync": ["event_sync.json.gz"],
+        "event_sync_multi_stream": ["event_sync_multi_stream.json.gz"],
+        "alexnet": ["alexnet.json.gz"],
+        "trace_compare_base": ["trace_compare_base.json.gz"],
+        "one_step": ["trace_compare_base_one_step.json.gz"]}
 
 
 def figures(files: list[str]) -> dict:

@@ -1,5 +1,9 @@
 """A jitted step whose matmuls run in a `lax.fori_loop` (XLA's `while` thunk), recorded on a
-CPU with `framework_profile.jax_profiler` inside a `step` range, three times."""
+CPU with `framework_profile.jax_profiler` inside a `step` range, three times.
+
+jax.profiler writes `trace/plugins/profile/<run>/<host>.xplane.pb` and, beside it, its
+trace-viewer export `<host>.trace.json.gz`: `jax_while_cpu.xplane.pb.gz` is one run's
+XSpace (gzipped), `jax_while_cpu.trace.json.gz` a later run's export (jax 0.10.2)."""
 import jax
 import jax.numpy as jnp
 

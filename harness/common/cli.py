@@ -327,6 +327,16 @@ def timeline_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+DETAILS = ("summary", "full")
+
+
+def add_detail(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--detail", type=choice("detail", DETAILS), default="summary",
+                        help="summary: the markdown report stays short at any number of ranks (distributions "
+                             "beyond 8 ranks, the main phases, one column's top kernels; report.html holds "
+                             "everything); full: every table, one column per rank")
+
+
 def add_out(parser: argparse.ArgumentParser, help: str, default: str | None = None, metavar: str = "PATH") -> None:
     parser.add_argument("--out", default=default, metavar=metavar, help=help)
 

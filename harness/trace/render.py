@@ -259,9 +259,9 @@ def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | N
     for bd in bds[:1] if many else bds:
         spill = "" if bd.outside_share is None else f"; {bd.outside_share:.1%} of in-range kernel time ran outside"
         out += [f"- **{bd.label}**: `{Path(bd.path).name}` (source: {bd.source}; "
-                f"{next(iter(bd.phases.values())).steps} measured steps)",
-                f"  - steps: {bd.steady_rule}",
-                f"  - attribution: {bd.attribution_reason}{spill}"]
+                f"{next(iter(bd.phases.values())).steps} measured steps)"]
+        if not summary or bd is bds[0]:  # the summary: the first column's rules (the others' in report.html)
+            out += [f"  - steps: {bd.steady_rule}", f"  - attribution: {bd.attribution_reason}{spill}"]
     if many:
         out.append(f"- and {len(bds) - 1} more profiles, {bds[1].label} to {bds[-1].label} (each one's lines: "
                    "report.html)")
@@ -328,11 +328,11 @@ def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | N
 
 # What the summary leaves out, said at its top.
 _SUMMARY = ("This is the summary (`--detail summary`): beyond {n} columns, each row's distribution over them; "
-            "the first {phases} phases; the first column's top kernels of its main phases; report.html (and "
-            "`--detail full`) holds every table.")
+            "the first {phases} phases; the first column's steps and attribution rules and its top kernels of its "
+            "first phases; report.html (and `--detail full`) holds every table.")
 SUMMARY_PHASES = 6  # phases the summary's tables show
-SUMMARY_TOP_PHASES = 3  # phases whose top kernels the summary lists (the first column's)
-SUMMARY_LINES = 12  # lines each of left-out, warnings and notes
+SUMMARY_TOP_PHASES = 2  # phases whose top kernels the summary lists (the first column's)
+SUMMARY_LINES = 6  # lines each of left-out, warnings and notes
 
 
 def _once(lines: Sequence[str]) -> list[str]:

@@ -6,9 +6,9 @@
 Inputs: ``.nsys-rep`` (exported with nsys first), ``.sqlite``/``.sqlite.gz`` exports, or
 the framework-profiler fallback's traces (torch ``.json``, JAX ``.xplane.pb``). Columns
 are labelled by the backend named in each file name, or by ``--label``. Writes
-kernels.md, .csv, .json, .png and report.html into --out (kernels.md a summary of about
-300 lines at any number of ranks unless `--detail full`, report.html every table; with a
-rank set, ranks.json and ranks.csv, one row per rank) (with --timeline, timeline.json.gz: the
+kernels.md, .csv, .json, .png and report.html into --out (kernels.md within about 300
+lines at any number of ranks, a summary where the whole is longer, unless `--detail full`;
+report.html every table; with a rank set, ranks.json and ranks.csv, one row per rank) (with --timeline, timeline.json.gz: the
 profiles on one trace, measured steps aligned, `harness.trace.timeline`). A profile that
 cannot be analysed is reported in one line (exit status 2).
 """
@@ -38,7 +38,7 @@ from harness.trace.analyses.gpu_time import SCOPES
 from harness.trace.analyses.ranks import report_inputs
 from harness.trace.analyses.selection import ATTRIBUTIONS
 from harness.trace.profile import ProfileError
-from harness.trace.render import breakdown_markdown, plot, write_report
+from harness.trace.render import bounded_markdown, plot, write_report
 from harness.trace.render_ranks import render_gpu_time, render_ranks, write_ranks_csv
 
 
@@ -80,8 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
                                                          args.nsys_bin, args.attribution, args.force, args.scope)
-        paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot, detail=args.detail,
-                             sections=[*render_ranks(ranks, args.detail), *render_gpu_time(figures, args.detail)])
+        sections = {d: [*render_ranks(ranks, d), *render_gpu_time(figures, d)] for d in ("summary", "full")}
+        md, full = bounded_markdown(bds, answer_sets, args.top, sections, args.detail)
+        paths = write_report(args.out, bds, answer_sets, args.top, png=not args.no_plot, markdown=md)
         paths["gpu_time"] = Path(args.out) / "gpu_time.json"
         paths["gpu_time"].write_text(json.dumps(figures, indent=1))
         if ranks:
@@ -89,9 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             paths["ranks"].write_text(json.dumps(ranks, indent=1))
             paths["ranks_csv"] = write_ranks_csv(Path(args.out) / "ranks.csv", ranks)
         svgs = {} if args.no_plot else {"kernels.png": svg_of(lambda path: plot(path, bds, args.top))}
-        full = None if args.detail == "full" else breakdown_markdown(  # the page holds every table
-            bds, answer_sets, args.top, sections=[*render_ranks(ranks), *render_gpu_time(figures)])
-        paths["html"] = write_html(args.out, "kernels.md", svgs, text=full)
+        paths["html"] = write_html(args.out, "kernels.md", svgs, text=full)  # the page holds every table
         if args.timeline:
             from harness.trace.timeline import build_timeline, runs_from_inputs, write_timeline
 

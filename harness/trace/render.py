@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -330,6 +330,7 @@ def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | N
 _SUMMARY = ("This is the summary (`--detail summary`): beyond {n} columns, each row's distribution over them; "
             "the first {phases} phases; the first column's steps and attribution rules and its top kernels of its "
             "first phases; report.html (and `--detail full`) holds every table.")
+SUMMARY_BUDGET = 300  # lines: a longer report is summarized (`bounded_markdown`)
 SUMMARY_PHASES = 6  # phases the summary's tables show
 SUMMARY_TOP_PHASES = 2  # phases whose top kernels the summary lists (the first column's)
 SUMMARY_LINES = 6  # lines each of left-out, warnings and notes
@@ -344,6 +345,17 @@ def _once(lines: Sequence[str]) -> list[str]:
     return [f"- {labels[0]}: {text}" if len(labels) == 1 else
             f"- {labels[0]} and {len(labels) - 1} more ({', '.join(labels[1:4])}{', ...' if len(labels) > 4 else ''})"
             f": {text}" for text, labels in by_text.items()]
+
+
+def bounded_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict], top_n: int,
+                     sections: Mapping[str, Sequence[str]], detail: str = "summary") -> tuple[str, str]:
+    """(the report at `detail`, the full report): `sections` per detail ("summary", "full").
+    The summary is the full report where that fits `SUMMARY_BUDGET` lines and has at most
+    `MAX_COLUMNS` columns (a small report is left whole), else `breakdown_markdown`'s summary."""
+    full = breakdown_markdown(bds, answer_sets, top_n, sections=sections["full"])
+    if detail == "full" or (len(bds) <= MAX_COLUMNS and full.count("\n") <= SUMMARY_BUDGET):
+        return full, full
+    return breakdown_markdown(bds, answer_sets, top_n, sections=sections["summary"], detail="summary"), full
 
 
 def write_csv(path: Path, bds: Sequence[Breakdown]) -> None:
@@ -392,14 +404,15 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
 
 def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
                  top_n: int = TOP_N, stem: str = "kernels", png: bool = True,
-                 sections: Sequence[str] = (), detail: str = "full") -> dict[str, Path]:
-    """Write ``<stem>.md`` (at `detail`), ``.csv``, ``.json`` and (with `png`) ``.png`` into
-    `out_dir`; return their paths."""
+                 sections: Sequence[str] = (), markdown: str | None = None) -> dict[str, Path]:
+    """Write ``<stem>.md`` (`markdown` where given, e.g. `bounded_markdown`'s), ``.csv``,
+    ``.json`` and (with `png`) ``.png`` into `out_dir`; return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     answer_sets = answer_sets or [answers(bd) for bd in bds]
     paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", *(("png",) if png else ()))}
-    paths["md"].write_text(breakdown_markdown(bds, answer_sets, top_n, sections=sections, detail=detail))
+    paths["md"].write_text(markdown if markdown is not None else breakdown_markdown(bds, answer_sets, top_n,
+                                                                                    sections=sections))
     write_csv(paths["csv"], bds)
     # The profile's file name only: where it lay (often a temp folder) says nothing.
     doc = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]

@@ -8,8 +8,9 @@ the framework-profiler fallback's traces (torch ``.json``, JAX ``.xplane.pb``). 
 are labelled by the backend named in each file name, or by ``--label``. Writes
 kernels.md, .csv, .json, .png and report.html into --out (kernels.md within about 300
 lines at any number of ranks, a summary where the whole is longer, unless `--detail full`;
-report.html every table; with a rank set, ranks.json and ranks.csv, one row per rank) (with --timeline, timeline.json.gz: the
-profiles on one trace, measured steps aligned, `harness.trace.timeline`). A profile that
+report.html every table; with a rank set, ranks.json and ranks.csv, one row per rank; with
+--timeline, timeline.json.gz: the profiles on one trace, measured steps aligned,
+`harness.trace.timeline`). A profile that
 cannot be analysed is reported in one line (exit status 2).
 """
 

@@ -17,9 +17,12 @@ import pytest
 from harness import report
 from harness.common.spread import spread
 from harness.rank_copies import copy_ranks
+from harness.trace.analyses.breakdown import breakdown
 from harness.trace.analyses.collectives import profile_split
 from harness.trace.analyses.ranks import load_inputs, report_inputs
 from harness.trace.analyses.selection import select
+from harness.trace.profile import Kernel, Profile, Range
+from harness.trace.render import breakdown_markdown
 from harness.trace.render_ranks import render_ranks
 
 DDP = Path(__file__).parent / "data" / "user_profiles" / "torch_profiler"
@@ -112,3 +115,14 @@ def test_up_to_8_ranks_the_tables_keep_one_column_per_rank(twelve: Path) -> None
     summary, full = render_ranks([t], "summary"), render_ranks([t], "full")
     assert summary == full  # these traces have few phases: nothing left out
     assert "| phase | metric | rank0 | rank1 | rank2 | rank3 | rank4 | rank5 | rank6 | rank7 |" in summary
+
+
+def test_summary_lists_top_kernels_of_the_first_phases_beside_range_inferred_categories() -> None:
+    """The summary's top-kernel sections follow its phases even where the report also lists
+    categories inferred from ranges (whose lines once reused the phases' variable)."""
+    ranges = [Range("step", 0, 100), Range("forward", 0, 100), Range("attn_softmax", 10, 50)]
+    kernels = [Kernel("input_reduce_fusion_3", 20, 40), Kernel("input_reduce_fusion_3", 60, 70)]
+    bd = breakdown(Profile("planted.sqlite", "planted", "nsys", kernels, ranges))
+    md = breakdown_markdown([bd], detail="summary")
+    assert "inside `attn_softmax` are softmax" in md
+    assert [line for line in md.splitlines() if line.startswith("### ")][1:] == ["### step", "### forward"]

@@ -254,7 +254,7 @@ def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | N
     summary = detail == "summary"
     many = summary and len(bds) > MAX_COLUMNS
     phases = _phases(bds)
-    shown = phases[:SUMMARY_PHASES] if summary else phases
+    kept = phases[:SUMMARY_PHASES] if summary else phases  # the phases the tables show
     out = [f"# {title}", ""]
     for bd in bds[:1] if many else bds:
         spill = "" if bd.outside_share is None else f"; {bd.outside_share:.1%} of in-range kernel time ran outside"
@@ -277,13 +277,13 @@ def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | N
                 "the range's own wall time; kernels/step counts kernels only, memcpys+memsets/step the copies.")
     out += ["", "Times are per measured step: a range's totals divided by the number of steps holding it "
             f"(mean over the steps; the steps are as listed above). {what}", ""]
-    more = [f"{len(phases) - len(shown)} more phases in report.html (or `--detail full`): "
-            + ", ".join(f"`{p}`" for p in phases[len(shown):][:8]) + (" and more" if len(phases) > len(shown) + 8
-                                                                      else "") + ".", ""] if shown != phases else []
+    rest = [f"{len(phases) - len(kept)} more phases in report.html (or `--detail full`): "
+            + ", ".join(f"`{p}`" for p in phases[len(kept):][:8]) + (" and more" if len(phases) > len(kept) + 8
+                                                                     else "") + ".", ""] if kept != phases else []
     if many:
-        more = [RULE, "", *more]
-    out += ["## Per phase", "", *_summary(bds, shown, many), "", *more, "## Category shares", "",
-            *_categories(bds, shown, many), "", *more]
+        rest = [RULE, "", *rest]
+    out += ["## Per phase", "", *_summary(bds, kept, many), "", *rest, "## Category shares", "",
+            *_categories(bds, kept, many), "", *rest]
     inferred: dict[tuple[str, str, str], dict[str, None]] = {}  # (label, range, category) -> names, in order
     for bd in bds:
         for p in bd.phases.values():
@@ -303,7 +303,7 @@ def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | N
     for bd in bds[:1] if summary else bds:
         out += [f"## {bd.label}: top {_unit([bd])}s", ""]
         for phase, p in bd.phases.items():
-            if not summary or phase in shown[:SUMMARY_TOP_PHASES]:
+            if not summary or phase in kept[:SUMMARY_TOP_PHASES]:
                 out += [f"### {phase}", "", *_top(p, top_n, _unit([bd])), ""]
         if summary:
             continue

@@ -6,8 +6,11 @@
 Inputs: ``.nsys-rep`` (exported with nsys first), ``.sqlite``/``.sqlite.gz`` exports, or
 the framework-profiler fallback's traces (torch ``.json``, JAX ``.xplane.pb``). Columns
 are labelled by the backend named in each file name, or by ``--label``. Writes
-kernels.md, .csv, .json, .png and report.html into --out (with --timeline, timeline.json.gz: the
-profiles on one trace, measured steps aligned, `harness.trace.timeline`). A profile that
+kernels.md, .csv, .json, .png and report.html into --out (kernels.md within about 300
+lines at any number of ranks, a summary where the whole is longer, unless `--detail full`;
+report.html every table; with a rank set, ranks.json and ranks.csv, one row per rank; with
+--timeline, timeline.json.gz: the profiles on one trace, measured steps aligned,
+`harness.trace.timeline`). A profile that
 cannot be analysed is reported in one line (exit status 2).
 """
 
@@ -21,6 +24,7 @@ from pathlib import Path
 
 from harness.common.answer import answer_markdown
 from harness.common.cli import (
+    add_detail,
     add_nsys_bin,
     add_out,
     add_timeline,
@@ -40,8 +44,8 @@ from harness.trace.analyses.gpu_time import SCOPES
 from harness.trace.analyses.ranks import report_inputs
 from harness.trace.analyses.selection import ATTRIBUTIONS
 from harness.trace.profile import ProfileError
-from harness.trace.render import kernel_figure, write_report
-from harness.trace.render_ranks import render_gpu_time, render_ranks
+from harness.trace.render import bounded_markdown, kernel_figure, write_report
+from harness.trace.render_ranks import render_gpu_time, render_ranks, write_ranks_csv
 
 
 def build_parser():
@@ -65,6 +69,7 @@ def build_parser():
                    help="GPU activities behind the temporal breakdown, overlap, launch and queue figures: all, or "
                         "hta (HolisticTraceAnalysis's default: drops the last ProfilerStep and activities launched "
                         "outside the trace, rounds to µs as it does)")
+    add_detail(p)
     add_nsys_bin(p)
     add_timeline(p)
     return p
@@ -92,9 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             with stage("report", f"laying {len(bds)} profiles on a timeline"):
                 timeline = build_timeline(runs, args.timeline_steps)
         with stage("report", f"writing kernels.md, .csv, .json{'' if args.no_plot else ' and drawing kernels.png'}"):
-            paths = write_report(args.out, bds, answer_sets, args.top, png=False,
-                                 sections=[*render_ranks(ranks), *render_gpu_time(figures)],
-                                 lead=answer_markdown(report_findings(bds, ranks)))
+            sections = {d: [*render_ranks(ranks, d), *render_gpu_time(figures, d)] for d in ("summary", "full")}
+            md, full = bounded_markdown(bds, answer_sets, args.top, sections, args.detail,
+                                        lead=answer_markdown(report_findings(bds, ranks)))
+            paths = write_report(args.out, bds, answer_sets, args.top, png=False, markdown=md)
             svgs = {}
             if not args.no_plot:  # drawn once, for the PNG and the page's SVG
                 fig = kernel_figure(bds, args.top)
@@ -106,8 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ranks:
             paths["ranks"] = Path(args.out) / "ranks.json"
             paths["ranks"].write_text(json.dumps(ranks, indent=1))
+            paths["ranks_csv"] = write_ranks_csv(Path(args.out) / "ranks.csv", ranks)
         with stage("report", "writing report.html"):
-            paths["html"] = write_html(args.out, "kernels.md", svgs)
+            paths["html"] = write_html(args.out, "kernels.md", svgs, text=full)  # the page holds every table
         if args.timeline:
             paths["timeline"] = write_timeline(Path(args.out) / "timeline.json.gz", timeline)
     except ProfileError as exc:

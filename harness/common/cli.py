@@ -344,6 +344,16 @@ def timeline_steps_problem(steps: tuple[int, ...] | str | None, measured: int, w
     return f"--timeline-steps {beyond}: {where} {held}; pick indices below {max(measured, 1)}"
 
 
+DETAILS = ("summary", "full")
+
+
+def add_detail(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--detail", type=choice("detail", DETAILS), default="summary",
+                        help="summary: a report over about 300 lines, or with more than 8 columns (ranks), is "
+                             "summarized in kernels.md (distributions beyond 8 ranks, the main phases, one column's "
+                             "top kernels; report.html holds everything); full: every table, one column per rank")
+
+
 def add_out(parser: argparse.ArgumentParser, help: str, default: str | None = None, metavar: str = "PATH") -> None:
     parser.add_argument("--out", default=default, metavar=metavar, help=help)
 

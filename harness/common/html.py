@@ -189,13 +189,14 @@ def _png_svg(path: Path) -> str:
 
 
 def write_html(folder: str | Path, markdown_name: str, svgs: Mapping[str, str | None] | None = None,
-               link: bool = True) -> Path:
-    """Write `folder`/report.html from `folder`/`markdown_name` and the folder's plots (`svgs`:
-    PNG name -> SVG markup drawn for it; others are embedded); with `link`, the markdown
+               link: bool = True, text: str | None = None) -> Path:
+    """Write `folder`/report.html from `folder`/`markdown_name` (or from `text`, where the page
+    holds more than the file: a summary's full tables) and the folder's plots (`svgs`: PNG
+    name -> SVG markup drawn for it; others are embedded); with `link`, the markdown
     gets a line pointing at the page. Returns the page's path."""
     folder = Path(folder)
     md_path = folder / markdown_name
-    md = md_path.read_text()
+    md = md_path.read_text() if text is None else text
     images = {}
     for n, png in enumerate(sorted(folder.glob("*.png"))):
         svg = (svgs or {}).get(png.name) or _png_svg(png)
@@ -209,6 +210,6 @@ def write_html(folder: str | Path, markdown_name: str, svgs: Mapping[str, str | 
     title = next((line.lstrip("# ").strip() for line in md.splitlines() if line.startswith("#")), markdown_name)
     path = folder / HTML_NAME
     write_text(path, page(title, body))
-    if link and LINK_LINE not in md:
-        write_text(md_path, md.rstrip("\n") + "\n\n" + LINK_LINE + "\n")
+    if link and LINK_LINE not in (own := md_path.read_text()):
+        write_text(md_path, own.rstrip("\n") + "\n\n" + LINK_LINE + "\n")
     return path

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from harness.common.spread import HEADER, MAX_COLUMNS, RULE, capped, spread_cells
 from harness.common.tables import markdown_table
 from harness.trace.analyses.breakdown import Breakdown, PhaseStats, answers
 from harness.trace.kernels import CATEGORY_COLORS, NAME_WIDTH, Category, short_name
@@ -67,9 +68,20 @@ def _unit(bds: Sequence[Breakdown]) -> str:
     return "op" if all(bd.cpu_ops for bd in bds) else "kernel"
 
 
-def _summary(bds: Sequence[Breakdown]) -> list[str]:
+def _spread_row(phase: str, metric: str, bds: Sequence[Breakdown], cells: Sequence[str]) -> list[str]:
+    """A row over many columns: how many have the figure, and its distribution (`spread`)."""
+    values = {bd.label: float(c) for bd, c in zip(bds, cells) if c != "-"}
+    return [phase, metric, str(len(values)), *(spread_cells(values, prefix="") if values else ["-"] * 5)]
+
+
+def _header(bds: Sequence[Breakdown], many: bool, first: str) -> list[str]:
+    return [first, "metric", *(["profiles", *HEADER] if many else [bd.label for bd in bds])]
+
+
+def _summary(bds: Sequence[Breakdown], phases: Sequence[str] | None = None, many: bool = False) -> list[str]:
     """Per phase: GPU time (summed over streams), busy time (their union), range time,
-    counts; with several device timelines, every GPU figure is per device (their mean)."""
+    counts; with several device timelines, every GPU figure is per device (their mean).
+    `many`: a row's distribution over the columns instead of one column each."""
     rows = []
     several = any(p.devices > 1 for bd in bds for p in bd.phases.values())
     unit = busy(bds)
@@ -81,16 +93,24 @@ def _summary(bds: Sequence[Breakdown]) -> list[str]:
         metrics.append(("memcpys+memsets/step", lambda p: f"{p.copies_per_step:.1f}"))
     if several:
         metrics.insert(0, ("devices", lambda p: str(p.devices)))
-    for phase in _phases(bds):
+    for phase in _phases(bds) if phases is None else phases:
         for metric, get in metrics:
-            rows.append([phase, metric, *(get(bd.phases[phase]) if phase in bd.phases else "-" for bd in bds)])
-    return markdown_table(["phase", "metric", *(bd.label for bd in bds)], rows)
+            cells = [get(bd.phases[phase]) if phase in bd.phases else "-" for bd in bds]
+            rows.append(_spread_row(phase, metric, bds, cells) if many else [phase, metric, *cells])
+    return markdown_table(_header(bds, many, "phase"), rows)
 
 
-def _categories(bds: Sequence[Breakdown]) -> list[str]:
+def _categories(bds: Sequence[Breakdown], phases: Sequence[str] | None = None, many: bool = False) -> list[str]:
+    """Per phase and category: its share and ms per column (`many`: the ms' distribution)."""
     rows = []
-    for phase in _phases(bds):
+    for phase in _phases(bds) if phases is None else phases:
         for cat in Category:
+            if many:
+                ms = [_ms(bd.phases[phase].categories.get(cat.value, 0.0)) if phase in bd.phases else "-"
+                      for bd in bds]
+                if any(c not in ("-", _ms(0.0)) for c in ms):
+                    rows.append(_spread_row(phase, f"{cat.value} ms", bds, ms))
+                continue
             cells = []
             for bd in bds:
                 p = bd.phases.get(phase)
@@ -98,7 +118,8 @@ def _categories(bds: Sequence[Breakdown]) -> list[str]:
                 cells.append(f"{p.share(cat):.1%} ({_ms(ns)} ms)" if p and ns else "-")
             if any(c != "-" for c in cells):
                 rows.append([phase, cat.value, *cells])
-    return markdown_table(["phase", "category", *(bd.label for bd in bds)], rows)
+    return markdown_table(["phase", "category", *(["profiles", *HEADER] if many else [bd.label for bd in bds])],
+                          rows)
 
 
 def _top(p: PhaseStats, n: int, unit: str = "kernel") -> list[str]:
@@ -249,18 +270,28 @@ def _library(bds: Sequence[Breakdown]) -> list[str]:
 
 def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
                        top_n: int = TOP_N, title: str = "Kernel breakdown", sections: Sequence[str] = (),
-                       lead: Sequence[str] = ()) -> str:
+                       detail: str = "full", lead: Sequence[str] = ()) -> str:
     """The report as markdown; `answer_sets` default to `answers(bd)` for each breakdown;
-    `lead` (markdown lines: the answer) opens it; `sections` (e.g. the cross-rank tables)
-    go before the left-out kernels."""
+    `lead` (markdown lines: the answer) opens it; `sections` (markdown lines, e.g. the
+    cross-rank tables) go before the left-out kernels.
+    `detail` "summary" keeps it about 300 lines at any number of columns (`_SUMMARY`)."""
     answer_sets = answer_sets or [answers(bd) for bd in bds]
+    summary = detail == "summary"
+    many = summary and len(bds) > MAX_COLUMNS
+    phases = _phases(bds)
+    kept = phases[:SUMMARY_PHASES] if summary else phases  # the phases the tables show
     out = [f"# {title}", "", *lead]
-    for bd in bds:
+    for bd in bds[:1] if many else bds:
         spill = "" if bd.outside_share is None else f"; {bd.outside_share:.1%} of in-range kernel time ran outside"
         out += [f"- **{bd.label}**: `{Path(bd.path).name}` (source: {bd.source}; "
-                f"{next(iter(bd.phases.values())).steps} measured steps)",
-                f"  - steps: {bd.steady_rule}",
-                f"  - attribution: {bd.attribution_reason}{spill}"]
+                f"{next(iter(bd.phases.values())).steps} measured steps)"]
+        if not summary or bd is bds[0]:  # the summary: the first column's rules (the others' in report.html)
+            out += [f"  - steps: {bd.steady_rule}", f"  - attribution: {bd.attribution_reason}{spill}"]
+    if many:
+        out.append(f"- and {len(bds) - 1} more profiles, {bds[1].label} to {bds[-1].label} (each one's lines: "
+                   "report.html)")
+    if summary:
+        out += ["", _SUMMARY.format(n=MAX_COLUMNS, phases=SUMMARY_PHASES)]
     unit = _unit(bds)
     if unit == "op":
         what = ("CPU ms = sum of the self times of the ops attributed to the range (an op's duration less that "
@@ -271,7 +302,13 @@ def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | N
                 "the range's own wall time; kernels/step counts kernels only, memcpys+memsets/step the copies.")
     out += ["", "Times are per measured step: a range's totals divided by the number of steps holding it "
             f"(mean over the steps; the steps are as listed above). {what}", ""]
-    out += ["## Per phase", "", *_summary(bds), "", "## Category shares", "", *_categories(bds), ""]
+    rest = [f"{len(phases) - len(kept)} more phases in report.html (or `--detail full`): "
+            + ", ".join(f"`{p}`" for p in phases[len(kept):][:8]) + (" and more" if len(phases) > len(kept) + 8
+                                                                     else "") + ".", ""] if kept != phases else []
+    if many:
+        rest = [RULE, "", *rest]
+    out += ["## Per phase", "", *_summary(bds, kept, many), "", *rest, "## Category shares", "",
+            *_categories(bds, kept, many), "", *rest]
     inferred: dict[tuple[str, str, str], dict[str, None]] = {}  # (label, range, category) -> names, in order
     for bd in bds:
         for p in bd.phases.values():
@@ -286,26 +323,67 @@ def breakdown_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict] | N
                        f"category): {shown}{more}")
         out.append("")
     out += ["## Answers", ""]
-    for bd, ans in zip(bds, answer_sets):
+    for bd, ans in list(zip(bds, answer_sets))[:1 if many else None]:
         out += [*_answer_lines(bd, ans), ""]
-    for bd in bds:
+    for bd in bds[:1] if summary else bds:
         out += [f"## {bd.label}: top {_unit([bd])}s", ""]
         for phase, p in bd.phases.items():
-            out += [f"### {phase}", "", *_top(p, top_n, _unit([bd])), ""]
+            if not summary or phase in kept[:SUMMARY_TOP_PHASES]:
+                out += [f"### {phase}", "", *_top(p, top_n, _unit([bd])), ""]
+        if summary:
+            continue
         if bd.layers:
             out += [f"### {bd.label}: top layers", "", *_layers(bd, top_n), ""]
         if not bd.cpu_ops and (gemm := _gemms(bd)):  # CPU ops' names decode to nothing
             out += [f"### {bd.label}: GEMM kernels decoded", "", _caption(bd), "", *gemm, ""]
         if bd.api:
             out += [f"### {bd.label}: CUDA API calls (whole profile)", "", *_api(bd), ""]
-    out += [*_library(bds), *sections, "## Left out of the phases", "", *(line for bd in bds for line in _left_out(bd))]
+    out += _library(bds[:1] if many else bds)
+    left = [line for bd in bds for line in _left_out(bd)]
     warnings = [f"- {bd.label}: {w}" for bd in bds for w in bd.warnings]
     notes = [f"- {bd.label}: {n}" for bd in bds for n in bd.notes]
+    if summary:
+        left, warnings, notes = (capped(_once(lines), SUMMARY_LINES, "lines") for lines in (left, warnings, notes))
+    out += [*sections, "## Left out of the phases", "", *left]
     if warnings:
         out += ["", "## Warnings", "", *warnings]
     if notes:
         out += ["", "## Notes", "", *notes]
     return "\n".join(out) + "\n"
+
+
+# What the summary leaves out, said at its top.
+_SUMMARY = ("This is the summary (`--detail summary`): beyond {n} columns, each row's distribution over them; "
+            "the first {phases} phases; the first column's steps and attribution rules and its top kernels of its "
+            "first phases; report.html (and `--detail full`) holds every table.")
+SUMMARY_BUDGET = 300  # lines: a longer report is summarized (`bounded_markdown`)
+SUMMARY_PHASES = 6  # phases the summary's tables show
+SUMMARY_TOP_PHASES = 2  # phases whose top kernels the summary lists (the first column's)
+SUMMARY_LINES = 6  # lines each of left-out, warnings and notes
+
+
+def _once(lines: Sequence[str]) -> list[str]:
+    """`- label: text` lines with the same text told once, naming the columns they hold for."""
+    by_text: dict[str, list[str]] = {}
+    for line in lines:
+        label, _, text = line.removeprefix("- ").partition(": ")
+        by_text.setdefault(text, []).append(label)
+    return [f"- {labels[0]}: {text}" if len(labels) == 1 else
+            f"- {labels[0]} and {len(labels) - 1} more ({', '.join(labels[1:4])}{', ...' if len(labels) > 4 else ''})"
+            f": {text}" for text, labels in by_text.items()]
+
+
+def bounded_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict], top_n: int,
+                     sections: Mapping[str, Sequence[str]], detail: str = "summary",
+                     lead: Sequence[str] = ()) -> tuple[str, str]:
+    """(the report at `detail`, the full report): `sections` per detail ("summary", "full").
+    The summary is the full report where that fits `SUMMARY_BUDGET` lines and has at most
+    `MAX_COLUMNS` columns (a small report is left whole), else `breakdown_markdown`'s summary."""
+    full = breakdown_markdown(bds, answer_sets, top_n, sections=sections["full"], lead=lead)
+    if detail == "full" or (len(bds) <= MAX_COLUMNS and full.count("\n") <= SUMMARY_BUDGET):
+        return full, full
+    return (breakdown_markdown(bds, answer_sets, top_n, sections=sections["summary"], detail="summary", lead=lead),
+            full)
 
 
 def write_csv(path: Path, bds: Sequence[Breakdown]) -> None:
@@ -328,8 +406,10 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
 
 def kernel_figure(bds: Sequence[Breakdown], top_n: int = TOP_N):
     """Stacked category bars per profile x phase (left) and each profile's top kernels of
-    its step (right)."""
+    its step (right), for the first `MAX_COLUMNS` profiles (a rank set's tables hold the rest)."""
     from matplotlib.figure import Figure  # not pyplot: no GUI backend, and half the import time
+
+    bds = bds[:MAX_COLUMNS]
 
     fig = Figure(figsize=(7 + 6 * len(bds), 6))
     axes = fig.subplots(1, 1 + len(bds), squeeze=False)
@@ -359,14 +439,17 @@ def kernel_figure(bds: Sequence[Breakdown], top_n: int = TOP_N):
 
 def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
                  top_n: int = TOP_N, stem: str = "kernels", png: bool = True,
-                 sections: Sequence[str] = (), lead: Sequence[str] = ()) -> dict[str, Path]:
-    """Write ``<stem>.md``, ``.csv``, ``.json`` and (with `png`) ``.png`` into `out_dir`
-    (`lead` and `sections` as `breakdown_markdown` places them); return their paths."""
+                 sections: Sequence[str] = (), markdown: str | None = None,
+                 lead: Sequence[str] = ()) -> dict[str, Path]:
+    """Write ``<stem>.md`` (`markdown` where given, e.g. `bounded_markdown`'s), ``.csv``,
+    ``.json`` and (with `png`) ``.png`` into `out_dir` (`lead` and `sections` as
+    `breakdown_markdown` places them); return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     answer_sets = answer_sets or [answers(bd) for bd in bds]
     paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", *(("png",) if png else ()))}
-    paths["md"].write_text(breakdown_markdown(bds, answer_sets, top_n, sections=sections, lead=lead))
+    paths["md"].write_text(markdown if markdown is not None else breakdown_markdown(bds, answer_sets, top_n,
+                                                                                    sections=sections, lead=lead))
     write_csv(paths["csv"], bds)
     # The profile's file name only: where it lay (often a temp folder) says nothing.
     doc = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]

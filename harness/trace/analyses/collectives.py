@@ -222,20 +222,40 @@ def profile_split(profiles: Mapping[int, Profile], bytes_per_step: Mapping[str, 
         ranges = {int(d): own[rank] for d in devices}
         steps = _steps(own[rank])
     else:
-        starts = {r: p.session_start_ns for r, p in profiles.items()}
-        known = None not in starts.values()
-        shift = {r: starts[r] - min(starts.values()) if known else 0 for r in profiles}
-        ops = {r: [Op(o.kind, o.start + shift[r], o.end + shift[r])
-                   for o in kernel_ops(p.kernels, own[r], selected=pick[r])] for r, p in profiles.items()}
-        ranges = {r: [Range(x.name, x.start + shift[r], x.end + shift[r], x.thread) for x in own[r]]
-                  for r in profiles}
-        steps = _steps(own[min(profiles)])
+        return ranks_split({r: rank_collectives(p, pick[r]) for r, p in profiles.items()}, bytes_per_step)
     if sum(1 for o in ops.values() if o) < 2:
         return None
     split = align(ops, ranges, bytes_per_step, steps)
     late = split["late_phase"] in PHASES and len(profiles) > 1 and split["last_rank"] in profiles
     last = split["last_rank"]
     split["late_busy"] = phase_busy(profiles[last], split["late_phase"], own[last]) if late else None
+    return split
+
+
+def rank_collectives(profile: Profile, selection: Selection | None = None) -> dict:
+    """What `ranks_split` needs of one rank, and no more (a rank set's profiles are read one
+    at a time): its collectives (`kernel_ops`), its step and phase ranges, its session
+    start, and the GPU-busy share of each phase (`phase_busy`)."""
+    own = selection.measured_steps() if selection else profile.ranges
+    return {"ops": kernel_ops(profile.kernels, own, selected=selection),
+            "ranges": [r for r in own if r.name in STEP_RANGES or r.name in PHASES],
+            "start_ns": profile.session_start_ns,
+            "busy": {p: phase_busy(profile, p, own) for p in PHASES}}
+
+
+def ranks_split(ranks: Mapping[int, dict], bytes_per_step: Mapping[str, float] | None = None) -> dict | None:
+    """`profile_split` of a profile per rank, from each rank's `rank_collectives`."""
+    starts = {r: c["start_ns"] for r, c in ranks.items()}
+    known = None not in starts.values()
+    shift = {r: starts[r] - min(starts.values()) if known else 0 for r in ranks}
+    ops = {r: [Op(o.kind, o.start + shift[r], o.end + shift[r]) for o in c["ops"]] for r, c in ranks.items()}
+    if sum(1 for o in ops.values() if o) < 2:
+        return None
+    ranges = {r: [Range(x.name, x.start + shift[r], x.end + shift[r], x.thread) for x in c["ranges"]]
+              for r, c in ranks.items()}
+    split = align(ops, ranges, bytes_per_step, _steps(ranks[min(ranks)]["ranges"]))
+    late = split["late_phase"] in PHASES and split["last_rank"] in ranks
+    split["late_busy"] = ranks[split["last_rank"]]["busy"][split["late_phase"]] if late else None
     return split
 
 

@@ -11,14 +11,16 @@ profile torchrun``) become one rank set, one column per rank; any other file is 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.common.progress import file_size, stage
 from harness.trace.analyses.answers import answers, harness_metadata, run_json_problems
 from harness.trace.analyses.breakdown import Breakdown, breakdown, load_profile
-from harness.trace.analyses.collectives import profile_split
+from harness.trace.analyses.collectives import rank_collectives, ranks_split
 from harness.trace.analyses.gpu_time import gpu_time
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
 from harness.trace.analyses.overlap import overlap, per_step_exposure
@@ -39,31 +41,45 @@ def _is_jax_dir(path: Path) -> bool:
     return path.is_dir() and any(path.rglob("*.xplane.pb*"))
 
 
-def load_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = (), nsys_bin: str | None = None,
-                force: bool = False) -> list[Input]:
-    """The report's inputs, loaded and grouped (module docstring); the i-th label names the
-    i-th path's column (a rank set's columns are its ranks)."""
+def _rank_group(paths: list[Path], i: int) -> list[Path]:
+    """The paths from `i` on that name ranks of one job (``X.rank0``, ``X.rank1``, ...)."""
+    group = [paths[i]]
+    while (rank_in_name(paths[i]) is not None and i + len(group) < len(paths)
+           and job_name(paths[i + len(group)]) == job_name(paths[i])
+           and rank_in_name(paths[i + len(group)]) is not None):
+        group.append(paths[i + len(group)])
+    return group
+
+
+def _items(paths: Sequence[str | Path]) -> list[list[Path] | Path]:
+    """The inputs grouped: a list of one job's per-rank files (a folder's, or X.rank0/X.rank1
+    given together), or one path."""
     paths = [Path(p) for p in paths]
-    out: list[Input] = []
+    out: list[list[Path] | Path] = []
     i = 0
     while i < len(paths):
         path = paths[i]
-        label = labels[i] if i < len(labels) else None
         if path.is_dir() and not _is_jax_dir(path):
-            files = profile_files(path)
-            out.append(_set(files, nsys_bin, force))
+            out.append(profile_files(path))
             i += 1
             continue
-        group = [path]
-        while (rank_in_name(path) is not None and i + len(group) < len(paths)
-               and job_name(paths[i + len(group)]) == job_name(path)
-               and rank_in_name(paths[i + len(group)]) is not None):
-            group.append(paths[i + len(group)])
+        group = _rank_group(paths, i)
+        out.append(group if len(group) > 1 else path)
         i += len(group)
-        if len(group) > 1:
-            out.append(_set(group, nsys_bin, force))
+    return out
+
+
+def load_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = (), nsys_bin: str | None = None,
+                force: bool = False) -> list[Input]:
+    """The report's inputs, loaded and grouped (module docstring); the i-th label names the
+    i-th path's column (a rank set's columns are its ranks). Every profile is held at once:
+    `report_inputs` reads rank sets one rank at a time instead."""
+    out: list[Input] = []
+    for i, item in enumerate(_items(paths)):
+        if isinstance(item, list):
+            out.append(_set(item, nsys_bin, force))
             continue
-        profile = _read(path, label, nsys_bin, force)
+        profile = _read(item, labels[i] if i < len(labels) else None, nsys_bin, force)
         split = split_processes(profile)
         out.append(Input(list(split.profiles.values()), split) if split else Input([profile]))
     return out
@@ -80,22 +96,39 @@ def _read(path: Path, label: str | None, nsys_bin: str | None, force: bool) -> P
 def _set(files: list[Path], nsys_bin: str | None, force: bool) -> Input:
     profiles = [_read(f, None, nsys_bin, force) for f in files]
     for f, p in zip(files, profiles):
-        if split_processes(p):
-            raise ProfileError(f"{f}: holds several processes; pass it alone (its processes are its ranks), "
-                               "not in a set of per-rank files")
+        _one_process(f, p)
     rs = rank_set(files, profiles)
     return Input(list(rs.profiles.values()), rs)
 
 
-def cross_rank(rs: RankSet, bds: Sequence[Breakdown], selections: Mapping[int, Selection | None]) -> dict:
+def _one_process(path: Path, profile: Profile) -> None:
+    if split_processes(profile):
+        raise ProfileError(f"{path}: holds several processes; pass it alone (its processes are its ranks), "
+                           "not in a set of per-rank files")
+
+
+def communication(profile: Profile, sel: Selection | None) -> dict:
+    """One rank's communication kernels of the measured steps (`cross_rank`)."""
+    devices = overlap(profile.kernels, selected=sel) if sel else overlap(profile.kernels)
+    total = sum(d["communication_ms"] for d in devices)
+    hidden = sum(d["hidden_ms"] for d in devices)
+    steps = sum(len(i) for name, i in sel.instances.items() if name in STEP_RANGES) if sel else 0
+    return {"communication_ms": total, "hidden_ms": hidden, "exposed_ms": total - hidden,
+            "hidden_share": hidden / total if total else None, "step_ranges": steps,
+            "per_step": per_step_exposure({"ranks": [{"overlap": devices, "phases_ms": {}}]})}
+
+
+def cross_rank(rs: RankSet, bds: Sequence[Breakdown], comms: Mapping[int, dict],
+               collectives: Mapping[int, dict] | None) -> dict:
     """Per phase and rank: median GPU ms and range ms per step; per phase the straggler
     (the rank with the longest median range, and slowest/fastest); per rank the
-    communication kernels of the measured steps (`selections`, per rank the breakdown's:
-    the first step set apart, each kernel in the step that launched it where the program
+    communication kernels of the measured steps (`comms`, per rank its `communication`: the
+    first step set apart, each kernel in the step that launched it where the program
     does not synchronize), hidden and exposed (ms, summed over the steps and devices), with the
     same per step (`per_step`); and the communication split into transfer and waiting by
-    aligning the ranks' collectives (`split`: None where the ranks' clocks are not known to
-    be one, or fewer than two ranks hold collectives)."""
+    aligning the ranks' collectives (`collectives`, per rank its `rank_collectives`; `split`:
+    None where the ranks' clocks are not known to be one, or fewer than two ranks hold
+    collectives)."""
     ranks = list(rs.profiles)
     phases: dict[str, dict[int, dict[str, float]]] = {}
     for rank, bd in zip(ranks, bds):
@@ -109,51 +142,142 @@ def cross_rank(rs: RankSet, bds: Sequence[Breakdown], selections: Mapping[int, S
             slow, fast = max(walls, key=walls.get), min(walls, key=walls.get)
             straggler[name] = {"rank": slow, "range_ms": walls[slow], "fastest_rank": fast,
                                "ratio": walls[slow] / walls[fast] if walls[fast] else None}
-    communication = {}
-    for rank, profile in rs.profiles.items():
-        sel = selections[rank]
-        devices = overlap(profile.kernels, selected=sel) if sel else overlap(profile.kernels)
-        total = sum(d["communication_ms"] for d in devices)
-        hidden = sum(d["hidden_ms"] for d in devices)
-        steps = sum(len(i) for name, i in sel.instances.items() if name in STEP_RANGES) if sel else 0
-        communication[rank] = {"communication_ms": total, "hidden_ms": hidden, "exposed_ms": total - hidden,
-                               "hidden_share": hidden / total if total else None, "step_ranges": steps,
-                               "per_step": per_step_exposure({"ranks": [{"overlap": devices, "phases_ms": {}}]})}
-    split = None
-    if None not in selections.values() and None not in {p.session_start_ns for p in rs.profiles.values()}:
-        split = profile_split(rs.profiles, selections=selections)
     return {"name": rs.name, "rank_source": rs.rank_source, "ranks": ranks, "labels": [bd.label for bd in bds],
             "phases": phases,
-            "straggler": straggler, "communication": communication, "split": split}
+            "straggler": straggler, "communication": dict(comms),
+            "split": ranks_split(collectives) if collectives else None}
+
+
+@dataclass
+class RankFigures:
+    """What the report keeps of one rank's profile (`rank_figures`): the profile itself is
+    dropped, so a rank set's memory is that of its largest rank, not their sum."""
+
+    info: RankInfo
+    breakdown: Breakdown
+    answers: dict
+    figures: dict
+    communication: dict
+    collectives: dict | None  # None: no ranges, or no session start to put the ranks on one clock
+    mode: str | None  # how its kernels went to ranges (`Selection.mode`; None: no ranges)
+
+
+@dataclass
+class RankInfo:
+    """A rank's file and what `rank_set` checks of it, without its records."""
+
+    path: str
+    label: str
+    source: str
+    gpu: str | None
+    world_size: int | None
+    rank: int | None
+
+
+def _column(profile: Profile, sel: Selection | None, require: Sequence[str], attribution: str,
+            run_json: str | Path | None, scope: str) -> tuple[Breakdown, dict, dict]:
+    """One column's breakdown, answers and HTA figures."""
+    hlo = hlo_dir(profile.path)
+    bd = breakdown(profile, require, attribution, schedules=load_schedules(hlo) if hlo.is_dir() else None,
+                   selection=sel)
+    meta = harness_metadata(run_json) if run_json else {}
+    bd.warnings += run_json_problems(profile, bd, meta) if meta else []
+    return bd, answers(bd, meta.get("forward_ms"), meta), {"label": bd.label, "gpu": profile.gpu,
+                                                           **gpu_time(profile, scope)}
+
+
+def rank_figures(path: Path, order: int, nsys_bin: str | None, force: bool, require: Sequence[str],
+                 attribution: str, run_json: str | Path | None, scope: str, launch: bool = False) -> RankFigures:
+    """One rank's file read and reduced to what the report shows (`RankFigures`); with
+    `launch`, its kernels go to ranges by launch call (every rank of a set by one rule). Runs
+    in a worker process."""
+    profile = load_profile(path, None, nsys_bin, force)
+    _one_process(path, profile)
+    guess = next(r for r in (profile.rank, rank_in_name(path), order) if r is not None)
+    profile = replace(profile, label=f"rank{guess}")
+    sel = select(profile, attribution)
+    if launch and sel is not None and sel.mode != "launch":
+        sel = select(profile, "launch")
+    bd, ans, figures = _column(profile, sel, require, attribution, run_json, scope)
+    known = sel is not None and profile.session_start_ns is not None
+    return RankFigures(RankInfo(str(path), profile.label, profile.source, profile.gpu, profile.world_size,
+                                profile.rank), bd, ans, figures, communication(profile, sel),
+                       rank_collectives(profile, sel) if known else None, sel and sel.mode)
+
+
+def workers() -> int:
+    """Processes that read a rank set's files: the cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _read_ranks(files: list[Path], jobs: int, nsys_bin: str | None, force: bool, require: Sequence[str],
+                attribution: str, run_jsons: Sequence, scope: str, first: int) -> list[RankFigures]:
+    """`rank_figures` of every file, in order, over `jobs` processes (1: in this one); where
+    `attribution` is auto and some rank's kernels went by launch call, the others are read
+    again by that rule, so that the columns compare."""
+    def run(todo: list[int], launch: bool) -> dict[int, RankFigures]:
+        args = [(files[i], i, nsys_bin, force, require, attribution,
+                 run_jsons[first + i] if first + i < len(run_jsons) else None, scope, launch) for i in todo]
+        if jobs <= 1 or len(todo) < 2:
+            return {i: rank_figures(*a) for i, a in zip(todo, args)}
+        with ProcessPoolExecutor(min(jobs, len(todo))) as pool:
+            return dict(zip(todo, pool.map(rank_figures, *zip(*args))))
+
+    got = run(list(range(len(files))), False)
+    if attribution == "auto" and any(f.mode == "launch" for f in got.values()):
+        got |= run([i for i, f in got.items() if f.mode not in (None, "launch")], True)
+    return [got[i] for i in range(len(files))]
 
 
 def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = (), run_jsons: Sequence[str | Path] = (),
                   require: Sequence[str] = (), nsys_bin: str | None = None, attribution: str = "auto",
-                  force: bool = False,
-                  scope: str = "all") -> tuple[list[Breakdown], list[dict], list[dict], list[dict]]:
+                  force: bool = False, scope: str = "all",
+                  jobs: int | None = None) -> tuple[list[Breakdown], list[dict], list[dict], list[dict]]:
     """Breakdowns (one per column), their answers, a cross-rank table per rank set, and
     HTA's figures per column (`harness.trace.analyses.gpu_time`, in `scope`). The i-th
-    `harness.run` result JSON goes with the i-th column."""
+    `harness.run` result JSON goes with the i-th column. A rank set's files are read in
+    `jobs` processes (default: one per core), each keeping only its rank's figures."""
+    jobs = workers() if jobs is None else jobs
     bds, answer_sets, tables, figures = [], [], [], []
-    for item in load_inputs(paths, labels, nsys_bin, force):
-        mine = []
-        sels = [select(p, attribution) for p in item.profiles]
-        if item.rank_set and attribution == "auto" and any(s and s.mode == "launch" for s in sels):
+    for i, item in enumerate(_items(paths)):
+        if isinstance(item, list):
+            if all(rank_in_name(f) is not None for f in item):  # rank10 after rank9, not after rank1
+                item = sorted(item, key=rank_in_name)
+            got = _read_ranks(item, jobs, nsys_bin, force, require, attribution, run_jsons, scope, len(bds))
+            rs = rank_set(item, [f.info for f in got])
+            for f in got:
+                rank = next(r for r, info in rs.profiles.items() if info.path == f.info.path)
+                f.breakdown.label = f.figures["label"] = f"rank{rank}"
+            by_rank = {rank: next(f for f in got if f.info.path == info.path) for rank, info in rs.profiles.items()}
+            mine = [f.breakdown for f in by_rank.values()]
+            bds += mine
+            answer_sets += [f.answers for f in by_rank.values()]
+            figures += [f.figures for f in by_rank.values()]
+            split = {r: f.collectives for r, f in by_rank.items()}
+            tables.append(cross_rank(rs, mine, {r: f.communication for r, f in by_rank.items()},
+                                     split if None not in split.values() else None))
+            continue
+        profile = _read(item, labels[i] if i < len(labels) else None, nsys_bin, force)
+        split_set = split_processes(profile)
+        profiles = list(split_set.profiles.values()) if split_set else [profile]
+        sels = [select(p, attribution) for p in profiles]
+        if split_set and attribution == "auto" and any(s and s.mode == "launch" for s in sels):
             # one rule for every rank, so that the columns compare
-            sels = [s if s is None or s.mode == "launch" else select(p, "launch") for p, s in zip(item.profiles, sels)]
-        for profile, sel in zip(item.profiles, sels):
+            sels = [s if s is None or s.mode == "launch" else select(p, "launch") for p, s in zip(profiles, sels)]
+        mine = []
+        for profile, sel in zip(profiles, sels):
+            k = len(bds)
             with stage("trace", f"analysing {profile.label} ({len(profile.kernels):,} GPU activities, "
                                  f"{len(profile.ranges):,} ranges)"):
-                hlo = hlo_dir(profile.path)
-                bd = breakdown(profile, require, attribution,
-                               schedules=load_schedules(hlo) if hlo.is_dir() else None, selection=sel)
-                i = len(bds)
-                meta = harness_metadata(run_jsons[i]) if i < len(run_jsons) else {}
-                bd.warnings += run_json_problems(profile, bd, meta) if meta else []
-                bds.append(bd)
-                answer_sets.append(answers(bd, meta.get("forward_ms"), meta))
-                figures.append({"label": bd.label, "gpu": profile.gpu, **gpu_time(profile, scope)})
-                mine.append(bd)
-        if item.rank_set:
-            tables.append(cross_rank(item.rank_set, mine, dict(zip(item.rank_set.profiles, sels))))
+                bd, ans, fig = _column(profile, sel, require, attribution,
+                                       run_jsons[k] if k < len(run_jsons) else None, scope)
+            bds.append(bd)
+            answer_sets.append(ans)
+            figures.append(fig)
+            mine.append(bd)
+        if split_set:
+            comms = {r: communication(p, s) for (r, p), s in zip(split_set.profiles.items(), sels)}
+            known = None not in sels and None not in {p.session_start_ns for p in profiles}
+            tables.append(cross_rank(split_set, mine, comms, {r: rank_collectives(p, s) for (r, p), s in
+                                                            zip(split_set.profiles.items(), sels)} if known else None))
     return bds, answer_sets, tables, figures

@@ -2,7 +2,7 @@
 
     python -m harness.bench_ranks RANK_FILE... --ranks 8,64,512 --out results/report-at-scale/fsdp2.json
 
-For each size N, `harness.rank_copies.copy_ranks` writes N ranks (copies of the given
+For each size N, `harness.trace.rank_copies.copy_ranks` writes N ranks (copies of the given
 files, renumbered, stretched with seed 0, rank 5 planted 30% slow) into a temporary
 folder, untimed; then ``python -m harness.report FOLDER --no-plot`` runs once in a fresh
 process, as a user runs it. Measured: wall seconds; peak memory, three ways: the report
@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.common.cli import comma_list, fail, make_parser, parse_args, positive_int
-from harness.rank_copies import copy_ranks
 from harness.trace.analyses.ranks import workers
+from harness.trace.rank_copies import copy_ranks
 
 # Runs harness.report in this process and prints its own and its largest child's peak RSS (KiB).
 _WRAPPER = """

@@ -43,17 +43,15 @@ from harness.common.cli import (
     add_out,
     add_overwrite,
     add_steps,
-    add_timeline,
     fail,
     given_options,
     make_parser,
     parse_args,
     refuse_with,
     select_platform,
-    timeline_problem,
-    timeline_steps_problem,
 )
 from harness.common.results import LockHeld, dir_problem, ensure_dir, held_lock
+from harness.common.trace_options import add_timeline, timeline_problem, timeline_steps_problem
 from harness.memory_model import fit_problem
 from harness.run import add_layer_ranges, annotate_attention_problem, layer_ranges_problem
 from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name

@@ -26,15 +26,14 @@ from pathlib import Path
 from harness.common.cli import (
     add_nsys_bin,
     add_out,
-    add_timeline,
     fail,
     loaded_backends,
     make_parser,
     non_negative_float,
     parse_args,
-    timeline_problem,
 )
 from harness.common.html import svg_of, write_html
+from harness.common.trace_options import add_timeline, timeline_problem
 from harness.diffs.decompose import MismatchError, diff_runs, regression
 from harness.diffs.inputs import InputError, mismatch, resolve, resolve_one
 from harness.diffs.render import diff_markdown, plot_waterfall, render

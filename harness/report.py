@@ -24,27 +24,25 @@ from pathlib import Path
 
 from harness.common.answer import answer_markdown
 from harness.common.cli import (
-    add_detail,
     add_nsys_bin,
     add_out,
-    add_timeline,
     fail,
     loaded_backends,
     make_parser,
     parse_args,
     positive_int,
-    timeline_problem,
-    timeline_steps_problem,
 )
 from harness.common.html import svg_of_figure, write_html
 from harness.common.progress import stage
+from harness.common.trace_options import add_detail, add_timeline, timeline_problem, timeline_steps_problem
 from harness.trace.analyses.breakdown import TOP_N
 from harness.trace.analyses.findings import report_findings
 from harness.trace.analyses.gpu_time import SCOPES
 from harness.trace.analyses.ranks import report_inputs
 from harness.trace.analyses.selection import ATTRIBUTIONS
+from harness.trace.plot import kernel_figure
 from harness.trace.profile import ProfileError
-from harness.trace.render import bounded_markdown, kernel_figure, write_report
+from harness.trace.render import bounded_markdown, write_report
 from harness.trace.render_ranks import render_gpu_time, render_ranks, write_ranks_csv
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from harness.timing import compare_render
-from harness.timing.compare_render import NOISY_SPREAD, compare_markdown, format_table, noise_warnings, plot_phases
+from harness.timing.compare_answer import NOISY_SPREAD, noise_warnings
+from harness.timing.compare_render import compare_markdown, format_table, plot_phases
 from harness.timing.run_render import format_result
 
 SUMMARY = Path(__file__).parent / "data" / "compare_cpu" / "summary.json"

@@ -1,4 +1,4 @@
-"""Rank sets beyond 8 ranks: copies of a user's DDP ranks (`harness.rank_copies`), one rank
+"""Rank sets beyond 8 ranks: copies of a user's DDP ranks (`harness.trace.rank_copies`), one rank
 planted 50% slow; the report's tables turn into distributions that name it, ranks.csv
 holds every rank, kernels.md stays short, report.html keeps every column; the process
 pool gives the serial figures; up to 8 ranks the tables keep one column per rank."""
@@ -16,12 +16,12 @@ import pytest
 
 from harness import report
 from harness.common.spread import spread
-from harness.rank_copies import copy_ranks
 from harness.trace.analyses.breakdown import breakdown
 from harness.trace.analyses.collectives import profile_split
 from harness.trace.analyses.ranks import load_inputs, report_inputs
 from harness.trace.analyses.selection import select
 from harness.trace.profile import Kernel, Profile, Range
+from harness.trace.rank_copies import copy_ranks
 from harness.trace.render import breakdown_markdown
 from harness.trace.render_ranks import render_ranks
 

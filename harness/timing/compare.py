@@ -262,7 +262,7 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
             f.write(compare_markdown(summary, kernels_md))
         svgs = {"phases.png": svg_of(lambda path: plot_phases(summary, path))}
         if kernels:
-            from harness.trace.render import plot as plot_kernels
+            from harness.trace.plot import plot as plot_kernels
 
             svgs["kernels.png"] = svg_of(lambda path: plot_kernels(path, kernels[0]))
         write_html(tmp, "report.md", svgs)

@@ -1,15 +1,63 @@
 """The answer of a compare report, from its summary: which backend is fastest per step and
 by how much, against the noise; how near each comes to the device's peak; parity; and what
-makes the figures doubtful (failed runs, noisy timings)."""
+makes the figures doubtful (failed runs, noisy timings). The parity and noise verdicts the
+report's sections print live here too."""
 
 from __future__ import annotations
 
 from harness.common.answer import NOISE_WORDS, Finding, overlap, speed
-from harness.timing.compare_render import noise_warnings, parity_verdict
 
 RULES = ("each backend's step is its median step time (JAX's fused step against the torch backends' step); "
          "beyond the noise where the two p10-p90 step ranges do not overlap; MFU against the device's dense peak "
          "for the dtype")
+
+
+def parity_verdict(parity: dict | None) -> str:
+    if parity is None:
+        return "not run"
+    if parity.get("ok") is None:
+        return f"could not run: {parity.get('error')}"
+    worst = parity["worst"]
+    detail = ", ".join(f"{q} {w['rel_err']:.1e} (bound {w['tol']:.0e})" for q, w in worst.items())
+    batch = f" at reduced batch {parity['batch']}" if parity.get("reduced_batch") else ""
+    return f"{'PASS' if parity['ok'] else 'FAIL'}{batch}: worst relative errors {detail}"
+
+
+# A step whose p90 exceeds its p10 by more than this factor was timed on a machine busy with
+# other work: the backends did not run under the same conditions, so their ratios mislead.
+NOISY_SPREAD = 1.5
+
+
+def noise_warnings(summary: dict) -> list[str]:
+    """Why the ratios between backends are not to be trusted, one line per noisy run (a step
+    spread beyond `NOISY_SPREAD`, or instrumented steps faster than plain ones in every
+    overhead round), then the verdict; empty where every run timed steadily."""
+    lines = []
+    for backend, r in summary["runs"].items():
+        if r.get("status") != "ok":
+            continue
+        for name in ("step", "fused_step"):
+            p = r["phases"].get(name)
+            if p and p.get("p10_ms") and p["p90_ms"] > NOISY_SPREAD * p["p10_ms"]:
+                low, high = p.get("min_ms", p["p10_ms"]), p.get("max_ms", p["p90_ms"])
+                lines.append(f"{backend}: {name} times range {low:.1f}-{high:.1f} ms, p90 "
+                             f"{p['p90_ms'] / p['p10_ms']:.1f}x p10")
+        ov = r.get("overhead") or {}
+        if ov.get("round_ratios") and max(ov["round_ratios"]) < 1:
+            lines.append(f"{backend}: instrumented steps ran faster than plain ones in every overhead round")
+    if not lines:
+        return []
+    return [*lines, "the machine was busy or unsteady while this ran: the ratios between backends and the "
+                    "instrumentation overhead are not to be trusted; rerun on an idle machine"]
+
+
+def attribution_note(summary: dict) -> str | None:
+    """What the times of an --annotate-attention comparison are not (None for other runs)."""
+    if not any((r.get("options") or {}).get("annotate_attention") for r in summary["runs"].values()):
+        return None
+    return ("attribution run (--annotate-attention): it synchronizes inside attention and JAX runs the step op by "
+            "op, so these times are not speed figures and the ratios between backends compare nothing; run "
+            "without it for speed")
 
 
 def _steps(summary: dict) -> dict[str, dict]:

@@ -7,6 +7,7 @@ import re
 from harness.common.answer import answer_markdown
 from harness.common.stats import cell, figure
 from harness.common.tables import markdown_table
+from harness.timing.compare_answer import RULES, attribution_note, compare_findings, noise_warnings, parity_verdict
 from harness.timing.run_render import format_data_parallel, other_warnings, outlier_lines
 
 
@@ -59,54 +60,6 @@ def _ranks(r: dict | None) -> int:
 
 def _failures(summary: dict) -> list[str]:
     return [f"{b}: FAILED: {r['error']['message']}" for b, r in summary["runs"].items() if r.get("status") != "ok"]
-
-
-def parity_verdict(parity: dict | None) -> str:
-    if parity is None:
-        return "not run"
-    if parity.get("ok") is None:
-        return f"could not run: {parity.get('error')}"
-    worst = parity["worst"]
-    detail = ", ".join(f"{q} {w['rel_err']:.1e} (bound {w['tol']:.0e})" for q, w in worst.items())
-    batch = f" at reduced batch {parity['batch']}" if parity.get("reduced_batch") else ""
-    return f"{'PASS' if parity['ok'] else 'FAIL'}{batch}: worst relative errors {detail}"
-
-
-# A step whose p90 exceeds its p10 by more than this factor was timed on a machine busy with
-# other work: the backends did not run under the same conditions, so their ratios mislead.
-NOISY_SPREAD = 1.5
-
-
-def noise_warnings(summary: dict) -> list[str]:
-    """Why the ratios between backends are not to be trusted, one line per noisy run (a step
-    spread beyond `NOISY_SPREAD`, or instrumented steps faster than plain ones in every
-    overhead round), then the verdict; empty where every run timed steadily."""
-    lines = []
-    for backend, r in summary["runs"].items():
-        if r.get("status") != "ok":
-            continue
-        for name in ("step", "fused_step"):
-            p = r["phases"].get(name)
-            if p and p.get("p10_ms") and p["p90_ms"] > NOISY_SPREAD * p["p10_ms"]:
-                low, high = p.get("min_ms", p["p10_ms"]), p.get("max_ms", p["p90_ms"])
-                lines.append(f"{backend}: {name} times range {low:.1f}-{high:.1f} ms, p90 "
-                             f"{p['p90_ms'] / p['p10_ms']:.1f}x p10")
-        ov = r.get("overhead") or {}
-        if ov.get("round_ratios") and max(ov["round_ratios"]) < 1:
-            lines.append(f"{backend}: instrumented steps ran faster than plain ones in every overhead round")
-    if not lines:
-        return []
-    return [*lines, "the machine was busy or unsteady while this ran: the ratios between backends and the "
-                    "instrumentation overhead are not to be trusted; rerun on an idle machine"]
-
-
-def attribution_note(summary: dict) -> str | None:
-    """What the times of an --annotate-attention comparison are not (None for other runs)."""
-    if not any((r.get("options") or {}).get("annotate_attention") for r in summary["runs"].values()):
-        return None
-    return ("attribution run (--annotate-attention): it synchronizes inside attention and JAX runs the step op by "
-            "op, so these times are not speed figures and the ratios between backends compare nothing; run "
-            "without it for speed")
 
 
 def _drop_empty_groups(rows: list[list[str]], keep: int, size: int) -> list[list[str]]:
@@ -271,8 +224,6 @@ def compare_markdown(summary: dict, kernels: str | None = None) -> str:
     runs = summary["runs"]
     out = [f"# {o['model']}, ctx {o['ctx']}, batch {o['batch']}, {o['dtype']}, attention {o['attention']}, "
            f"{o['mode']} on {summary.get('device') or o['device']}", ""]
-    from harness.timing.compare_answer import RULES, compare_findings  # it reads this module's verdicts
-
     out += answer_markdown(compare_findings(summary), RULES)
     if note := attribution_note(summary):
         out += [f"**{note[0].upper()}{note[1:]}.**", ""]

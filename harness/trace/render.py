@@ -24,48 +24,10 @@ from pathlib import Path
 
 from harness.common.spread import HEADER, MAX_COLUMNS, RULE, capped, spread_cells
 from harness.common.tables import markdown_table
-from harness.trace.analyses.breakdown import Breakdown, PhaseStats, answers
-from harness.trace.kernels import CATEGORY_COLORS, NAME_WIDTH, Category, short_name
-
-TOP_N = 10
-
-
-def short_names(names: Sequence[str], width: int = NAME_WIDTH) -> list[str]:
-    """`short_name` of each name, kept distinct: names that shorten alike keep their head and
-    their tail (where template arguments differ), and any still alike are numbered."""
-    out = [short_name(n, width) for n in names]
-    for short in {s for s in out if out.count(s) > 1}:
-        for i in (i for i, s in enumerate(out) if s == short):
-            full = short_name(names[i], 10**6)
-            half = max(width // 2 - 1, 8)
-            out[i] = full if len(full) <= width else full[:half] + "…" + full[-half:]
-    for short in {s for s in out if out.count(s) > 1}:
-        for k, i in enumerate([i for i, s in enumerate(out) if s == short], 1):
-            out[i] = f"{short} #{k}"
-    return out
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.3f}"
-
-
-def _phases(bds: Sequence[Breakdown]) -> list[str]:
-    seen: list[str] = []
-    for bd in bds:
-        seen += [p for p in bd.phases if p not in seen]
-    return seen
-
-
-def busy(bds: Sequence[Breakdown]) -> str:
-    """What the busy time of these profiles is: "GPU", "CPU" where every profile's kernels
-    are CPU ops (no GPU traced), "GPU or CPU" for a mix."""
-    cpu = {bd.cpu_ops for bd in bds}
-    return "CPU" if cpu == {True} else "GPU" if cpu == {False} else "GPU or CPU"
-
-
-def _unit(bds: Sequence[Breakdown]) -> str:
-    """The name of a profile's unit of work: ops where every profile is a CPU one."""
-    return "op" if all(bd.cpu_ops for bd in bds) else "kernel"
+from harness.trace.analyses.breakdown import TOP_N, Breakdown, PhaseStats, answers
+from harness.trace.kernels import Category, short_name
+from harness.trace.plot import plot
+from harness.trace.render_text import _ms, _phases, _unit, busy, short_names
 
 
 def _spread_row(phase: str, metric: str, bds: Sequence[Breakdown], cells: Sequence[str]) -> list[str]:
@@ -397,44 +359,6 @@ def write_csv(path: Path, bds: Sequence[Breakdown]) -> None:
                 for k in p.kernels:
                     w.writerow([bd.label, bd.source, phase, p.steps, p.gpu_ns_per_step / 1e6, k.name, k.category,
                                 k.calls_per_step, k.ns_per_step / 1e6, k.mean_ns / 1e3, k.share])
-
-
-def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
-    """`kernel_figure` saved as a PNG."""
-    kernel_figure(bds, top_n).savefig(path, dpi=110)
-
-
-def kernel_figure(bds: Sequence[Breakdown], top_n: int = TOP_N):
-    """Stacked category bars per profile x phase (left) and each profile's top kernels of
-    its step (right), for the first `MAX_COLUMNS` profiles (a rank set's tables hold the rest)."""
-    from matplotlib.figure import Figure  # not pyplot: no GUI backend, and half the import time
-
-    bds = bds[:MAX_COLUMNS]
-
-    fig = Figure(figsize=(7 + 6 * len(bds), 6))
-    axes = fig.subplots(1, 1 + len(bds), squeeze=False)
-    ax = axes[0][0]
-    bars = [(f"{bd.label}\n{ph}", p) for bd in bds for ph, p in bd.phases.items()]
-    bottom = [0.0] * len(bars)
-    for cat in Category:
-        vals = [p.categories.get(cat.value, 0.0) / 1e6 for _, p in bars]
-        if any(vals):
-            ax.bar(range(len(bars)), vals, bottom=bottom, label=cat.value, color=CATEGORY_COLORS[cat])
-            bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(range(len(bars)), [b for b, _ in bars], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel(f"{busy(bds)} ms per step")
-    ax.set_title(f"{_unit(bds)} time by category")
-    ax.legend(fontsize=7)
-    for ax, bd in zip(axes[0][1:], bds):
-        p = next(iter(bd.phases.values()))
-        top = p.kernels[:top_n][::-1]
-        ax.barh(range(len(top)), [k.ns_per_step / 1e6 for k in top],
-                color=[CATEGORY_COLORS[Category(k.category)] for k in top])
-        ax.set_yticks(range(len(top)), short_names([k.name for k in top], 45), fontsize=6)
-        ax.set_xlabel("ms per step")
-        ax.set_title(f"{bd.label}: top {_unit([bd])}s ({p.phase})")
-    fig.tight_layout()
-    return fig
 
 
 def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,

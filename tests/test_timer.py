@@ -204,15 +204,22 @@ def test_summary_is_robust() -> None:
     assert cell({"median_ms": 1.0, "std_ms": 0.5}, 1) == "1.0 ± 0.5"  # records written before p10/p90
 
 
-def test_run_reports_first_step_warmup_zero_and_losses_at_equal_steps() -> None:
-    opts = runner.RunSpec(backend="torch", model="tiny", ctx=32, batch=2, warmup=0, steps=3, device="cpu")
-    doc = runner.run(opts)
-    assert doc["status"] == "ok"
+@pytest.fixture(scope="module")
+def torch_run() -> dict:
+    """One torch run on the CPU, shared: no warm-up, 2 steps, with layer ranges."""
+    opts = runner.RunSpec(backend="torch", model="tiny", ctx=16, batch=1, warmup=0, steps=2, device="cpu",
+                          layer_ranges=True)
+    return runner.run(opts)
+
+
+def test_run_reports_first_step_warmup_zero_and_losses_at_equal_steps(torch_run: dict) -> None:
+    doc = torch_run
+    assert doc["status"] == "ok", doc["error"]
     assert any(w.startswith("--warmup 0") for w in doc["warnings"])
     first = doc["first_step"]
     assert first["split_step_ms"] == pytest.approx(doc["phases"]["step"]["times_ms"][0])
     assert first["time_to_first_step_ms"] == pytest.approx(first["setup_ms"] + first["split_step_ms"])
-    assert (doc["loss"]["first_after_steps"], doc["loss"]["last_after_steps"]) == (0, 2)
+    assert (doc["loss"]["first_after_steps"], doc["loss"]["last_after_steps"]) == (0, 1)
     text = run_render.format_result(doc)
     assert "time to first step" in text and "warning: --warmup 0" in text
 
@@ -271,12 +278,10 @@ def test_rounds_alternate_and_run_before_untimed(clock) -> None:
     assert means == {"a": [0.0] * 4, "b": [0.0] * 4}  # ms per step
 
 
-def test_layer_ranges_overhead_runs_in_the_timer_s_rounds() -> None:
+def test_layer_ranges_overhead_runs_in_the_timer_s_rounds(torch_run: dict) -> None:
     """A torch run with --layer-ranges measures their cost in Timer.rounds: 4 rounds of
     min(steps, 5) steps with them and without."""
-    opts = runner.RunSpec(backend="torch", model="tiny", ctx=16, batch=1, warmup=1, steps=2, device="cpu",
-                          layer_ranges=True)
-    doc = runner.run(opts)
+    doc = torch_run
     assert doc["status"] == "ok", doc["error"]
     layers = doc["layer_ranges"]
     assert layers["rounds"] == 4 and layers["steps_per_round"] == 2 and len(layers["round_ratios"]) == 4

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -63,18 +61,10 @@ def test_unregistered_backend_is_gone(toy):
 
 
 def test_toy_backend_runs_and_compares_end_to_end(toy, tmp_path):
-    """`harness.run --backend toy` in a subprocess finds the toy through the environment,
-    and `harness.compare --backend torch,toy` runs it, checks parity against eager torch
-    and reports it: the toy is eager torch, so its first loss is torch's to the bit."""
+    """`harness.compare --backend torch,toy` runs the toy's `harness.run` in a subprocess,
+    which finds the toy through the environment, checks parity against eager torch and
+    reports it: the toy is eager torch, so its first loss is torch's to the bit."""
     common = ["--model", "tiny", "--ctx", "16", "--batch", "2", "--device", "cpu", "--warmup", "1", "--steps", "2"]
-    out = tmp_path / "toy.json"
-    proc = subprocess.run([sys.executable, "-m", "harness.run", "--backend", "toy", *common, "--quiet",
-                           "--out", str(out)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(out.read_text())
-    assert doc["status"] == "ok" and doc["precision"] == "toy: eager torch in float32"
-    assert doc["memory_note"] == TOY.memory_note
-    assert list(doc["phases"]) == ["forward", "backward", "optimizer", "step"]  # no fused step
 
     from harness import compare
 
@@ -83,6 +73,10 @@ def test_toy_backend_runs_and_compares_end_to_end(toy, tmp_path):
     summary = json.loads((folder / "summary.json").read_text())
     runs = summary["runs"]
     assert list(runs) == ["torch", "toy"] and summary["reference"] == "torch"
+    doc = runs["toy"]  # the toy's harness.run document, as its subprocess wrote it
+    assert doc["status"] == "ok" and doc["precision"] == "toy: eager torch in float32"
+    assert doc["options"]["backend"] == "toy" and doc["memory_note"] == TOY.memory_note
+    assert list(doc["phases"]) == ["forward", "backward", "optimizer", "step"]  # no fused step
     assert runs["toy"]["loss"]["first"] == runs["torch"]["loss"]["first"]
     parity = summary["parity"]
     assert parity["ok"] and parity["tolerances"] == {"toy": EXACT}

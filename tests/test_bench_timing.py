@@ -1,16 +1,39 @@
 """harness.bench_attention's timing core on fake thunks: calls per repeat,
-rotating rounds, and failures kept per entry."""
+rotating rounds, and failures kept per entry.
+
+The thunks take their time on a fake clock that the timing core reads in place of
+time.perf_counter: every figure below is exact, whatever else the machine is doing."""
 
 from __future__ import annotations
 
 import itertools
-import time
 
 import pytest
 
 from harness import bench_attention
 from harness.attention import timing as bench
 from harness.attention.catalog import LEAD_IN_MS
+
+
+class FakeClock:
+    """time.perf_counter for the timing core, advanced only by the fake thunks' `sleep`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+CLOCK = FakeClock()
+
+
+@pytest.fixture(autouse=True)
+def fake_clock(monkeypatch):
+    monkeypatch.setattr(bench, "time", CLOCK)
 
 
 class Clocked:
@@ -27,9 +50,9 @@ class Clocked:
             raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while allocating")
         if self.synced:
             self.log.append(self.name)
-            time.sleep(self.first_ms / 1e3)
+            CLOCK.sleep(self.first_ms / 1e3)
         self.synced = False
-        time.sleep(self.ms / 1e3)
+        CLOCK.sleep(self.ms / 1e3)
         return self
 
     def sync(self, result):
@@ -44,7 +67,8 @@ def _entry(thunk: Clocked):
 def test_calls_per_repeat_fill_the_batch() -> None:
     log: list = []
     thunk = Clocked("a", 2.0, log)
-    assert 5 <= bench.calls_per_repeat(thunk, thunk.sync, "wall", warmup=1, min_batch_ms=10.0) <= 8
+    # 2 ms calls, 10 ms repeats: one call is short, so the next batch is sized 1.2 x 10 / 2 = 6 calls
+    assert bench.calls_per_repeat(thunk, thunk.sync, "wall", warmup=1, min_batch_ms=10.0) == 6
     # Never fewer than one call, never more than the cap.
     assert bench.calls_per_repeat(thunk, thunk.sync, "wall", warmup=0, min_batch_ms=0.0) == 1
     fast = Clocked("b", 0.0, log)
@@ -54,15 +78,14 @@ def test_calls_per_repeat_fill_the_batch() -> None:
 def test_fixed_cost_per_repeat_is_spread_over_the_batch() -> None:
     """1 ms per call plus 20 ms once per repeat: a 2 ms repeat is one call and
     counts the fixed cost in full; 100 ms repeats, sized by growing batches,
-    hold about 140 calls and add about a seventh. (Sizing them from one
-    call's time would pick 5 calls and report 5 ms; the bound leaves room
-    for sleeps that overshoot on a busy machine.)"""
+    hold 140 calls (batches of 1, 6, 28, 70, 140) and add a seventh.
+    (Sizing them from one call's time would pick 5 calls and report 5 ms.)"""
     log: list = []
     thunk = Clocked("a", 1.0, log, first_ms=20.0)
     short = bench.time_interleaved({"a": _entry(thunk)}, warmup=1, iters=3, min_batch_ms=2.0)["a"][0]
     long_ = bench.time_interleaved({"a": _entry(thunk)}, warmup=1, iters=3, min_batch_ms=100.0)["a"][0]
-    assert short > 20.0
-    assert 1.0 <= long_ < 2.0
+    assert short == pytest.approx(21.0)
+    assert long_ == pytest.approx(1.0 + 20.0 / 140)
 
 
 def test_rounds_rotate_the_order() -> None:
@@ -109,7 +132,7 @@ class Settling:
         def thunk():
             self.run = self.run + 1 if self.last == name else 1
             self.last = name
-            time.sleep((self.fast_ms if self.run <= self.boosted else self.ms) / 1e3)
+            CLOCK.sleep((self.fast_ms if self.run <= self.boosted else self.ms) / 1e3)
             return None
 
         return thunk, (lambda result: result), "wall"
@@ -118,15 +141,14 @@ class Settling:
 def test_lead_in_times_each_entry_at_its_own_steady_state() -> None:
     """Without a lead-in, a repeat that follows another entry is timed at the
     clock that entry left (mostly boosted calls here); with one, the boosted
-    calls fall in the untimed lead-in and the median is the steady 1 ms."""
+    calls fall in the untimed lead-in and the median is the steady 4 ms."""
     gpu = Settling(ms=4.0, fast_ms=1.6)
     entries = {name: gpu.entry(name) for name in "abc"}
     plain = bench.time_interleaved(entries, warmup=0, iters=4, min_batch_ms=5.0)
     led = bench.time_interleaved(entries, warmup=0, iters=4, min_batch_ms=5.0, lead_in_ms=60.0)
     for name in "abc":
-        # (sleeps overshoot on a busy machine, hence the room above)
-        assert plain[name][0] < 0.7 * gpu.ms
-        assert 0.95 * gpu.ms <= led[name][0] < 1.5 * gpu.ms
+        assert plain[name][0] == pytest.approx(gpu.fast_ms)  # every timed call boosted
+        assert led[name][0] == pytest.approx(gpu.ms)
 
 
 def test_lead_in_runs_the_same_entry_before_each_timed_repeat() -> None:

@@ -128,9 +128,12 @@ def test_a_rank_late_to_a_timed_round_is_not_counted_by_the_others(tmp_path) -> 
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert elapsed > 8.0  # the planted sleeps happened
     ranks = json.loads(out.read_text())["ranks"]
-    for r in ranks:
-        assert r["overhead"]["steps_per_round"] == 3
-        assert r["overhead"]["plain_step_ms"] < 1000 / 3 / 2, r["rank"]
+    assert [r["overhead"]["steps_per_round"] for r in ranks] == [3, 3]
+    # Counted, rank 1's second would add 333 ms to each of rank 0's plain steps and nothing
+    # to rank 1's own. The ranks run in step through every all-reduce, so their figures
+    # agree far closer than that, however slow the machine makes both.
+    plain = [r["overhead"]["plain_step_ms"] for r in ranks]
+    assert abs(plain[0] - plain[1]) < 1000 / 3 / 2, plain
 
 
 # Real profiles of a 2-GPU run (tests/data/dp_small_bf16/README.md): torch DDP, one nsys

@@ -20,15 +20,19 @@ from harness.timing.spec import RunSpec
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def cli(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+def cli(module: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                          env=env)
 
 
 @pytest.fixture(scope="module")
 def compare_run(tmp_path_factory):
+    """One comparison of every default backend, shared by the tests of its folder, its
+    parity and its compile cache (where JAX caches every compile, however short)."""
     out = tmp_path_factory.mktemp("results")
+    env = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     proc = cli("harness.compare", "--model", "tiny", "--ctx", "32", "--batch", "2", "--warmup", "1", "--steps", "3",
-               "--device", "cpu", "--out", str(out), "--compile-cache", str(out / "cache"))
+               "--device", "cpu", "--out", str(out), "--compile-cache", str(out / "cache"), env=env)
     return proc, out
 
 
@@ -218,17 +222,12 @@ def test_result_folder_is_named_after_the_device():
     assert compare_lib.result_dir_name(args, "cpu") == "tiny-ctx16-fp32-cpu"
 
 
-def test_jax_processes_share_the_named_compile_cache(tmp_path):
+def test_jax_processes_share_the_named_compile_cache(compare_run):
     """--compile-cache reaches the JAX subprocesses: the run's executables land there
     (every compile is cached here, however short) and stay after the comparison."""
-    cache = tmp_path / "cache"
-    env = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    proc = subprocess.run([sys.executable, "-m", "harness.compare", "--model", "tiny", "--ctx", "16", "--batch", "1",
-                           "--warmup", "1", "--steps", "2", "--device", "cpu", "--out", str(tmp_path),
-                           "--backend", "jax", "--no-parity", "--compile-cache", str(cache)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    proc, out = compare_run
     assert proc.returncode == 0, proc.stderr[-2000:]
-    names = os.listdir(cache)
+    names = os.listdir(out / "cache")
     assert any(n.startswith("jit__fused_step-") for n in names), names
 
 

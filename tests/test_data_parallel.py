@@ -39,7 +39,8 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def _harness(args: list[str], env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
+def _harness(args: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    """A tool in a subprocess; the timeout only ends a hung run (a busy machine is slow, not wrong)."""
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -118,8 +119,10 @@ def _assert_per_device(phases: dict, devices: int) -> None:
     work = phase_flops(get_config("tiny"), 2, 16)
     for name, p in phases.items():
         assert p["flops"] == work[name], name
-        rate = work[name] / (p["median_ms"] / 1e3) / 1e12 if work[name] else None
-        assert p["tflops"] == pytest.approx(rate, rel=1e-12), name
+        if work[name]:
+            assert p["tflops"] == pytest.approx(work[name] / (p["median_ms"] / 1e3) / 1e12, rel=1e-12), name
+        else:  # the optimizer's update counts no FLOPs: no rate, not a rate of zero
+            assert p["tflops"] is None, name
         assert p["tokens_per_s"] == pytest.approx(devices * 2 * 16 / (p["median_ms"] / 1e3), rel=1e-12), name
 
 
@@ -184,7 +187,7 @@ def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
     _assert_per_device(doc["phases"], devices=2)  # one device's work, not the sum over two
     assert doc["figures"]["tflops"] == "per device"
     proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=180)
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for parallel, r in json.loads(proc.stdout.splitlines()[-1]).items():
         assert r["same_keys"], parallel
@@ -259,8 +262,7 @@ def _processes_mentioning(text: str) -> list[int]:
 
 def test_dying_rank_ends_the_run_and_names_it(tmp_path: Path) -> None:
     env = _env(XFPROF_DP_KILL_RANK="1:SIGKILL", TMPDIR=str(tmp_path))
-    proc = _harness(["harness.run", "--backend", "torch", *TINY, "--data-parallel", "2", "--quiet"], env,
-                    timeout=90)
+    proc = _harness(["harness.run", "--backend", "torch", *TINY, "--data-parallel", "2", "--quiet"], env)
     assert proc.returncode == 3
     assert "FAILED: rank 1 was killed by SIGKILL" in proc.stdout
     assert "Traceback" not in proc.stdout
@@ -287,7 +289,7 @@ def test_compare_runs_the_other_backend_after_a_dying_rank(tmp_path: Path) -> No
     # rank 1 exits; rank 0, waiting in a collective, is stopped by the launcher and not blamed
     env = _env(XFPROF_DP_KILL_RANK="1:exit", XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")
     proc = _harness(["harness.compare", *TINY, "--backend", "torch,jax", "--mode", "forward", "--data-parallel",
-                     "2", "--no-parity", "--out", str(tmp_path)], env, timeout=150)
+                     "2", "--no-parity", "--out", str(tmp_path)], env)
     assert proc.returncode == 3, proc.stderr[-2000:]
     (folder,) = tmp_path.iterdir()
     assert folder.name.startswith("tiny-ctx16-fp32-ddp2-")
@@ -305,7 +307,7 @@ def test_torch_compile_under_ddp_on_two_gloo_ranks(tmp_path: Path) -> None:
     model; both ranks train their rows and report per-device figures."""
     out = tmp_path / "dp.json"
     proc = _harness(["harness.run", "--backend", "torch-compile", *TINY, "--data-parallel", "2", "--quiet",
-                     "--out", str(out)], _env(), timeout=600)
+                     "--out", str(out)], _env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["data_parallel"]["label"] == "DDP" and doc["status"] == "ok"

@@ -29,8 +29,8 @@ from harness.sweeps import analysis, memory_model, runner
 from harness.sweeps import records as sweep_records
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sweep")
-FAIL = "mini:32:jax:fp32"
-GRID = ["--model", "tiny,mini", "--ctx", "16,32", "--backend", "torch,jax", "--device", "cpu", "--warmup", "1",
+FAIL = "tiny:32:jax:fp32"
+GRID = ["--model", "tiny", "--ctx", "16,32", "--backend", "torch,jax", "--device", "cpu", "--warmup", "1",
         "--steps", "2"]
 
 
@@ -42,10 +42,10 @@ def _lines(out_dir: str) -> list[str]:
 # -- end to end ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory) -> dict:
-    """Run 3 cells (--max-cells), resume for the other 5, then resume once more."""
+    """Run 2 cells (--max-cells), resume for the other 2, then resume once more."""
     out = str(tmp_path_factory.mktemp("sweep") / "s")
     runs = {}
-    for name, extra in (("first", ["--max-cells", "3"]), ("resumed", ["--resume"]), ("again", ["--resume"])):
+    for name, extra in (("first", ["--max-cells", "2"]), ("resumed", ["--resume"]), ("again", ["--resume"])):
         capture = _Capture()
         with capture:
             code = sweep.main([*GRID, "--out", out, "--fail-cell", f"{FAIL}:optimizer", *extra])
@@ -70,13 +70,13 @@ class _Capture:
 @pytest.mark.slow
 def test_interrupted_sweep_resumes_without_redoing_cells(e2e: dict) -> None:
     first, resumed, again = e2e["first"], e2e["resumed"], e2e["again"]
-    assert first["code"] == 0 and len(first["lines"]) == 3
-    assert resumed["lines"][:3] == first["lines"]  # recorded cells untouched
+    assert first["code"] == 0 and len(first["lines"]) == 2
+    assert resumed["lines"][:2] == first["lines"]  # recorded cells untouched
     keys = [json.loads(line)["key"] for line in resumed["lines"]]
-    expected = {c.key for c in sweep_records.grid(["tiny", "mini"], [16, 32], ["torch", "jax"], ["fp32"])}
+    expected = {c.key for c in sweep_records.grid(["tiny"], [16, 32], ["torch", "jax"], ["fp32"])}
     assert sorted(keys) == sorted(expected)  # every cell exactly once
-    assert "3 of 8 cells already recorded" in resumed["stderr"]
-    assert resumed["stderr"].count("running") == 5
+    assert "2 of 4 cells already recorded" in resumed["stderr"]
+    assert resumed["stderr"].count("running") == 2
     assert again["lines"] == resumed["lines"] and "running" not in again["stderr"]
 
 
@@ -100,9 +100,9 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(e2e: dict) -> None:
 @pytest.mark.slow
 def test_progress_reports_done_running_left_and_time_left(e2e: dict) -> None:
     lines = [line for line in e2e["first"]["stderr"].splitlines() if "running" in line]
-    assert lines[0] == ("[sweep] started tiny:16:torch:fp32; 0 done, running tiny:16:torch:fp32, 7 left, "
+    assert lines[0] == ("[sweep] started tiny:16:torch:fp32; 0 done, running tiny:16:torch:fp32, 3 left, "
                         "time left: after the first cell")
-    assert re.fullmatch(r"\[sweep\] started tiny:16:jax:fp32; 1 done, running tiny:16:jax:fp32, 6 left, "
+    assert re.fullmatch(r"\[sweep\] started tiny:16:jax:fp32; 1 done, running tiny:16:jax:fp32, 2 left, "
                         r"~\d+m\d\ds left", lines[1])
 
 
@@ -152,9 +152,9 @@ def test_sweep_writes_its_report(e2e: dict) -> None:
     out = e2e["out"]
     with open(os.path.join(out, "report.md")) as f:
         report = f.read()
-    assert "| mini | 32 | OOM | OOM | OOM | OOM | OOM |" in report  # jax fp32 table
+    assert "| tiny | 32 | OOM | OOM | OOM | OOM | OOM |" in report  # jax fp32 table
     with open(os.path.join(out, "cells.csv")) as f:
-        assert len(list(csv.DictReader(f))) == 8
+        assert len(list(csv.DictReader(f))) == 4
     for png in ("time_vs_ctx.png", "phases.png", "memory.png"):
         assert os.path.getsize(os.path.join(out, png)) > 1000
 
@@ -181,7 +181,8 @@ def test_a_cell_past_its_timeout_is_killed_and_recorded(tmp_path) -> None:
                          attention="naive", mode="train", device="cpu", nsys=False, optimizer="foreach"), str(tmp_path),
                          timeout=1)
     assert rec["status"] == "timeout" and rec["result"] is None and "--cell-timeout 1" in rec["reason"]
-    assert rec["wall_s"] < 10
+    # it had its second, and was killed rather than awaited: a run of 100 steps left no result
+    assert rec["wall_s"] >= 1 and "(killed)" in rec["reason"]
 
 
 # -- bad input --------------------------------------------------------------------------

@@ -33,12 +33,12 @@ from harness.common.cli import (
     parse_args,
 )
 from harness.common.html import svg_of, write_html
-from harness.common.trace_options import add_timeline, timeline_problem
+from harness.common.trace_options import add_timeline, timeline_problem, timeline_steps_problem
 from harness.diffs.decompose import MismatchError, diff_runs, regression
 from harness.diffs.inputs import InputError, mismatch, resolve, resolve_one
 from harness.diffs.render import diff_markdown, plot_waterfall, render
-from harness.diffs.timeline import check_profiles, diff_timeline
-from harness.trace.timeline import write_timeline
+from harness.diffs.timeline import check_profiles, diff_timeline, timeline_runs
+from harness.trace.timeline import measured_steps, write_timeline
 
 
 def build_parser():
@@ -84,6 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for a, b in pairs:
                 check_profiles(a, b)
         diffs = [diff_runs(a, b, force=args.force) for a, b in pairs]
+        if args.timeline:  # before anything is written: a step the profiles lack is refused
+            timelines = [timeline_runs(a, b, args.nsys_bin) for a, b in pairs]
+            for runs in timelines:
+                if problem := timeline_steps_problem(args.timeline_steps, measured_steps(runs),
+                                                     "the profiles hold measured"):
+                    return fail(problem)
     except (InputError, MismatchError) as exc:
         return fail(str(exc))
     for d in diffs:
@@ -95,9 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths["html"] = write_html(folder, "diff.md",
                                    {"diff.png": svg_of(lambda path, d=d: plot_waterfall(d, Path(path)))})
         if args.timeline:
-            a, b = pairs[diffs.index(d)]
             paths["timeline"] = write_timeline(folder / "timeline.json.gz",
-                                               diff_timeline(d, a, b, args.timeline_steps, args.nsys_bin))
+                                               diff_timeline(d, timelines[diffs.index(d)], args.timeline_steps))
         print("\n".join(str(p) for p in paths.values()))
     if args.fail_if_slower is not None:
         slower = [line for d in diffs if (line := regression(d, args.fail_if_slower))]

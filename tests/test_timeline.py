@@ -168,6 +168,16 @@ def test_diff_timeline_marks_each_phase(tmp_path: Path) -> None:
     assert (marks["forward"]["ts"], marks["forward"]["dur"]) == (forward["ts"], forward["dur"])
 
 
+def test_diff_timeline_steps_beyond_the_profiles_are_refused(tmp_path: Path, capsys) -> None:
+    """As report and compare do: a step index the profiles do not hold is refused in one line
+    before anything is written (it wrote an empty timeline and exited 0)."""
+    out = tmp_path / "diff"
+    assert diff.main([str(TORCH), str(JAX), "--out", str(out), "--timeline", "--timeline-steps", "1,50"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: --timeline-steps 50: the profiles hold measured steps 0-")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("module", "argv", "needle"), [
     (compare, ["--model", "tiny", "--ctx", "64", "--device", "cpu", "--timeline"], "--nsys or --profile"),
     (report, [str(TORCH), "--timeline-steps", "0"], "add --timeline"),

@@ -10,6 +10,7 @@ from harness.diffs.inputs import InputError, Run
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
 from harness.trace.timeline import Mark, build_timeline, timeline_run
+from harness.trace.timeline import Run as TimelineRun
 
 
 def marks(d: Diff, label: str) -> list[Mark]:
@@ -32,9 +33,8 @@ def check_profiles(a: Run, b: Run) -> None:
                          "name the profiles: X.sqlite.gz, or X.harness.json with its profile beside it")
 
 
-def diff_timeline(d: Diff, a: Run, b: Run, steps: Sequence[int] | str | None = None,
-                  nsys_bin: str | None = None) -> dict:
-    """The trace-event document of A and B (labelled "A <label>", "B <label>") with `marks`."""
+def timeline_runs(a: Run, b: Run, nsys_bin: str | None = None) -> list[TimelineRun]:
+    """A's and B's profiles as timeline runs (labelled "A <label>", "B <label>")."""
     check_profiles(a, b)
     runs = []
     for side, run in (("A", a), ("B", b)):
@@ -42,4 +42,9 @@ def diff_timeline(d: Diff, a: Run, b: Run, steps: Sequence[int] | str | None = N
         hlo = hlo_dir(run.profile)
         schedules = load_schedules(hlo) if hlo.is_dir() else None
         runs.append(timeline_run(profile, breakdown(profile).attribution, schedules))
+    return runs
+
+
+def diff_timeline(d: Diff, runs: Sequence[TimelineRun], steps: Sequence[int] | str | None = None) -> dict:
+    """The trace-event document of A's and B's `timeline_runs` with `marks`."""
     return build_timeline(runs, steps, marks(d, runs[1].label))

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.common.cli import comma_list, fail, make_parser, parse_args, positive_int
+from harness.common.results import git_commit
 from harness.trace.analyses.ranks import workers
 from harness.trace.rank_copies import copy_ranks
 
@@ -100,20 +101,12 @@ def run_report(folder: Path, out: Path) -> dict:
             "ranks_csv_rows": csv_rows, "ranks_csv_bytes": (out / "ranks.csv").stat().st_size}
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def bench(files: Sequence[Path], sizes: Sequence[int]) -> dict:
     """The benchmark's document: the machine, and one entry per set size."""
     sources = [{"name": f.name, "bytes": f.stat().st_size, "uncompressed_bytes": _raw_size(f)} for f in files]
     doc = {"command": " ".join(["python -m harness.bench_ranks", *map(str, files),
                                 "--ranks", ",".join(map(str, sizes))]),
-           "commit": _commit(), "python": platform.python_version(), "machine": platform.machine(),
+           "commit": git_commit(), "python": platform.python_version(), "machine": platform.machine(),
            "cores": os.cpu_count(), "workers": workers(), "sources": sources, "runs": []}
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp:

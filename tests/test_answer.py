@@ -227,3 +227,38 @@ def test_scaling_answer_names_each_groups_efficiency_and_the_best(tmp_path, caps
     assert lines[2] == f"- best: jax (replicated), {80 / 84:.1%} at N = 4 (see: the table)"
     assert any(x.startswith(f"- torch (DDP, 25 MB buckets) at N = 4: {100 / 125:.1%} efficiency on the synchronized "
                             "step (125.0 ms)") for x in lines)
+
+
+JAX_LOOP = Path(__file__).parent / "data" / "user_ranks" / "jax"
+
+
+def test_a_two_device_jax_loop_is_host_bound_by_hand_count() -> None:
+    """A user's data-parallel Flax loop over two GPUs, traced by jax.profiler: its trace-viewer
+    export reads as one process driving two devices (not as two ranks: the export numbers
+    host threads by the OS's ids), like the XSpace it mirrors; the answer's verdict is the
+    step's mean wall time against each device's busy time less its NCCL time not under a
+    compute kernel, averaged over the devices, counted here from the JSON."""
+    path = JAX_LOOP / "jax_loop.trace.json.gz"
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    steps = [e for e in events if e.get("ph") == "X" and e["name"] == "train"]
+    assert sorted(int(e["args"]["step_num"]) for e in steps) == [2, 3, 4, 5]
+    busy, exposed = [], []
+    for pid, name in processes.items():
+        if not name.startswith("/device:GPU:"):
+            continue
+        mine = [e for e in events if e.get("pid") == pid and e.get("ph") == "X"
+                and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps)]
+        busy.append(sum(b - a for a, b in _merged([(e["ts"], e["ts"] + e["dur"]) for e in mine])) / len(steps))
+        compute = _merged([(e["ts"], e["ts"] + e["dur"]) for e in mine if not e["name"].startswith("nccl")])
+        exposed.append(sum(e["dur"] - sum(max(0.0, min(e["ts"] + e["dur"], b) - max(e["ts"], a)) for a, b in compute)
+                           for e in mine if e["name"].startswith("nccl")) / len(steps))
+    assert len(busy) == 2
+    wall = sum(s["dur"] for s in steps) / len(steps) / 1e3
+    expected = bound_text("jax", wall, sum(busy) / 2e3, sum(exposed) / 2e3)
+    assert expected.startswith("jax: host-bound")
+    for source in (path, JAX_LOOP / "jax_loop.xplane.pb.gz"):
+        bds, _, tables, _ = report_inputs([source])
+        assert tables == [] and bds[0].phases["train"].devices == 2
+        lines = answer_markdown(report_findings(bds, tables))
+        assert lines[2] == f"- {expected} (see: Per phase)"

@@ -150,8 +150,12 @@ def load_jax_trace_viewer(path: str | Path, label: str | None = None, trace: dic
     names = {(e.get("pid"), e.get("tid") if e.get("name") == "thread_name" else None): str(e["args"]["name"])
              for e in raw if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name")
              and isinstance(e.get("args"), dict) and "name" in e["args"]}
-    events = ((names.get((e.get("pid"), None), ""), e.get("tid"), names.get((e.get("pid"), e.get("tid")), ""),
-               e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e.get("args") or {})
+    # Lines are numbered in order, as the XSpace's are: the export's thread ids (the OS's, on the
+    # host) would read as several processes, and one process drives every device.
+    lines: dict[tuple, int] = {}
+    events = ((names.get((e.get("pid"), None), ""), lines.setdefault((e.get("pid"), e.get("tid")), len(lines)),
+               names.get((e.get("pid"), e.get("tid")), ""), e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]),
+               e.get("args") or {})
               for e in raw if e.get("ph") == "X" and "dur" in e and "ts" in e
               and (e.get("args") or e.get("name") in range_names))  # the Python tracer's carry no args
     return _jax_profile(events, path, label or label_from_path(path), range_names)

@@ -39,3 +39,17 @@ def _quiet_progress(monkeypatch):
     from harness.common import progress
 
     monkeypatch.setattr(progress, "AFTER_S", 3600.0)
+
+
+class FakeClock:
+    """time.perf_counter for code under test, advanced only by `sleep`: work that takes its
+    time on it gives exact figures, however busy the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds

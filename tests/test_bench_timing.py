@@ -9,24 +9,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from conftest import FakeClock
 
 from harness import bench_attention
 from harness.attention import timing as bench
 from harness.attention.catalog import LEAD_IN_MS
-
-
-class FakeClock:
-    """time.perf_counter for the timing core, advanced only by the fake thunks' `sleep`."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
 
 CLOCK = FakeClock()
 

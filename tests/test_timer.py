@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import FakeClock
 
 from harness import backends
 from harness.common.stats import cell, outliers, summarize
@@ -21,20 +22,6 @@ from harness.timing.timer import Timer, overhead_flag
 class Cycle:
     def __init__(self):
         self.me = self
-
-
-class FakeClock:
-    """time.perf_counter for the timer and its event log, advanced only by `sleep`: phases
-    that take their time on it give exact figures, however busy the machine is."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

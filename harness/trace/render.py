@@ -339,10 +339,11 @@ def bounded_markdown(bds: Sequence[Breakdown], answer_sets: Sequence[dict], top_
                      sections: Mapping[str, Sequence[str]], detail: str = "summary",
                      lead: Sequence[str] = ()) -> tuple[str, str]:
     """(the report at `detail`, the full report): `sections` per detail ("summary", "full").
-    The summary is the full report where that fits `SUMMARY_BUDGET` lines and has at most
+    The summary is the full report where that fits `SUMMARY_BUDGET` lines (besides `lead`,
+    the answer, at most a dozen findings) and has at most
     `MAX_COLUMNS` columns (a small report is left whole), else `breakdown_markdown`'s summary."""
     full = breakdown_markdown(bds, answer_sets, top_n, sections=sections["full"], lead=lead)
-    if detail == "full" or (len(bds) <= MAX_COLUMNS and full.count("\n") <= SUMMARY_BUDGET):
+    if detail == "full" or (len(bds) <= MAX_COLUMNS and full.count("\n") - len(lead) <= SUMMARY_BUDGET):
         return full, full
     return (breakdown_markdown(bds, answer_sets, top_n, sections=sections["summary"], detail="summary", lead=lead),
             full)

@@ -32,15 +32,16 @@ from harness.common.cli import (
     parse_args,
     positive_int,
 )
-from harness.common.html import svg_of_figure, write_html
+from harness.common.html import write_html
 from harness.common.progress import stage
+from harness.common.results import write_text
 from harness.common.trace_options import add_detail, add_timeline, timeline_problem, timeline_steps_problem
 from harness.trace.analyses.breakdown import TOP_N
 from harness.trace.analyses.findings import report_findings
 from harness.trace.analyses.gpu_time import SCOPES
 from harness.trace.analyses.ranks import report_inputs
 from harness.trace.analyses.selection import ATTRIBUTIONS
-from harness.trace.plot import kernel_figure
+from harness.trace.plot import Drawer
 from harness.trace.profile import ProfileError
 from harness.trace.render import bounded_markdown, write_report
 from harness.trace.render_ranks import render_gpu_time, render_ranks, write_ranks_csv
@@ -56,8 +57,8 @@ def build_parser():
                    help="the harness.run result JSON per file, in order (its forward time goes into answer (a))")
     p.add_argument("--require", action="append", default=[], metavar="RANGE", help="range name that must be present")
     p.add_argument("--top", type=positive_int, default=TOP_N, help="kernels listed per phase")
-    p.add_argument("--no-plot", action="store_true", help="skip kernels.png (drawing it takes about as long as the "
-                                                            "analysis itself)")
+    p.add_argument("--no-plot", action="store_true", help="skip kernels.png (drawn by a second process beside the "
+                                                            "analysis: a core and about 100 MB)")
     p.add_argument("--attribution", choices=ATTRIBUTIONS, default="auto",
                    help="kernels to ranges by execution interval, by launch call (CUPTI correlation), or auto: "
                         "execution where ranges end in synchronizations, else launch")
@@ -82,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(f"--out {args.out}: a file, not a folder; name a folder for kernels.md/.csv/.json/.png")
     if problem := timeline_problem(args):
         return fail(problem)
+    drawer = None if args.no_plot else Drawer()  # imports matplotlib while the profiles are read
     try:
         bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
                                                          args.nsys_bin, args.attribution, args.force, args.scope)
@@ -95,28 +97,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             with stage("report", f"laying {len(bds)} profiles on a timeline"):
                 timeline = build_timeline(runs, args.timeline_steps)
         with stage("report", f"writing kernels.md, .csv, .json{'' if args.no_plot else ' and drawing kernels.png'}"):
+            os.makedirs(args.out, exist_ok=True)
+            if drawer:  # drawn beside the tables, the page below embeds it
+                drawer.draw(Path(args.out) / "kernels.png", bds, args.top)
             sections = {d: [*render_ranks(ranks, d), *render_gpu_time(figures, d)] for d in ("summary", "full")}
             md, full = bounded_markdown(bds, answer_sets, args.top, sections, args.detail,
                                         lead=answer_markdown(report_findings(bds, ranks)))
             paths = write_report(args.out, bds, answer_sets, args.top, png=False, markdown=md)
-            svgs = {}
-            if not args.no_plot:  # drawn once, for the PNG and the page's SVG
-                fig = kernel_figure(bds, args.top)
-                paths["png"] = Path(args.out) / "kernels.png"
-                fig.savefig(paths["png"], dpi=110)
-                svgs["kernels.png"] = svg_of_figure(fig)
-        paths["gpu_time"] = Path(args.out) / "gpu_time.json"
-        paths["gpu_time"].write_text(json.dumps(figures, indent=1))
-        if ranks:
-            paths["ranks"] = Path(args.out) / "ranks.json"
-            paths["ranks"].write_text(json.dumps(ranks, indent=1))
-            paths["ranks_csv"] = write_ranks_csv(Path(args.out) / "ranks.csv", ranks)
+            paths["gpu_time"] = Path(args.out) / "gpu_time.json"
+            write_text(paths["gpu_time"], json.dumps(figures, indent=1))
+            if ranks:
+                paths["ranks"] = Path(args.out) / "ranks.json"
+                write_text(paths["ranks"], json.dumps(ranks, indent=1))
+                paths["ranks_csv"] = write_ranks_csv(Path(args.out) / "ranks.csv", ranks)
+            if drawer:
+                paths["png"] = drawer.wait()
         with stage("report", "writing report.html"):
-            paths["html"] = write_html(args.out, "kernels.md", svgs, text=full)  # the page holds every table
+            paths["html"] = write_html(args.out, "kernels.md", text=full)  # the page holds every table
         if args.timeline:
             paths["timeline"] = write_timeline(Path(args.out) / "timeline.json.gz", timeline)
     except ProfileError as exc:
         return fail(str(exc))
+    finally:
+        if drawer:
+            drawer.close()
     print("\n".join(str(p) for p in paths.values()))
     for warning in (w for bd in bds for w in bd.warnings if w.startswith("--harness-json")):
         print(f"warning: {warning}", file=sys.stderr)

@@ -157,18 +157,6 @@ def svg_of(plot: Callable[[str], object]) -> str | None:
         return path.read_text()
 
 
-def svg_of_figure(fig) -> str:
-    """The SVG markup of a matplotlib figure already drawn for its PNG (no second layout)."""
-    import io
-
-    import matplotlib
-
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "xfprof"}):
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg")
-    return buf.getvalue()
-
-
 def _clean_svg(svg: str, prefix: str) -> str:
     """`svg` fit to sit inline: no XML prolog, doctype or metadata, ids prefixed so that
     several plots on a page keep their own clip paths."""

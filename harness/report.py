@@ -84,9 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem := timeline_problem(args):
         return fail(problem)
     drawer = None if args.no_plot else Drawer()  # imports matplotlib while the profiles are read
+    png = Path(args.out) / "kernels.png"
+
+    def draw(bds) -> None:  # as soon as the breakdowns are known; a timeline's steps are checked first
+        os.makedirs(args.out, exist_ok=True)
+        drawer.draw(png, bds, args.top)
+
     try:
         bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
-                                                         args.nsys_bin, args.attribution, args.force, args.scope)
+                                                         args.nsys_bin, args.attribution, args.force, args.scope,
+                                                         breakdowns_done=draw if drawer and not args.timeline
+                                                         else None)
         if args.timeline:  # before anything is written: a step the profiles lack is refused
             from harness.trace.timeline import build_timeline, measured_steps, runs_from_inputs, write_timeline
 
@@ -97,9 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             with stage("report", f"laying {len(bds)} profiles on a timeline"):
                 timeline = build_timeline(runs, args.timeline_steps)
         with stage("report", f"writing kernels.md, .csv, .json{'' if args.no_plot else ' and drawing kernels.png'}"):
-            os.makedirs(args.out, exist_ok=True)
-            if drawer:  # drawn beside the tables, the page below embeds it
-                drawer.draw(Path(args.out) / "kernels.png", bds, args.top)
+            if drawer and not drawer.drawing:
+                draw(bds)
             sections = {d: [*render_ranks(ranks, d), *render_gpu_time(figures, d)] for d in ("summary", "full")}
             md, full = bounded_markdown(bds, answer_sets, args.top, sections, args.detail,
                                         lead=answer_markdown(report_findings(bds, ranks)))

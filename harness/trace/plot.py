@@ -4,8 +4,8 @@ profile's top kernels (`harness.trace.render` writes the tables).
 Importing matplotlib and rasterizing the figure take about as long as reading and
 analysing a large profile, so `harness.report` draws in a child process (`Drawer`) forked
 before the analysis starts: the child imports matplotlib while the parent reads the
-profile, then draws while the parent writes the tables, and the report waits for the
-figure only before the HTML page that embeds it.
+profile, then draws once the breakdowns are known, while the parent computes the rest and
+writes the tables; the report waits for the figure only before the HTML page that embeds it.
 """
 
 from __future__ import annotations
@@ -35,36 +35,56 @@ def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
         fig.savefig(tmp, dpi=DPI, format="png", pil_kwargs={"compress_level": 1})  # zlib level 6 is 1/5 of the draw
 
 
+# The layout is set in inches from the labels' lengths rather than measured by
+# `tight_layout`, which renders every text once more (a third of the drawing time) and
+# still clipped long kernel names. A character of DejaVu Sans averages under 0.65 em.
+_EM = 0.65 / 72  # inches per point of font size, per character
+_PANEL = 6.5  # inches per panel
+
+
+def _text_inches(texts: Sequence[str], size: float) -> float:
+    """Width of the longest line of `texts` at font `size`, in inches (an upper estimate)."""
+    return max((len(line) for t in texts for line in t.split("\n")), default=0) * size * _EM
+
+
 def kernel_figure(bds: Sequence[Breakdown], top_n: int = TOP_N):
     """Stacked category bars per profile x phase (left) and each profile's top kernels of
     its step (right), for the first `MAX_COLUMNS` profiles (a rank set's tables hold the rest)."""
     from matplotlib.figure import Figure  # not pyplot: no GUI backend, and half the import time
 
     bds = bds[:MAX_COLUMNS]
+    clip = lambda t: t if len(t) <= 30 else t[:29] + "…"  # noqa: E731
+    bars = [(f"{clip(bd.label)}\n{clip(ph)}", p) for bd in bds for ph, p in bd.phases.items()]
+    tops = [next(iter(bd.phases.values())) for bd in bds]
+    names = [short_names([k.name for k in p.kernels[:top_n][::-1]], 45) for p in tops]
+    width, height, top = _PANEL * (1 + len(bds)), 6.0, 0.45
+    fig = Figure(figsize=(width, height))
 
-    fig = Figure(figsize=(7 + 6 * len(bds), 6))
-    axes = fig.subplots(1, 1 + len(bds), squeeze=False)
-    ax = axes[0][0]
-    bars = [(f"{bd.label}\n{ph}", p) for bd in bds for ph, p in bd.phases.items()]
+    def axes(left: float, bottom: float, right: float):  # inches from the panel's left edge
+        return fig.add_axes((left / width, bottom / height, (right - left) / width, 1 - (bottom + top) / height))
+
+    # rotated 60 degrees: the labels' height is their width * sin 60 plus two lines * cos 60
+    ax = axes(0.8, 0.3 + _text_inches([b for b, _ in bars], 7) * 0.87 + 2 * 7 * 1.2 / 72 * 0.5, _PANEL - 0.2)
     bottom = [0.0] * len(bars)
     for cat in Category:
         vals = [p.categories.get(cat.value, 0.0) / 1e6 for _, p in bars]
         if any(vals):
             ax.bar(range(len(bars)), vals, bottom=bottom, label=cat.value, color=CATEGORY_COLORS[cat])
             bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(range(len(bars)), [b for b, _ in bars], rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(range(len(bars)), [b for b, _ in bars], rotation=60, ha="right", rotation_mode="anchor",
+                  fontsize=7)
     ax.set_ylabel(f"{busy(bds)} ms per step")
     ax.set_title(f"{_unit(bds)} time by category")
     ax.legend(fontsize=7)
-    for ax, bd in zip(axes[0][1:], bds):
-        p = next(iter(bd.phases.values()))
-        top = p.kernels[:top_n][::-1]
-        ax.barh(range(len(top)), [k.ns_per_step / 1e6 for k in top],
-                color=[CATEGORY_COLORS[Category(k.category)] for k in top])
-        ax.set_yticks(range(len(top)), short_names([k.name for k in top], 45), fontsize=6)
+    for i, (bd, p, labels) in enumerate(zip(bds, tops, names), 1):
+        x0 = _PANEL * i
+        ax = axes(x0 + 0.25 + _text_inches(labels, 6), 0.6, x0 + _PANEL - 0.25)
+        top_k = p.kernels[:top_n][::-1]
+        ax.barh(range(len(top_k)), [k.ns_per_step / 1e6 for k in top_k],
+                color=[CATEGORY_COLORS[Category(k.category)] for k in top_k])
+        ax.set_yticks(range(len(top_k)), labels, fontsize=6)
         ax.set_xlabel("ms per step")
         ax.set_title(f"{bd.label}: top {_unit([bd])}s ({p.phase})")
-    fig.tight_layout()
     return fig
 
 
@@ -106,6 +126,11 @@ class Drawer:
         self._job = (Path(path), list(bds), top_n)
         if self._conn is not None:
             self._conn.send(self._job)
+
+    @property
+    def drawing(self) -> bool:
+        """Whether `draw` was called."""
+        return self._job is not None
 
     def wait(self) -> Path:
         """The PNG's path once written; a failed drawing raises `ProfileError` with its cause."""

@@ -12,7 +12,7 @@ profile torchrun``) become one rank set, one column per rank; any other file is 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -177,13 +177,25 @@ class RankInfo:
 def _column(profile: Profile, sel: Selection | None, require: Sequence[str], attribution: str,
             run_json: str | Path | None, scope: str) -> tuple[Breakdown, dict, dict]:
     """One column's breakdown, answers and HTA figures."""
+    bd, meta = _breakdown(profile, sel, require, attribution, run_json)
+    return bd, *_figures(profile, bd, meta, scope)
+
+
+def _breakdown(profile: Profile, sel: Selection | None, require: Sequence[str], attribution: str,
+               run_json: str | Path | None) -> tuple[Breakdown, dict]:
+    """One column's breakdown and its `harness.run` metadata."""
     hlo = hlo_dir(profile.path)
     bd = breakdown(profile, require, attribution, schedules=load_schedules(hlo) if hlo.is_dir() else None,
                    selection=sel)
     meta = harness_metadata(run_json) if run_json else {}
     bd.warnings += run_json_problems(profile, bd, meta) if meta else []
-    return bd, answers(bd, meta.get("forward_ms"), meta), {"label": bd.label, "gpu": profile.gpu,
-                                                           **gpu_time(profile, scope)}
+    return bd, meta
+
+
+def _figures(profile: Profile, bd: Breakdown, meta: dict, scope: str) -> tuple[dict, dict]:
+    """One column's answers and HTA figures."""
+    return answers(bd, meta.get("forward_ms"), meta), {"label": bd.label, "gpu": profile.gpu,
+                                                       **gpu_time(profile, scope)}
 
 
 def rank_figures(path: Path, order: int, nsys_bin: str | None, force: bool, require: Sequence[str],
@@ -231,15 +243,19 @@ def _read_ranks(files: list[Path], jobs: int, nsys_bin: str | None, force: bool,
 
 def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = (), run_jsons: Sequence[str | Path] = (),
                   require: Sequence[str] = (), nsys_bin: str | None = None, attribution: str = "auto",
-                  force: bool = False, scope: str = "all",
-                  jobs: int | None = None) -> tuple[list[Breakdown], list[dict], list[dict], list[dict]]:
+                  force: bool = False, scope: str = "all", jobs: int | None = None,
+                  breakdowns_done: Callable[[list[Breakdown]], None] | None = None,
+                  ) -> tuple[list[Breakdown], list[dict], list[dict], list[dict]]:
     """Breakdowns (one per column), their answers, a cross-rank table per rank set, and
     HTA's figures per column (`harness.trace.analyses.gpu_time`, in `scope`). The i-th
     `harness.run` result JSON goes with the i-th column. A rank set's files are read in
-    `jobs` processes (default: one per core), each keeping only its rank's figures."""
+    `jobs` processes (default: one per core), each keeping only its rank's figures.
+    `breakdowns_done` is called with the breakdowns once they are all known, before the
+    last profile's answers and figures (the report's figure is drawn meanwhile)."""
     jobs = workers() if jobs is None else jobs
     bds, answer_sets, tables, figures = [], [], [], []
-    for i, item in enumerate(_items(paths)):
+    items = list(_items(paths))
+    for i, item in enumerate(items):
         if isinstance(item, list):
             if all(rank_in_name(f) is not None for f in item):  # rank10 after rank9, not after rank1
                 item = sorted(item, key=rank_in_name)
@@ -264,20 +280,27 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
         if split_set and attribution == "auto" and any(s and s.mode == "launch" for s in sels):
             # one rule for every rank, so that the columns compare
             sels = [s if s is None or s.mode == "launch" else select(p, "launch") for p, s in zip(profiles, sels)]
-        mine = []
+        mine, metas = [], []
         for profile, sel in zip(profiles, sels):
             k = len(bds)
             with stage("trace", f"analysing {profile.label} ({len(profile.kernels):,} GPU activities, "
                                  f"{len(profile.ranges):,} ranges)"):
-                bd, ans, fig = _column(profile, sel, require, attribution,
-                                       run_jsons[k] if k < len(run_jsons) else None, scope)
+                bd, meta = _breakdown(profile, sel, require, attribution, run_jsons[k] if k < len(run_jsons) else None)
             bds.append(bd)
+            mine.append(bd)
+            metas.append(meta)
+        if breakdowns_done and i == len(items) - 1:
+            breakdowns_done(bds)
+            breakdowns_done = None
+        for profile, bd, meta in zip(profiles, mine, metas):
+            ans, fig = _figures(profile, bd, meta, scope)
             answer_sets.append(ans)
             figures.append(fig)
-            mine.append(bd)
         if split_set:
             comms = {r: communication(p, s) for (r, p), s in zip(split_set.profiles.items(), sels)}
             known = None not in sels and None not in {p.session_start_ns for p in profiles}
             tables.append(cross_rank(split_set, mine, comms, {r: rank_collectives(p, s) for (r, p), s in
                                                             zip(split_set.profiles.items(), sels)} if known else None))
+    if breakdowns_done:  # the last item was a rank set
+        breakdowns_done(bds)
     return bds, answer_sets, tables, figures

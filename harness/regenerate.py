@@ -230,6 +230,11 @@ def regenerate(root: Path, check: bool) -> tuple[list[str], list[Path]]:
             except Unrenderable as exc:
                 errors.append(f"{target} ({kind.name}): {exc}")
                 continue
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as exc:
+                # a document cut short or edited by hand: named, and the other folders still rendered
+                errors.append(f"{target} ({kind.name}): cannot be rendered from its documents "
+                              f"({type(exc).__name__}: {exc}); restore them as the tool wrote them")
+                continue
             if check:
                 differ += stale(written, Path(scratch), root)
             else:

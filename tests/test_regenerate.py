@@ -114,3 +114,15 @@ def test_ctrl_c_mid_render_leaves_every_file_whole(tmp_path, capsys, monkeypatch
     out, err = capsys.readouterr()
     assert err.count("\n") == 1 and "interrupted" in err
     assert {p.name: p.read_bytes() for p in (tmp_path / COMPARE).iterdir()} == before
+
+
+def test_a_document_cut_short_is_named_and_the_rest_rendered(tmp_path, capsys) -> None:
+    """A sweep whose sweep.json lost its keys: one line naming it; the compare beside it still checked."""
+    shutil.copytree(RESULTS / COMPARE, tmp_path / COMPARE)
+    shutil.copytree(RESULTS / "mfu-ctx1024-h100" / "jax", tmp_path / "sweep")
+    (tmp_path / "sweep" / "sweep.json").write_text("{}")
+    _plant(tmp_path / COMPARE / "report.md", "| 32.", "| 33.")
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith(str(tmp_path / COMPARE / "report.md"))
+    assert err.count("\n") == 1 and f"{tmp_path / 'sweep'} (sweep): cannot be rendered" in err

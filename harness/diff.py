@@ -34,7 +34,7 @@ from harness.common.cli import (
 )
 from harness.common.html import svg_of, write_html
 from harness.common.trace_options import add_timeline, timeline_problem, timeline_steps_problem
-from harness.diffs.decompose import MismatchError, diff_runs, regression
+from harness.diffs.decompose import Diff, MismatchError, diff_runs, regression
 from harness.diffs.inputs import InputError, mismatch, resolve, resolve_one
 from harness.diffs.render import diff_markdown, plot_waterfall, render
 from harness.diffs.timeline import check_profiles, diff_timeline, timeline_runs
@@ -68,6 +68,15 @@ def _pairs(specs: list[str], nsys_bin: str | None) -> list[tuple]:
     return [(resolve_one(specs[0], nsys_bin), resolve_one(specs[1], nsys_bin))]
 
 
+def write_diff(d: Diff, folder: Path, figures: bool = True) -> dict[str, Path]:
+    """diff.md, diff.json and, with `figures`, diff.png and report.html of `d` in `folder`."""
+    paths = render(d, folder, figures)
+    if figures:
+        paths["html"] = write_html(folder, "diff.md",
+                                   {"diff.png": svg_of(lambda path, d=d: plot_waterfall(d, Path(path)))})
+    return paths
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     loaded_backends()  # the runs' backends are read by name
@@ -97,9 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(diff_markdown(d))
             continue
         folder = Path(args.out) if len(diffs) == 1 else Path(args.out) / f"{d.a_label}-vs-{d.b_label}".replace(":", "-")
-        paths = render(d, folder)
-        paths["html"] = write_html(folder, "diff.md",
-                                   {"diff.png": svg_of(lambda path, d=d: plot_waterfall(d, Path(path)))})
+        paths = write_diff(d, folder)
         if args.timeline:
             paths["timeline"] = write_timeline(folder / "timeline.json.gz",
                                                diff_timeline(d, timelines[diffs.index(d)], args.timeline_steps))

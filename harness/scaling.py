@@ -79,6 +79,14 @@ def load_runs(path: str) -> list[dict]:
     return docs
 
 
+def scaling_markdown(rows: list[dict]) -> str:
+    """The answer, then the scaling table and the growth of each phase, of `scaling_rows`' rows."""
+    text = "\n".join(answer_markdown(scaling_findings(rows), RULES)) + "\n" + format_scaling(rows)
+    if growth := format_growth(rows):
+        text += "\n" + growth
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("harness.scaling", __doc__)
     p.add_argument("runs", nargs="+", metavar="RUN.json", help="harness.run result documents")
@@ -103,9 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc))
     if not rows:
         return fail(f"none of {', '.join(args.runs)} finished (status ok); nothing to tabulate")
-    text = "\n".join(answer_markdown(scaling_findings(rows), RULES)) + "\n" + format_scaling(rows)
-    if growth := format_growth(rows):
-        text += "\n" + growth
+    text = scaling_markdown(rows)
     if args.project:
         try:
             text += "".join("\n" + format_projection(p) for p in projections(docs, args))

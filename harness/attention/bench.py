@@ -33,6 +33,7 @@ from harness.attention.catalog import (
 from harness.attention.impls import build_jax, build_torch
 from harness.attention.timing import failure_status, release_memory, time_interleaved
 from harness.common import results
+from harness.common.results import atomic_path, write_text
 from harness.common.tables import markdown_table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -260,21 +261,24 @@ def write_results(rows: list[dict], args: argparse.Namespace) -> dict[str, Path]
     return {"json": path, **render_results(path)}
 
 
-def render_results(path: Path) -> dict[str, Path]:
-    """Writes the .md table and .png plot of a results JSON next to it, from
-    the JSON alone (its recorded environment, not this machine's)."""
+def render_results(path: Path, figures: bool = True) -> dict[str, Path]:
+    """Writes the .md table and (with `figures`) .png plot of a results JSON next to it,
+    each whole or not at all, from the JSON alone (its recorded environment, not this machine's)."""
     data = json.loads(path.read_text())
     env, rows = data["environment"], data["results"]
-    paths = {"md": path.with_suffix(".md"), "png": path.with_suffix(".png")}
+    paths = {"md": path.with_suffix(".md"), **({"png": path.with_suffix(".png")} if figures else {})}
     meta = "\n".join(f"- {k}: `{env[k]}`" for k in ("device", "jax", "torch", "triton", "git_commit", "command"))
     if env.get("stopped_after_cells") is not None:
         meta += f"\n- **stopped before the end: only the first {env['stopped_after_cells']} cell(s) were measured**"
-    paths["md"].write_text(
+    write_text(
+        paths["md"],
         f"# Attention benchmark ({env['device']})\n\n{meta}\n- {env['timing']}\n- FLOPs: {env['flop_convention']}\n"
         f"- x/SDPA: time divided by the fastest PyTorch SDPA backend's time for the same cell (< 1 is faster)\n"
         f"- xbest: throughput ratio against the fastest of every SDPA backend and cuDNN through JAX "
         f"(fastest reference time / this time; >= 1 is at least as fast)\n\n"
         + render_table(rows, markdown=True) + "\n"
     )
-    render_plot(rows, paths["png"])
+    if figures:
+        with atomic_path(paths["png"]) as png:
+            render_plot(rows, Path(png))
     return paths

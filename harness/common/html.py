@@ -199,5 +199,11 @@ def write_html(folder: str | Path, markdown_name: str, svgs: Mapping[str, str | 
     path = folder / HTML_NAME
     write_text(path, page(title, body))
     if link and LINK_LINE not in (own := md_path.read_text()):
-        write_text(md_path, own.rstrip("\n") + "\n\n" + LINK_LINE + "\n")
+        write_text(md_path, with_link(own))
     return path
+
+
+def with_link(md: str) -> str:
+    """`md` ending in the line that points at report.html, as `write_html` leaves it: for a
+    renderer to write its markdown whole at once, link included, rather than in two writes."""
+    return md if LINK_LINE in md else md.rstrip("\n") + "\n\n" + LINK_LINE + "\n"

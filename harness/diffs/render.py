@@ -8,6 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.common.answer import NOISE_WORDS, Finding, answer_markdown, speed
+from harness.common.html import with_link
+from harness.common.results import atomic_path, write_text
 from harness.common.tables import markdown_table
 from harness.diffs.decompose import HOST, Diff, PhaseDiff, Throughput, phase_words
 from harness.diffs.layers import LayerPhase, layer_sentences
@@ -195,9 +197,9 @@ def to_json(d: Diff) -> dict:
 
 def plot_waterfall(d: Diff, path: Path) -> bool:
     """Bars from A's step time to B's, one per part; False when there are no parts."""
-    p = d.step
-    if p is None or not p.parts:
+    if not has_waterfall(d):
         return False
+    p = d.step
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,13 +228,21 @@ def plot_waterfall(d: Diff, path: Path) -> bool:
     return True
 
 
-def render(d: Diff, out: str | Path) -> dict[str, Path]:
-    """Write diff.md, diff.json and (with parts to draw) diff.png into folder `out`."""
+def has_waterfall(d: Diff) -> bool:
+    """Whether `plot_waterfall` draws anything: a compared step split into parts."""
+    return d.step is not None and bool(d.step.parts)
+
+
+def render(d: Diff, out: str | Path, figures: bool = True) -> dict[str, Path]:
+    """Write diff.md, diff.json and (with parts to draw, and `figures`) diff.png into folder
+    `out`, each whole or not at all."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / "diff.md", "json": out / "diff.json"}
-    paths["md"].write_text(diff_markdown(d))
-    paths["json"].write_text(json.dumps(to_json(d), indent=1))
-    if plot_waterfall(d, out / "diff.png"):
-        paths["png"] = out / "diff.png"
+    write_text(paths["md"], with_link(diff_markdown(d)))  # the page's link in the same write (`write_diff`)
+    write_text(paths["json"], json.dumps(to_json(d), indent=1))
+    if figures:
+        with atomic_path(out / "diff.png") as png:
+            if plot_waterfall(d, Path(png)):
+                paths["png"] = out / "diff.png"
     return paths

@@ -76,11 +76,25 @@ def value_axis(ax, values: list[float]) -> None:
     ax.yaxis.set_minor_locator(NullLocator())
 
 
+def has_time(data: dict) -> bool:
+    """Whether `time_figure` draws anything (a cell with a step time); `has_phases` and
+    `has_memory` likewise, so that a report rendered without its figures names the same plots."""
+    return any(r["step"] for r in data["phases"])
+
+
+def has_phases(data: dict) -> bool:
+    return any(r["forward"] for r in data["phases"])
+
+
+def has_memory(data: dict) -> bool:
+    return bool(data["memory"])
+
+
 def time_figure(data: dict):
     """Per model: step time against context, one colour per backend (the same in every
     panel), one marker per dtype and batch, solid for the step and dashed for JAX's fused step."""
     rows = data["phases"]
-    if not any(r["step"] for r in rows):
+    if not has_time(data):
         return None
     models = _models(rows)
     colours = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r["backend"] for r in rows))}
@@ -108,7 +122,7 @@ def time_figure(data: dict):
 
 def phase_figure(data: dict):
     rows = [r for r in data["phases"] if r["forward"]]
-    if not rows:
+    if not has_phases(data):
         return None
     fig, (ax,) = _subplots(1)
     fig.set_size_inches(max(6.0, 0.45 * len(rows)), 4.2)
@@ -129,7 +143,7 @@ def memory_figure(data: dict):
     """Per model: the predicted step peak against context (lines, per dtype and batch) and
     each backend's measured step peak (markers), with the device memory when near."""
     rows = data["memory"]
-    if not rows:
+    if not has_memory(data):
         return None
     models = _models(rows)
     fig, axes = _subplots(len(models))

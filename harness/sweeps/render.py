@@ -17,12 +17,22 @@ from collections.abc import Callable
 
 from harness import backends
 from harness.common.answer import answer_markdown
-from harness.common.html import svg_of, write_html
+from harness.common.html import svg_of, with_link, write_html
+from harness.common.results import atomic_path, write_text
 from harness.common.stats import figure
 from harness.common.tables import markdown_table
 from harness.sweeps.analysis import STATUS_TEXT, regime
 from harness.sweeps.answer import RULES, sweep_findings
-from harness.sweeps.plots import GIB, groups, plot_memory, plot_phase_bars, plot_time_vs_ctx
+from harness.sweeps.plots import (
+    GIB,
+    groups,
+    has_memory,
+    has_phases,
+    has_time,
+    plot_memory,
+    plot_phase_bars,
+    plot_time_vs_ctx,
+)
 from harness.timing.scaling import format_scaling
 from harness.timing.spec import PHASE_ORDER
 
@@ -312,21 +322,29 @@ def csv_rows(data: dict) -> list[dict]:
     return out
 
 
-def write_report(data: dict, out_dir: str) -> list[str]:
-    """Write report.md, report.html, cells.csv and the plots into `out_dir`; returns the file names."""
+def write_report(data: dict, out_dir: str, figures: bool = True) -> list[str]:
+    """Write report.md, report.html, cells.csv and the plots into `out_dir`, each whole or not at
+    all; returns the file names. Without `figures`, report.md and cells.csv alone, the report
+    naming the plots a render with figures would draw."""
     # The plots draw one device count, the smallest; the tables and the scaling table hold all.
     n = data["data_parallel"][0] if data["data_parallel"] else 1
     one = {**data, **{k: [r for r in data[k] if r["data_parallel"] == n] for k in ("phases", "memory")}}
-    drawn = (("time_vs_ctx.png", plot_time_vs_ctx), ("phases.png", plot_phase_bars), ("memory.png", plot_memory))
-    plots = [name for name, plot in drawn if plot(one, os.path.join(out_dir, name))]
+    drawn = (("time_vs_ctx.png", plot_time_vs_ctx, has_time), ("phases.png", plot_phase_bars, has_phases),
+             ("memory.png", plot_memory, has_memory))
+    plots = []
+    for name, plot, has in drawn:
+        with atomic_path(os.path.join(out_dir, name)) as path:
+            if plot(one, path) if figures else has(one):
+                plots.append(name)
     rows = csv_rows(data)
-    with open(os.path.join(out_dir, "cells.csv"), "w", newline="") as f:
+    with atomic_path(os.path.join(out_dir, "cells.csv")) as path, open(path, "w", newline="") as f:
         if rows:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-    with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(sweep_markdown(data, plots))
-    write_html(out_dir, "report.md", {name: svg_of(lambda path, plot=plot: plot(one, path)) for name, plot in drawn
-                                      if name in plots})
+    write_text(os.path.join(out_dir, "report.md"), with_link(sweep_markdown(data, plots)))
+    if not figures:
+        return ["report.md", "cells.csv"]
+    write_html(out_dir, "report.md", {name: svg_of(lambda path, plot=plot: plot(one, path))
+                                      for name, plot, _ in drawn if name in plots})
     return ["report.md", "report.html", "cells.csv", *plots]

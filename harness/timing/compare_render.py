@@ -324,6 +324,11 @@ def _nested(document: str) -> list[str]:
     return [f"#{line}" if line.startswith("#") else line for line in document.splitlines()]
 
 
+def has_phases_plot(summary: dict) -> bool:
+    """Whether `plot_phases` draws anything: a phase in the table and a backend that ran."""
+    return bool(summary["table"]) and any(r.get("status") == "ok" for r in summary["runs"].values())
+
+
 def plot_phases(summary: dict, path: str) -> bool:
     """Grouped bars of median phase time per backend, the 10th-90th percentile of the steps
     as whiskers; a backend without a phase (torch has no fused_step) gets no bar in that
@@ -333,10 +338,10 @@ def plot_phases(summary: dict, path: str) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if not has_phases_plot(summary):
+        return False
     phases = [r["phase"] for r in summary["table"]]
     backends = [b for b, r in summary["runs"].items() if r.get("status") == "ok"]
-    if not backends or not phases:
-        return False
     fig, ax = plt.subplots(figsize=(1.6 * len(phases) + 2, 4))
     width = 0.8 / len(backends)
     for i, backend in enumerate(backends):

@@ -189,12 +189,14 @@ def shape_problem(summary: dict) -> str | None:
     return None
 
 
-def rerender(folder: str) -> list[str]:
+def rerender(folder: str, figures: bool = True) -> list[str]:
     """Write report.md, report.html and phases.png of a compare folder from its summary.json (upgraded
     first when it is old, the original kept as `ORIGINAL`); the kernel breakdown is taken
-    from the folder's kernels.md. Returns the paths written; bad folders raise RenderError."""
-    from harness.common.html import svg_of, write_html
-    from harness.timing.compare_render import compare_markdown, plot_phases
+    from the folder's kernels.md. Without `figures`, the text alone (report.md, summary.json):
+    no plot is drawn and no report.html written, the report naming phases.png as a render with
+    figures would. Returns the paths written; bad folders raise RenderError."""
+    from harness.common.html import svg_of, with_link, write_html
+    from harness.timing.compare_render import compare_markdown, has_phases_plot, plot_phases
 
     summary = _load(folder)
     written = []
@@ -222,16 +224,16 @@ def rerender(folder: str) -> list[str]:
         summary.pop("plot", None)
         phases, report = os.path.join(folder, "phases.png"), os.path.join(folder, "report.md")
         with atomic_path(phases) as new_plot:
-            if plot_phases(summary, new_plot):
+            if plot_phases(summary, new_plot) if figures else has_phases_plot(summary):
                 summary["plot"] = "phases.png"
-                written.append(phases)
+                written += [phases] if figures else []
             markdown = compare_markdown(summary, kernels_md)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         detail = f"no key {exc.args[0]!r}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
         raise RenderError(f"--render {folder}: summary.json cannot be rendered ({detail} where the report reads it); "
                           "restore the document as harness.compare wrote it; nothing was replaced") from None
-    write_text(report, markdown)
-    # kernels.png cannot be drawn again from the folder's files: report.html embeds it as it is
-    written.append(str(write_html(folder, "report.md", {"phases.png": svg_of(lambda p: plot_phases(summary, p))})))
+    write_text(report, with_link(markdown))
+    if figures:  # kernels.png cannot be drawn again from the folder's files: report.html embeds it as it is
+        written.append(str(write_html(folder, "report.md", {"phases.png": svg_of(lambda p: plot_phases(summary, p))})))
     write_json(os.path.join(folder, "summary.json"), summary)
     return [*written, report, os.path.join(folder, "summary.json")]

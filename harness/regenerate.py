@@ -1,0 +1,268 @@
+"""Render every result folder under results/ again from the documents it holds, answer first.
+
+    python -m harness.regenerate [--root results]          # rewrite the generated files in place
+    python -m harness.regenerate --check [--root results]  # change nothing: name each stale file, exit 1
+
+A folder's reports are generated from its run documents; this renders each of them with
+today's code, in this process, with the renderer its tool's ``--render`` uses. What is
+generated is recognised by the marker files of `KINDS`, not guessed from folder names:
+
+    kind       marker (in one folder)                           renderer (what it rewrites)
+    compare    summary.json (harness.compare/) and report.md     harness.compare --render: report.md, summary.json,
+                                                                 phases.png, report.html
+    sweep      sweep.json and cells.jsonl                        harness.sweep --render: report.md, cells.csv,
+                                                                 time_vs_ctx/phases/memory.png, report.html
+    scaling    scaling[-NAME].md and runs/[NAME/]*.json          harness.scaling runs/[NAME/]*.json
+                                                                 --out scaling[-NAME].md
+    diff       diff.json and diff.md                             harness.diff ROOT/<compare folder> of its two
+                                                                 labels: diff.md, diff.json, diff.png, report.html
+    attention  X.json of `harness.bench_attention`, and X.md      harness.bench_attention --render X.json: X.md, X.png
+    tune       X.jsonl of `harness.tune_attention`, and X.md     harness.tune_attention --render X.jsonl: X.md
+
+Compare folders come first, since a diff reads its compare folder (which must sit under the
+same root). Everything else is not generated from a document here and is left as it is:
+the prose of README.md files, logs and .txt outputs, screenshots, Nsight Compute tables,
+projection.md (assembled from several `--project` commands), the report-at-scale and
+report-speed benchmarks, a compare folder with no report.md beside its summary.json, and
+kernels.{md,csv,json,png} (the kernel breakdown needs the raw profiles; a compare report
+takes kernels.md as it is).
+
+--check renders into a temporary folder instead and compares every text output (.md, .csv,
+.json) with the committed file byte for byte, one line per file that differs or is missing;
+exit 1 when any does. It draws no figure: PNGs differ with matplotlib's version, and so does
+report.html, which embeds each figure as SVG, so neither is compared. Each file is written
+whole or not at all (`harness.common.results`), so Ctrl-C or SIGTERM leaves every file
+either as it was or re-rendered (exit 130). Exit status: 0 done (or, with --check, all
+current), 1 a file differs or a folder cannot be rendered, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.common.cli import fail, make_parser, parse_args
+from harness.common.results import write_text
+
+TEXT = (".md", ".csv", ".json")  # outputs --check compares; PNG and report.html are not (see the docstring)
+
+
+class Unrenderable(Exception):
+    """A folder that holds a kind's markers but cannot be rendered; the message says why."""
+
+
+# -- recognising the kinds ----------------------------------------------------------------
+def _doc(path: Path) -> object:
+    try:
+        with open(path) as f:
+            return json.loads(f.readline() if path.suffix == ".jsonl" else f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _made_by(path: Path, tool: str) -> bool:
+    """Whether the JSON document at `path` (a .jsonl's first line) records `tool`'s command."""
+    doc = _doc(path)
+    env = doc.get("environment") if isinstance(doc, dict) else None
+    return isinstance(env, dict) and f"harness.{tool}" in str(env.get("command", ""))
+
+
+def _compares(folder: Path) -> list[Path]:
+    doc = _doc(folder / "summary.json") if (folder / "report.md").is_file() else None
+    return [folder] if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("harness.compare/") else []
+
+
+def _with_files(*names: str) -> Callable[[Path], list[Path]]:
+    return lambda folder: [folder] if all((folder / n).exists() for n in names) else []
+
+
+def _scalings(folder: Path) -> list[Path]:
+    return [folder] if (folder / "runs").is_dir() and _scaling_tables(folder) else []
+
+
+def _beside_md(suffix: str, tool: str) -> Callable[[Path], list[Path]]:
+    return lambda folder: [p for p in sorted(folder.glob(f"*{suffix}"))
+                           if p.with_suffix(".md").is_file() and _made_by(p, tool)]
+
+
+# -- the renderers: (target, root of the compare folders, figures) -> files written -------
+def render_compare(folder: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.timing.upgrade import RenderError, rerender
+
+    try:
+        return [Path(p) for p in rerender(str(folder), figures)]
+    except RenderError as exc:
+        raise Unrenderable(str(exc)) from None
+
+
+def render_sweep(folder: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.sweeps.analysis import analyze
+    from harness.sweeps.render import write_report
+
+    return [folder / name for name in write_report(analyze(str(folder)), str(folder), figures)]
+
+
+def _scaling_tables(folder: Path) -> dict[str, Path]:
+    """scaling.md <- runs/*.json, scaling-NAME.md <- runs/NAME/*.json, for each table committed."""
+    tables = {}
+    for md in sorted(folder.glob("scaling*.md")):
+        runs = folder / "runs" / md.stem.removeprefix("scaling").removeprefix("-")
+        if runs.is_dir() and any(runs.glob("*.json")):
+            tables[md.name] = runs
+    return tables
+
+
+def render_scaling(folder: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.common.errors import UsageError
+    from harness.scaling import load_runs, scaling_markdown
+    from harness.timing.scaling import scaling_rows
+
+    written = []
+    for name, runs in _scaling_tables(folder).items():
+        try:  # as the shell expands runs/*.json: by name
+            rows = scaling_rows([doc for path in sorted(runs.glob("*.json")) for doc in load_runs(str(path))])
+        except (UsageError, ValueError) as exc:
+            raise Unrenderable(f"{folder / name}: {exc}") from None
+        write_text(folder / name, scaling_markdown(rows))
+        written.append(folder / name)
+    return written
+
+
+def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.diff import write_diff
+    from harness.diffs.decompose import MismatchError, diff_runs
+    from harness.diffs.inputs import InputError, resolve_one
+
+    doc = _doc(folder / "diff.json")
+    labels = [doc.get(k) for k in ("a_label", "b_label")] if isinstance(doc, dict) else []
+    if not all(isinstance(label, str) and ":" in label for label in labels) or len(labels) != 2:
+        raise Unrenderable(f"{folder / 'diff.json'}: names no two compare-folder runs (a_label, b_label: "
+                           "FOLDER:BACKEND)")
+    for label in labels:
+        if not (root / label.rpartition(":")[0] / "summary.json").is_file():
+            raise Unrenderable(f"{folder}: its compare folder {label.rpartition(':')[0]} is not under {root}; "
+                               "it is rendered from that folder's summary.json and kernels.json")
+    try:
+        d = diff_runs(*(resolve_one(str(root / label)) for label in labels))
+    except (InputError, MismatchError) as exc:
+        raise Unrenderable(f"{folder}: {exc}") from None
+    return list(write_diff(d, folder, figures).values())
+
+
+def render_attention(path: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.attention.bench import render_results
+
+    return list(render_results(path, figures).values())
+
+
+def render_tune(path: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.attention.tune import read_rows, tune_markdown
+
+    write_text(path.with_suffix(".md"), tune_markdown(*read_rows(path)))
+    return [path.with_suffix(".md")]
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    find: Callable[[Path], list[Path]]  # the targets (the folder, or files in it) a folder holds
+    render: Callable[[Path, Path, bool], list[Path]]
+
+
+# In this order: a diff reads its compare folder as rendered.
+KINDS = (
+    Kind("compare", _compares, render_compare),
+    Kind("sweep", _with_files("sweep.json", "cells.jsonl"), render_sweep),
+    Kind("scaling", _scalings, render_scaling),
+    Kind("diff", _with_files("diff.json", "diff.md"), render_diff),
+    Kind("attention", _beside_md(".json", "bench_attention"), render_attention),
+    Kind("tune", _beside_md(".jsonl", "tune_attention"), render_tune),
+)
+
+
+def targets(root: Path) -> list[tuple[Kind, Path]]:
+    """Every (kind, target) under `root`, in `KINDS` order, then by path."""
+    found = []
+    for folder, dirs, _ in os.walk(root):
+        dirs.sort()
+        found += [(i, t, kind) for i, kind in enumerate(KINDS) for t in kind.find(Path(folder))]
+    return [(kind, t) for _, t, kind in sorted(found, key=lambda x: (x[0], str(x[1])))]
+
+
+# -- rendering in place, or into a copy to compare ------------------------------------------
+def _copy(target: Path, root: Path, scratch: Path) -> Path:
+    """`target` (a folder, or a file with the rest of its folder) copied under `scratch` at its
+    place below `root`, less the figures and pages that are not compared."""
+    folder = target if target.is_dir() else target.parent
+    copy = scratch / folder.relative_to(root)
+    if not copy.exists():
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.png", "*.html", "*.gz"))
+    return copy / target.name if target.is_file() else copy
+
+
+def stale(written: Sequence[Path], copy: Path, committed: Path) -> list[Path]:
+    """The committed text files that the outputs `written` (below `copy`) do not match byte for byte."""
+    out = []
+    for path in written:
+        if path.suffix in TEXT:
+            mine = committed / path.relative_to(copy)
+            if not (mine.is_file() and filecmp.cmp(path, mine, shallow=False)):
+                out.append(mine)
+    return out
+
+
+def regenerate(root: Path, check: bool) -> tuple[list[str], list[Path]]:
+    """Render every target under `root` (in place, or with `check` into a copy): the lines of
+    the targets that could not be rendered, and (with `check`) the committed files that differ."""
+    errors, differ = [], []
+    with tempfile.TemporaryDirectory(prefix="regenerate-") as scratch:
+        for kind, target in targets(root):
+            where = _copy(target, root, Path(scratch)) if check else target
+            try:
+                written = kind.render(where, root, not check)
+            except Unrenderable as exc:
+                errors.append(f"{target} ({kind.name}): {exc}")
+                continue
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as exc:
+                # a document cut short or edited by hand: named, and the other folders still rendered
+                errors.append(f"{target} ({kind.name}): cannot be rendered from its documents "
+                              f"({type(exc).__name__}: {exc}); restore them as the tool wrote them")
+                continue
+            if check:
+                differ += stale(written, Path(scratch), root)
+            else:
+                print(f"{kind.name}: {target}: {', '.join(p.name for p in written)}")
+    return errors, differ
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = make_parser("harness.regenerate", __doc__)
+    p.add_argument("--root", default="results", metavar="DIR", help="the folder of result folders to render")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing: render into a temporary folder, name each committed text file that "
+                        "differs, exit 1 if any")
+    args = parse_args(p, argv)
+    root = Path(args.root)
+    if not root.is_dir():
+        return fail(f"--root {args.root}: {'is a file' if root.exists() else 'no such folder'}; "
+                    "name the folder of result folders (default: results)")
+    try:
+        errors, differ = regenerate(root, args.check)
+    except KeyboardInterrupt:
+        return fail("interrupted; every file is either as it was or re-rendered, none half-written", 130)
+    for path in differ:
+        print(f"{path}: differs from its documents' rendering; run python -m harness.regenerate")
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if differ or errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

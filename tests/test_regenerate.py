@@ -1,0 +1,128 @@
+"""`harness.regenerate`: the committed results are what their documents render to today.
+
+(a) --check over the real results/ passes: every generated text file is current.
+(b) A copy of one committed folder of each kind with one number changed in a generated file
+    fails --check, naming that file and no other.
+(c) A bad --root is one line naming the option, before any work.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import regenerate
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+DIFF = "diff-large-ctx1024-bf16-ddp4-h200"
+COMPARE = "large-ctx1024-bf16-fused-ddp4-h200-profiled"  # the compare folder the diff above reads
+
+
+def test_check_passes_on_the_committed_results(capsys) -> None:
+    start = time.perf_counter()
+    code = regenerate.main(["--check", "--root", str(RESULTS)])
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (0, "", "")
+    assert time.perf_counter() - start < 20
+
+
+def test_every_kind_is_found_in_the_committed_results() -> None:
+    kinds = {kind.name for kind, _ in regenerate.targets(RESULTS)}
+    assert kinds == {kind.name for kind in regenerate.KINDS}
+
+
+def _plant(path: Path, old: str, new: str) -> None:
+    """Replace the first `old` in the file by `new` (the one change the check must find)."""
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+# (folders to copy, the generated file to edit, a figure in it, its planted replacement)
+PLANTS = {
+    "compare": ([COMPARE], f"{COMPARE}/report.md", "| 32.", "| 33."),
+    "sweep": (["mfu-ctx1024-h100"], "mfu-ctx1024-h100/jax/cells.csv", ",large,", ",xl,"),
+    "scaling": (["scaling-large-ctx1024-bf16-h200x2"], "scaling-large-ctx1024-bf16-h200x2/scaling.md",
+                "| 100.0% |", "| 100.1% |"),
+    "diff": ([COMPARE, DIFF], f"{DIFF}/diff.md", "82.924 ms", "82.925 ms"),
+    "attention": (["attention-mgpu-h200"], "attention-mgpu-h200/fa3-hd64-bf16.md", " | ok |", " | OOM |"),
+    "tune": (["attention-tune-h200"], "attention-tune-h200/mosaic-fwd.md", "| fwd |", "| bwd |"),
+}
+
+
+@pytest.mark.parametrize("kind", PLANTS)
+def test_check_names_the_one_edited_file(kind, tmp_path, capsys) -> None:
+    folders, edited, old, new = PLANTS[kind]
+    for name in folders:
+        shutil.copytree(RESULTS / name, tmp_path / name)
+    found = {k.name for k, _ in regenerate.targets(tmp_path)}
+    assert kind in found
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 0  # the copy is current as committed
+    capsys.readouterr()
+    _plant(tmp_path / edited, old, new)
+    code = regenerate.main(["--check", "--root", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert [line.split(": ")[0] for line in out.splitlines()] == [str(tmp_path / edited)]
+    assert (tmp_path / edited).read_text().count(new) >= 1  # --check wrote nothing
+
+
+def test_render_puts_back_what_was_edited(tmp_path, capsys) -> None:
+    folders, edited, old, new = PLANTS["compare"]
+    shutil.copytree(RESULTS / COMPARE, tmp_path / COMPARE)
+    _plant(tmp_path / edited, old, new)
+    assert regenerate.main(["--root", str(tmp_path)]) == 0
+    assert (tmp_path / edited).read_text() == (RESULTS / edited).read_text()
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 0
+
+
+def test_a_diff_without_its_compare_folder_is_named(tmp_path, capsys) -> None:
+    shutil.copytree(RESULTS / DIFF, tmp_path / DIFF)
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and f"its compare folder {COMPARE} is not under {tmp_path}" in err
+
+
+@pytest.mark.parametrize("make", ["missing", "file"])
+def test_bad_root_is_one_line_naming_the_option(make, tmp_path, capsys) -> None:
+    root = tmp_path / "nowhere"
+    if make == "file":
+        root.write_text("")
+    assert regenerate.main(["--root", str(root)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"error: --root {root}: ")
+
+
+def test_ctrl_c_mid_render_leaves_every_file_whole(tmp_path, capsys, monkeypatch) -> None:
+    """Ctrl-C after the plot is drawn and before the report is written: exit 130 in one line,
+    every file as committed, no temporary file left."""
+    from harness.timing import compare_render
+
+    shutil.copytree(RESULTS / COMPARE, tmp_path / COMPARE)
+    before = {p.name: p.read_bytes() for p in (tmp_path / COMPARE).iterdir()}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare_render, "compare_markdown", interrupted)
+    assert regenerate.main(["--root", str(tmp_path)]) == 130
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "interrupted" in err
+    assert {p.name: p.read_bytes() for p in (tmp_path / COMPARE).iterdir()} == before
+
+
+def test_a_document_cut_short_is_named_and_the_rest_rendered(tmp_path, capsys) -> None:
+    """A sweep whose sweep.json lost its keys: one line naming it; the compare beside it still checked."""
+    shutil.copytree(RESULTS / COMPARE, tmp_path / COMPARE)
+    shutil.copytree(RESULTS / "mfu-ctx1024-h100" / "jax", tmp_path / "sweep")
+    (tmp_path / "sweep" / "sweep.json").write_text("{}")
+    _plant(tmp_path / COMPARE / "report.md", "| 32.", "| 33.")
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith(str(tmp_path / COMPARE / "report.md"))
+    assert err.count("\n") == 1 and f"{tmp_path / 'sweep'} (sweep): cannot be rendered" in err

@@ -48,3 +48,8 @@ def test_a_drawer_never_sent_work_ends_its_child() -> None:
     proc = drawer._proc
     drawer.close()
     assert proc is None or proc.exitcode == 0
+
+
+def test_the_suffix_names_the_format(tmp_path: Path, bds) -> None:
+    plot.plot(tmp_path / "kernels.svg", bds)  # compare draws the page's vector copy this way
+    assert (tmp_path / "kernels.svg").read_text().lstrip().startswith("<?xml")

@@ -29,10 +29,11 @@ DPI = 110
 
 
 def plot(path: Path, bds: Sequence[Breakdown], top_n: int = TOP_N) -> None:
-    """`kernel_figure` saved as a PNG (written whole or not at all)."""
+    """`kernel_figure` saved in the format `path`'s suffix names (written whole or not at all)."""
     fig = kernel_figure(bds, top_n)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=DPI, format="png", pil_kwargs={"compress_level": 1})  # zlib level 6 is 1/5 of the draw
+    png = Path(path).suffix.lower() == ".png"
+    with atomic_path(path) as tmp:  # zlib's level 6 takes a fifth of the drawing time, level 1 a few percent
+        fig.savefig(tmp, dpi=DPI, **({"pil_kwargs": {"compress_level": 1}} if png else {}))
 
 
 # The layout is set in inches from the labels' lengths rather than measured by

@@ -253,7 +253,10 @@ def result_lock(comparison: Comparison) -> Iterator[None]:
 
 
 def report(summary: dict, path: str) -> int:
-    """The terminal's table and the exit code of a finished comparison."""
+    """The terminal's answer and table, and the exit code of a finished comparison."""
+    from harness.timing.compare_answer import compare_findings
+
+    print("the answer:", *(f"- {f.text}" for f in compare_findings(summary)), "", sep="\n")
     print(format_table(summary))
     if summary.get("overlap"):
         from harness.trace.analyses.overlap import format_overlap

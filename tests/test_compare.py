@@ -269,6 +269,8 @@ def test_profile_fallback_with_attention_ranges_feeds_the_kernel_report(tmp_path
         assert e["flops_per_call"]["attn_scores"] == 2 * 1 * 2 * 32 * 32 * 64  # 2*B*H*T^2*Dh
         assert all(ms > 0 for ms in e["ms_per_step"].values())
     assert "## Kernel breakdown" in (folder / "report.md").read_text()
+    kernels_md = (folder / "kernels.md").read_text().splitlines()
+    assert kernels_md[2] == "## The answer" and kernels_md[4].startswith("- torch: ")  # the answer first, as report's
 
 
 @pytest.mark.parametrize("backend", ["torch", "torch-compile", "jax"])

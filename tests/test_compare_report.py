@@ -190,3 +190,18 @@ def test_profile_analysis_after_parity_says_each_stage(tmp_path, capsys) -> None
     assert lines[1].startswith(f"{what}: done in ") and lines[1].endswith(" s: phases step, forward, backward, optimizer")
     assert lines[2] == "[compare] timeline: torch on one trace" and lines[3].startswith(f"{lines[2]}: done in ")
     assert len(lines) == 4
+
+
+def test_the_terminal_says_the_answer_before_the_table(capsys) -> None:
+    from harness import compare
+
+    folder = Path(__file__).parent.parent / "results" / "large-ctx256-bf16-h100-80gb-hbm3"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert compare.report(summary, str(folder)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "the answer:"
+    steps = {b: r["phases"]["fused_step" if "fused_step" in r["phases"] else "step"]["median_ms"]
+             for b, r in summary["runs"].items()}
+    fastest = min(steps, key=steps.get)
+    assert lines[1].startswith(f"- {fastest} is fastest: {steps[fastest]:.1f} ms per step")
+    assert lines.index("") < next(i for i, line in enumerate(lines) if line.startswith("phase "))

@@ -250,9 +250,11 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
             write_json(os.path.join(tmp, f"{backend}.json"), doc)
         kernels_md = None
         if kernels:
+            from harness.common.answer import answer_markdown
+            from harness.trace.analyses.findings import report_findings
             from harness.trace.render import breakdown_markdown, write_report
 
-            write_report(tmp, *kernels, stem="kernels")
+            write_report(tmp, *kernels, stem="kernels", lead=answer_markdown(report_findings(kernels[0])))
             kernels_md = breakdown_markdown(*kernels)
         if plot_phases(summary, os.path.join(tmp, "phases.png")):
             summary["plot"] = "phases.png"

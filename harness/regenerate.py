@@ -24,8 +24,10 @@ same root). Everything else is not generated from a document here and is left as
 the prose of README.md files, logs and .txt outputs, screenshots, Nsight Compute tables,
 projection.md (assembled from several `--project` commands), the report-at-scale and
 report-speed benchmarks, a compare folder with no report.md beside its summary.json, and
-kernels.{md,csv,json,png} (the kernel breakdown needs the raw profiles; a compare report
-takes kernels.md as it is).
+kernels.png. A compare folder's kernels.md/.csv are rendered from its kernels.json where
+that document is today's (it reads back into the breakdown and writes out the same);
+from an older one, whose runs did not record every figure today's tables show, kernels.md
+is kept as the run wrote it and the compare report embeds it as it is.
 
 --check renders into a temporary folder instead and compares every text output (.md, .csv,
 .json) with the committed file byte for byte, one line per file that differs or is missing;

@@ -41,6 +41,36 @@ KERNELS_KEPT = ("the kernel breakdown below is kernels.md as the original run wr
                 "is not read back by today's breakdown code")
 
 
+def _breakdowns(path: str) -> tuple[list, list[dict]] | None:
+    """The breakdowns and answers of a compare folder's kernels.json, or None where the
+    document is not today's: it must read back into the breakdown and write out again the
+    same, so that no figure an older run did not record is rendered from a default."""
+    from harness.trace.render import breakdown_document
+    from harness.trace.stats import breakdowns_of
+
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        bds, answer_sets = breakdowns_of(doc)
+        same = json.loads(json.dumps(breakdown_document(bds, answer_sets), default=str)) == doc
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return None
+    return (bds, answer_sets) if same else None
+
+
+def _kernels_markdown(breakdowns: tuple[list, list[dict]]) -> tuple[str | None, list[str]]:
+    """(the kernel breakdown as compare's report embeds it, the answer kernels.md opens with);
+    (None, []) where today's renderer cannot read the old document's figures."""
+    from harness.common.answer import answer_markdown
+    from harness.trace.analyses.findings import report_findings
+    from harness.trace.render import breakdown_markdown
+
+    try:
+        return breakdown_markdown(*breakdowns), answer_markdown(report_findings(breakdowns[0]))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None, []
+
+
 class RenderError(ValueError):
     """A folder that cannot be rendered; the message says why."""
 
@@ -215,8 +245,13 @@ def rerender(folder: str, figures: bool = True) -> list[str]:
             if not os.path.exists(original):
                 shutil.copy2(os.path.join(folder, "summary.json"), original)
                 written.append(original)
-        kernels, kernels_md = os.path.join(folder, "kernels.md"), None
-        if os.path.exists(kernels):
+        kernels, kernels_md, breakdowns = os.path.join(folder, "kernels.md"), None, None
+        if os.path.exists(os.path.join(folder, "kernels.json")):
+            breakdowns = _breakdowns(os.path.join(folder, "kernels.json"))
+        if breakdowns:
+            kernels_md, lead = _kernels_markdown(breakdowns)
+            breakdowns = breakdowns if kernels_md else None
+        if not breakdowns and os.path.exists(kernels):
             with open(kernels) as f:
                 kernels_md = f.read()
             if summary.get("rerendered"):
@@ -232,6 +267,10 @@ def rerender(folder: str, figures: bool = True) -> list[str]:
         detail = f"no key {exc.args[0]!r}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
         raise RenderError(f"--render {folder}: summary.json cannot be rendered ({detail} where the report reads it); "
                           "restore the document as harness.compare wrote it; nothing was replaced") from None
+    if breakdowns:  # kernels.md/.csv/.json as compare writes them, the answer first
+        from harness.trace.render import write_report
+
+        written += [str(p) for p in write_report(folder, *breakdowns, stem="kernels", png=False, lead=lead).values()]
     write_text(report, with_link(markdown))
     if figures:  # kernels.png cannot be drawn again from the folder's files: report.html embeds it as it is
         written.append(str(write_html(folder, "report.md", {"phases.png": svg_of(lambda p: plot_phases(summary, p))})))

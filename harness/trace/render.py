@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from harness.common.results import atomic_path, write_text
 from harness.common.spread import HEADER, MAX_COLUMNS, RULE, capped, spread_cells
 from harness.common.tables import markdown_table
 from harness.trace.analyses.breakdown import TOP_N, Breakdown, PhaseStats, answers
@@ -362,6 +363,12 @@ def write_csv(path: Path, bds: Sequence[Breakdown]) -> None:
                                 k.calls_per_step, k.ns_per_step / 1e6, k.mean_ns / 1e3, k.share])
 
 
+def breakdown_document(bds: Sequence[Breakdown], answer_sets: Sequence[dict]) -> list[dict]:
+    """kernels.json's content: each breakdown with its answers (`stats.breakdowns_of` reads
+    it back). The profile's file name only: where it lay (often a temp folder) says nothing."""
+    return [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]
+
+
 def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,
                  top_n: int = TOP_N, stem: str = "kernels", png: bool = True,
                  sections: Sequence[str] = (), markdown: str | None = None,
@@ -373,12 +380,11 @@ def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Seq
     out.mkdir(parents=True, exist_ok=True)
     answer_sets = answer_sets or [answers(bd) for bd in bds]
     paths = {ext: out / f"{stem}.{ext}" for ext in ("md", "csv", "json", *(("png",) if png else ()))}
-    paths["md"].write_text(markdown if markdown is not None else breakdown_markdown(bds, answer_sets, top_n,
-                                                                                    sections=sections, lead=lead))
-    write_csv(paths["csv"], bds)
-    # The profile's file name only: where it lay (often a temp folder) says nothing.
-    doc = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]
-    paths["json"].write_text(json.dumps(doc, indent=1, default=str))
+    write_text(paths["md"], markdown if markdown is not None else breakdown_markdown(bds, answer_sets, top_n,
+                                                                                     sections=sections, lead=lead))
+    with atomic_path(paths["csv"]) as tmp:
+        write_csv(Path(tmp), bds)
+    write_text(paths["json"], json.dumps(breakdown_document(bds, answer_sets), indent=1, default=str))
     if png:
         plot(paths["png"], bds, top_n)
     return paths

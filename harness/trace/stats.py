@@ -3,7 +3,9 @@ and how the figures were obtained (attribution rule, steady-step rule)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 
 from harness.trace.kernels import Category, GemmInfo
 from harness.trace.profile import ApiStat
@@ -91,3 +93,33 @@ class Breakdown:
     layers: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> canonical layer -> ns per step
     cpu_ops: bool = False  # CPU ops stand in for kernels: times are host times, not GPU times
     library_ranges: dict[str, list[SubRange]] = field(default_factory=dict)  # phase -> its library sub-ranges
+
+
+def from_document(cls: type, doc: dict):
+    """The `cls` dataclass that `dataclasses.asdict` (and JSON) made `doc` from, nested
+    dataclasses, lists and dicts rebuilt by the field types; keys a newer `cls` added take
+    their defaults, keys it no longer has are dropped. A required field missing raises
+    ``TypeError`` naming it."""
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: _typed(hints[f.name], doc[f.name]) for f in fields(cls) if f.name in doc})
+
+
+def _typed(tp: object, value: object) -> object:
+    if value is None:
+        return None
+    if is_dataclass(tp):
+        return from_document(tp, value)
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return _typed(next(a for a in args if a is not type(None)), value)
+    if origin is list:
+        return [_typed(args[0], v) for v in value]
+    if origin is dict:
+        return {k: _typed(args[1], v) for k, v in value.items()}
+    return value
+
+
+def breakdowns_of(doc: list[dict]) -> tuple[list[Breakdown], list[dict]]:
+    """The breakdowns and answers of a kernels.json (`harness.trace.render.write_report`)."""
+    return [from_document(Breakdown, bd) for bd in doc], [bd.get("answers", {}) for bd in doc]

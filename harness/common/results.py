@@ -181,23 +181,10 @@ def held_lock(path: str | os.PathLike) -> Iterator[None]:
 
 
 def git_commit() -> str | None:
-    """$XFPROF_GIT_COMMIT when set (for code run from a copy of the tree, whose .git
-    folder, if any, need not match the code), else HEAD of the checkout with -dirty for
-    uncommitted changes, else None."""
-    if os.environ.get("XFPROF_GIT_COMMIT"):
-        return os.environ["XFPROF_GIT_COMMIT"]
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain",
-             "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        return out + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
+    """The commit a result came from (`harness.common.provenance.tree_record`)."""
+    from harness.common.provenance import tree_record
+
+    return tree_record()["git_commit"]
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -262,12 +249,15 @@ def settings() -> dict[str, str]:
 
 
 def environment(extra: dict | None = None) -> dict:
-    """What produced a number: host, Python, git commit, command line, the settings made
+    """What produced a number: host, Python, the tree (commit and source digest,
+    `harness.common.provenance`), command line, the settings made
     through environment variables (`settings`, when any), plus `extra`."""
+    from harness.common.provenance import tree_record
+
     env = {
         "host_platform": platform.platform(),
         "python": platform.python_version(),
-        "git_commit": git_commit(),
+        **tree_record(),
         "command": command_line(),
         **nvidia_smi(),
     }

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jax
 
+from harness.attention.bench_answer import RULES, bench_findings
 from harness.attention.catalog import (
     BEST_REF_IMPLS,
     GPU_ONLY,
@@ -33,6 +34,7 @@ from harness.attention.catalog import (
 from harness.attention.impls import build_jax, build_torch
 from harness.attention.timing import failure_status, release_memory, time_interleaved
 from harness.common import results
+from harness.common.answer import answer_markdown
 from harness.common.results import atomic_path, write_text
 from harness.common.tables import markdown_table
 
@@ -270,9 +272,11 @@ def render_results(path: Path, figures: bool = True) -> dict[str, Path]:
     meta = "\n".join(f"- {k}: `{env[k]}`" for k in ("device", "jax", "torch", "triton", "git_commit", "command"))
     if env.get("stopped_after_cells") is not None:
         meta += f"\n- **stopped before the end: only the first {env['stopped_after_cells']} cell(s) were measured**"
+    answer = "\n".join(answer_markdown(bench_findings(rows), RULES))
     write_text(
         paths["md"],
-        f"# Attention benchmark ({env['device']})\n\n{meta}\n- {env['timing']}\n- FLOPs: {env['flop_convention']}\n"
+        f"# Attention benchmark ({env['device']})\n\n{answer}\n{meta}\n- {env['timing']}\n"
+        f"- FLOPs: {env['flop_convention']}\n"
         f"- x/SDPA: time divided by the fastest PyTorch SDPA backend's time for the same cell (< 1 is faster)\n"
         f"- xbest: throughput ratio against the fastest of every SDPA backend and cuDNN through JAX "
         f"(fastest reference time / this time; >= 1 is at least as fast)\n\n"

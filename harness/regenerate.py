@@ -20,8 +20,11 @@ generated is recognised by the marker files of `KINDS`, not guessed from folder 
     tune       X.jsonl of `harness.tune_attention`, and X.md     harness.tune_attention --render X.jsonl: X.md
 
 Compare folders come first, since a diff reads its compare folder (which must sit under the
-same root). Everything else is not generated from a document here and is left as it is:
-the prose of README.md files, logs and .txt outputs, screenshots, Nsight Compute tables,
+same root). Then the pages beside the root (README.md and docs/**/*.md in its parent folder):
+each block between `<!-- generated: NAME ARG -->` and `<!-- end generated -->` is rendered
+again from the result documents it names (`harness.timing.doc_blocks`); the rest of a page is
+prose and left as it is. Everything else is not generated from a document here and is left as it is:
+the prose of README.md files outside the generated blocks, logs and .txt outputs, screenshots, Nsight Compute tables,
 projection.md (assembled from several `--project` commands), the report-at-scale and
 report-speed benchmarks, a compare folder with no report.md beside its summary.json, and
 kernels.png. A compare folder's kernels.md/.csv are rendered from its kernels.json where
@@ -30,9 +33,10 @@ from an older one, whose runs did not record every figure today's tables show, k
 is kept as the run wrote it and the compare report embeds it as it is.
 
 --check renders into a temporary folder instead and compares every text output (.md, .csv,
-.json) with the committed file byte for byte, one line per file that differs or is missing;
-exit 1 when any does. It draws no figure: PNGs differ with matplotlib's version, and so does
-report.html, which embeds each figure as SVG, so neither is compared. Each file is written
+.json, and each page with generated blocks) with the committed file byte for byte, one line
+per file that differs or is missing; exit 1 when any does. It draws no figure: PNGs differ
+with matplotlib's version, and so does report.html, which embeds each figure as SVG, so
+neither is compared. Each file is written
 whole or not at all (`harness.common.results`), so Ctrl-C or SIGTERM leaves every file
 either as it was or re-rendered (exit 130). Exit status: 0 done (or, with --check, all
 current), 1 a file differs or a folder cannot be rendered, 2 bad input.
@@ -241,6 +245,30 @@ def regenerate(root: Path, check: bool) -> tuple[list[str], list[Path]]:
                 differ += stale(written, Path(scratch), root)
             else:
                 print(f"{kind.name}: {target}: {', '.join(p.name for p in written)}")
+    page_errors, page_differ = regenerate_pages(root, check)
+    return errors + page_errors, differ + page_differ
+
+
+def regenerate_pages(root: Path, check: bool) -> tuple[list[str], list[Path]]:
+    """Render the generated blocks of the pages beside `root` (README.md, docs/) from the documents
+    under `root`: rewrite each page whose blocks changed, or with `check` name it instead."""
+    from harness.timing.doc_blocks import BlockError, pages, render_page
+
+    errors, differ = [], []
+    repo = root.parent if root.name not in ("", ".", "..") else root.resolve().parent
+    for page in pages(repo):
+        text = page.read_text()
+        try:
+            new = render_page(text, str(page), root)
+        except BlockError as exc:
+            errors.append(f"{page} (page): {exc}")
+            continue
+        if new != text:
+            if check:
+                differ.append(page)
+            else:
+                write_text(page, new)
+                print(f"page: {page}")
     return errors, differ
 
 

@@ -4,10 +4,14 @@
 (b) A copy of one committed folder of each kind with one number changed in a generated file
     fails --check, naming that file and no other.
 (c) A bad --root is one line naming the option, before any work.
+(d) The generated block of README.md agrees with its compare folder's report; a digit changed
+    inside it fails --check naming README.md, and rendering puts it back; prose outside it is
+    not checked; a broken block is one line naming the page.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -126,3 +130,89 @@ def test_a_document_cut_short_is_named_and_the_rest_rendered(tmp_path, capsys) -
     out, err = capsys.readouterr()
     assert out.splitlines()[0].startswith(str(tmp_path / COMPARE / "report.md"))
     assert err.count("\n") == 1 and f"{tmp_path / 'sweep'} (sweep): cannot be rendered" in err
+
+
+# -- the generated blocks of the pages beside the root (README.md, docs/) ---------------------
+MAIN = "large-ctx256-bf16-h100-80gb-hbm3"  # the compare folder the README's main-job block names
+REPO = RESULTS.parent
+
+
+def _block(text: str) -> str:
+    start = text.index(f"<!-- generated: main-job {MAIN} -->")
+    return text[start:text.index("<!-- end generated -->", start)]
+
+
+def _repo_copy(tmp_path: Path) -> Path:
+    """README.md beside a results/ holding the main job's folder: a repository the check reads."""
+    shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    shutil.copytree(RESULTS / MAIN, tmp_path / "results" / MAIN)
+    return tmp_path / "results"
+
+
+def test_the_readme_block_agrees_with_the_folder_s_report() -> None:
+    """Each figure of the README's table against the compare report's own table (another renderer):
+    the step and fused-step medians and p10-p90, and the time to first step, rounded."""
+    rows = {line.split(" | ")[0].strip("| "): line for line in _block((REPO / "README.md").read_text()).splitlines()
+            if line.startswith("| ")}
+    report = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in
+              (RESULTS / MAIN / "report.md").read_text().splitlines() if line.startswith("| ")}
+    header = report["phase"]
+    col = {name: header.index(f"{name} ms (median, p10-p90)") for name in ("torch", "torch-compile", "jax")}
+
+    def fig(text: str) -> str:  # "212.366 (187.718-222.397)" -> "212.4 187.7-222.4"
+        median, spread = text.split(" (")
+        lo, hi = spread.rstrip(")").split("-")
+        return f"{float(median):.1f} {float(lo):.1f}-{float(hi):.1f}"
+
+    def mine(label: str) -> str:
+        cells = rows[label].strip("| ").split(" | ")
+        return f"{cells[1]} {cells[2]}"
+
+    assert mine("torch") == fig(report["step"][col["torch"]])
+    assert mine("torch-compile") == fig(report["step"][col["torch-compile"]])
+    assert mine("jax, split step") == fig(report["step"][col["jax"]])
+    assert mine("jax, fused step") == fig(report["fused_step (torch: step)"][col["jax"]])
+    firsts = report["time to first step (s)"]
+    for label, name in (("torch", "torch"), ("torch-compile", "torch-compile"), ("jax, fused step", "jax")):
+        assert rows[label].strip("| ").split(" | ")[5] == f"{float(firsts[col[name]]):.1f}"
+    run = json.loads((RESULTS / MAIN / "summary.json").read_text())["runs"]["torch"]
+    assert rows["torch"].strip("| ").split(" | ")[3] == str(len(run["phases"]["step"]["times_ms"]))
+    assert f"tree {run['env']['git_commit']};" in _block((REPO / "README.md").read_text())
+
+
+def test_check_names_the_readme_when_a_number_in_its_block_changes(tmp_path, capsys) -> None:
+    root = _repo_copy(tmp_path)
+    assert regenerate.main(["--check", "--root", str(root)]) == 0  # the README as committed is current
+    capsys.readouterr()
+    readme = tmp_path / "README.md"
+    text = readme.read_text()
+    block = _block(text)
+    row = next(line for line in block.splitlines() if line.startswith("| torch |"))
+    planted = row.replace(row.split(" | ")[1], row.split(" | ")[1].replace(".", "1.", 1), 1)  # 212.4 -> 2121.4
+    readme.write_text(text.replace(row, planted, 1))
+    code = regenerate.main(["--check", "--root", str(root)])
+    out, err = capsys.readouterr()
+    assert (code, err) == (1, "")
+    assert [line.split(": ")[0] for line in out.splitlines()] == [str(readme)]
+    assert planted in readme.read_text()  # --check wrote nothing
+    assert regenerate.main(["--root", str(root)]) == 0  # rendering puts the number back
+    assert readme.read_text() == text
+
+
+def test_text_outside_the_block_is_prose_and_left_alone(tmp_path, capsys) -> None:
+    root = _repo_copy(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text().replace("## The tools", "## The tools, 42 of them", 1))
+    assert regenerate.main(["--check", "--root", str(root)]) == 0
+
+
+@pytest.mark.parametrize("edit", ["no end", "no folder"])
+def test_a_broken_block_is_one_line_naming_the_page(edit, tmp_path, capsys) -> None:
+    root = _repo_copy(tmp_path)
+    readme = tmp_path / "README.md"
+    text = readme.read_text()
+    readme.write_text(text.replace("<!-- end generated -->", "", 1) if edit == "no end"
+                      else text.replace(f"main-job {MAIN} -->", "main-job nowhere -->", 1))
+    assert regenerate.main(["--check", "--root", str(root)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and f"{readme} (page)" in err

@@ -1,0 +1,120 @@
+"""The generated blocks of the project's pages (README.md, docs/*.md): figures are rendered from
+the result documents, never typed.
+
+A page marks a block with two HTML comments, which markdown renders as nothing:
+
+    <!-- generated: main-job large-ctx256-bf16-h100-80gb-hbm3 -->
+    ...rendered text, rewritten by `python -m harness.regenerate`...
+    <!-- end generated -->
+
+The first word after "generated:" names the renderer (`RENDERERS`), the rest its argument: for
+`main-job`, a compare folder under the results root, whose summary.json the block is built
+from. `render_page` gives the page with every block rendered again; text outside the markers
+is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.common.tables import markdown_table
+from harness.timing.compare_answer import compare_findings
+
+# Markers stand at the start of their own line (a marker quoted in prose or a code span is none).
+BLOCK = re.compile(r"^(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)^(<!-- end generated -->)$", re.S | re.M)
+OPEN = re.compile(r"^<!-- generated:", re.M)
+
+
+class BlockError(Exception):
+    """A page's block that cannot be rendered; the message names the page and the block."""
+
+
+def _step_row(label: str, p: dict, first_s: float | None) -> list[str]:
+    spread = f"{p['p10_ms']:.1f}-{p['p90_ms']:.1f}" if p.get("p10_ms") is not None else "-"
+    mfu = f"{100 * p['mfu']:.1f}%" if p.get("mfu") else "-"
+    return [label, f"{p['median_ms']:.1f}", spread, str(p.get("n", len(p.get("times_ms") or []))), mfu,
+            f"{first_s:.1f}" if first_s else "-"]
+
+
+def _command(summary: dict) -> str:
+    """The compare command as run, less its `--out` (a folder of the machine it ran on)."""
+    words = shlex.split(str((summary.get("env") or {}).get("command", "")))
+    kept = [w for i, w in enumerate(words) if w != "--out" and (i == 0 or words[i - 1] != "--out")]
+    return " ".join(kept)
+
+
+def _versions(runs: dict) -> str:
+    """The frameworks each run recorded (torch, jax), once each, in run order."""
+    seen: dict[str, str] = {}
+    for r in runs.values():
+        env = r.get("env") or {}
+        for lib in ("torch", "jax"):
+            if env.get(lib):
+                seen.setdefault(lib, f"{lib} {env[lib]}")
+    return ", ".join(seen.values())
+
+
+def main_job(folder: Path) -> str:
+    """The main job's table: per backend the step (median, p10-p90, measured steps), MFU and time
+    to first step, JAX's fused and split steps on rows of their own; the answer's speed finding
+    above it; the machine, versions, commit and command under it."""
+    summary = json.loads((folder / "summary.json").read_text())
+    rows = []
+    for backend, r in summary["runs"].items():
+        if r.get("status") != "ok":
+            rows.append([backend, "failed", "-", "-", "-", "-"])
+            continue
+        first = (r.get("first_step") or {}).get("time_to_first_step_ms")
+        first_s = first / 1e3 if first else None
+        phases = r["phases"]
+        if "fused_step" in phases:
+            rows.append(_step_row(f"{backend}, fused step", phases["fused_step"], first_s))
+            rows.append(_step_row(f"{backend}, split step", phases["step"], None))
+        else:
+            rows.append(_step_row(backend, phases["step"], first_s))
+    header = ["backend", "step median (ms)", "p10-p90 (ms)", "measured steps", "MFU", "time to first step (s)"]
+    speed = [f.text for f in compare_findings(summary) if f.topic == "speed"]
+    commits = sorted({str((r.get("env") or {}).get("git_commit")) for r in summary["runs"].values()})
+    o = summary["options"]
+    lines = [*(f"{text}." for text in speed[:1]), "",
+             *markdown_table(header, rows), "",
+             f"`{o['model']}`, ctx {o['ctx']}, batch {o['batch']}, {o['dtype']}, {o['attention']} attention, "
+             f"{o['steps']} measured steps after {o['warmup']} warm-up; {summary.get('device')}, "
+             f"{_versions(summary['runs'])}; tree {', '.join(commits)}; `{_command(summary)}` "
+             f"(`results/{folder.name}/`)."]
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS: dict[str, Callable[[Path], str]] = {"main-job": main_job}
+
+
+def render_page(text: str, name: str, root: Path) -> str:
+    """`text` (the page `name`) with each generated block rendered again from the documents under
+    `root` (the results folder); raises BlockError naming the page and block that cannot be."""
+    if len(OPEN.findall(text)) != len(BLOCK.findall(text)):
+        raise BlockError(f"{name}: a '<!-- generated: ... -->' marker without its '<!-- end generated -->'")
+
+    def render(m: re.Match) -> str:
+        kind, _, arg = m["spec"].strip().partition(" ")
+        if kind not in RENDERERS:
+            raise BlockError(f"{name}: block '{kind}' is not one of {', '.join(RENDERERS)}")
+        folder = root / arg.strip()
+        if not arg.strip() or not (folder / "summary.json").is_file():
+            raise BlockError(f"{name}: block '{m['spec']}' names no compare folder under {root}")
+        try:
+            return m.group(1) + RENDERERS[kind](folder) + m.group(4)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BlockError(f"{name}: block '{m['spec']}': {folder / 'summary.json'} cannot be rendered "
+                             f"({type(exc).__name__}: {exc})") from None
+
+    return BLOCK.sub(render, text)
+
+
+def pages(repo: Path) -> list[Path]:
+    """The pages whose blocks are generated: README.md and docs/**/*.md in `repo`, those that hold one."""
+    found = [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
+    return [p for p in found if p.is_file() and OPEN.search(p.read_text())]

@@ -114,3 +114,17 @@ def test_candidates_equal_to_the_default_are_skipped() -> None:
     assert tune._repeats("mosaic", short, {"fused_bwd": False}, seen_short)
     assert not tune._repeats("mosaic", long_, {}, seen_long)
     assert not tune._repeats("mosaic", long_, {"fused_bwd": False}, seen_long)
+
+
+def test_the_answer_names_each_pass_best_candidate() -> None:
+    rows = [_row("fwd", 1024, "default", 2.0), _row("fwd", 1024, "a", 1.0), _row("fwd", 4096, "default", 8.0),
+            _row("fwd", 4096, "a", 12.0), _row("bwd", 1024, "default", 3.0), _row("bwd", 1024, "c", 4.0),
+            _row("bwd", 4096, "c", None, "OOM")]
+    texts = [f.text for f in tune.tune_findings(rows)]
+    assert texts == [  # fwd: a is 2x and 2/3x, geomean sqrt(4/3) = 1.155; bwd: c is slower
+        "bwd, head dim 64: the default is the best candidate",
+        "fwd, head dim 64: best: a, 1.155x the default's speed (geomean over 2 shapes; worst shape 0.667x, "
+        "best 2.000x)",
+        "1 of 7 measurements did not run or did not match",
+    ]
+    assert tune.tune_markdown(rows).splitlines()[2] == "## The answer"

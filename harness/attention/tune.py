@@ -31,6 +31,7 @@ from pathlib import Path
 from harness.attention.catalog import PASS_FLOP_FACTOR, cell_key, fwd_flops
 from harness.attention.impls import block_sizes_for, build_jax
 from harness.attention.timing import failure_status, release_memory, time_ms
+from harness.common.answer import Finding, answer_markdown
 from harness.common.tables import markdown_table
 
 # Relative difference (max |candidate - default| / max |default|) allowed per dtype.
@@ -252,8 +253,31 @@ def _f(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+TUNE_RULES = ("a candidate's speed-up is the default's time over its own, per shape; the best candidate per pass "
+              "and head dim has the highest geometric mean over the shapes where both ran")
+
+
+def tune_findings(rows: list[dict]) -> list[Finding]:
+    """Per pass and head dim, the best candidate and what it gives over the default; failures."""
+    findings, seen = [], set()
+    for g in rank(rows):  # best first within each (pass, head_dim)
+        key = (g["pass"], g["head_dim"])
+        if key in seen or g["geomean"] is None:
+            continue
+        seen.add(key)
+        what = ("the default is the best candidate" if g["candidate"] in ("default", AGAIN) else
+                f"best: {g['candidate']}, {g['geomean']:.3f}x the default's speed (geomean over {g['cells']} "
+                f"shapes; worst shape {g['worst']:.3f}x, best {g['best']:.3f}x)")
+        findings.append(Finding("tune", f"{g['pass']}, head dim {g['head_dim']}: {what}", "Candidates ranked"))
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed:
+        findings.append(Finding("failed", f"{len(failed)} of {len(rows)} measurements did not run or did not match",
+                                "Not measured"))
+    return findings
+
+
 def tune_markdown(rows: list[dict], env: dict | None = None) -> str:
-    lines = ["# Block-size search", ""]
+    lines = ["# Block-size search", "", *answer_markdown(tune_findings(rows), TUNE_RULES)]
     if env:
         lines += [f"- {k}: `{env[k]}`" for k in ("device", "jax", "git_commit", "command") if k in env] + [""]
     lines += ["Speed-up = default time / candidate time (> 1 is faster), the default's time being the faster of "

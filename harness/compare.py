@@ -15,8 +15,9 @@ already there is refused before anything runs (--overwrite replaces it; another 
 both), and so is a second compare of the same folder while the first runs. Ctrl-C or
 SIGTERM keeps the finished backends' results and a partial summary in <name>-interrupted/
 (or, after the runs and parity, the result folder without what was cut short) and says so. Exit status:
-0 all good, 1 parity failed, 3 a run failed, 4 the kernel breakdown failed, 2 bad input,
-130 interrupted. --render FOLDER runs nothing: it writes report.md and phases.png of an
+0 all good, 1 parity failed, 3 a run failed, 4 the kernel breakdown failed, 5 the runs finished
+but their reports could not be written (the documents are kept in <name>-unrendered/), 2 bad
+input, 130 interrupted. --render FOLDER runs nothing: it writes report.md and phases.png of an
 existing result folder again from its summary.json with today's code, upgrading a document
 written before the robust statistics (library: `harness.timing.upgrade`).
 """
@@ -54,7 +55,7 @@ from harness.common.results import LockHeld, dir_problem, ensure_dir, held_lock
 from harness.common.trace_options import add_timeline, timeline_problem, timeline_steps_problem
 from harness.memory_model import fit_problem
 from harness.run import add_layer_ranges, annotate_attention_problem, layer_ranges_problem
-from harness.timing.compare import Interrupted, compare, expected_device, result_dir_name
+from harness.timing.compare import Interrupted, NotRendered, compare, expected_device, result_dir_name
 from harness.timing.compare_render import format_table
 from harness.timing.spec import Comparison, RunSpec
 
@@ -233,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc))
     except Interrupted as exc:
         return fail(str(exc), 130)
+    except NotRendered as exc:
+        return fail(str(exc), 5)
     return report(summary, path)
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,23 @@ def test_interrupted_write_leaves_no_half_written_folder(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         compare_lib.write_results({"options": {}}, str(tmp_path), "x-ctx1-fp32-cpu")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_report_that_fails_to_render_keeps_the_runs(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("a rendering defect")
+
+    monkeypatch.setattr(compare_lib, "write_results", broken)
+    monkeypatch.setattr(compare_lib, "result_dir_name", lambda c, device: "x-ctx1-fp32-cpu")
+    summary = {"device": "cpu", "runs": {"torch": {"status": "ok", "phases": {}}, "jax": {"status": "ok"}}}
+    c = types.SimpleNamespace(out=str(tmp_path), overwrite=False)
+    with pytest.raises(compare_lib.NotRendered, match=r"\(ValueError: a rendering defect\); the documents are "
+                                                       r"kept in .*x-ctx1-fp32-cpu-unrendered; `--render"):
+        compare_lib.write_or_keep(summary, c, None)
+    kept = tmp_path / "x-ctx1-fp32-cpu-unrendered"
+    assert sorted(os.listdir(kept)) == ["jax.json", "summary.json", "torch.json"]
+    assert json.loads((kept / "summary.json").read_text()) == summary
+    assert json.loads((kept / "torch.json").read_text()) == summary["runs"]["torch"]
 
 
 def test_profile_fallback_with_attention_ranges_feeds_the_kernel_report(tmp_path, monkeypatch):

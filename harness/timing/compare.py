@@ -39,6 +39,11 @@ class Interrupted(Exception):
     """Ctrl-C or SIGTERM during a comparison; the message says what finished and where it was kept."""
 
 
+class NotRendered(Exception):
+    """The runs finished but their reports could not be written; the message says why and
+    where the documents were kept."""
+
+
 def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
     """Run `cmd`, passing its stderr (progress) through; return exit code and stderr's tail.
     An interrupt stops the subprocess too before it is re-raised."""
@@ -336,6 +341,27 @@ def write_or_keep(summary: dict, c: Comparison, kernels: tuple[list, list] | Non
         print(f"error: --out {c.out}: could not write the result folder ({exc.strerror or exc}); "
               f"it is kept in {path}", file=sys.stderr)
         return path
+    except Exception as exc:  # noqa: BLE001  (a report that fails to render must not lose the runs)
+        path = keep_documents(summary, c.out, f"{name}-unrendered", kernels)
+        raise NotRendered(f"the runs finished, but their reports could not be written ({type(exc).__name__}: "
+                          f"{exc}); the documents are kept in {path}; `--render {path}` writes the reports from "
+                          "them") from exc
+
+
+def keep_documents(summary: dict, root: str, name: str, kernels: tuple[list, list] | None) -> str:
+    """summary.json, each backend's document and kernels.json, without any report, in a new
+    folder `name` under `root` (a number added where the name is taken); its path."""
+    from harness.common.results import write_text
+    from harness.trace.render import breakdown_document
+
+    path = os.path.join(root, _free_name(root, name))
+    os.makedirs(path)
+    for backend, doc in summary["runs"].items():
+        write_json(os.path.join(path, f"{backend}.json"), doc)
+    if kernels:
+        write_text(os.path.join(path, "kernels.json"), json.dumps(breakdown_document(*kernels), indent=1, default=str))
+    write_json(os.path.join(path, "summary.json"), summary)
+    return path
 
 
 def compare(comparison: Comparison) -> tuple[dict, str]:

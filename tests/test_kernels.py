@@ -24,6 +24,8 @@ PUBLIC = {
     "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<4> >": Category.OPTIMIZER,  # noqa: E501
     "[CUDA memcpy]": Category.MEMORY,
     "[CUDA memset]": Category.MEMORY,
+    # rocBLAS/hipBLASLt's Tensile GEMM, from HTA's MI250 trace (tests/data/hta/mi250_rocm.json.gz)
+    "Cijk_Alik_Bljk_SB_Bias_AS_SAV_UserArgs_MT64x16x32_MI16x16x1_SN_LDSB0_AFC1_AFEM1_AFEM1_ASEM1_CLR1": Category.GEMM,
 }
 
 

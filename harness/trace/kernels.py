@@ -140,7 +140,7 @@ PATTERNS: tuple[tuple[Category, str], ...] = (
     (Category.POOLING, r"pool(?:ing|_?[123]d)|(?:max|avg|average)_?pool"),
     (Category.EMBEDDING, r"(?<![a-z])embedding|bounds_check_indices|linearize_index|bucketize_sparse_features"),
     (Category.MEMORY, r"(?<![a-z])permute_\w*kernel"),
-    (Category.GEMM, r"(?<!fb)gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv"),
+    (Category.GEMM, r"(?<!fb)gemm|nvjet|cutlass|xmma|Kernel2\b|cublas|matmul|\bdot_|gemv|^Cijk_"),  # Cijk_: AMD Tensile
     (Category.GEMM, _XLA_CPU_GEMM),  # before `fusion` makes a YNNPACK fusion elementwise
     (Category.QUANTIZATION, r"quantiz|(?<![a-z])h?fp8|float8"),
     (Category.OPTIMIZER, r"multi_tensor_apply|fused_adam|adam|_foreach_"),

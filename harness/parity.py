@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from harness import backends
+from harness import backends, stopped_by
 from harness.common.cli import (
     UsageError,
     add_model_args,
@@ -73,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = check_parity(config, batch=args.batch, ctx=args.ctx, device=args.device, dtype=args.dtype,
                               seed=args.seed, steps=args.steps, backends=tuple(args.backend))
+    except KeyboardInterrupt as exc:
+        return fail(f"interrupted by {stopped_by(exc)} before parity was checked; nothing was written", 130)
     except Exception as exc:  # an OOM or a backend failure is reported, not a traceback
         message = describe_failure(exc, "parity", args)
         if args.out and (kept_elsewhere := save_json(args.out, {"ok": None, "status": "oom" if is_oom(exc) else "error",

@@ -117,3 +117,21 @@ def test_cpu_default_backends_leave_out_the_cuda_graph_one(capsys):
     chosen = choose_backends(None, parity.default_backends("cpu"), "cpu", "parity")
     assert "torch-compile-cg" not in chosen and "jax" in chosen
     assert "torch-compile-cg" not in capsys.readouterr().err
+
+
+def test_a_stop_signal_during_parity_is_one_line(tmp_path):
+    """SIGTERM while the steps run (what compare sends its parity child): exit 130, one line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness.parity", "--device", "cpu", "--backend", "jax",
+                             "--steps", "100000"], cwd=os.path.dirname(os.path.dirname(__file__)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(12)  # past the imports: inside the steps
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -88,22 +88,25 @@ def size_problem(models: Sequence[str], ctxs: Sequence[int], batch: int, dtype: 
 
 
 def machine_memory(device: str) -> tuple[int, str] | None:
-    """Bytes one device of this machine holds, and in words: the host's RAM on CPU, the first
-    GPU's memory as nvidia-smi reports it on cuda (read without starting CUDA here, which
-    would take memory from the runs); None where it cannot be read."""
+    """Bytes one device of this machine holds, and in words: the host's RAM on CPU; on cuda
+    the memory of the smallest GPU this process may use ($CUDA_VISIBLE_DEVICES), as
+    nvidia-smi reports it (read without starting CUDA here, which would take memory from the
+    runs); None where it cannot be read."""
     if device == "cpu":
         try:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError):
             return None
         return total, f"this machine's {total / GIB:.1f} GiB of host RAM"
-    from harness.common.results import nvidia_smi
+    from harness.common.results import nvidia_smi_all
 
-    match = re.fullmatch(r"(\d+)\s*MiB", nvidia_smi().get("gpu_memory", ""))
-    if not match:
+    sizes = [int(m.group(1)) * 2**20 for gpu in nvidia_smi_all()
+             if (m := re.fullmatch(r"(\d+)\s*MiB", gpu.get("gpu_memory", "")))]
+    if not sizes:
         return None
-    total = int(match.group(1)) * 2**20
-    return total, f"the GPU's {total / GIB:.1f} GiB"
+    total = min(sizes)
+    return total, (f"the GPU's {total / GIB:.1f} GiB" if len(sizes) == 1 else
+                   f"the smallest of the {len(sizes)} GPUs' {total / GIB:.1f} GiB")
 
 
 def step_need(config, batch: int, ctx: int, dtype: str, mode: str) -> int:

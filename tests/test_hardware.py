@@ -49,3 +49,18 @@ def test_one_row_answers_every_question_about_a_gpu() -> None:
     assert gpu("NVIDIA A100-SXM4-40GB").memory_mib == 40960 and gpu("NVIDIA L40S").pattern == "L40S"
     assert sm_tensor_flops(gpu("NVIDIA H100 80GB HBM3").compute_capability) == 4096
     assert sm_tensor_flops("8.0") == 2048 and sm_tensor_flops("8.9") is None and gpu("Tesla T4") is None
+
+
+def test_nvidia_smi_asks_for_the_visible_gpus(monkeypatch, tmp_path) -> None:
+    """nvidia-smi lists every GPU whatever CUDA_VISIBLE_DEVICES says: it is asked for those by --id."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "$@" > "$0.args"\nprintf "NVIDIA H200, 580.1, 700 W, 1980 MHz, 143771 MiB\\n'
+                   'NVIDIA H100, 580.1, 700 W, 1980 MHz, 81559 MiB\\n"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert [g["gpu_memory"] for g in results.nvidia_smi_all()] == ["143771 MiB", "81559 MiB"]
+    assert (tmp_path / "nvidia-smi.args").read_text().split()[-1] == "--id=2,3"
+    assert results.nvidia_smi()["gpu_name"] == "NVIDIA H200"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU visible: nvidia-smi is not asked
+    assert results.nvidia_smi_all() == [] and results.nvidia_smi() == {}

@@ -156,9 +156,12 @@ def test_the_gpu_memory_comes_from_nvidia_smi_without_starting_cuda(monkeypatch)
     from harness import memory_model
     from harness.common import results
 
-    monkeypatch.setattr(results, "nvidia_smi", lambda: {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_memory": "81559 MiB"})
+    monkeypatch.setattr(results, "nvidia_smi_all", lambda: [{"gpu_name": "NVIDIA H100 80GB HBM3",
+                                                             "gpu_memory": "81559 MiB"}])
     assert memory_model.machine_memory("cuda") == (81559 * 2**20, "the GPU's 79.6 GiB")
-    monkeypatch.setattr(results, "nvidia_smi", lambda: {})  # no nvidia-smi: no verdict, nothing refused
+    monkeypatch.setattr(results, "nvidia_smi_all", lambda: [{"gpu_memory": "143771 MiB"}, {"gpu_memory": "81559 MiB"}])
+    assert memory_model.machine_memory("cuda") == (81559 * 2**20, "the smallest of the 2 GPUs' 79.6 GiB")
+    monkeypatch.setattr(results, "nvidia_smi_all", lambda: [])  # no nvidia-smi: no verdict, nothing refused
     assert memory_model.machine_memory("cuda") is None
     assert memory_model.fit_problem("tiny", 16, 10**8, "fp32", "naive", "train", "cuda") is None
 

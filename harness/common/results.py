@@ -217,25 +217,45 @@ NVIDIA_SMI_FIELDS = {"name": "gpu_name", "driver_version": "driver", "power.limi
 def parse_nvidia_smi(text: str) -> dict[str, str]:
     """The first GPU's line of `nvidia-smi --query-gpu=<NVIDIA_SMI_FIELDS> --format=csv,noheader`,
     keyed by our names; fields nvidia-smi cannot read ("[N/A]") are left out."""
-    lines = text.strip().splitlines()
-    if not lines:
-        return {}
-    values = [part.strip() for part in lines[0].split(",")]
-    return {key: value for key, value in zip(NVIDIA_SMI_FIELDS.values(), values)
-            if value and not value.startswith("[")}
+    gpus = parse_nvidia_smi_all(text)
+    return gpus[0] if gpus else {}
 
 
-def nvidia_smi() -> dict[str, str]:
-    """GPU name, driver, power limit and maximum SM clock as nvidia-smi reports
-    them (empty without a GPU)."""
+def parse_nvidia_smi_all(text: str) -> list[dict[str, str]]:
+    """`parse_nvidia_smi` of every line: one dict per GPU, in nvidia-smi's order."""
+    return [{key: value for key, value in zip(NVIDIA_SMI_FIELDS.values(), (p.strip() for p in line.split(",")))
+             if value and not value.startswith("[")} for line in text.strip().splitlines() if line.strip()]
+
+
+def visible_gpu_ids() -> list[str] | None:
+    """The GPUs CUDA will use, as $CUDA_VISIBLE_DEVICES names them (indices or UUIDs, which
+    nvidia-smi's --id takes too); None where it is not set (every GPU)."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+def nvidia_smi_all() -> list[dict[str, str]]:
+    """`nvidia_smi` of every GPU this process may use ($CUDA_VISIBLE_DEVICES), in its order;
+    empty without a GPU."""
+    ids = visible_gpu_ids()
+    if ids == []:
+        return []
     try:
         out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader",
+             *(["--id=" + ",".join(ids)] if ids else [])],
             capture_output=True, text=True, timeout=20, check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return {}
-    return parse_nvidia_smi(out)
+        return []
+    return parse_nvidia_smi_all(out)
+
+
+def nvidia_smi() -> dict[str, str]:
+    """GPU name, driver, power limit and maximum SM clock as nvidia-smi reports them, of
+    the first GPU this process may use (where CUDA puts device 0); empty without a GPU."""
+    gpus = nvidia_smi_all()
+    return gpus[0] if gpus else {}
 
 
 # Environment variables that change what a run measures (compiler flags, memory pools).

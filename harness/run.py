@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         return fail(str(exc))
     if args.compile_cache:
-        from harness.timing.compare import compile_cache_env
+        from harness.timing.spec import compile_cache_env
 
         os.environ.update(compile_cache_env(args.compile_cache))
     progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))

@@ -81,6 +81,7 @@ class Backend:
     memory_model: bool = False  # harness.memory_model's prediction (eager torch's saved tensors) applies to it
     compile_weight: int = 1  # a sweep cell's rough cost relative to its FLOPs (compilation time)
     compiles: bool = False  # a loop's first step compiles (torch.compile, jax.jit): its progress line says so
+    compile_mode: str | None = None  # torch.compile's mode ("default", "reduce-overhead"); None: not torch.compile
 
 
 _records: dict[str, Backend] = {}

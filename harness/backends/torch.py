@@ -66,7 +66,7 @@ def _cudagraphs_unavailable(device: str) -> str | None:
     return None
 
 
-def _make_session(name: str, compiled: bool):
+def _make_session(name: str):
     def make(opts, config, tokens):
         """A torch session from the shared seeded weights. Data-parallel: this rank takes its
         rows of the global batch and wraps its model (`harness.timing.torch_parallel.distribute`)."""
@@ -81,12 +81,13 @@ def _make_session(name: str, compiled: bool):
 
             rank = world()[0]
             tokens = tokens[rank * opts.batch:(rank + 1) * opts.batch]
-        if not compiled:
+        record = get(name)
+        if record.compile_mode is None:
             session = TorchSession(config, tokens, **common)
-        elif reason := get(name).unavailable(opts.device):
+        elif reason := record.unavailable(opts.device):
             raise ValueError(reason)
         else:
-            session = TorchCompileSession(config, tokens, **common, backend=name)
+            session = TorchCompileSession(config, tokens, **common, mode=record.compile_mode)
         if n > 1:
             from harness.timing.torch_parallel import distribute
 
@@ -147,14 +148,16 @@ _FAMILY = dict(attention=("naive", "fused"), stand_in={"pallas": "fused"}, memor
                parallel=PARALLEL, wrap_options=True, memory_model=True, profiler=_profiler, annotation=_annotation,
                compile_events="dynamo",
                simulated_oom=_oom)
-EAGER = Backend(name="torch", make_session=_make_session("torch", False), precision=PRECISION, layer_ranges="hooks",
+EAGER = Backend(name="torch", make_session=_make_session("torch"), precision=PRECISION, layer_ranges="hooks",
                 annotate_attention=_annotate_attention, reference=True, default=True, **_FAMILY)
-COMPILED = Backend(name="torch-compile", make_session=_make_session("torch-compile", True),
+COMPILED = Backend(name="torch-compile", make_session=_make_session("torch-compile"),
+                   compile_mode="default",
                    precision=COMPILED_PRECISION,
                    unavailable=lambda device: _compiled_unavailable("torch-compile", device),
                    layer_ranges_problem=COMPILED_LAYER_RANGES, tolerances=COMPILE_TOLERANCES, default=True,
                    ddp_bucket_mb=COMPILED_DDP_BUCKET_MB, compiles=True, **_FAMILY)
-CUDA_GRAPHS = Backend(name="torch-compile-cg", make_session=_make_session("torch-compile-cg", True),
+CUDA_GRAPHS = Backend(name="torch-compile-cg", make_session=_make_session("torch-compile-cg"),
+                      compile_mode="reduce-overhead",
                       precision=COMPILED_PRECISION,
                       unavailable=lambda device: (_cudagraphs_unavailable(device)
                                                   or _compiled_unavailable("torch-compile-cg", device)),

@@ -30,7 +30,7 @@ from harness.backends import get as backend_record
 from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
 from harness.timing.compare_profiles import backend_timeline, communication_overlap, keep_profiles, kernel_breakdown
 from harness.timing.distributed import rank_path
-from harness.timing.spec import PHASE_ORDER, Comparison, run_argv
+from harness.timing.spec import PHASE_ORDER, Comparison, compile_cache_env, run_argv
 
 SCHEMA = "harness.compare/1"
 
@@ -62,20 +62,6 @@ def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
             proc.kill()
             proc.wait()
         raise
-
-
-def compile_cache_env(directory: str) -> dict[str, str]:
-    """The variables that point both compilers' persistent caches into `directory`.
-
-    JAX_COMPILATION_CACHE_DIR turns on JAX's persistent cache, which also keeps XLA's
-    per-fusion GEMM autotuning results; at large model sizes autotuning is most of the
-    compile time. For torch.compile, Inductor's FX graph cache (compiled graphs, keyed by
-    graph, inputs and configuration) goes to `directory`/inductor and Triton's compiled
-    kernels to `directory`/triton, so a later process skips Inductor's code generation
-    and Triton's compilation."""
-    directory = os.path.abspath(directory)
-    return {"JAX_COMPILATION_CACHE_DIR": directory, "TORCHINDUCTOR_CACHE_DIR": os.path.join(directory, "inductor"),
-            "TRITON_CACHE_DIR": os.path.join(directory, "triton"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
 
 
 def subprocess_env(compile_cache: str, **extra: str) -> dict[str, str]:

@@ -8,6 +8,7 @@ per backend, `Comparison.run_spec`) or from a sweep cell, and passed down unchan
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 
 from harness.backends import backend_attention
@@ -112,3 +113,17 @@ class Comparison:
         """The run of `backend` in this comparison."""
         planted, _, phase = (self.fail_in or "").partition(":")
         return self.run.on(backend, phase if planted == backend else None)
+
+
+def compile_cache_env(directory: str) -> dict[str, str]:
+    """The variables that point both compilers' persistent caches into `directory`.
+
+    JAX_COMPILATION_CACHE_DIR turns on JAX's persistent cache, which also keeps XLA's
+    per-fusion GEMM autotuning results; at large model sizes autotuning is most of the
+    compile time. For torch.compile, Inductor's FX graph cache (compiled graphs, keyed by
+    graph, inputs and configuration) goes to `directory`/inductor and Triton's compiled
+    kernels to `directory`/triton, so a later process skips Inductor's code generation
+    and Triton's compilation."""
+    directory = os.path.abspath(directory)
+    return {"JAX_COMPILATION_CACHE_DIR": directory, "TORCHINDUCTOR_CACHE_DIR": os.path.join(directory, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(directory, "triton"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}

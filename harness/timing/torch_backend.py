@@ -16,7 +16,6 @@ from harness.common.cli import OPTIMIZERS
 from harness.config import ModelConfig
 
 # The torch backends that compile, and the torch.compile mode each runs.
-COMPILE_MODES = {"torch-compile": "default", "torch-compile-cg": "reduce-overhead"}
 
 
 class Loss(torch.nn.Module):
@@ -164,23 +163,20 @@ class TorchCompileSession(TorchSession):
 
     The forward phase runs the compiled graph of the loss; `loss.backward()` runs the
     backward graph AOTAutograd compiled with it, so both phases are Inductor's kernels and
-    the timer still times them apart. `backend` picks the mode (COMPILE_MODES):
-    "torch-compile" is Inductor's default, "torch-compile-cg" adds CUDA graphs
-    (reduce-overhead; GPU only). Under CUDA graphs a graph's outputs live in memory the
+    the timer still times them apart. `mode` is torch.compile's, from the backend's record
+    (`Backend.compile_mode`): "default" is Inductor's default, "reduce-overhead" adds CUDA
+    graphs (GPU only). Under CUDA graphs a graph's outputs live in memory the
     next replay overwrites: each step starts with `cudagraph_mark_step_begin`, and the
     loss handed out is a clone. Compilation happens at the first call of each graph (the
     first warm-up step)."""
 
     def __init__(self, config: ModelConfig, tokens: np.ndarray, *, device: str, dtype: str, seed: int,
                  weights: torch_impl.TransformerLM | None = None, optimizer: str = "fused",
-                 backend: str = "torch-compile") -> None:
-        if backend not in COMPILE_MODES:
-            raise ValueError(f"unknown compiled backend {backend!r}; choose one of {', '.join(COMPILE_MODES)}")
+                 mode: str = "default") -> None:
         super().__init__(config, tokens, device=device, dtype=dtype, seed=seed, weights=weights, optimizer=optimizer)
-        self.backend = backend
-        self.cudagraphs = COMPILE_MODES[backend] == "reduce-overhead"
-        self._loss_of = torch.compile(self._loss_of, mode=COMPILE_MODES[backend])
-        self._logits_of = torch.compile(self._logits_of, mode=COMPILE_MODES[backend])
+        self.cudagraphs = mode == "reduce-overhead"
+        self._loss_of = torch.compile(self._loss_of, mode=mode)
+        self._logits_of = torch.compile(self._logits_of, mode=mode)
 
     def forward(self, *, grad: bool = True) -> torch.Tensor:
         if self.cudagraphs:

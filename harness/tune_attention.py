@@ -1,7 +1,7 @@
 """Tile-size search for our attention kernels: which block sizes are fastest, per shape and pass.
 
-    python -m harness.tune_attention --backend mosaic --shapes fa3 --head-dim 64 --out results/attention-tune-h200
-    python -m harness.tune_attention --render results/attention-tune-h200/mosaic-d64.jsonl
+    python -m harness.tune_attention --backend mosaic --shapes fa3 --head-dim 64 --out results/attention/tune-h200
+    python -m harness.tune_attention --render results/attention/tune-h200/mosaic-d64.jsonl
 
 Each candidate (`harness.attention.tune.CANDIDATES`) is the backend's default block sizes
 with a few fields changed, timed on its pass and checked against the default's output.

@@ -3,12 +3,12 @@ the result documents, never typed.
 
 A page marks a block with two HTML comments, which markdown renders as nothing:
 
-    <!-- generated: main-job large-ctx256-bf16-h100-80gb-hbm3 -->
+    <!-- generated: main-job main-job/large-ctx256-bf16-h100-80gb-hbm3 -->
     ...rendered text, rewritten by `python -m harness.regenerate`...
     <!-- end generated -->
 
 The first word after "generated:" names the renderer (`RENDERERS`), the rest its argument: for
-`main-job`, a compare folder under the results root, whose summary.json the block is built
+`main-job`, a compare folder under the results root (its path below the root), whose summary.json the block is built
 from. `render_page` gives the page with every block rendered again; text outside the markers
 is left as it is.
 """
@@ -58,7 +58,7 @@ def _versions(runs: dict) -> str:
     return ", ".join(seen.values())
 
 
-def main_job(folder: Path) -> str:
+def main_job(folder: Path, root: Path) -> str:
     """The main job's table: per backend the step (median, p10-p90, measured steps), MFU and time
     to first step, JAX's fused and split steps on rows of their own; the answer's speed finding
     above it; the machine, versions, commit and command under it."""
@@ -85,11 +85,11 @@ def main_job(folder: Path) -> str:
              f"`{o['model']}`, ctx {o['ctx']}, batch {o['batch']}, {o['dtype']}, {o['attention']} attention, "
              f"{o['steps']} measured steps after {o['warmup']} warm-up; {summary.get('device')}, "
              f"{_versions(summary['runs'])}; tree {', '.join(commits)}; `{_command(summary)}` "
-             f"(`results/{folder.name}/`)."]
+             f"(`results/{folder.relative_to(root).as_posix()}/`)."]
     return "\n".join(lines) + "\n"
 
 
-RENDERERS: dict[str, Callable[[Path], str]] = {"main-job": main_job}
+RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job}
 
 
 def render_page(text: str, name: str, root: Path) -> str:
@@ -106,7 +106,7 @@ def render_page(text: str, name: str, root: Path) -> str:
         if not arg.strip() or not (folder / "summary.json").is_file():
             raise BlockError(f"{name}: block '{m['spec']}' names no compare folder under {root}")
         try:
-            return m.group(1) + RENDERERS[kind](folder) + m.group(4)
+            return m.group(1) + RENDERERS[kind](folder, root) + m.group(4)
         except (KeyError, TypeError, ValueError) as exc:
             raise BlockError(f"{name}: block '{m['spec']}': {folder / 'summary.json'} cannot be rendered "
                              f"({type(exc).__name__}: {exc})") from None

@@ -14,6 +14,8 @@ generated is recognised by the marker files of `KINDS`, not guessed from folder 
                                                                  time_vs_ctx/phases/memory.png, report.html
     scaling    scaling[-NAME].md and runs/[NAME/]*.json          harness.scaling runs/[NAME/]*.json
                                                                  --out scaling[-NAME].md
+    repeats    repeats.md and runs/**/*.json                     every start's runs: repeats.md, each cell's median
+                                                                 with its range and count (harness.timing.repeats)
     diff       diff.json and diff.md                             harness.diff <compare folder> of its two labels
                                                                  (beside the diff or above it, else the one of
                                                                  that name under ROOT): diff.md, diff.json,
@@ -156,6 +158,19 @@ def compare_folder(name: str, diff: Path, root: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
+def render_repeats(folder: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.common.errors import UsageError
+    from harness.scaling import load_runs
+    from harness.timing.repeats import load_starts, repeats_markdown
+
+    try:
+        text = repeats_markdown(load_starts(folder / "runs", load_runs))
+    except (UsageError, ValueError) as exc:
+        raise Unrenderable(f"{folder / 'repeats.md'}: {exc}") from None
+    write_text(folder / "repeats.md", text)
+    return [folder / "repeats.md"]
+
+
 def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     from harness.diff import write_diff
     from harness.diffs.decompose import MismatchError, diff_runs
@@ -206,6 +221,7 @@ KINDS = (
     Kind("compare", _compares, render_compare),
     Kind("sweep", _with_files("sweep.json", "cells.jsonl"), render_sweep),
     Kind("scaling", _scalings, render_scaling),
+    Kind("repeats", lambda f: [f] if (f / "repeats.md").is_file() and (f / "runs").is_dir() else [], render_repeats),
     Kind("diff", _with_files("diff.json", "diff.md"), render_diff),
     Kind("attention", _beside_md(".json", "bench_attention"), render_attention),
     Kind("tune", _beside_md(".jsonl", "tune_attention"), render_tune),

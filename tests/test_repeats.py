@@ -8,7 +8,6 @@ from pathlib import Path
 
 from harness import regenerate
 from harness.timing.repeats import figure
-
 from tests.test_scaling import _doc
 
 

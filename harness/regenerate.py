@@ -24,7 +24,8 @@ generated is recognised by the marker files of `KINDS`, not guessed from folder 
     tune       X.jsonl of `harness.tune_attention`, and X.md     harness.tune_attention --render X.jsonl: X.md
 
 Compare folders come first, since a diff reads its compare folder (which must sit under the
-same root, at any depth). Then the pages beside the root (README.md and docs/**/*.md in its parent folder):
+same root, at any depth). Then the pages beside the root (README.md and docs/**/*.md in its parent
+folder) and the README.md files under it:
 each block between `<!-- generated: NAME ARG -->` and `<!-- end generated -->` is rendered
 again from the result documents it names (`harness.timing.doc_blocks`); the rest of a page is
 prose and left as it is. Everything else is not generated from a document here and is left as it is:
@@ -291,7 +292,7 @@ def regenerate_pages(root: Path, check: bool) -> tuple[list[str], list[Path]]:
 
     errors, differ = [], []
     repo = root.parent if root.name not in ("", ".", "..") else root.resolve().parent
-    for page in pages(repo):
+    for page in pages(repo, root):
         text = page.read_text()
         try:
             new = render_page(text, str(page), root)

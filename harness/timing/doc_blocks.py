@@ -8,9 +8,11 @@ A page marks a block with two HTML comments, which markdown renders as nothing:
     <!-- end generated -->
 
 The first word after "generated:" names the renderer (`RENDERERS`), the rest its argument: for
-`main-job`, a compare folder under the results root (its path below the root), whose summary.json the block is built
-from. `render_page` gives the page with every block rendered again; text outside the markers
-is left as it is.
+`main-job`, a compare folder under the results root (its path below the root), whose
+summary.json the block is built from; `provenance` takes none and renders, in a results
+folder's README.md, what that folder's documents record of their machine, versions, trees and
+commands (`provenance_block`). `render_page` gives the page with every block rendered again;
+text outside the markers is left as it is.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from harness.common.tables import markdown_table
 from harness.timing.compare_answer import compare_findings
+from harness.timing.provenance_block import provenance
 
 # Markers stand at the start of their own line (a marker quoted in prose or a code span is none).
 BLOCK = re.compile(r"^(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)^(<!-- end generated -->)$", re.S | re.M)
@@ -100,8 +103,10 @@ def render_page(text: str, name: str, root: Path) -> str:
 
     def render(m: re.Match) -> str:
         kind, _, arg = m["spec"].strip().partition(" ")
+        if kind == "provenance":  # the page's own folder: no argument
+            return m.group(1) + provenance(Path(name).parent, BLOCK.sub("", text)) + m.group(4)
         if kind not in RENDERERS:
-            raise BlockError(f"{name}: block '{kind}' is not one of {', '.join(RENDERERS)}")
+            raise BlockError(f"{name}: block '{kind}' is not one of {', '.join(RENDERERS)}, provenance")
         folder = root / arg.strip()
         if not arg.strip() or not (folder / "summary.json").is_file():
             raise BlockError(f"{name}: block '{m['spec']}' names no compare folder under {root}")
@@ -114,7 +119,9 @@ def render_page(text: str, name: str, root: Path) -> str:
     return BLOCK.sub(render, text)
 
 
-def pages(repo: Path) -> list[Path]:
-    """The pages whose blocks are generated: README.md and docs/**/*.md in `repo`, those that hold one."""
-    found = [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
+def pages(repo: Path, root: Path | None = None) -> list[Path]:
+    """The pages whose blocks are generated: README.md and docs/**/*.md in `repo`, and the
+    README.md files under the results folder `root`, those that hold one."""
+    found = [repo / "README.md", *sorted((repo / "docs").rglob("*.md")),
+             *(sorted(root.rglob("README.md")) if root is not None else [])]
     return [p for p in found if p.is_file() and OPEN.search(p.read_text())]

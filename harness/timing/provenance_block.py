@@ -25,16 +25,15 @@ DROPPED_OPTIONS = ("--out", "--compile-cache")  # folders of the machine a run w
 
 
 def _documents(folder: Path) -> list[tuple[Path, dict]]:
-    """Every JSON document under `folder` (a .jsonl's first line), by path; what cannot be read is none."""
+    """Every JSON document under `folder` (each line of a .jsonl), by path; what cannot be read is none."""
     docs = []
     for path in sorted([*folder.rglob("*.json"), *folder.rglob("*.jsonl")]):
         try:
             with open(path) as f:
-                doc = json.loads(f.readline() if path.suffix == ".jsonl" else f.read())
+                found = [json.loads(line) for line in f if line.strip()] if path.suffix == ".jsonl" else [json.load(f)]
         except (OSError, ValueError):
             continue
-        if isinstance(doc, dict):
-            docs.append((path, doc))
+        docs += [(path, doc) for doc in found if isinstance(doc, dict)]
     return docs
 
 
@@ -42,13 +41,20 @@ def _envs(doc: object, depth: int = 0) -> list[dict]:
     """The environment records of a document, its own first, then those of its runs and parts."""
     if depth > 4 or not isinstance(doc, dict):
         return []
-    own = [doc[k] for k in ENV_KEYS if isinstance(doc.get(k), dict)]
+    own = [doc[k] for k in ENV_KEYS if isinstance(doc.get(k), dict)] or _flat(doc, depth)
     for key, value in doc.items():
         if key in ENV_KEYS:
             continue
         for sub in value.values() if isinstance(value, dict) and key == "runs" else [value]:
             own += _envs(sub, depth + 1)
     return own
+
+
+def _flat(doc: dict, depth: int) -> list[dict]:
+    """A document that records its command and commit at its top (`harness.bench_ranks`) as
+    its environment record."""
+    commit = doc.get("git_commit") or doc.get("commit")
+    return [{"git_commit": commit, "command": doc["command"]}] if depth == 0 and commit and doc.get("command") else []
 
 
 def command(text: str) -> str:
@@ -82,13 +88,13 @@ def provenance(folder: Path, prose: str) -> str:
     devices = Counter(str(e.get("gpu_name") or e["device"]) for _, e in envs if e.get("gpu_name") or e.get("device"))
     versions = {lib: sorted({str(e[lib]) for _, e in envs if e.get(lib)}) for lib in LIBS}
     trees = Counter(_tree(str(e["git_commit"])) for _, e in envs if e.get("git_commit"))
-    commands = Counter(command(str(doc[k]["command"])) for _, doc in docs for k in ENV_KEYS
-                       if isinstance(doc.get(k), dict) and doc[k].get("command"))
-    n_docs = len({path for path, _ in envs})
+    commands = Counter(command(str(env["command"])) for _, doc in docs for env in _envs(doc)[:1]
+                       if env.get("command"))
+    n_docs = len({id(doc) for _, doc in docs if _envs(doc)})
+    parts = [f"device {_counted(devices) or 'not recorded'}",
+             *(f"{lib} {', '.join(v)}" for lib, v in versions.items() if v), f"tree {_counted(trees) or 'not recorded'}"]
     lines = [f"From the {n_docs} document{'s' if n_docs > 1 else ''} here (environment records, counted): "
-             f"device {_counted(devices) or 'not recorded'}; "
-             + "; ".join(f"{lib} {', '.join(v)}" for lib, v in versions.items() if v)
-             + f"; tree {_counted(trees) or 'not recorded'}."]
+             + "; ".join(parts) + "."]
     shown = [f"`{c}`" for c, _ in commands.most_common(SHOWN_COMMANDS)]
     if shown:
         rest = len(commands) - len(shown)

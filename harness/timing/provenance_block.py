@@ -92,7 +92,8 @@ def provenance(folder: Path, prose: str) -> str:
                        if env.get("command"))
     n_docs = len({id(doc) for _, doc in docs if _envs(doc)})
     parts = [f"device {_counted(devices) or 'not recorded'}",
-             *(f"{lib} {', '.join(v)}" for lib, v in versions.items() if v), f"tree {_counted(trees) or 'not recorded'}"]
+             *(f"{lib} {', '.join(v)}" for lib, v in versions.items() if v),
+             f"tree {_counted(trees) or 'not recorded'}"]
     lines = [f"From the {n_docs} document{'s' if n_docs > 1 else ''} here (environment records, counted): "
              + "; ".join(parts) + "."]
     shown = [f"`{c}`" for c, _ in commands.most_common(SHOWN_COMMANDS)]

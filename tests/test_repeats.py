@@ -43,7 +43,7 @@ def test_three_starts_show_the_median_and_the_range_not_the_best(tmp_path, capsy
     assert row[5] == "125.0 (110.0-200.0, n=3)"  # the step's median, not its fastest
     assert row[6] == "80.0% (50.0-90.9, n=3)"  # the median start, not the best (90.9%)
     assert text.splitlines()[0] == ("At N = 2 the highest median efficiency over the starts: torch "
-                                    "(DDP, 25 MB buckets), 80.0% (50.0-90.9, n=3).")
+                                    "(DDP, 25 MB buckets), 80.0% (50.0-90.9, n=3), over 3 starts.")
     assert regenerate.main(["--check", "--root", str(tmp_path)]) == 0
     (folder / "repeats.md").write_text(text.replace("80.0% (50.0", "90.9% (50.0", 1))  # the best as headline
     capsys.readouterr()

@@ -88,7 +88,8 @@ def repeats_markdown(starts: Sequence[Start]) -> str:
         best = max((c for c in rated if c["n"] == top_n),
                    key=lambda c: statistics.median(_values(c["rows"], "efficiency")))
         lines += [f"At N = {top_n} the highest median efficiency over the starts: {best['backend']} "
-                  f"({best['parallel']}), {figure(_values(best['rows'], 'efficiency', 100), '{:.1f}%')}.", ""]
+                  f"({best['parallel']}), {figure(_values(best['rows'], 'efficiency', 100), '{:.1f}%')}, "
+                  f"over {len(best['rows'])} start{'s' if len(best['rows']) > 1 else ''}.", ""]
     body = []
     for c in table:
         s, rows = c["shape"], c["rows"]

@@ -1,6 +1,6 @@
 """Check attention benchmark results against our kernels' targets.
 
-    python -m harness.attention_targets results/attention-h200/*.json [--impl pallas] [--out targets.md]
+    python -m harness.attention_targets results/attention/portable-h200/*.json [--impl pallas] [--out targets.md]
     python -m harness.attention_targets --targets hopper old.json new.json [--out targets.md]
     python -m harness.attention_targets --targets hopper new.json --baseline old.json   # same kernel, two runs
 

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_timing_args(p, warmup=3, iters=15)
     add_device_arg(p, "tiny smoke runs (Pallas in interpret mode, GPU-only impls marked unsupported)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder of the results (None: results/attention-<gpu>/)")
+                   help="folder of the results (None: results/attention/<gpu>/)")
     p.add_argument("--name", default="attention", help="stem of the .json/.md/.png files written into --out")
     p.add_argument("--render", type=Path, nargs="+", default=None, metavar="JSON",
                    help="run nothing: rewrite the .md and .png of these results JSON files from them alone")

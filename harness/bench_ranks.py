@@ -1,6 +1,6 @@
 """Time `harness.report` on rank sets of growing size built from real per-rank traces.
 
-    python -m harness.bench_ranks RANK_FILE... --ranks 8,64,512 --out results/report-at-scale/fsdp2.json
+    python -m harness.bench_ranks RANK_FILE... --ranks 8,64,512 --out results/report-speed/at-scale/fsdp2.json
 
 For each size N, `harness.trace.rank_copies.copy_ranks` writes N ranks (copies of the given
 files, renumbered, stretched with seed 0, rank 5 planted 30% slow) into a temporary

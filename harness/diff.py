@@ -2,7 +2,7 @@
 kernel counts and GEMM choices, adding up to B's time minus A's.
 
     python -m harness.diff A B [--out DIR] [--fail-if-slower PCT] [--force]
-    python -m harness.diff results/large-ctx256-bf16-h200-profiled      # every pair of its backends
+    python -m harness.diff results/main-job/large-ctx256-bf16-h200-profiled      # every pair of its backends
 
 A and B name runs: ``FOLDER:BACKEND`` of a `harness.compare` result folder, a `harness.run`
 JSON (``X.harness.json`` picks up the profile ``X.sqlite.gz``/``X.nsys-rep`` beside it) or

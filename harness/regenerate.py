@@ -14,13 +14,18 @@ generated is recognised by the marker files of `KINDS`, not guessed from folder 
                                                                  time_vs_ctx/phases/memory.png, report.html
     scaling    scaling[-NAME].md and runs/[NAME/]*.json          harness.scaling runs/[NAME/]*.json
                                                                  --out scaling[-NAME].md
-    diff       diff.json and diff.md                             harness.diff ROOT/<compare folder> of its two
-                                                                 labels: diff.md, diff.json, diff.png, report.html
+    repeats    repeats.md and runs/**/*.json                     every start's runs: repeats.md, each cell's median
+                                                                 with its range and count (harness.timing.repeats)
+    diff       diff.json and diff.md                             harness.diff <compare folder> of its two labels
+                                                                 (beside the diff or above it, else the one of
+                                                                 that name under ROOT): diff.md, diff.json,
+                                                                 diff.png, report.html
     attention  X.json of `harness.bench_attention`, and X.md      harness.bench_attention --render X.json: X.md, X.png
     tune       X.jsonl of `harness.tune_attention`, and X.md     harness.tune_attention --render X.jsonl: X.md
 
 Compare folders come first, since a diff reads its compare folder (which must sit under the
-same root). Then the pages beside the root (README.md and docs/**/*.md in its parent folder):
+same root, at any depth). Then the pages beside the root (README.md and docs/**/*.md in its parent
+folder) and the README.md files under it:
 each block between `<!-- generated: NAME ARG -->` and `<!-- end generated -->` is rendered
 again from the result documents it names (`harness.timing.doc_blocks`); the rest of a page is
 prose and left as it is. Everything else is not generated from a document here and is left as it is:
@@ -141,6 +146,32 @@ def render_scaling(folder: Path, root: Path, figures: bool) -> list[Path]:
     return written
 
 
+def compare_folder(name: str, diff: Path, root: Path) -> Path | None:
+    """The compare folder a diff's label names (`name`, as the harness named it): the nearest one
+    beside the diff or a folder above it, up to `root`, else the one folder of that name under
+    `root`; None when there is none or several (a gallery folder may hold its compares one level down)."""
+    for above in [diff, *diff.parents]:
+        if (above / name / "summary.json").is_file():
+            return above / name
+        if above == root or root not in above.parents:
+            break
+    found = [p.parent for p in root.rglob("summary.json") if p.parent.name == name]
+    return found[0] if len(found) == 1 else None
+
+
+def render_repeats(folder: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.common.errors import UsageError
+    from harness.scaling import load_runs
+    from harness.timing.repeats import load_starts, repeats_markdown
+
+    try:
+        text = repeats_markdown(load_starts(folder / "runs", load_runs))
+    except (UsageError, ValueError) as exc:
+        raise Unrenderable(f"{folder / 'repeats.md'}: {exc}") from None
+    write_text(folder / "repeats.md", text)
+    return [folder / "repeats.md"]
+
+
 def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     from harness.diff import write_diff
     from harness.diffs.decompose import MismatchError, diff_runs
@@ -151,12 +182,16 @@ def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     if not all(isinstance(label, str) and ":" in label for label in labels) or len(labels) != 2:
         raise Unrenderable(f"{folder / 'diff.json'}: names no two compare-folder runs (a_label, b_label: "
                            "FOLDER:BACKEND)")
+    runs = []
     for label in labels:
-        if not (root / label.rpartition(":")[0] / "summary.json").is_file():
-            raise Unrenderable(f"{folder}: its compare folder {label.rpartition(':')[0]} is not under {root}; "
+        name, _, backend = label.rpartition(":")
+        compare = compare_folder(name, folder, root)
+        if compare is None:
+            raise Unrenderable(f"{folder}: its compare folder {name} is not under {root}; "
                                "it is rendered from that folder's summary.json and kernels.json")
+        runs.append(f"{compare}:{backend}")
     try:
-        d = diff_runs(*(resolve_one(str(root / label)) for label in labels))
+        d = diff_runs(*(resolve_one(run) for run in runs))
     except (InputError, MismatchError) as exc:
         raise Unrenderable(f"{folder}: {exc}") from None
     return list(write_diff(d, folder, figures).values())
@@ -187,6 +222,7 @@ KINDS = (
     Kind("compare", _compares, render_compare),
     Kind("sweep", _with_files("sweep.json", "cells.jsonl"), render_sweep),
     Kind("scaling", _scalings, render_scaling),
+    Kind("repeats", lambda f: [f] if (f / "repeats.md").is_file() and (f / "runs").is_dir() else [], render_repeats),
     Kind("diff", _with_files("diff.json", "diff.md"), render_diff),
     Kind("attention", _beside_md(".json", "bench_attention"), render_attention),
     Kind("tune", _beside_md(".jsonl", "tune_attention"), render_tune),
@@ -256,7 +292,7 @@ def regenerate_pages(root: Path, check: bool) -> tuple[list[str], list[Path]]:
 
     errors, differ = [], []
     repo = root.parent if root.name not in ("", ".", "..") else root.resolve().parent
-    for page in pages(repo):
+    for page in pages(repo, root):
         text = page.read_text()
         try:
             new = render_page(text, str(page), root)

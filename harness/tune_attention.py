@@ -1,7 +1,7 @@
 """Tile-size search for our attention kernels: which block sizes are fastest, per shape and pass.
 
-    python -m harness.tune_attention --backend mosaic --shapes fa3 --head-dim 64 --out results/attention-tune-h200
-    python -m harness.tune_attention --render results/attention-tune-h200/mosaic-d64.jsonl
+    python -m harness.tune_attention --backend mosaic --shapes fa3 --head-dim 64 --out results/attention/tune-h200
+    python -m harness.tune_attention --render results/attention/tune-h200/mosaic-d64.jsonl
 
 Each candidate (`harness.attention.tune.CANDIDATES`) is the backend's default block sizes
 with a few fields changed, timed on its pass and checked against the default's output.
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default=None, metavar="FIELD",
                    help="measure only the candidates that set FIELD (the default is always measured)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder of the results (None: results/attention-tune-<gpu>/)")
+                   help="folder of the results (None: results/attention/tune-<gpu>/)")
     p.add_argument("--name", default=None, help="stem of the .jsonl/.md files (None: <backend>-d<head_dims>)")
     p.add_argument("--render", type=Path, default=None, metavar="JSONL", help="render an existing .jsonl and exit")
     return p
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("tune_attention: no GPU visible to JAX; use --device cpu for a tiny interpret-mode run",
               file=sys.stderr)
         return 2
-    out = args.out or REPO_ROOT / "results" / f"attention-tune-{gpu_slug(jax.devices()[0].device_kind)}"
+    out = args.out or REPO_ROOT / "results" / "attention" / f"tune-{gpu_slug(jax.devices()[0].device_kind)}"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.name}.jsonl"
     env = environment(args, interleaved=False)

@@ -463,7 +463,7 @@ def test_report_refuses_negative_durations_naming_them(tmp_path, capsys) -> None
                    "durations", "record the profile again")
 
 
-COMPARE = os.path.join(ROOT, "results", "large-ctx256-bf16-h200-profiled")
+COMPARE = os.path.join(ROOT, "results", "main-job", "large-ctx256-bf16-h200-profiled")
 
 
 @pytest.mark.parametrize("given, needle", [
@@ -484,7 +484,7 @@ def test_scaling_reads_a_compare_summary_as_its_runs(tmp_path, capsys) -> None:
     """The committed one-device compare whose JAX run ran out of memory: its summary (or its
     folder) stands for its runs, the finished ones tabulated with their own step medians;
     one whose runs all failed is named as such."""
-    folder = os.path.join(ROOT, "results", "large-ctx1024-bf16-fused-h100-80gb-hbm3")
+    folder = os.path.join(ROOT, "results", "ctx1024", "large-ctx1024-bf16-fused-h100-80gb-hbm3")
     summary = json.loads(open(os.path.join(folder, "summary.json")).read())
     for given in (folder, os.path.join(folder, "summary.json")):
         assert scaling.main([given]) == 0

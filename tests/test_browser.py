@@ -13,7 +13,7 @@ import pytest
 from test_report_html import Page, check_page
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FOLDER = Path(__file__).parent.parent / "results" / "large-ctx256-bf16-h100-80gb-hbm3-profiled"
+FOLDER = Path(__file__).parent.parent / "results" / "main-job" / "large-ctx256-bf16-h100-80gb-hbm3-profiled"
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install chromium)")
 # Sorts the first table by its first column, as a user's click would, and leaves the column's order in the DOM.
 CLICK = ('<script>document.querySelector("th").click();document.body.setAttribute("data-sorted",'

@@ -195,7 +195,7 @@ def test_profile_analysis_after_parity_says_each_stage(tmp_path, capsys) -> None
 def test_the_terminal_says_the_answer_before_the_table(capsys) -> None:
     from harness import compare
 
-    folder = Path(__file__).parent.parent / "results" / "large-ctx256-bf16-h100-80gb-hbm3"
+    folder = Path(__file__).parent.parent / "results" / "main-job" / "large-ctx256-bf16-h100-80gb-hbm3"
     summary = json.loads((folder / "summary.json").read_text())
     assert compare.report(summary, str(folder)) == 0
     lines = capsys.readouterr().out.splitlines()

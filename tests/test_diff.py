@@ -203,7 +203,7 @@ def test_waterfall_title_and_axis_agree_and_nothing_is_clipped(small, tmp_path, 
     assert ax.get_ylim()[1] > max(tops) and ax.get_ylim()[0] <= min(tops)
 
 
-FUSED = Path(__file__).parent.parent / "results" / "large-ctx1024-bf16-fused-h100-80gb-hbm3-profiled"
+FUSED = Path(__file__).parent.parent / "results" / "ctx1024" / "large-ctx1024-bf16-fused-h100-80gb-hbm3-profiled"
 
 
 def test_an_older_document_s_config_is_read_and_its_unknown_fields_noted(tmp_path) -> None:

@@ -175,7 +175,7 @@ def test_a_data_parallel_folder_from_before_per_device_figures_is_refused(tmp_pa
 
     from harness import diff as diff_cli
 
-    src = Path(__file__).parent.parent / "results" / "large-ctx1024-bf16-fused-ddp4-h200-profiled"
+    src = Path(__file__).parent.parent / "results" / "several-gpus" / "large-ctx1024-bf16-fused-ddp4-h200-profiled"
     shutil.copy(src / "summary.json", tmp_path)
     bds = json.loads((src / "kernels.json").read_text())
     jax = next(bd for bd in bds if bd["label"] == "jax")

@@ -12,8 +12,8 @@ from harness.trace.render import breakdown_document
 from harness.trace.stats import Breakdown, PhaseStats, breakdowns_of
 
 RESULTS = Path(__file__).parent.parent / "results"
-MAIN = RESULTS / "large-ctx256-bf16-h100-80gb-hbm3-profiled"  # written by today's compare
-OLD = RESULTS / "large-ctx256-bf16-h200-profiled"  # a kernels.json from before the busy and copy figures
+MAIN = RESULTS / "main-job" / "large-ctx256-bf16-h100-80gb-hbm3-profiled"  # written by today's compare
+OLD = RESULTS / "main-job" / "large-ctx256-bf16-h200-profiled"  # a kernels.json from before the busy and copy figures
 
 
 def test_the_document_reads_back_into_the_breakdown() -> None:

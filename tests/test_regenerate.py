@@ -21,8 +21,8 @@ import pytest
 from harness import regenerate
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-DIFF = "diff-large-ctx1024-bf16-ddp4-h200"
-COMPARE = "large-ctx1024-bf16-fused-ddp4-h200-profiled"  # the compare folder the diff above reads
+DIFF = "several-gpus/diff-large-ctx1024-bf16-ddp4-h200"
+COMPARE = "several-gpus/large-ctx1024-bf16-fused-ddp4-h200-profiled"  # the compare folder the diff above reads
 
 
 def test_check_passes_on_the_committed_results(capsys) -> None:
@@ -48,12 +48,12 @@ def _plant(path: Path, old: str, new: str) -> None:
 # (folders to copy, the generated file to edit, a figure in it, its planted replacement)
 PLANTS = {
     "compare": ([COMPARE], f"{COMPARE}/report.md", "| 32.", "| 33."),
-    "sweep": (["mfu-ctx1024-h100"], "mfu-ctx1024-h100/jax/cells.csv", ",large,", ",xl,"),
-    "scaling": (["scaling-large-ctx1024-bf16-h200x2"], "scaling-large-ctx1024-bf16-h200x2/scaling.md",
+    "sweep": (["mfu/h100"], "mfu/h100/jax/cells.csv", ",large,", ",xl,"),
+    "scaling": (["several-gpus/scaling-large-ctx1024-bf16-h200x2"], "several-gpus/scaling-large-ctx1024-bf16-h200x2/scaling.md",
                 "| 100.0% |", "| 100.1% |"),
     "diff": ([COMPARE, DIFF], f"{DIFF}/diff.md", "82.924 ms", "82.925 ms"),
-    "attention": (["attention-mgpu-h200"], "attention-mgpu-h200/fa3-hd64-bf16.md", " | ok |", " | OOM |"),
-    "tune": (["attention-tune-h200"], "attention-tune-h200/mosaic-fwd.md", "| fwd |", "| bwd |"),
+    "attention": (["attention/hopper-h200"], "attention/hopper-h200/fa3-hd64-bf16.md", " | ok |", " | OOM |"),
+    "tune": (["attention/tune-h200"], "attention/tune-h200/mosaic-fwd.md", "| fwd |", "| bwd |"),
 }
 
 
@@ -88,7 +88,21 @@ def test_a_diff_without_its_compare_folder_is_named(tmp_path, capsys) -> None:
     assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.count("\n") == 1 and f"its compare folder {COMPARE} is not under {tmp_path}" in err
+    assert err.count("\n") == 1 and f"its compare folder {Path(COMPARE).name} is not under {tmp_path}" in err
+
+
+@pytest.mark.parametrize("place", ["beside", "elsewhere"])
+def test_a_moved_diff_finds_its_compare_folder(place, tmp_path, capsys) -> None:
+    """A gallery keeps a diff beside its compare folder or in another question folder: the diff
+    reads the compare folder of its labels' name in either place; the planted figure is found."""
+    compare = tmp_path / ("q" if place == "beside" else "other") / Path(COMPARE).name
+    shutil.copytree(RESULTS / COMPARE, compare)
+    shutil.copytree(RESULTS / DIFF, tmp_path / "q" / Path(DIFF).name)
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 0
+    _plant(tmp_path / "q" / Path(DIFF).name / "diff.md", "82.924 ms", "82.925 ms")
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith(str(tmp_path / "q" / Path(DIFF).name / "diff.md"))
 
 
 @pytest.mark.parametrize("make", ["missing", "file"])
@@ -123,7 +137,7 @@ def test_ctrl_c_mid_render_leaves_every_file_whole(tmp_path, capsys, monkeypatch
 def test_a_document_cut_short_is_named_and_the_rest_rendered(tmp_path, capsys) -> None:
     """A sweep whose sweep.json lost its keys: one line naming it; the compare beside it still checked."""
     shutil.copytree(RESULTS / COMPARE, tmp_path / COMPARE)
-    shutil.copytree(RESULTS / "mfu-ctx1024-h100" / "jax", tmp_path / "sweep")
+    shutil.copytree(RESULTS / "mfu" / "h100" / "jax", tmp_path / "sweep")
     (tmp_path / "sweep" / "sweep.json").write_text("{}")
     _plant(tmp_path / COMPARE / "report.md", "| 32.", "| 33.")
     assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
@@ -133,7 +147,7 @@ def test_a_document_cut_short_is_named_and_the_rest_rendered(tmp_path, capsys) -
 
 
 # -- the generated blocks of the pages beside the root (README.md, docs/) ---------------------
-MAIN = "large-ctx256-bf16-h100-80gb-hbm3"  # the compare folder the README's main-job block names
+MAIN = "main-job/large-ctx256-bf16-h100-80gb-hbm3"  # the compare folder the README's main-job block names
 REPO = RESULTS.parent
 
 

@@ -13,7 +13,7 @@ from harness.common.html import LINK_LINE, markdown_to_html
 
 DATA = Path(__file__).parent / "data"
 RESULTS = Path(__file__).parent.parent / "results"
-PROFILED = RESULTS / "large-ctx256-bf16-h100-80gb-hbm3-profiled"
+PROFILED = RESULTS / "main-job" / "large-ctx256-bf16-h100-80gb-hbm3-profiled"
 
 
 class Page(HTMLParser):

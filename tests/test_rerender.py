@@ -12,7 +12,7 @@ from harness import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A document of the old format as it was committed: one H200 comparison before the robust statistics.
-COMMITTED_OLD = os.path.join(ROOT, "results", "large-ctx256-bf16-h200", "summary-original.json")
+COMMITTED_OLD = os.path.join(ROOT, "results", "main-job", "large-ctx256-bf16-h200", "summary-original.json")
 
 TORCH_BACKWARD = [61.0, 62.5, 60.8, 63.1, 61.9, 62.2, 88.0, 61.4, 62.0, 61.7]
 JAX_BACKWARD = [22.1, 21.9, 22.0, 22.3, 21.8, 22.2, 22.05, 21.95, 22.15, 216.3]  # the last step 10x the others

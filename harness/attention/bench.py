@@ -251,7 +251,7 @@ def render_plot(rows: list[dict], path: Path) -> None:
 
 def default_out_dir() -> Path:
     name = jax.devices()[0].device_kind if jax.devices()[0].platform == "gpu" else None
-    return REPO_ROOT / "results" / f"attention-{results.gpu_slug(name)}"
+    return REPO_ROOT / "results" / "attention" / results.gpu_slug(name)
 
 
 def write_results(rows: list[dict], args: argparse.Namespace) -> dict[str, Path]:

@@ -37,7 +37,7 @@ PARALLEL = {"ddp": "DDP", "fsdp": "FSDP2"}  # DistributedDataParallel, FSDP2 ful
 COMPILED_DDP_BUCKET_MB = 250.0
 # FSDP2 gathers and frees every block's parameters in hooks between the compiled graphs,
 # which CUDA graphs do not follow: measured on four GPUs, a step ran tens of times slower
-# than under DDP (results/scaling-large-ctx1024-bf16-h200x4, fifth start).
+# than under DDP (results/several-gpus/scaling-large-ctx1024-bf16-h200x4, fifth start).
 CUDA_GRAPHS_FSDP = ("torch-compile-cg's CUDA graphs do not follow FSDP2's per-block all-gathers (a step runs tens "
                     "of times slower than under DDP); use --backend torch-compile, or --parallel ddp")
 COMPILED_LAYER_RANGES = ("module hooks would break the compiled graph at every layer (no fusion across layers, "

@@ -3,14 +3,16 @@ the result documents, never typed.
 
 A page marks a block with two HTML comments, which markdown renders as nothing:
 
-    <!-- generated: main-job large-ctx256-bf16-h100-80gb-hbm3 -->
+    <!-- generated: main-job main-job/large-ctx256-bf16-h100-80gb-hbm3 -->
     ...rendered text, rewritten by `python -m harness.regenerate`...
     <!-- end generated -->
 
 The first word after "generated:" names the renderer (`RENDERERS`), the rest its argument: for
-`main-job`, a compare folder under the results root, whose summary.json the block is built
-from. `render_page` gives the page with every block rendered again; text outside the markers
-is left as it is.
+`main-job`, a compare folder under the results root (its path below the root), whose
+summary.json the block is built from; `provenance` takes none and renders, in a results
+folder's README.md, what that folder's documents record of their machine, versions, trees and
+commands (`provenance_block`). `render_page` gives the page with every block rendered again;
+text outside the markers is left as it is.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from harness.common.tables import markdown_table
 from harness.timing.compare_answer import compare_findings
+from harness.timing.provenance_block import provenance
 
 # Markers stand at the start of their own line (a marker quoted in prose or a code span is none).
 BLOCK = re.compile(r"^(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)^(<!-- end generated -->)$", re.S | re.M)
@@ -58,7 +61,7 @@ def _versions(runs: dict) -> str:
     return ", ".join(seen.values())
 
 
-def main_job(folder: Path) -> str:
+def main_job(folder: Path, root: Path) -> str:
     """The main job's table: per backend the step (median, p10-p90, measured steps), MFU and time
     to first step, JAX's fused and split steps on rows of their own; the answer's speed finding
     above it; the machine, versions, commit and command under it."""
@@ -85,11 +88,11 @@ def main_job(folder: Path) -> str:
              f"`{o['model']}`, ctx {o['ctx']}, batch {o['batch']}, {o['dtype']}, {o['attention']} attention, "
              f"{o['steps']} measured steps after {o['warmup']} warm-up; {summary.get('device')}, "
              f"{_versions(summary['runs'])}; tree {', '.join(commits)}; `{_command(summary)}` "
-             f"(`results/{folder.name}/`)."]
+             f"(`results/{folder.relative_to(root).as_posix()}/`)."]
     return "\n".join(lines) + "\n"
 
 
-RENDERERS: dict[str, Callable[[Path], str]] = {"main-job": main_job}
+RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job}
 
 
 def render_page(text: str, name: str, root: Path) -> str:
@@ -100,13 +103,15 @@ def render_page(text: str, name: str, root: Path) -> str:
 
     def render(m: re.Match) -> str:
         kind, _, arg = m["spec"].strip().partition(" ")
+        if kind == "provenance":  # the page's own folder: no argument
+            return m.group(1) + provenance(Path(name).parent, BLOCK.sub("", text)) + m.group(4)
         if kind not in RENDERERS:
-            raise BlockError(f"{name}: block '{kind}' is not one of {', '.join(RENDERERS)}")
+            raise BlockError(f"{name}: block '{kind}' is not one of {', '.join(RENDERERS)}, provenance")
         folder = root / arg.strip()
         if not arg.strip() or not (folder / "summary.json").is_file():
             raise BlockError(f"{name}: block '{m['spec']}' names no compare folder under {root}")
         try:
-            return m.group(1) + RENDERERS[kind](folder) + m.group(4)
+            return m.group(1) + RENDERERS[kind](folder, root) + m.group(4)
         except (KeyError, TypeError, ValueError) as exc:
             raise BlockError(f"{name}: block '{m['spec']}': {folder / 'summary.json'} cannot be rendered "
                              f"({type(exc).__name__}: {exc})") from None
@@ -114,7 +119,9 @@ def render_page(text: str, name: str, root: Path) -> str:
     return BLOCK.sub(render, text)
 
 
-def pages(repo: Path) -> list[Path]:
-    """The pages whose blocks are generated: README.md and docs/**/*.md in `repo`, those that hold one."""
-    found = [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
+def pages(repo: Path, root: Path | None = None) -> list[Path]:
+    """The pages whose blocks are generated: README.md and docs/**/*.md in `repo`, and the
+    README.md files under the results folder `root`, those that hold one."""
+    found = [repo / "README.md", *sorted((repo / "docs").rglob("*.md")),
+             *(sorted(root.rglob("README.md")) if root is not None else [])]
     return [p for p in found if p.is_file() and OPEN.search(p.read_text())]

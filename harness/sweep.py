@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device(p)
     add_mode(p)
     add_optimizer(p)
-    add_out(p, "the sweep folder", default="results/sweep", metavar="DIR")
+    add_out(p, "the sweep folder", default="results/sweep/latest", metavar="DIR")
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep in --out, skipping recorded cells; new axis values join its grid")
     p.add_argument("--cell-timeout", type=positive_int, default=None, metavar="S",

@@ -421,7 +421,7 @@ def test_a_torn_last_line_is_skipped_and_closed_off(tmp_path) -> None:
 
 
 # -- batch axis, best MFU, honest statuses, device memory, plots ----------------------------
-H200 = os.path.join(os.path.dirname(DATA), "..", "..", "results", "sweep")
+H200 = os.path.join(os.path.dirname(DATA), "..", "..", "results", "sweep", "h200")
 
 
 @pytest.fixture(scope="module")

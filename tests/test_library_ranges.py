@@ -182,3 +182,35 @@ def test_profiler_step_inside_the_programs_step_is_a_library_range() -> None:
     assert list(bd.phases) == ["step", "forward"]
     assert [(s.name, s.library, s.per_step, s.gpu_ns_per_step) for s in bd.library_ranges["step"]] == [
         ("ProfilerStep", "torch.profiler", 1, 6 + 2)]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_fsdp2_copy_in_is_memory_not_the_optimizer(fsdp: tuple, rank: int) -> None:
+    """FSDP2's all-gather copy-in runs the foreach kernel the optimizer runs; inside the
+    `FSDP::all_gather (...)` ranges it is memory. Its time per phase, counted by hand: the
+    foreach kernels launched inside one of those ranges, on its thread, in the measured steps."""
+    events = json.loads(gzip.decompress((FSDP / RANKS[rank]).read_bytes()), parse_float=Decimal)["traceEvents"]
+    spans = [(e["name"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), (e["pid"], e["tid"])) for e in events
+             if e.get("cat") == "user_annotation"]
+    steps = [(lo, hi) for n, lo, hi, _ in spans if n in ("ProfilerStep#2", "ProfilerStep#3")]
+    phases = [(n, lo, hi) for n, lo, hi, _ in spans if n in PHASE_NAMES]
+    gathers = [(lo, hi, t) for n, lo, hi, t in spans if n == "FSDP::all_gather" or n.startswith("FSDP::all_gather (")]
+    launch = {e["args"]["correlation"]: (_ns(e["ts"]), (e["pid"], e["tid"])) for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    hand: dict[str, int] = defaultdict(int)
+    for e in events:
+        if (e.get("cat") != "kernel" or "multi_tensor_apply_kernel" not in e["name"]
+                or e["args"].get("correlation") not in launch):
+            continue
+        at, thread = launch[e["args"]["correlation"]]
+        if any(lo <= at <= hi and t == thread for lo, hi, t in gathers) and any(a <= at <= b for a, b in steps):
+            hand[next(n for n, lo, hi in phases if lo <= at <= hi)] += _ns(e["dur"])
+    assert set(hand) == {"forward", "backward"}
+    bd = fsdp[0][rank]
+    for phase in ("forward", "backward"):
+        p = bd.phases[phase]
+        assert "optimizer" not in p.categories
+        copy_in = [k for k in p.kernels if "multi_tensor_apply_kernel" in k.name]
+        assert {(k.category, k.inferred_from) for k in copy_in} == {("copy_memset_transpose", "FSDP::all_gather")}
+        assert sum(k.ns_per_step for k in copy_in) * 2 == pytest.approx(hand[phase], abs=2)
+    assert bd.phases["optimizer"].categories["optimizer"] > 0  # AdamW's own foreach update stays the optimizer

@@ -21,7 +21,7 @@ or ``sum`` (RMSNorm forward and backward); a pointwise kernel of copies, views a
 only (memory, as eager's copy kernels); ``_foreach_`` ops (the optimizer).  The GEMMs
 Inductor leaves to cuBLAS keep their cuBLAS names.
 
-Two rules are range-aware (`PHASE_RULES`); inside ``attn_softmax`` (``--annotate-attention``)
+Three rules are range-aware (`PHASE_RULES`); inside ``attn_softmax`` (``--annotate-attention``)
 elementwise and reduction kernels are the softmax (JAX's is an ``input_*reduce_fusion``,
 torch's a ``softmax_warp_forward``), and reports say the category came from the range.
 The other: XLA fuses the optimizer update into fusions
@@ -29,7 +29,9 @@ named after HLO ops (``loop_multiply_fusion``, ``input_reduce_fusion``...), and 
 PyTorch AdamW's per-parameter loop (``foreach=False``) runs plain elementwise kernels; by
 name both would be elementwise or reduction (its foreach update runs
 ``multi_tensor_apply_kernel``, the optimizer by name).  Inside the ``optimizer`` range they are the optimizer, so the
-two frameworks' category shares compare like for like.
+two frameworks' category shares compare like for like. The third: FSDP2 copies parameters
+into each all-gather's buffer with the same foreach kernel; inside its ``FSDP::all_gather``
+ranges that kernel (and the elementwise copies out) are memory, not the optimizer.
 
 GEMM names and the products of a linear layer
 ---------------------------------------------
@@ -155,12 +157,21 @@ PATTERNS: tuple[tuple[Category, str], ...] = (
 )
 
 # (range name, categories by name, category): inside that range, kernels whose name
-# says one of those categories get the last one instead.
+# says one of those categories get the last one instead. A range named "NAME (...)" (how
+# FSDP2 names a range per module) is NAME's too (`rule_matches`).
 PHASE_RULES: tuple[tuple[str, tuple[Category, ...], Category], ...] = (
     ("optimizer", (Category.ELEMENTWISE, Category.REDUCTION), Category.OPTIMIZER),
     # JAX's naive-attention softmax is an `input_*reduce_fusion` (by name a reduction)
     ("attn_softmax", (Category.ELEMENTWISE, Category.REDUCTION), Category.SOFTMAX),
+    # FSDP2 copies the parameters into the all-gather's buffer with a foreach copy
+    # (`multi_tensor_apply_kernel`, by name the optimizer's) and out of it with split copies
+    ("FSDP::all_gather", (Category.OPTIMIZER, Category.ELEMENTWISE), Category.MEMORY),
 )
+
+
+def rule_matches(rule_range: str, range_name: str) -> bool:
+    """Whether a range named `range_name` is the `PHASE_RULES` range `rule_range`."""
+    return range_name == rule_range or range_name.startswith(rule_range + " (")
 
 _COMPILED = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in PATTERNS)
 _ANONYMOUS = "(anonymous namespace)"
@@ -219,7 +230,7 @@ def classify(name: str, ranges: tuple[str, ...] = ()) -> Category:
     own = own_name(name)
     category = next((cat for cat, rx in _COMPILED if rx.search(own)), Category.OTHER)
     for range_name, by_name, cat in PHASE_RULES:
-        if range_name in ranges and category in by_name:
+        if category in by_name and any(rule_matches(range_name, r) for r in ranges):
             return cat
     return category
 

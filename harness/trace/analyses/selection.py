@@ -19,7 +19,7 @@ import numpy as np
 
 from harness.trace.analyses import attribution as attr
 from harness.trace.analyses.layers import LAYER_RANGE_PREFIX
-from harness.trace.kernels import PHASE_RULES, Category, classify
+from harness.trace.kernels import PHASE_RULES, Category, classify, rule_matches
 from harness.trace.library_ranges import library_of
 from harness.trace.profile import (
     PROFILER_STEP,
@@ -50,7 +50,7 @@ def _range_info(ranges: Sequence[Range], parents: np.ndarray) -> tuple[np.ndarra
             root[i] = i if r.name in STEP_RANGES else (root[p] if p >= 0 else -1)
         else:
             root[i] = root[p] if p >= 0 else i
-        own = sum(1 << j for j, (name, _, _) in enumerate(PHASE_RULES) if r.name == name)
+        own = sum(1 << j for j, (name, _, _) in enumerate(PHASE_RULES) if rule_matches(name, r.name))
         bits[i] = (bits[p] if p >= 0 else 0) | own
     return warm, root, bits
 
@@ -83,11 +83,17 @@ def _steady(ranges: Sequence[Range], warm: np.ndarray, root: np.ndarray) -> tupl
     return instances, first, "no `warmup` range: " + "; ".join(rules) if rules else "no `warmup` range", warnings
 
 
-def _categories(kt: KernelTable, inner: np.ndarray, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Category index per kernel (by name, then PHASE_RULES) and the rule that set it (-1: the name)."""
+def _categories(kt: KernelTable, inner: np.ndarray, bits: np.ndarray,
+                library: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Category index per kernel (by name, then PHASE_RULES) and the rule that set it (-1: the name).
+    `library`: each kernel's innermost library range and those ranges' PHASE_RULES bits (a
+    rule's range may be a library's, FSDP's all-gather)."""
     base = np.array([_CAT[classify(n)] for n in kt.names], np.int8)[kt.name]
     cats, rule = base.copy(), np.full(len(kt), -1, np.int8)
     kbits = np.where(inner >= 0, bits[np.maximum(inner, 0)], 0)
+    if library is not None:
+        lib_inner, lib_bits = library
+        kbits = kbits | np.where(lib_inner >= 0, lib_bits[np.maximum(lib_inner, 0)], 0)
     for j in reversed(range(len(PHASE_RULES))):  # the first rule that applies wins
         _, by_name, new = PHASE_RULES[j]
         hit = ((kbits >> j) & 1).astype(bool) & np.isin(base, [_CAT[c] for c in by_name])
@@ -201,7 +207,13 @@ def select(profile: Profile, attribution: str = "auto") -> Selection | None:
     # by launch, an activity whose launch is not in the profile belongs to no range: it was
     # asked for before the profile began (the previous step's tail), whenever it ran
     inner = by_exec if by_launch is None or mode == "execution" else by_launch
-    cats, rule = _categories(kt, inner, bits)
+    lib = None
+    if library:  # the kernels' innermost library ranges, by the same rule, for the rules they name
+        lib_bits = _range_info(library, attr.range_parents(library))[2]
+        lib_inner = attr.by_execution(kt, library) if by_launch is None or mode == "execution" else \
+            attr.by_launch(kt, library)
+        lib = (lib_inner, lib_bits)
+    cats, rule = _categories(kt, inner, bits, lib)
     instances, first, steady_rule, warnings = _steady(ranges, warm, root)
     steady_rule = "; ".join(filter(None, (numbered, unclosed, steady_rule)))
     k = kernel_steps(kt, ranges, inner, root, warm, first, instances, tune)

@@ -21,6 +21,8 @@ def bds():
 
 @pytest.mark.parametrize("fork", [True, False])
 def test_drawer_draws_what_plot_draws(tmp_path: Path, bds, fork: bool, monkeypatch) -> None:
+    # a test run may hold threads of earlier tests: where they are, the drawer draws in place
+    monkeypatch.setattr(plot.threading, "active_count", lambda: 1)
     if not fork:
         monkeypatch.setattr(plot.sys, "platform", "darwin")  # no fork: drawn in this process at wait()
     plot.plot(tmp_path / "direct.png", bds)
@@ -32,11 +34,14 @@ def test_drawer_draws_what_plot_draws(tmp_path: Path, bds, fork: bool, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["direct.png", "kernels.png"]  # no temp file left
 
 
-def test_a_failed_drawing_is_one_line(tmp_path: Path, bds) -> None:
+@pytest.mark.parametrize("fork", [True, False])
+def test_a_failed_drawing_is_one_line(tmp_path: Path, bds, fork: bool, monkeypatch) -> None:
+    monkeypatch.setattr(plot.threading, "active_count", lambda: 1 if fork else 2)
     phase = next(iter(bds[0].phases.values()))
     bad = dataclasses.replace(phase, kernels=[dataclasses.replace(phase.kernels[0], category="no such category")])
     broken = dataclasses.replace(bds[0], phases={"step": bad})
     with plot.Drawer() as drawer:
+        assert (drawer._proc is not None) == fork
         drawer.draw(tmp_path / "kernels.png", [broken])
         with pytest.raises(ProfileError, match=r"kernels.png could not be drawn \(ValueError: .*--no-plot skips it"):
             drawer.wait()

@@ -138,7 +138,11 @@ class Drawer:
         if self._job is None:
             raise RuntimeError("Drawer.wait before Drawer.draw")
         if self._conn is None:
-            plot(*self._job)
+            try:
+                plot(*self._job)
+            except Exception as exc:  # noqa: BLE001  (the same one line as from the child)
+                raise ProfileError(f"kernels.png could not be drawn ({type(exc).__name__}: {exc}); "
+                                   "--no-plot skips it") from exc
             return self._job[0]
         try:
             error = self._conn.recv()

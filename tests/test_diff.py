@@ -122,7 +122,9 @@ def test_gate_passes_on_two_runs_of_the_same_code(tmp_path) -> None:
                                "--ctx", "64", "--device", "cpu", "--steps", "6", "--quiet", "--out", out],
                               env=dict(os.environ, OMP_NUM_THREADS="1")) for out in outs]
     assert [p.wait() for p in procs] == [0, 0]
-    assert diff_cli.main([*outs, "--fail-if-slower", "20"]) == 0
+    # Two runs side by side on a 2-core machine have differed by 25% (one core also serving
+    # something else): the same code stays well inside 50%; a planted 30% fails at 20% above.
+    assert diff_cli.main([*outs, "--fail-if-slower", "50"]) == 0
 
 
 def test_compare_folder_names_its_backends(tmp_path) -> None:

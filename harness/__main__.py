@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if from_command_line:
         starting()  # as under `python -m`: a signal while the tool imports ends it in one line
-    from harness.common import cli
+    from harness.cli import dialect as cli
 
     module = importlib.import_module(f"harness.{tools[argv[0]]}")
     before, cli.LAUNCHER = cli.LAUNCHER, launcher()

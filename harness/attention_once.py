@@ -20,8 +20,8 @@ from harness.attention.catalog import DTYPES
 from harness.attention.impls import block_sizes_for
 from harness.attention.once import run
 from harness.attention.options import add_device_arg
-from harness.common.cli import make_parser
-from harness.common.cli import parse_args as parse_cli
+from harness.cli.dialect import make_parser
+from harness.cli.dialect import parse_args as parse_cli
 
 __all__ = ["main", "parse_args", "run"]
 

@@ -34,7 +34,7 @@ from harness.attention.targets import (
     render_hopper_markdown,
     targets_markdown,
 )
-from harness.common.cli import emit, make_parser, parse_args
+from harness.cli.dialect import emit, make_parser, parse_args
 
 
 def _read(paths: Sequence[Path]) -> list[list[dict]]:

@@ -50,8 +50,8 @@ from pathlib import Path
 from harness.attention.bench import PASSES, measure_cell, render_results, render_table, run_benchmark, write_results
 from harness.attention.catalog import IMPLS, resolve_shapes
 from harness.attention.options import add_device_arg, add_shape_args, add_timing_args
-from harness.common.cli import choice, comma_list, make_parser
-from harness.common.cli import parse_args as parse_cli
+from harness.cli.dialect import choice, comma_list, make_parser
+from harness.cli.dialect import parse_args as parse_cli
 from harness.common.results import dir_problem
 
 # What tests and scripts reach through this entry point.

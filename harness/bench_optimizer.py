@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from harness.common.cli import (
+from harness.cli.dialect import (
     UsageError,
     add_device,
     add_model,

@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.common.cli import comma_list, fail, make_parser, parse_args, positive_int
+from harness.cli.dialect import comma_list, fail, make_parser, parse_args, positive_int
 from harness.common.results import git_commit
 from harness.trace.analyses.ranks import workers
 from harness.trace.rank_copies import copy_ranks

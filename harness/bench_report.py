@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.common.cli import add_nsys_bin, fail, make_parser, parse_args, positive_int
+from harness.cli.dialect import add_nsys_bin, fail, make_parser, parse_args, positive_int
 from harness.trace.profile import ProfileError
 from harness.trace.sources.nsys import export_sqlite, find_nsys
 

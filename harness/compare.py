@@ -7,7 +7,7 @@ report side by side.
 By default torch, torch-compile and jax (--backend chooses; torch-compile is skipped, with
 a line saying why, on a CPU without the C++ compiler Inductor needs). Each backend runs
 `harness.run` in its own subprocess, then `harness.parity` compares each with eager torch
-on the same weights and batch (library: `harness.timing.compare`). The result folder
+on the same weights and batch (library: `harness.runs.compare`). The result folder
 <out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>[-profiled]/ gets summary.json, report.md,
 report.html and phases.png (with --timeline and --nsys or --profile, timeline.json.gz: the
 backends' profiles on one trace, measured steps aligned). A result folder of that name
@@ -19,7 +19,7 @@ SIGTERM keeps the finished backends' results and a partial summary in <name>-int
 but their reports could not be written (the documents are kept in <name>-unrendered/), 2 bad
 input, 130 interrupted. --render FOLDER runs nothing: it writes report.md and phases.png of an
 existing result folder again from its summary.json with today's code, upgrading a document
-written before the robust statistics (library: `harness.timing.upgrade`).
+written before the robust statistics (library: `harness.runs.upgrade`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from harness import backends
-from harness.common.cli import (
+from harness.cli.dialect import (
     UsageError,
     add_backend,
     add_data_parallel,
@@ -51,12 +51,12 @@ from harness.common.cli import (
     refuse_with,
     select_platform,
 )
+from harness.cli.trace_options import add_timeline, timeline_problem, timeline_steps_problem
 from harness.common.results import LockHeld, dir_problem, ensure_dir, held_lock
-from harness.common.trace_options import add_timeline, timeline_problem, timeline_steps_problem
 from harness.memory_model import fit_problem
+from harness.reports.compare import format_table
 from harness.run import add_layer_ranges, annotate_attention_problem, layer_ranges_problem
-from harness.timing.compare import Interrupted, NotRendered, compare, expected_device, result_dir_name
-from harness.timing.compare_render import format_table
+from harness.runs.compare import Interrupted, NotRendered, compare, expected_device, result_dir_name
 from harness.timing.spec import Comparison, RunSpec
 
 
@@ -123,7 +123,7 @@ def is_nsys(binary: str) -> bool:
 
 def render(folder: str) -> int:
     """--render: the folder's report again from its summary.json; 2 with one line for a bad folder."""
-    from harness.timing.upgrade import RenderError, rerender
+    from harness.runs.upgrade import RenderError, rerender
 
     try:
         written = rerender(folder)
@@ -196,7 +196,8 @@ def check(args: argparse.Namespace) -> Comparison:
                               args.data_parallel):
         raise UsageError(problem)
     if args.data_parallel > 1:
-        from harness.timing.distributed import check_devices, parallel_problem
+        from harness.backends.parallel import parallel_problem
+        from harness.runs.distributed import check_devices
 
         for backend in args.backend:
             check_devices(backend, args.device, args.data_parallel)
@@ -257,7 +258,7 @@ def result_lock(comparison: Comparison) -> Iterator[None]:
 
 def report(summary: dict, path: str) -> int:
     """The terminal's answer and table, and the exit code of a finished comparison."""
-    from harness.timing.compare_answer import compare_findings
+    from harness.reports.compare_answer import compare_findings
 
     print("the answer:", *(f"- {f.text}" for f in compare_findings(summary)), "", sep="\n")
     print(format_table(summary))

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.common.cli import (
+from harness.cli.dialect import (
     add_nsys_bin,
     add_out,
     fail,
@@ -32,12 +32,12 @@ from harness.common.cli import (
     non_negative_float,
     parse_args,
 )
+from harness.cli.trace_options import add_timeline, timeline_problem, timeline_steps_problem
 from harness.common.html import svg_of, write_html
-from harness.common.trace_options import add_timeline, timeline_problem, timeline_steps_problem
 from harness.diffs.decompose import Diff, MismatchError, diff_runs, regression
 from harness.diffs.inputs import InputError, mismatch, resolve, resolve_one
-from harness.diffs.render import diff_markdown, plot_waterfall, render
 from harness.diffs.timeline import check_profiles, diff_timeline, timeline_runs
+from harness.reports.diff import diff_markdown, plot_waterfall, render
 from harness.trace.timeline import measured_steps, write_timeline
 
 

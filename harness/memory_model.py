@@ -18,7 +18,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from harness.common.cli import (
+from harness.cli.dialect import (
     add_attention,
     add_batch,
     add_ctx,

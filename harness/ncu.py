@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.attention import roofline
 from harness.attention.ncu import NcuError, ncu_markdown, read_details, summary
-from harness.common.cli import emit, fail, make_parser, parse_args
+from harness.cli.dialect import emit, fail, make_parser, parse_args
 
 
 def build_parser():

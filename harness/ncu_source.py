@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.attention.ncu_source import NcuSourceError, read_source, source_markdown
-from harness.common.cli import emit, make_parser, parse_args
+from harness.cli.dialect import emit, make_parser, parse_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

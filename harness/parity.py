@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from harness import backends, stopped_by
-from harness.common.cli import (
+from harness.cli.dialect import (
     UsageError,
     add_model_args,
     add_out,

@@ -15,7 +15,7 @@ generated is recognised by the marker files of `KINDS`, not guessed from folder 
     scaling    scaling[-NAME].md and runs/[NAME/]*.json          harness.scaling runs/[NAME/]*.json
                                                                  --out scaling[-NAME].md
     repeats    repeats.md and runs/**/*.json                     every start's runs: repeats.md, each cell's median
-                                                                 with its range and count (harness.timing.repeats)
+                                                                 with its range and count (harness.reports.repeats)
     diff       diff.json and diff.md                             harness.diff <compare folder> of its two labels
                                                                  (beside the diff or above it, else the one of
                                                                  that name under ROOT): diff.md, diff.json,
@@ -27,7 +27,7 @@ Compare folders come first, since a diff reads its compare folder (which must si
 same root, at any depth). Then the pages beside the root (README.md and docs/**/*.md in its parent
 folder) and the README.md files under it:
 each block between `<!-- generated: NAME ARG -->` and `<!-- end generated -->` is rendered
-again from the result documents it names (`harness.timing.doc_blocks`); the rest of a page is
+again from the result documents it names (`harness.reports.doc_blocks`); the rest of a page is
 prose and left as it is. Everything else is not generated from a document here and is left as it is:
 the prose of README.md files outside the generated blocks, logs and .txt outputs, screenshots, Nsight Compute tables,
 projection.md (assembled from several `--project` commands), the report-at-scale and
@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.common.cli import fail, make_parser, parse_args
+from harness.cli.dialect import fail, make_parser, parse_args
 from harness.common.results import write_text
 
 TEXT = (".md", ".csv", ".json")  # outputs --check compares; PNG and report.html are not (see the docstring)
@@ -105,7 +105,7 @@ def _beside_md(suffix: str, tool: str) -> Callable[[Path], list[Path]]:
 
 # -- the renderers: (target, root of the compare folders, figures) -> files written -------
 def render_compare(folder: Path, root: Path, figures: bool) -> list[Path]:
-    from harness.timing.upgrade import RenderError, rerender
+    from harness.runs.upgrade import RenderError, rerender
 
     try:
         return [Path(p) for p in rerender(str(folder), figures)]
@@ -114,8 +114,8 @@ def render_compare(folder: Path, root: Path, figures: bool) -> list[Path]:
 
 
 def render_sweep(folder: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.reports.sweep import write_report
     from harness.sweeps.analysis import analyze
-    from harness.sweeps.render import write_report
 
     return [folder / name for name in write_report(analyze(str(folder)), str(folder), figures)]
 
@@ -161,8 +161,8 @@ def compare_folder(name: str, diff: Path, root: Path) -> Path | None:
 
 def render_repeats(folder: Path, root: Path, figures: bool) -> list[Path]:
     from harness.common.errors import UsageError
+    from harness.reports.repeats import load_starts, repeats_markdown
     from harness.scaling import load_runs
-    from harness.timing.repeats import load_starts, repeats_markdown
 
     try:
         text = repeats_markdown(load_starts(folder / "runs", load_runs))
@@ -288,7 +288,7 @@ def regenerate(root: Path, check: bool) -> tuple[list[str], list[Path]]:
 def regenerate_pages(root: Path, check: bool) -> tuple[list[str], list[Path]]:
     """Render the generated blocks of the pages beside `root` (README.md, docs/) from the documents
     under `root`: rewrite each page whose blocks changed, or with `check` name it instead."""
-    from harness.timing.doc_blocks import BlockError, pages, render_page
+    from harness.reports.doc_blocks import BlockError, pages, render_page
 
     errors, differ = [], []
     repo = root.parent if root.name not in ("", ".", "..") else root.resolve().parent

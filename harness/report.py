@@ -22,8 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.common.answer import answer_markdown
-from harness.common.cli import (
+from harness.cli.dialect import (
     add_nsys_bin,
     add_out,
     fail,
@@ -32,19 +31,20 @@ from harness.common.cli import (
     parse_args,
     positive_int,
 )
+from harness.cli.trace_options import add_detail, add_timeline, timeline_problem, timeline_steps_problem
+from harness.common.answer import answer_markdown
 from harness.common.html import write_html
 from harness.common.progress import stage
 from harness.common.results import write_text
-from harness.common.trace_options import add_detail, add_timeline, timeline_problem, timeline_steps_problem
+from harness.reports.breakdown import bounded_markdown, write_report
+from harness.reports.plot import Drawer
+from harness.reports.ranks import render_gpu_time, render_ranks, write_ranks_csv
 from harness.trace.analyses.breakdown import TOP_N
 from harness.trace.analyses.findings import report_findings
 from harness.trace.analyses.gpu_time import SCOPES
 from harness.trace.analyses.ranks import report_inputs
 from harness.trace.analyses.selection import ATTRIBUTIONS
-from harness.trace.plot import Drawer
 from harness.trace.profile import ProfileError
-from harness.trace.render import bounded_markdown, write_report
-from harness.trace.render_ranks import render_gpu_time, render_ranks, write_ranks_csv
 
 
 def build_parser():

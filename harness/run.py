@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from harness import backends, stopped_by
-from harness.common.cli import (
+from harness.cli.dialect import (
     UsageError,
     add_backend,
     add_data_parallel,
@@ -37,7 +37,7 @@ from harness.common.cli import (
 )
 from harness.common.results import dir_problem, new_file_problem, save_json
 from harness.memory_model import fit_problem
-from harness.timing.run_render import format_data_parallel, format_result
+from harness.reports.run import format_data_parallel, format_result
 from harness.timing.runner import FAULT_PHASES, run
 from harness.timing.spec import RunSpec
 from harness.trace.analyses.hlo_join import hlo_dir
@@ -152,10 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(problem)
         if args.compile_cache and (problem := dir_problem(args.compile_cache, "--compile-cache")):
             raise UsageError(problem)
-        from harness.timing.distributed import parallel_problem
+        from harness.backends.parallel import parallel_problem
 
         if args.data_parallel > 1:
-            from harness.timing.distributed import check_devices
+            from harness.runs.distributed import check_devices
 
             check_devices(args.backend, args.device, args.data_parallel)
         if problem := parallel_problem(args.backend, args.parallel, args.ddp_bucket_mb, args.ddp_static_graph,
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = options_from_args(args)
     try:
         if opts.data_parallel > 1:  # a signal stops the ranks too (`launch`)
-            from harness.timing.distributed import nsys_per_rank, run_data_parallel
+            from harness.runs.distributed import nsys_per_rank, run_data_parallel
 
             wrap = nsys_per_rank(args.backend, args.nsys_ranks, args.nsys_bin) if args.nsys_ranks else None
             doc = run_data_parallel(opts, progress, quiet=args.quiet, wrap=wrap)

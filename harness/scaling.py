@@ -7,9 +7,9 @@
 Each file is a `harness.run --out` document (N = 1, 2, 4, 8 with `--data-parallel`,
 the same per-device `--batch`), or a `harness.compare` folder (or its summary.json), which
 stands for its runs; failed runs are left out. The library is
-`harness.timing.scaling`. `--project` adds, per backend, shape and strategy (its options
+`harness.reports.scaling`. `--project` adds, per backend, shape and strategy (its options
 and settings, as the table's rows group), the step time, exposed communication and
-efficiency the model of `harness.timing.projection` predicts at those N from the N = 1
+efficiency the model of `harness.reports.projection` predicts at those N from the N = 1
 run and the group's smallest N > 1, beside the group's measured step at any N also
 given (predict N = 4 from N = 1 and 2, and give the N = 4 run to check it).
 """
@@ -22,8 +22,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 
-from harness.common.answer import answer_markdown
-from harness.common.cli import (
+from harness.cli.dialect import (
     UsageError,
     add_out,
     comma_list,
@@ -35,18 +34,12 @@ from harness.common.cli import (
     positive_float,
     positive_int,
 )
+from harness.common.answer import answer_markdown
 from harness.common.results import file_problem
-from harness.timing.projection import format_projection, project
-from harness.timing.scaling import (
-    SHAPE,
-    format_growth,
-    format_scaling,
-    program_settings,
-    scaling_rows,
-    step_figures,
-    strategy,
-)
-from harness.timing.scaling_answer import RULES, scaling_findings
+from harness.reports.projection import format_projection, project
+from harness.reports.scaling import format_growth, format_scaling
+from harness.reports.scaling_answer import RULES, scaling_findings
+from harness.timing.scaling import SHAPE, program_settings, scaling_rows, step_figures, strategy
 
 
 def load_runs(path: str) -> list[dict]:

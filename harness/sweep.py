@@ -9,7 +9,7 @@ Each finished cell appends one line to <out>/cells.jsonl (`harness.sweeps.record
 interrupted sweep continues with --resume without redoing any recorded cell; a resume may
 add axis values (it says which). The report's "best MFU" table gives, per backend and
 dtype, the cell (model, context, batch) with the highest step MFU; with --data-parallel
-the report adds the scaling table (`harness.timing.scaling`) over the device counts. A cell that
+the report adds the scaling table (`harness.reports.scaling`) over the device counts. A cell that
 runs out of memory, crashes, dies by a signal or passes --cell-timeout is recorded with
 its reason and the sweep goes on; the exit code is 3 when any cell of the sweep failed
 (0 otherwise, 2 for bad input). The report (report.md, report.html, cells.csv, plots) is
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from harness import backends
-from harness.common.cli import (
+from harness.cli.dialect import (
     UsageError,
     add_attention,
     add_backend,
@@ -50,10 +50,10 @@ from harness.common.cli import (
     select_platform,
 )
 from harness.common.results import dir_problem
+from harness.reports.sweep import write_report
+from harness.runs.sweep import run_sweep
 from harness.sweeps.analysis import analyze
 from harness.sweeps.records import FIXED, WARMUP_STUDY, grid, prepare
-from harness.sweeps.render import write_report
-from harness.sweeps.runner import run_sweep
 from harness.timing.runner import FAULT_PHASES
 
 
@@ -138,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError("--gpus runs cells on GPUs; drop it for --device cpu")
         if args.gpus and max(args.data_parallel) > 1:
             raise UsageError("--gpus runs one-GPU cells side by side; drop it with --data-parallel above 1")
-        from harness.timing.distributed import check_devices, parallel_problem
+        from harness.backends.parallel import parallel_problem
+        from harness.runs.distributed import check_devices
 
         for backend in args.backend:
             check_devices(backend, args.device, max(args.data_parallel))

@@ -20,8 +20,8 @@ from harness.attention.bench import REPO_ROOT, environment
 from harness.attention.catalog import KERNEL_PASSES, cells, resolve_shapes
 from harness.attention.options import add_device_arg, add_shape_args, add_timing_args
 from harness.attention.tune import CANDIDATES, IMPL, read_rows, run, tune_markdown
-from harness.common.cli import choice, comma_list, emit, make_parser
-from harness.common.cli import parse_args as parse_cli
+from harness.cli.dialect import choice, comma_list, emit, make_parser
+from harness.cli.dialect import parse_args as parse_cli
 from harness.common.results import gpu_slug
 
 

@@ -155,7 +155,7 @@ def test_answer_keeps_to_its_line_budget() -> None:
 
 
 def test_compare_report_opens_with_the_fastest_backend_and_its_margin() -> None:
-    from harness.timing.compare_render import compare_markdown
+    from harness.reports.compare import compare_markdown
 
     summary = json.loads((Path(__file__).parent / "data" / "compare_cpu" / "summary.json").read_text())
     steps = {b: (r["phases"].get("fused_step") or r["phases"]["step"]) for b, r in summary["runs"].items()}
@@ -179,8 +179,8 @@ def test_sweep_answer_from_the_stored_cpu_sweep(tmp_path) -> None:
     import statistics
 
     from harness.common.answer import answer_markdown
+    from harness.reports.sweep_answer import RULES, sweep_findings
     from harness.sweeps.analysis import analyze
-    from harness.sweeps.answer import RULES, sweep_findings
 
     data_dir = Path(__file__).parent / "data" / "sweep"
     shutil.copytree(data_dir, tmp_path / "s")

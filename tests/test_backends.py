@@ -9,8 +9,8 @@ import pytest
 
 from harness import backends
 from harness.backends import Backend
-from harness.common.cli import UsageError
-from harness.timing.torch_backend import TorchSession, init_model
+from harness.backends.torch_session import TorchSession, init_model
+from harness.cli.dialect import UsageError
 
 EXACT = {"logits": 1e-6, "loss": 1e-6, "grad": 1e-6, "param": 1e-6, "update": 1e-6}
 
@@ -89,9 +89,9 @@ def test_every_session_class_has_the_protocol_s_methods():
     keyword-only `grad` of forward, which the timer passes)."""
     import inspect
 
+    from harness.backends.jax_session import JaxSession
     from harness.backends.session import Session
-    from harness.timing.jax_backend import JaxSession
-    from harness.timing.torch_backend import TorchCompileSession
+    from harness.backends.torch_session import TorchCompileSession
 
     wanted = {name for name, _ in inspect.getmembers(Session, inspect.isfunction) if not name.startswith("_")}
     assert {"forward", "backward", "optimizer_step", "fused_step", "plain_step", "sync", "params"} <= wanted
@@ -117,7 +117,7 @@ def test_wrap_options_reach_only_the_backends_that_take_them() -> None:
 
 
 def test_parallel_strategies_are_asked_of_the_record() -> None:
-    from harness.timing.distributed import parallel_label, parallel_problem
+    from harness.backends.parallel import parallel_label, parallel_problem
 
     assert parallel_label("torch-compile", "fsdp") == "FSDP2" and parallel_label("jax", "zero1", short=True) == \
         "sharded optimizer state"

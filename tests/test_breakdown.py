@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from harness import backends
-from harness.timing import ranges
+from harness.backends import ranges
 from harness.trace.analyses.breakdown import answers, breakdown, load_profile
 from harness.trace.kernels import Category
 from harness.trace.profile import KERNEL, ProfileError
@@ -196,9 +196,9 @@ def _cpu_session_run(backend: str, tmp_path: Path):
     cfg = get_config("tiny")
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 17))
     if backend == "torch":
-        from harness.timing.torch_backend import TorchSession as Session
+        from harness.backends.torch_session import TorchSession as Session
     else:
-        from harness.timing.jax_backend import JaxSession as Session
+        from harness.backends.jax_session import JaxSession as Session
     s = Session(cfg, tokens, device="cpu", dtype="fp32", seed=0)
     ranges.use_framework_annotations(backends.get(backend).annotation())
     try:

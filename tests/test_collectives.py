@@ -259,8 +259,8 @@ def test_host_split_only_where_the_backward_holds_the_collectives() -> None:
     """DDP's all-reduce sits in the backward, so a rank whose backward starts late made
     the other wait there; FSDP2's all-gathers run inside the forward too, where host
     timings cannot tell waiting from computing: no split, and the run says why."""
-    from harness.timing.distributed import host_split
-    from harness.timing.run_render import format_data_parallel
+    from harness.reports.run import format_data_parallel
+    from harness.runs.distributed import host_split
 
     ms = 1_000_000
     def rank(r, forward_ms):  # noqa: E306

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness import compare
-from harness.common.cli import parse_args
-from harness.timing import compare as compare_lib
+from harness.cli.dialect import parse_args
+from harness.runs import compare as compare_lib
 from harness.timing.runner import run
 from harness.timing.spec import RunSpec
 
@@ -100,7 +100,7 @@ def test_compare_default_skips_what_cannot_run_here(monkeypatch, capsys):
     named explicitly, a backend that cannot run is bad input."""
     from harness import backends
     from harness.backends import torch as torch_family
-    from harness.common.cli import UsageError
+    from harness.cli.dialect import UsageError
 
     monkeypatch.setattr(torch_family, "inductor_cpu_compiler", lambda: None)
     assert backends.choose_backends(None, backends.defaults(), "cpu", "compare") == ["torch", "jax"]
@@ -233,12 +233,12 @@ def test_jax_processes_share_the_named_compile_cache(compare_run):
 
 
 def test_interrupted_write_leaves_no_half_written_folder(tmp_path, monkeypatch):
-    import harness.timing.compare_render
+    import harness.reports.compare
 
     def boom(summary, path):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(harness.timing.compare_render, "plot_phases", boom)
+    monkeypatch.setattr(harness.reports.compare, "plot_phases", boom)
     with pytest.raises(KeyboardInterrupt):
         compare_lib.write_results({"options": {}}, str(tmp_path), "x-ctx1-fp32-cpu")
     assert os.listdir(tmp_path) == []

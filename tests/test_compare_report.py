@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.timing import compare_render
-from harness.timing.compare_answer import NOISY_SPREAD, noise_warnings
-from harness.timing.compare_render import compare_markdown, format_table, plot_phases
-from harness.timing.run_render import format_result
+from harness.common.stats import NOISY_SPREAD
+from harness.reports import compare as compare_render
+from harness.reports.compare import compare_markdown, format_table, plot_phases
+from harness.reports.compare_answer import noise_warnings
+from harness.reports.run import format_result
 
 SUMMARY = Path(__file__).parent / "data" / "compare_cpu" / "summary.json"
 
@@ -176,7 +177,7 @@ def test_profile_analysis_after_parity_says_each_stage(tmp_path, capsys) -> None
     each backend's kernel breakdown, and the timeline, say what they do and when done."""
     import shutil
 
-    from harness.timing.compare_profiles import backend_timeline, kernel_breakdown
+    from harness.runs.compare_profiles import backend_timeline, kernel_breakdown
 
     data = Path(__file__).parent / "data" / "torch_fallback"
     profile = data / "torch_tiny_fallback.json.gz"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.trace import render
+from harness.reports import breakdown as render
 from harness.trace.analyses.breakdown import answers, breakdown, load_profile
 from harness.trace.kernels import Category
 

@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.timing import distributed
-from harness.timing.distributed import SAFE_ENV, parity_step
+from harness.backends.parallel import SAFE_ENV
+from harness.runs import distributed
+from harness.runs.distributed import parity_step
 from harness.timing.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +146,7 @@ def test_torch_two_ranks_match_one_device(parallel: str) -> None:
 
 JAX_SCRIPT = """
 import json, numpy as np
-from harness.timing.distributed import parity_step
+from harness.runs.distributed import parity_step
 from harness.timing.spec import RunSpec
 from tests.test_data_parallel import _one_device_step
 out = {}
@@ -212,7 +213,7 @@ def test_rank_frees_its_cycles_before_it_destroys_the_group(monkeypatch) -> None
     such cycles before destroying the group, not at the interpreter's exit."""
     import gc
 
-    from harness.timing import rank
+    from harness.runs import rank
 
     events = []
 
@@ -237,7 +238,7 @@ def test_rank_frees_its_cycles_before_it_destroys_the_group(monkeypatch) -> None
 def test_more_ranks_than_gpus_is_one_line(monkeypatch) -> None:
     import torch
 
-    from harness.common.cli import UsageError
+    from harness.cli.dialect import UsageError
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(UsageError, match=r"--data-parallel 4: only 2 CUDA device\(s\).*--data-parallel 2"):

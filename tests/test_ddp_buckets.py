@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.backends import torch_parallel
+from harness.backends.parallel import DDP_DEFAULT_BUCKET_MB, bucket_mb
 from harness.config import get_config
-from harness.timing import torch_parallel
-from harness.timing.distributed import DDP_DEFAULT_BUCKET_MB, bucket_mb, data_parallel_record
-from harness.timing.run_render import format_data_parallel
+from harness.reports.run import format_data_parallel
+from harness.runs.distributed import data_parallel_record
 from harness.timing.spec import RunSpec
 
 

@@ -15,8 +15,8 @@ import pytest
 from harness import diff as diff_cli
 from harness.diffs.decompose import GROUPS, HOST, diff_runs, regression
 from harness.diffs.inputs import resolve, resolve_one
-from harness.diffs.render import diff_markdown, plot_waterfall, render
-from harness.timing.compare import summarize_compare, write_results
+from harness.reports.diff import diff_markdown, plot_waterfall, render
+from harness.runs.compare import summarize_compare, write_results
 from harness.timing.spec import Comparison, RunSpec
 from harness.trace.analyses.breakdown import breakdown, load_profile
 

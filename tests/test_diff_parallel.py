@@ -7,7 +7,7 @@ import pytest
 
 from harness.diffs.decompose import COMMUNICATION, HOST, diff_runs
 from harness.diffs.inputs import KernelRow, PhaseProfile, Run
-from harness.diffs.render import diff_markdown, sentences
+from harness.reports.diff import diff_markdown, sentences
 from harness.trace.kernels import Category, classify
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"

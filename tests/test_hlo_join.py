@@ -13,8 +13,8 @@ import jax
 import numpy as np
 import pytest
 
+from harness.backends.jax_session import JaxSession
 from harness.config import get_config
-from harness.timing.jax_backend import JaxSession
 from harness.timing.tokens import make_tokens
 from harness.trace.analyses import hlo_join
 from harness.trace.analyses.hlo_join import (

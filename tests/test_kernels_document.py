@@ -7,8 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
-from harness.timing.upgrade import rerender
-from harness.trace.render import breakdown_document
+from harness.reports.breakdown import breakdown_document
+from harness.runs.upgrade import rerender
 from harness.trace.stats import Breakdown, PhaseStats, breakdowns_of
 
 RESULTS = Path(__file__).parent.parent / "results"

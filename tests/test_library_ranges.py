@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.reports.breakdown import breakdown_markdown
+from harness.reports.ranks import render_ranks
 from harness.trace.analyses.breakdown import WHOLE_PROFILE, breakdown
 from harness.trace.analyses.ranks import report_inputs
 from harness.trace.library_ranges import group_name, library_of
 from harness.trace.profile import Kernel, Profile, Range
-from harness.trace.render import breakdown_markdown
-from harness.trace.render_ranks import render_ranks
 
 FSDP = Path(__file__).parent / "data" / "user_ranks" / "fsdp2"
 RANKS = ("rank0.json.gz", "rank1.json.gz")

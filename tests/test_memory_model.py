@@ -13,10 +13,10 @@ import dataclasses
 import pytest
 import torch
 
+from harness.backends.torch_session import TorchSession
 from harness.config import get_config
 from harness.sweeps import memory_model
 from harness.timing.tokens import make_tokens
-from harness.timing.torch_backend import TorchSession
 
 TOTAL_TOLERANCE = 0.10
 LAYER_TOLERANCE = 0.02

@@ -168,8 +168,8 @@ def test_the_gpu_memory_comes_from_nvidia_smi_without_starting_cuda(monkeypatch)
 
 def test_a_sweep_cell_runs_where_the_model_predicts_no_fit(capsys) -> None:
     """A sweep records a cell's OOM as a finding: its cells pass --allow-oom."""
+    from harness.runs.sweep import cell_command
     from harness.sweeps.records import Cell
-    from harness.sweeps.runner import cell_command
 
     opts = {"attention": "naive", "warmup": 1, "steps": 2, "device": "cpu", "mode": "train", "optimizer": "fused",
             "batch": 100000000}

@@ -119,7 +119,7 @@ def test_rank_of_per_rank_names() -> None:
 
 
 def test_compare_report_shows_the_overlap() -> None:
-    from harness.timing.compare_render import data_parallel_lines
+    from harness.reports.compare import data_parallel_lines
 
     analysis = rank_analysis({0: _rank_profile([11, 12, 13], 2), 1: _rank_profile([12, 14, 30], 4)})
     dp = {"n": 2, "parallel": "ddp", "global_batch": 8, "step_ms": 14.0, "tokens_per_s": 1000.0, "note": "",

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from harness.backends import convert
 from harness.backends.jax import TOLERANCES
 from harness.config import get_config
-from harness.timing import convert
 from harness.timing.parity import check_parity, rel_err
 from tests.conftest import DEVICES
 from torch_impl import model as tm
@@ -65,9 +65,9 @@ _real_torch_to_jax = convert.torch_to_jax
 def test_planted_bug_fails_the_check(monkeypatch, bug, target, replacement):
     monkeypatch.setattr(*target, replacement)
     if target[0] is convert:
-        import harness.timing.jax_backend
+        import harness.backends.jax_session
 
-        monkeypatch.setattr(harness.timing.jax_backend, "torch_to_jax", replacement)
+        monkeypatch.setattr(harness.backends.jax_session, "torch_to_jax", replacement)
     result = check_parity(CFG, batch=2, ctx=32)
     assert not result.ok, bug
     failed = {r.quantity for r in result.rows if not r.ok}

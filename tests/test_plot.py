@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.trace import plot
+from harness.reports import plot
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.profile import ProfileError
 

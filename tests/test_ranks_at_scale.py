@@ -16,14 +16,14 @@ import pytest
 
 from harness import report
 from harness.common.spread import spread
+from harness.reports.breakdown import breakdown_markdown
+from harness.reports.ranks import render_ranks
 from harness.trace.analyses.breakdown import breakdown
 from harness.trace.analyses.collectives import profile_split
 from harness.trace.analyses.ranks import load_inputs, report_inputs
 from harness.trace.analyses.selection import select
 from harness.trace.profile import Kernel, Profile, Range
 from harness.trace.rank_copies import copy_ranks
-from harness.trace.render import breakdown_markdown
-from harness.trace.render_ranks import render_ranks
 
 DDP = Path(__file__).parent / "data" / "user_profiles" / "torch_profiler"
 SOURCES = [DDP / "rank0.json.gz", DDP / "rank1.json.gz"]

@@ -119,7 +119,7 @@ def test_bad_root_is_one_line_naming_the_option(make, tmp_path, capsys) -> None:
 def test_ctrl_c_mid_render_leaves_every_file_whole(tmp_path, capsys, monkeypatch) -> None:
     """Ctrl-C after the plot is drawn and before the report is written: exit 130 in one line,
     every file as committed, no temporary file left."""
-    from harness.timing import compare_render
+    from harness.reports import compare as compare_render
 
     shutil.copytree(RESULTS / COMPARE, tmp_path / COMPARE)
     before = {p.name: p.read_bytes() for p in (tmp_path / COMPARE).iterdir()}

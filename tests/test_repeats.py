@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from harness import regenerate
-from harness.timing.repeats import figure
+from harness.reports.repeats import figure
 from tests.test_scaling import _doc
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import report
-from harness.trace import render
+from harness.reports import breakdown as render
 from harness.trace.analyses.breakdown import breakdown, load_profile
 
 DATA = Path(__file__).parent / "data"

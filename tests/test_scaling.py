@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness import scaling
-from harness.timing.scaling import format_scaling, scaling_rows
+from harness.reports.scaling import format_scaling
+from harness.timing.scaling import scaling_rows
 
 
 def _doc(backend: str, n: int, step_ms: float, status: str = "ok") -> dict:
@@ -144,7 +145,7 @@ def test_projection_by_hand(tmp_path: Path, capsys) -> None:
     30 ms, 15 exposed, step 115 ms, 100/115 = 87.0%. N = 16 on 2 nodes of 8 at 400 Gbit/s
     (50 GB/s) per device: 2(7)/8 x 20 = 35 ms inside + 2(1)/2 x 4e9/8 / 50e9 = 10 ms
     across, 45 ms, 22.5 exposed, step 122.5 ms."""
-    from harness.timing.projection import project
+    from harness.reports.projection import project
 
     p = project(_fit_doc(1, 100.0), _fit_doc(2, 110.0), [4, 16], inter_gbps=400.0,
                 measured=[_fit_doc(4, 118.0)])
@@ -174,7 +175,7 @@ def test_projection_keeps_growth_the_all_reduce_cannot_explain() -> None:
     """By hand: compute 100 ms, the N = 2 step 140 ms, its all-reduce 2(1)/2 x 4e9 B / 200e9 B/s
     = 20 ms: none of it hidden and 20 ms more (a straggler's waiting) kept. N = 4: the
     all-reduce 1.5 x 20 = 30 ms, step 100 + 30 + 20 = 150 ms, never below the measured 140."""
-    from harness.timing.projection import project
+    from harness.reports.projection import project
 
     p = project(_fit_doc(1, 100.0), _fit_doc(2, 140.0), [4], inter_gbps=400.0, busbw_gbps=200.0)
     assert p["hidden"] == 0.0 and p["other_ms"] == pytest.approx(20.0)
@@ -252,7 +253,7 @@ def test_nccl_tuning_is_a_row_of_its_own_against_the_plain_one_device_run() -> N
 def test_growth_by_phase_by_hand() -> None:
     """Where the step grows: each phase of the slowest rank against the one-device run, with
     the ranks' mean waiting and the all-reduce alone; JAX's fused step has no phases."""
-    from harness.timing.scaling import format_growth
+    from harness.reports.scaling import format_growth
 
     one, two = _doc("torch", 1, 100.0), _doc("torch", 2, 130.0)
     one["phases"].update(forward={"median_ms": 30.0}, backward={"median_ms": 60.0}, optimizer={"median_ms": 9.0})

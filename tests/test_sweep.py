@@ -26,7 +26,8 @@ import pytest
 from harness import sweep
 from harness.common.stats import figure
 from harness.config import get_config
-from harness.sweeps import analysis, memory_model, runner
+from harness.runs import sweep as runner
+from harness.sweeps import analysis, memory_model
 from harness.sweeps import records as sweep_records
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sweep")
@@ -344,7 +345,7 @@ def test_no_percentage_above_100(rendered: dict) -> None:
     peak equal to the best cell's TFLOP/s: the best then reads exactly 100.0%."""
     import copy
 
-    from harness.sweeps.render import section_throughput
+    from harness.reports.sweep import section_throughput
 
     assert all(0 <= p <= 100 for p in _percentages(rendered["report"]))
     data = copy.deepcopy(rendered["data"])
@@ -407,7 +408,7 @@ def test_kernel_rows_from_a_profile(tmp_path, monkeypatch) -> None:
     assert row["forward"]["top_kernel"] == "ampere_sgemm_128x64_nn" and row["forward"]["top_share"] == 0.75
     assert row["step"]["categories"] == pytest.approx({"gemm": 70 / 90, "elementwise": 10 / 90, "optimizer": 10 / 90})
     data = {"kernels": [row]}
-    from harness.sweeps.render import section_kernels
+    from harness.reports.sweep import section_kernels
 
     assert "ampere_sgemm_128x64_nn (75.0%)" in "\n".join(section_kernels(data))
 
@@ -485,7 +486,7 @@ def test_a_cell_that_was_not_run_never_reads_oom(tmp_path) -> None:
     stored["axes"]["dtypes"].append("tf32")  # a dtype no cell ran
     sweep_records.save_sweep(out, stored)
     data = analysis.analyze(out)
-    from harness.sweeps.render import sweep_markdown
+    from harness.reports.sweep import sweep_markdown
 
     report = sweep_markdown(data, [])
     for line in report.splitlines():
@@ -529,7 +530,7 @@ def _labelled_ticks(ax) -> list[str]:
 
 
 def test_time_axes_have_labelled_ticks(rendered: dict, h200: dict) -> None:
-    from harness.sweeps import plots
+    from harness.reports import sweep_plots as plots
 
     for run in (rendered, h200):
         fig = plots.time_figure(run["data"])
@@ -541,7 +542,7 @@ def test_time_axes_have_labelled_ticks(rendered: dict, h200: dict) -> None:
 
 
 def test_memory_plot_shows_the_measured_peaks(h200: dict) -> None:
-    from harness.sweeps import plots
+    from harness.reports import sweep_plots as plots
 
     fig = plots.memory_figure(h200["data"])
     ax = next(a for a in fig.axes if a.get_title() == "large")
@@ -598,7 +599,7 @@ def test_memory_table_reads_one_way_and_predicts_only_torch(h200: dict) -> None:
 
 
 def test_no_fit_against_a_made_up_device_memory_on_a_cpu(rendered: dict, tmp_path) -> None:
-    from harness.sweeps.render import section_memory
+    from harness.reports.sweep import section_memory
 
     assert "fits (predicted)" not in rendered["report"] and "80 GiB" not in rendered["report"]
     sized = analysis.analyze(rendered["out"], device_memory_gb=0.1)
@@ -626,7 +627,7 @@ def test_the_regime_is_not_concluded_from_noisy_steps(rendered: dict) -> None:
     """The issue's case: in tests/data/sweep jax fp32 tiny read "memory-bound at ctx 16 ->
     compute-bound at ctx 32", but its ctx-16 backward ran 5.67-10.08 ms (p90 9.33 = 1.61x its
     p10 5.80, by hand) and ctx 32's forward 5.68-10.89 ms: noisy steps, no conclusion."""
-    from harness.sweeps.render import section_bound
+    from harness.reports.sweep import section_bound
 
     report = rendered["report"]
     assert "memory-bound at ctx 16 -> compute-bound at ctx 32" not in report
@@ -646,7 +647,7 @@ def test_the_regime_is_not_concluded_from_noisy_steps(rendered: dict) -> None:
 
 
 def test_memory_axis_starts_at_zero(rendered: dict) -> None:
-    from harness.sweeps import plots
+    from harness.reports import sweep_plots as plots
 
     fig = plots.memory_figure(rendered["data"])
     for ax in fig.axes:
@@ -657,7 +658,7 @@ def test_memory_axis_starts_at_zero(rendered: dict) -> None:
 def test_time_colours_follow_the_backend_over_two_batches(rendered: dict) -> None:
     import copy
 
-    from harness.sweeps import plots
+    from harness.reports import sweep_plots as plots
 
     data = copy.deepcopy(rendered["data"])
     doubled = [{**r, "batch": 8} for r in data["phases"]]
@@ -688,8 +689,8 @@ def test_best_mfu_ranks_per_device_and_regime_is_judged_on_one_device() -> None:
 
 
 def test_ddp_options_reach_the_torch_cells_only() -> None:
+    from harness.runs.sweep import cell_command
     from harness.sweeps.records import Cell
-    from harness.sweeps.runner import cell_command
 
     opts = {"attention": "naive", "warmup": 1, "steps": 2, "device": "cuda", "mode": "train", "optimizer": "fused",
             "batch": 4, "parallel": "ddp", "ddp_bucket_mb": 100.0, "ddp_static_graph": True, "grad_comm": "bf16"}
@@ -703,7 +704,7 @@ def test_ddp_options_reach_the_torch_cells_only() -> None:
 def test_cpu_tflops_keep_their_digits(rendered: dict) -> None:
     """A CPU cell's TFLOP/s (0.00082) printed with two decimals read "0.00"; below
     0.005 it keeps two significant digits, so no cell reads as no work done."""
-    from harness.sweeps.render import section_throughput
+    from harness.reports.sweep import section_throughput
 
     text = "\n".join(section_throughput(rendered["data"]))
     assert "| 0.00 |" not in text

@@ -14,7 +14,7 @@ import pytest
 from test_report_html import check_page
 
 from harness import compare, diff, report
-from harness.common.trace_options import step_selection
+from harness.cli.trace_options import step_selection
 from harness.trace.kernels import CATEGORY_COLORS
 from harness.trace.sources.kineto import load_torch_trace
 from harness.trace.timeline import CNAMES, RESERVED

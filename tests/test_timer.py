@@ -14,7 +14,8 @@ from conftest import FakeClock
 
 from harness import backends
 from harness.common.stats import cell, outliers, summarize
-from harness.timing import run_render, runner
+from harness.reports import run as run_render
+from harness.timing import runner
 from harness.timing.events import EventLog
 from harness.timing.timer import Timer, overhead_flag
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness import report
-from harness.trace import render
+from harness.reports import breakdown as render
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.kernels import Category
 from harness.trace.profile import Kernel, Profile, Range

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.__main__ import entry_points, main, usage
-from harness.common import cli
+from harness.cli import dialect as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """The JAX family: jax_impl with separately jitted phases and a fused step.
 
-The session is `harness.timing.jax_backend.JaxSession`; this module says what the harness
+The session is `harness.backends.jax_session.JaxSession`; this module says what the harness
 needs to know about it, importing JAX only when a session, a profiler or a check is asked for.
 """
 
@@ -83,8 +83,8 @@ def _make_session(opts, config, tokens):
     weights (torch has no Pallas kernel, so they come from its counterpart: the weights do
     not depend on the attention kernel)."""
     from harness.backends import backend_attention
-    from harness.timing.jax_backend import JaxSession
-    from harness.timing.torch_backend import init_model
+    from harness.backends.jax_session import JaxSession
+    from harness.backends.torch_session import init_model
 
     weights = init_model(dataclasses.replace(config, attention=backend_attention("torch", config.attention)),
                          opts.seed)
@@ -97,7 +97,7 @@ def _annotate_attention(device: str) -> AbstractContextManager:
     be traced away, so the step runs op by op."""
     import jax
 
-    from harness.timing.ranges import annotate_attention
+    from harness.backends.ranges import annotate_attention
     from jax_impl.model import CausalSelfAttention
 
     annotate_attention(CausalSelfAttention, jax.block_until_ready)
@@ -105,7 +105,7 @@ def _annotate_attention(device: str) -> AbstractContextManager:
 
 
 def _profiler(path: str) -> AbstractContextManager:
-    from harness.trace.sources.framework_profile import jax_profiler
+    from harness.backends.profilers import jax_profiler
 
     return jax_profiler(path)
 

@@ -16,6 +16,9 @@ import numpy as np
 
 FAR_OUT_IQR = 3.0
 MIN_OUTLIER_DEVIATION = 0.10  # relative to the median
+# A step whose p90 exceeds its p10 by more than this factor was timed on a machine busy with
+# other work: the backends did not run under the same conditions, so their ratios mislead.
+NOISY_SPREAD = 1.5
 
 
 def outliers(times_ms: list[float]) -> list[dict]:

@@ -1,4 +1,4 @@
-"""A sweep's analysis: every table of its report as lists of dicts (rendering: `harness.sweeps.render`)."""
+"""A sweep's analysis: every table of its report as lists of dicts (rendering: `harness.reports.sweep`)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import re
 import numpy as np
 
 from harness import backends
-from harness.common.cli import DTYPES
+from harness.cli.dialect import DTYPES
 from harness.common.hardware import memory_mib
+from harness.common.stats import NOISY_SPREAD
 from harness.config import PRESETS, get_config
 from harness.sweeps.memory_model import predict
 from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
-from harness.timing.compare_answer import NOISY_SPREAD
+from harness.timing.legacy import per_device_run
 from harness.timing.scaling import scaling_rows
 from harness.timing.spec import PHASE_ORDER
-from harness.timing.upgrade import per_device_run
 
 DEFAULT_DEVICE_GB = 80
 # The ratio table: the first backend's medians over the second's (its fused step over the other's step).
@@ -296,7 +296,7 @@ def kernel_rows(cells: list[dict], out_dir: str) -> list[dict]:
 
 
 def scaling(cells: list[dict]) -> list[dict]:
-    """The scaling table's rows (`harness.timing.scaling`) over the main cells that finished;
+    """The scaling table's rows (`harness.reports.scaling`) over the main cells that finished;
     empty unless some ran on more than one device."""
     main = [c for c in cells if c["cell"]["warmup"] is None and c["status"] == "ok" and c.get("result")]
     if not any(c["cell"]["data_parallel"] > 1 for c in main):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from harness.timing.ranges import install_layer_ranges
+from harness.backends.ranges import install_layer_ranges
 from harness.timing.timer import OVERHEAD_ROUNDS, Timer, overhead_flag
 
 

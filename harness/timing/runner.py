@@ -18,7 +18,7 @@ from pathlib import Path
 from harness import backends
 from harness.backends import Backend
 from harness.backends.session import Session
-from harness.common.cli import UsageError
+from harness.cli.dialect import UsageError
 from harness.common.errors import describe_failure, is_oom
 from harness.common.hardware import peak_tflops
 from harness.common.results import environment
@@ -210,7 +210,7 @@ def _instrumented(opts: RunSpec, backend: Backend):
                 raise UsageError(f"--annotate-attention: --backend {backend.name} cannot hold ranges inside attention")
             stack.enter_context(backend.annotate_attention(opts.device))
         if opts.framework_profile:
-            from harness.timing.ranges import use_framework_annotations
+            from harness.backends.ranges import use_framework_annotations
 
             use_framework_annotations(backend.annotation())
             stack.enter_context(backend.profiler(opts.framework_profile))

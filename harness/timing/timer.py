@@ -23,8 +23,8 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 
+from harness.backends.ranges import phase_range
 from harness.timing.events import EventLog
-from harness.timing.ranges import phase_range
 
 OVERHEAD_ROUNDS = 4
 OVERHEAD_STEPS = 5

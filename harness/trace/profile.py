@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.common.cli import backend_names
+from harness.cli.dialect import backend_names
 
 # Range names the harness emits (NVTX, record_function or TraceAnnotation).
 WARMUP = "warmup"

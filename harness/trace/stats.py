@@ -121,5 +121,5 @@ def _typed(tp: object, value: object) -> object:
 
 
 def breakdowns_of(doc: list[dict]) -> tuple[list[Breakdown], list[dict]]:
-    """The breakdowns and answers of a kernels.json (`harness.trace.render.write_report`)."""
+    """The breakdowns and answers of a kernels.json (`harness.reports.breakdown.write_report`)."""
     return [from_document(Breakdown, bd) for bd in doc], [bd.get("answers", {}) for bd in doc]

@@ -8,7 +8,7 @@ attention's three methods in `attn_scores`/`attn_softmax`/`attn_values` ranges (
 device sync at each end) before calling `harness.run.main`, as --annotate-attention would.
 `jax_tsl_included` leaves out --nvtx-domain-exclude=TSL on purpose: its export is the
 real failure (kernel records dropped).  `*_fallback` runs `harness.timing.runner.run` inside
-`harness.trace.sources.framework_profile`'s profilers instead of nsys.  Everything lands in
+`harness.backends.profilers` instead of nsys.  Everything lands in
 OUT_DIR/fixtures.tar, rewritten after each scenario so a timeout keeps what finished.
 """
 
@@ -21,7 +21,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from harness.trace.sources import framework_profile, nsys
+from harness.backends import profilers
+from harness.trace.sources import nsys
 
 WORK = Path("/tmp/fixtures")
 STEPS = ["--warmup", "2", "--steps", "3", "--quiet"]
@@ -92,7 +93,7 @@ def run_annotated(argv: list[str]) -> int:
     import torch
 
     from harness import run
-    from harness.timing.ranges import phase_range
+    from harness.backends.ranges import phase_range
     from torch_impl.model import CausalSelfAttention
 
     for method, range_name in ATTENTION.items():
@@ -125,19 +126,20 @@ def capture_nsys(name: str, backend: str, args: list[str], device: str) -> Path:
 
 def capture_fallback(backend: str, device: str) -> Path:
     from harness import backends
+    from harness.backends import ranges
     from harness.common.results import write_json
-    from harness.timing import ranges, runner
+    from harness.timing import runner
 
     work = WORK / f"{backend}_fallback"
     work.mkdir(parents=True, exist_ok=True)
     opts = runner.RunSpec(backend=backend, model="tiny", ctx=64, warmup=2, steps=3, device=device)
     ranges.use_framework_annotations(backends.get(backend).annotation())
     if backend == "torch":
-        with framework_profile.torch_profiler(work / "trace.json"):
+        with profilers.torch_profiler(work / "trace.json"):
             doc = runner.run(opts)
         gz(work / "trace.json", work / "torch_tiny_fallback.json.gz")
     else:
-        with framework_profile.jax_profiler(work / "trace"):
+        with profilers.jax_profiler(work / "trace"):
             doc = runner.run(opts)
         gz(next((work / "trace").rglob("*.xplane.pb")), work / "jax_tiny_fallback.xplane.pb.gz")
     ranges.use_framework_annotations(None)

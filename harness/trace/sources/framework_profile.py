@@ -1,17 +1,9 @@
 """Fallback when nsys is missing: each framework's own profiler, read into the same `Profile`.
 
-Recording (the harness wraps its measured run in one of these, with
-`harness.ranges.use_framework_annotations(backend)` so phase ranges become
-``record_function`` / ``TraceAnnotation`` ranges as well as NVTX ones)::
-
-    with framework_profile.torch_profiler("run.torch.json"):
-        ...
-    with framework_profile.jax_profiler("run.jax.trace"):   # a directory
-        ...
-
-Reading: `harness.trace.sources.kineto` reads the Chrome trace torch.profiler exports;
+Recording is the backends' (`harness.backends.profilers`). Reading:
+`harness.trace.sources.kineto` reads the Chrome trace torch.profiler exports;
 `load_jax_trace` takes an ``.xplane.pb`` (or the directory
-`jax_profiler` wrote) and reads it with ``jax.profiler.ProfileData``: kernels are the
+`harness.backends.profilers.jax_profiler` wrote) and reads it with ``jax.profiler.ProfileData``: kernels are the
 events of the ``/device:GPU:N`` planes' stream lines, ranges the host-plane events named
 like the harness's ranges (the host plane holds every runtime event too).
 `load_jax_trace_viewer` reads the same XSpace from the trace-viewer export written beside
@@ -28,9 +20,8 @@ op that does the work often calls others that do none (``aten::mm`` calls
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -51,37 +42,6 @@ from harness.trace.profile import (
 from harness.trace.sources.kineto import CPU_NOTE, ns, read_trace, self_times
 
 HOST_PLANE, GPU_PLANE = "/host:CPU", "/device:GPU:"
-
-
-@contextlib.contextmanager
-def torch_profiler(out_path: str | Path) -> Iterator[object]:
-    """Profile the block with torch.profiler (CPU, plus CUDA where available) and write
-    its Chrome trace to `out_path` (``.json``)."""
-    import torch
-
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        yield prof
-    prof.export_chrome_trace(str(out_path))
-
-
-@contextlib.contextmanager
-def jax_profiler(out_dir: str | Path) -> Iterator[None]:
-    """Trace the block with jax.profiler into `out_dir` (an ``.xplane.pb`` lands below it).
-
-    Host tracing at level 1 (annotations and XLA's thunks; no Python tracer, no HLO
-    protos) keeps the file small enough to keep."""
-    import jax
-
-    options = jax.profiler.ProfileOptions()
-    options.host_tracer_level, options.python_tracer_level, options.enable_hlo_proto = 1, 0, False
-    jax.profiler.start_trace(str(out_dir), profiler_options=options)
-    try:
-        yield
-    finally:
-        jax.profiler.stop_trace()
 
 
 def _xplane_file(path: Path) -> Path:

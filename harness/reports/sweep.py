@@ -1,5 +1,5 @@
 """Rendering of a sweep's analysis (`harness.sweeps.analysis.analyze`): report.md, cells.csv,
-and the plots of `harness.sweeps.plots`.
+and the plots of `harness.reports.sweep_plots`.
 
 A cell without a number is never shown as one: "OOM" (the run recorded an out-of-memory),
 "failed" (an error, crash, signal or timeout; the reasons are listed at the end), "not run"
@@ -21,9 +21,9 @@ from harness.common.html import svg_of, with_link, write_html
 from harness.common.results import atomic_path, write_text
 from harness.common.stats import figure
 from harness.common.tables import markdown_table
-from harness.sweeps.analysis import STATUS_TEXT, regime
-from harness.sweeps.answer import RULES, sweep_findings
-from harness.sweeps.plots import (
+from harness.reports.scaling import format_scaling
+from harness.reports.sweep_answer import RULES, sweep_findings
+from harness.reports.sweep_plots import (
     GIB,
     groups,
     has_memory,
@@ -33,7 +33,7 @@ from harness.sweeps.plots import (
     plot_phase_bars,
     plot_time_vs_ctx,
 )
-from harness.timing.scaling import format_scaling
+from harness.sweeps.analysis import STATUS_TEXT, regime
 from harness.timing.spec import PHASE_ORDER
 
 

@@ -1,5 +1,5 @@
 """kernels.png: the kernel report's figure, category bars per profile and phase beside each
-profile's top kernels (`harness.trace.render` writes the tables).
+profile's top kernels (`harness.reports.breakdown` writes the tables).
 
 Importing matplotlib and rasterizing the figure take about as long as reading and
 analysing a large profile, so `harness.report` draws in a child process (`Drawer`) forked
@@ -19,10 +19,10 @@ from pathlib import Path
 
 from harness.common.results import atomic_path
 from harness.common.spread import MAX_COLUMNS
+from harness.reports.breakdown_text import _unit, busy, short_names
 from harness.trace.analyses.breakdown import TOP_N
 from harness.trace.kernels import CATEGORY_COLORS, Category
 from harness.trace.profile import ProfileError
-from harness.trace.render_text import _unit, busy, short_names
 from harness.trace.stats import Breakdown
 
 DPI = 110

@@ -7,8 +7,8 @@ import re
 from harness.common.answer import answer_markdown
 from harness.common.stats import cell, figure
 from harness.common.tables import markdown_table
-from harness.timing.compare_answer import RULES, attribution_note, compare_findings, noise_warnings, parity_verdict
-from harness.timing.run_render import format_data_parallel, other_warnings, outlier_lines
+from harness.reports.compare_answer import RULES, attribution_note, compare_findings, noise_warnings, parity_verdict
+from harness.reports.run import format_data_parallel, other_warnings, outlier_lines
 
 
 def _ms(p: dict | None) -> str:

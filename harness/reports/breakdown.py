@@ -8,7 +8,7 @@ are labelled by the backend named in each file name, or by ``--label``.
 From Python (e.g. the compare harness adding a section to its own report)::
 
     from harness.trace.analyses import breakdown
-    from harness.trace import render
+    from harness.reports import breakdown as render
     bds = [breakdown.breakdown(breakdown.load_profile(p)) for p in paths]
     files = render.write_report(out_dir, bds)          # writes kernels.md/.csv/.json/.png
     section = render.breakdown_markdown(bds)              # or just the markdown text
@@ -25,10 +25,10 @@ from pathlib import Path
 from harness.common.results import atomic_path, write_text
 from harness.common.spread import HEADER, MAX_COLUMNS, RULE, capped, spread_cells
 from harness.common.tables import markdown_table
+from harness.reports.breakdown_text import _ms, _phases, _unit, busy, short_names
+from harness.reports.plot import plot
 from harness.trace.analyses.breakdown import TOP_N, Breakdown, PhaseStats, answers
 from harness.trace.kernels import Category, short_name
-from harness.trace.plot import plot
-from harness.trace.render_text import _ms, _phases, _unit, busy, short_names
 
 
 def _spread_row(phase: str, metric: str, bds: Sequence[Breakdown], cells: Sequence[str]) -> list[str]:

@@ -27,8 +27,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_impl
+from harness.backends.convert import torch_to_jax
 from harness.config import ModelConfig
-from harness.timing.convert import torch_to_jax
 
 LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, always on: the step runs the same "
                 "executables); kernels joined to the optimized HLO schedule of each jitted phase, written beside the "

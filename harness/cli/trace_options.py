@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.common.cli import choice
+from harness.cli.dialect import choice
 from harness.common.errors import UsageError
 
 

@@ -6,6 +6,7 @@ report's sections print live here too."""
 from __future__ import annotations
 
 from harness.common.answer import NOISE_WORDS, Finding, overlap, speed
+from harness.common.stats import NOISY_SPREAD
 
 RULES = ("each backend's step is its median step time (JAX's fused step against the torch backends' step); "
          "beyond the noise where the two p10-p90 step ranges do not overlap; MFU against the device's dense peak "
@@ -21,11 +22,6 @@ def parity_verdict(parity: dict | None) -> str:
     detail = ", ".join(f"{q} {w['rel_err']:.1e} (bound {w['tol']:.0e})" for q, w in worst.items())
     batch = f" at reduced batch {parity['batch']}" if parity.get("reduced_batch") else ""
     return f"{'PASS' if parity['ok'] else 'FAIL'}{batch}: worst relative errors {detail}"
-
-
-# A step whose p90 exceeds its p10 by more than this factor was timed on a machine busy with
-# other work: the backends did not run under the same conditions, so their ratios mislead.
-NOISY_SPREAD = 1.5
 
 
 def noise_warnings(summary: dict) -> list[str]:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import torch_impl
-from harness.common.cli import OPTIMIZERS
+from harness.cli.dialect import OPTIMIZERS
 from harness.config import ModelConfig
 
 # The torch backends that compile, and the torch.compile mode each runs.
@@ -92,8 +92,8 @@ class TorchSession:
             return self.model(inputs).float()
 
     def layer_modules(self) -> dict[str, torch.nn.Module]:
-        """The modules that get layer ranges (`harness.timing.ranges.layer_paths`), by path, and `loss`."""
-        from harness.timing.ranges import layer_paths
+        """The modules that get layer ranges (`harness.backends.ranges.layer_paths`), by path, and `loss`."""
+        from harness.backends.ranges import layer_paths
 
         modules = dict(self.model.named_modules())
         return {**{path: modules[path] for path in layer_paths(modules)}, "loss": self.loss}

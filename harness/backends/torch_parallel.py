@@ -34,8 +34,8 @@ def distribute(session, opts) -> None:
     the gathered parameters from the forward to the backward (one all-gather fewer, more
     memory). FSDP2 replaces the parameters with sharded DTensors, so the optimizer is
     rebuilt on them."""
-    from harness.timing.distributed import bucket_mb
-    from harness.timing.torch_backend import make_optimizer
+    from harness.backends.parallel import bucket_mb
+    from harness.backends.torch_session import make_optimizer
 
     if opts.parallel == "ddp":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook

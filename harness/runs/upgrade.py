@@ -2,15 +2,16 @@
 (the library behind `python -m harness.compare --render FOLDER`).
 
 Data-parallel runs written before the per-device figures are brought to today's units
-(`per_device_run`). Documents written before the robust statistics (each phase with mean, std, median, min,
-max and its step times only) are upgraded first, as far as their data allows: each
-phase's figures are recomputed from its recorded step times (`harness.common.stats`), and
-throughput, TFLOP/s, MFU and the phase table's ratios from the recorded FLOPs and peaks,
-the way a run computes them today. What the old documents cannot give is dropped and the
-report says so, one line each: their instrumentation-overhead ratio (measured by a method
-that compared unlike statistics, so it is not carried over), the time to first step, the
-causes of outlier steps (they need the run's event log) and the optimizer-step counts of
-the logged losses. The original summary.json is kept byte for byte beside the upgraded one.
+(`harness.timing.legacy.per_device_run`). Documents written before the robust statistics (each
+phase with mean, std, median, min, max and its step times only) are upgraded first, as far as
+their data allows: each phase's figures are recomputed from its recorded step times
+(`harness.common.stats`), and throughput, TFLOP/s, MFU and the phase table's ratios from the
+recorded FLOPs and peaks, the way a run computes them today. What the old documents cannot give
+is dropped and the report says so, one line each: their instrumentation-overhead ratio
+(measured by a method that compared unlike statistics, so it is not carried over), the time to
+first step, the causes of outlier steps (they need the run's event log) and the optimizer-step
+counts of the logged losses. The original summary.json is kept byte for byte beside the
+upgraded one.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import json
 import os
 import shutil
 
-from harness import backends
 from harness.common.results import atomic_path, write_json, write_text
 from harness.common.stats import summarize
-from harness.timing.compare import phase_table
+from harness.runs.compare import phase_table
+from harness.timing.legacy import PER_DEVICE, per_device_run
 
 ORIGINAL = "summary-original.json"
 LEGACY_FORMAT = "whose phases held mean, std, median, min, max and the step times only"
@@ -45,7 +46,7 @@ def _breakdowns(path: str) -> tuple[list, list[dict]] | None:
     """The breakdowns and answers of a compare folder's kernels.json, or None where the
     document is not today's: it must read back into the breakdown and write out again the
     same, so that no figure an older run did not record is rendered from a default."""
-    from harness.trace.render import breakdown_document
+    from harness.reports.breakdown import breakdown_document
     from harness.trace.stats import breakdowns_of
 
     try:
@@ -62,8 +63,8 @@ def _kernels_markdown(breakdowns: tuple[list, list[dict]]) -> tuple[str | None, 
     """(the kernel breakdown as compare's report embeds it, the answer kernels.md opens with);
     (None, []) where today's renderer cannot read the old document's figures."""
     from harness.common.answer import answer_markdown
+    from harness.reports.breakdown import breakdown_markdown
     from harness.trace.analyses.findings import report_findings
-    from harness.trace.render import breakdown_markdown
 
     try:
         return breakdown_markdown(*breakdowns), answer_markdown(report_findings(breakdowns[0]))
@@ -79,39 +80,6 @@ def is_legacy(summary: dict) -> bool:
     """True for a compare document whose phase records predate the robust statistics."""
     return any("p10_ms" not in rec for r in summary.get("runs", {}).values() if r.get("status") == "ok"
                for rec in r.get("phases", {}).values())
-
-
-PER_DEVICE = ("per-device figures recomputed: this run predates them (JAX's TFLOP/s and peak were summed over its "
-              "devices, a torch rank's tokens/s counted its own rows only)")
-
-
-def per_device_run(doc: dict) -> dict:
-    """A run document in today's units (`harness.timing.runner.FIGURES`): a data-parallel
-    run written before them gets JAX's FLOPs, TFLOP/s and peak divided by N (MFU, a
-    ratio of the two, is unchanged) and a torch rank's tokens/s multiplied by N (the
-    whole job's rows). Documents that carry `figures`, and one-device runs, come back as
-    they are; nothing is changed in place."""
-    from harness.timing.runner import FIGURES
-
-    n = (doc.get("data_parallel") or {}).get("n") or (doc.get("options") or {}).get("data_parallel") or 1
-    if doc.get("status") != "ok" or "figures" in doc or n == 1:
-        return doc
-    new = copy.deepcopy(doc)
-    backend = new["options"]["backend"]
-    # one process over every device summed its devices' work (JAX); a rank counted its own rows
-    jax = backend in backends.names() and backends.get(backend).one_process
-    records = [new["phases"], *(r["phases"] for r in new.get("ranks", []))]
-    for rec in (p for phases in records for p in phases.values()):
-        if jax:
-            rec["flops"] = rec["flops"] // n if rec.get("flops") else rec.get("flops")
-            rec["tflops"] = rec["tflops"] / n if rec.get("tflops") else rec.get("tflops")
-        elif rec.get("tokens_per_s"):
-            rec["tokens_per_s"] *= n
-    if jax and new.get("peak_tflops"):
-        new["peak_tflops"] /= n
-    new["figures"] = FIGURES
-    new["upgraded"] = PER_DEVICE
-    return new
 
 
 def _upgrade_phase(rec: dict, tokens: int, peak_tflops: float | None) -> dict:
@@ -226,7 +194,7 @@ def rerender(folder: str, figures: bool = True) -> list[str]:
     no plot is drawn and no report.html written, the report naming phases.png as a render with
     figures would. Returns the paths written; bad folders raise RenderError."""
     from harness.common.html import svg_of, with_link, write_html
-    from harness.timing.compare_render import compare_markdown, has_phases_plot, plot_phases
+    from harness.reports.compare import compare_markdown, has_phases_plot, plot_phases
 
     summary = _load(folder)
     written = []
@@ -268,7 +236,7 @@ def rerender(folder: str, figures: bool = True) -> list[str]:
         raise RenderError(f"--render {folder}: summary.json cannot be rendered ({detail} where the report reads it); "
                           "restore the document as harness.compare wrote it; nothing was replaced") from None
     if breakdowns:  # kernels.md/.csv/.json as compare writes them, the answer first
-        from harness.trace.render import write_report
+        from harness.reports.breakdown import write_report
 
         written += [str(p) for p in write_report(folder, *breakdowns, stem="kernels", png=False, lead=lead).values()]
     write_text(report, with_link(markdown))

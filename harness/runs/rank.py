@@ -1,6 +1,6 @@
-"""One rank of a torch data-parallel run: the worker process `harness.timing.distributed` starts.
+"""One rank of a torch data-parallel run: the worker process `harness.runs.distributed` starts.
 
-    python -m harness.timing.rank SPEC.json RANK
+    python -m harness.runs.rank SPEC.json RANK
 
 The launcher sets the `torch.distributed` env:// variables (MASTER_ADDR, MASTER_PORT,
 RANK, WORLD_SIZE, LOCAL_RANK); the rank joins the process group (NCCL on CUDA, gloo on
@@ -31,8 +31,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from harness.timing.distributed import SAFE_ENV, rank_path
-from harness.timing.torch_parallel import full_params, measure_link
+from harness.backends.parallel import SAFE_ENV
+from harness.backends.torch_parallel import full_params, measure_link
+from harness.runs.distributed import rank_path
 
 KILL_HOOK = "XFPROF_DP_KILL_RANK"
 SLOW_HOOK = "XFPROF_DP_SLOW_RANK"  # r:seconds[:round]: rank r sleeps that long before every forward (or round)

@@ -17,7 +17,7 @@ from typing import Any
 
 import nvtx
 
-from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, canonical_layer
+from harness.common.layer_names import LAYER_RANGE_PREFIX, canonical_layer
 
 _framework_annotation: Callable[[str], contextlib.AbstractContextManager] | None = None
 

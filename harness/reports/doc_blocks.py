@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.common.tables import markdown_table
-from harness.timing.compare_answer import compare_findings
-from harness.timing.provenance_block import provenance
+from harness.reports.compare_answer import compare_findings
+from harness.reports.provenance_block import provenance
 
 # Markers stand at the start of their own line (a marker quoted in prose or a code span is none).
 BLOCK = re.compile(r"^(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)^(<!-- end generated -->)$", re.S | re.M)

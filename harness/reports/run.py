@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from harness.backends.parallel import parallel_label
 from harness.common.stats import cell, figure, times_the_median
-from harness.timing.distributed import parallel_label
 
 
 def format_result(doc: dict) -> str:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from harness import backends
 from harness.config import get_config
+from harness.runs.distributed import GRACE_S
 from harness.sweeps.records import FIXED_DEFAULTS, Cell, append_record, cell_record, load_records
-from harness.timing.distributed import GRACE_S
 from harness.timing.spec import RunSpec, run_argv
 
 

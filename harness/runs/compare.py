@@ -28,8 +28,8 @@ import time
 from harness import held_signals, stopped_by
 from harness.backends import get as backend_record
 from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
-from harness.timing.compare_profiles import backend_timeline, communication_overlap, keep_profiles, kernel_breakdown
-from harness.timing.distributed import rank_path
+from harness.runs.compare_profiles import backend_timeline, communication_overlap, keep_profiles, kernel_breakdown
+from harness.runs.distributed import rank_path
 from harness.timing.spec import PHASE_ORDER, Comparison, compile_cache_env, run_argv
 
 SCHEMA = "harness.compare/1"
@@ -225,7 +225,7 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
     half-written folder. An existing folder `name` is replaced with `overwrite`, else kept
     and the new one written beside it (`name-2`, ...)."""
     from harness.common.html import svg_of, write_html
-    from harness.timing.compare_render import compare_markdown, plot_phases
+    from harness.reports.compare import compare_markdown, plot_phases
 
     ensure_dir(results_root)
     if not overwrite and os.path.exists(os.path.join(results_root, name)):
@@ -242,8 +242,8 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
         kernels_md = None
         if kernels:
             from harness.common.answer import answer_markdown
+            from harness.reports.breakdown import breakdown_markdown, write_report
             from harness.trace.analyses.findings import report_findings
-            from harness.trace.render import breakdown_markdown, write_report
 
             write_report(tmp, *kernels, stem="kernels", lead=answer_markdown(report_findings(kernels[0])))
             kernels_md = breakdown_markdown(*kernels)
@@ -255,7 +255,7 @@ def write_results(summary: dict, results_root: str, name: str, kernels: tuple[li
             f.write(compare_markdown(summary, kernels_md))
         svgs = {"phases.png": svg_of(lambda path: plot_phases(summary, path))}
         if kernels:
-            from harness.trace.plot import plot as plot_kernels
+            from harness.reports.plot import plot as plot_kernels
 
             svgs["kernels.png"] = svg_of(lambda path: plot_kernels(path, kernels[0]))
         write_html(tmp, "report.md", svgs)
@@ -338,7 +338,7 @@ def keep_documents(summary: dict, root: str, name: str, kernels: tuple[list, lis
     """summary.json, each backend's document and kernels.json, without any report, in a new
     folder `name` under `root` (a number added where the name is taken); its path."""
     from harness.common.results import write_text
-    from harness.trace.render import breakdown_document
+    from harness.reports.breakdown import breakdown_document
 
     path = os.path.join(root, _free_name(root, name))
     os.makedirs(path)

@@ -9,7 +9,7 @@ import pytest
 
 from harness import backends
 from harness.backends import Backend
-from harness.backends.torch_session import TorchSession, init_model
+from harness.backends.torch.session import TorchSession, init_model
 from harness.cli.dialect import UsageError
 
 EXACT = {"logits": 1e-6, "loss": 1e-6, "grad": 1e-6, "param": 1e-6, "update": 1e-6}
@@ -89,9 +89,9 @@ def test_every_session_class_has_the_protocol_s_methods():
     keyword-only `grad` of forward, which the timer passes)."""
     import inspect
 
-    from harness.backends.jax_session import JaxSession
+    from harness.backends.jax.session import JaxSession
     from harness.backends.session import Session
-    from harness.backends.torch_session import TorchCompileSession
+    from harness.backends.torch.session import TorchCompileSession
 
     wanted = {name for name, _ in inspect.getmembers(Session, inspect.isfunction) if not name.startswith("_")}
     assert {"forward", "backward", "optimizer_step", "fused_step", "plain_step", "sync", "params"} <= wanted

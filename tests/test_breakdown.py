@@ -196,9 +196,9 @@ def _cpu_session_run(backend: str, tmp_path: Path):
     cfg = get_config("tiny")
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 17))
     if backend == "torch":
-        from harness.backends.torch_session import TorchSession as Session
+        from harness.backends.torch.session import TorchSession as Session
     else:
-        from harness.backends.jax_session import JaxSession as Session
+        from harness.backends.jax.session import JaxSession as Session
     s = Session(cfg, tokens, device="cpu", dtype="fp32", seed=0)
     ranges.use_framework_annotations(backends.get(backend).annotation())
     try:

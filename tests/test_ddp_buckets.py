@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backends import torch_parallel
 from harness.backends.parallel import DDP_DEFAULT_BUCKET_MB, bucket_mb
+from harness.backends.torch import parallel as torch_parallel
 from harness.config import get_config
 from harness.reports.run import format_data_parallel
 from harness.runs.distributed import data_parallel_record

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from harness.backends.jax_session import JaxSession
+from harness.backends.jax.session import JaxSession
 from harness.config import get_config
 from harness.timing.tokens import make_tokens
 from harness.trace.analyses import hlo_join

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torch_impl
 from harness import run as run_cli
 from harness.backends import ranges
-from harness.backends.torch_session import TorchSession
+from harness.backends.torch.session import TorchSession
 from harness.config import get_config
 from harness.diffs.decompose import diff_runs
 from harness.diffs.inputs import Run
@@ -332,7 +332,7 @@ def test_wide_block_converts_to_jax_and_bad_knobs_are_refused(capsys) -> None:
     from flax import nnx
 
     import jax_impl
-    from harness.backends.convert import jax_param_dict, torch_to_jax
+    from harness.backends.jax.convert import jax_param_dict, torch_to_jax
 
     config = wide_block(get_config("tiny"), wide_layer=0, wide_factor=3)
     jax_model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(0))

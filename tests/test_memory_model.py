@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from harness.backends.torch_session import TorchSession
+from harness.backends.torch.session import TorchSession
 from harness.config import get_config
 from harness.sweeps import memory_model
 from harness.timing.tokens import make_tokens

@@ -12,7 +12,7 @@ from flax import nnx
 
 import jax_impl
 import torch_impl
-from harness.backends.convert import jax_param_dict, jax_to_torch, torch_to_jax
+from harness.backends.jax.convert import jax_param_dict, jax_to_torch, torch_to_jax
 from harness.config import get_config
 from jax_impl import model as jm
 from torch_impl import model as tm
@@ -165,8 +165,8 @@ def test_pallas_attention_model_matches_naive():
     """The JAX model with the Pallas kernel (interpreted on CPU) against the naive path:
     logits, loss and every gradient, within the fp32 parity bounds."""
     from harness.backends.jax import TOLERANCES
-    from harness.backends.jax_session import JaxSession
-    from harness.backends.torch_session import init_model
+    from harness.backends.jax.session import JaxSession
+    from harness.backends.torch.session import init_model
     from harness.timing.parity import rel_err
     from harness.timing.tokens import make_tokens
 

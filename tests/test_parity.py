@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.backends import convert
-from harness.backends.jax import TOLERANCES
+from harness.backends.jax import TOLERANCES, convert
 from harness.config import get_config
 from harness.timing.parity import check_parity, rel_err
 from tests.conftest import DEVICES
@@ -65,9 +64,9 @@ _real_torch_to_jax = convert.torch_to_jax
 def test_planted_bug_fails_the_check(monkeypatch, bug, target, replacement):
     monkeypatch.setattr(*target, replacement)
     if target[0] is convert:
-        import harness.backends.jax_session
+        import harness.backends.jax.session
 
-        monkeypatch.setattr(harness.backends.jax_session, "torch_to_jax", replacement)
+        monkeypatch.setattr(harness.backends.jax.session, "torch_to_jax", replacement)
     result = check_parity(CFG, batch=2, ctx=32)
     assert not result.ok, bug
     failed = {r.quantity for r in result.rows if not r.ok}

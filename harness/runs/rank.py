@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from harness.backends.parallel import SAFE_ENV
-from harness.backends.torch_parallel import full_params, measure_link
+from harness.backends.torch.parallel import full_params, measure_link
 from harness.runs.distributed import rank_path
 
 KILL_HOOK = "XFPROF_DP_KILL_RANK"

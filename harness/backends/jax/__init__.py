@@ -1,6 +1,6 @@
 """The JAX family: jax_impl with separately jitted phases and a fused step.
 
-The session is `harness.backends.jax_session.JaxSession`; this module says what the harness
+The session is `harness.backends.jax.session.JaxSession`; this module says what the harness
 needs to know about it, importing JAX only when a session, a profiler or a check is asked for.
 """
 
@@ -83,8 +83,8 @@ def _make_session(opts, config, tokens):
     weights (torch has no Pallas kernel, so they come from its counterpart: the weights do
     not depend on the attention kernel)."""
     from harness.backends import backend_attention
-    from harness.backends.jax_session import JaxSession
-    from harness.backends.torch_session import init_model
+    from harness.backends.jax.session import JaxSession
+    from harness.backends.torch.session import init_model
 
     weights = init_model(dataclasses.replace(config, attention=backend_attention("torch", config.attention)),
                          opts.seed)

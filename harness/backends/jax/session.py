@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_impl
-from harness.backends.convert import torch_to_jax
+from harness.backends.jax.convert import torch_to_jax
 from harness.config import ModelConfig
 
 LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, always on: the step runs the same "

@@ -1,6 +1,6 @@
 """The PyTorch family: eager torch (the reference), torch.compile, torch.compile with CUDA graphs.
 
-The sessions are `harness.backends.torch_session.TorchSession` and `TorchCompileSession`;
+The sessions are `harness.backends.torch.session.TorchSession` and `TorchCompileSession`;
 this module says what the harness needs to know about each, importing torch only when
 a session, a profiler or a check is asked for.
 """
@@ -69,15 +69,15 @@ def _cudagraphs_unavailable(device: str) -> str | None:
 def _make_session(name: str):
     def make(opts, config, tokens):
         """A torch session from the shared seeded weights. Data-parallel: this rank takes its
-        rows of the global batch and wraps its model (`harness.backends.torch_parallel.distribute`)."""
-        from harness.backends.torch_session import TorchCompileSession, TorchSession, init_model
+        rows of the global batch and wraps its model (`harness.backends.torch.parallel.distribute`)."""
+        from harness.backends.torch.session import TorchCompileSession, TorchSession, init_model
 
         config = dataclasses.replace(config, attention=backend_attention(name, config.attention))
         common = dict(device=opts.device, dtype=opts.dtype, seed=opts.seed, weights=init_model(config, opts.seed),
                       optimizer=opts.optimizer)
         n = opts.data_parallel
         if n > 1:
-            from harness.backends.torch_parallel import world
+            from harness.backends.torch.parallel import world
 
             rank = world()[0]
             tokens = tokens[rank * opts.batch:(rank + 1) * opts.batch]
@@ -89,7 +89,7 @@ def _make_session(name: str):
         else:
             session = TorchCompileSession(config, tokens, **common, mode=record.compile_mode)
         if n > 1:
-            from harness.backends.torch_parallel import distribute
+            from harness.backends.torch.parallel import distribute
 
             distribute(session, opts)
         return session

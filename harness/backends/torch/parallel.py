@@ -35,7 +35,7 @@ def distribute(session, opts) -> None:
     memory). FSDP2 replaces the parameters with sharded DTensors, so the optimizer is
     rebuilt on them."""
     from harness.backends.parallel import bucket_mb
-    from harness.backends.torch_session import make_optimizer
+    from harness.backends.torch.session import make_optimizer
 
     if opts.parallel == "ddp":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook

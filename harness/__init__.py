@@ -69,13 +69,22 @@ def stopped_by(exc: KeyboardInterrupt) -> str:
 @contextlib.contextmanager
 def held_signals() -> Iterator[None]:
     """Ctrl-C and the stop signals wait until the block is done (a result being written is
-    written whole), then arrive as usual. Start no process inside: it would inherit the block."""
-    held = {signal.SIGINT, *STOP_SIGNALS}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    written whole), then arrive as usual, once. Held by Python-level handlers, not by the
+    thread's signal mask: a mask holds nothing once any other thread of the process (a
+    progress line, a library's pool) takes the signal, and Python runs its handler in the
+    main thread all the same. Call from the main thread."""
+    caught: list[int] = []
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, *STOP_SIGNALS)}
+    for s, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 # sys.argv[0] is "-m" while `python -m` imports the tool's package, and only then.

@@ -380,6 +380,7 @@ def compare(comparison: Comparison) -> tuple[dict, str]:
             summary["kernel_breakdown_error"] = stopped
             kernels = None
         step = "as the result folder was written (it was finished first)"
+        path = None
         try:
             with held_signals():
                 path = write_or_keep(summary, c, kernels)
@@ -393,5 +394,6 @@ def compare(comparison: Comparison) -> tuple[dict, str]:
         except KeyboardInterrupt as exc:
             stopped = stopped or f"stopped by {stopped_by(exc)} {step}"
     if stopped:
-        raise Interrupted(f"interrupted: {stopped}; the runs and parity are kept in {path}")
+        raise Interrupted(f"interrupted: {stopped}; the runs and parity are kept in {path}" if path else
+                          f"interrupted: {stopped}; the result folder was not written")
     return summary, path

@@ -1,0 +1,52 @@
+"""`harness.held_signals`: a stop signal that lands while a result is written waits for the
+block to finish, then arrives once, whatever other threads the process runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from harness import Terminated, _terminated, held_signals
+
+
+def _other_thread() -> threading.Event:
+    """A thread alive across the block, started before it (so a per-thread signal mask set in
+    the block does not cover it): the kernel may hand it a process-directed signal."""
+    stop = threading.Event()
+    threading.Thread(target=stop.wait, daemon=True).start()
+    return stop
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_the_block_arrives_after_it(signum) -> None:
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _terminated)  # as a started tool has it
+    stop = _other_thread()
+    finished = []
+    try:
+        with pytest.raises(KeyboardInterrupt) as raised:
+            with held_signals():
+                os.kill(os.getpid(), signum)
+                time.sleep(0.2)  # bytecode runs on: a handler that raised would have by now
+                finished.append(True)
+        assert finished == [True]
+        assert isinstance(raised.value, Terminated) == (signum == signal.SIGTERM)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        stop.set()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_nothing_held_nothing_raised_and_an_ignored_signal_stays_ignored() -> None:
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with held_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness.config import get_config
-from harness.sweeps import memory_model
+from harness.sweeps import step_memory as memory_model
 from harness.timing.tokens import make_tokens
 from harness.timing.torch_backend import TorchSession
 

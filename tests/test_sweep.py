@@ -26,8 +26,9 @@ import pytest
 from harness import sweep
 from harness.common.stats import figure
 from harness.config import get_config
-from harness.sweeps import analysis, memory_model, runner
+from harness.sweeps import analysis, runner
 from harness.sweeps import records as sweep_records
+from harness.sweeps import step_memory as memory_model
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sweep")
 FAIL = "tiny:32:jax:fp32"

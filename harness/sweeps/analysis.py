@@ -12,8 +12,8 @@ from harness import backends
 from harness.common.cli import DTYPES
 from harness.common.hardware import memory_mib
 from harness.config import PRESETS, get_config
-from harness.sweeps.memory_model import predict
 from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
+from harness.sweeps.step_memory import predict
 from harness.timing.compare_answer import NOISY_SPREAD
 from harness.timing.scaling import scaling_rows
 from harness.timing.spec import PHASE_ORDER

@@ -117,7 +117,12 @@ class MeasureOptions:
         """This record's fields from `args` (lists as tuples), overridden by `given`."""
         out = {}
         for field in dataclasses.fields(cls):
-            value = given[field.name] if field.name in given else getattr(args, field.name, field.default)
+            if field.name in given:
+                value = given[field.name]
+            elif field.default is dataclasses.MISSING:
+                value = getattr(args, field.name)  # a field every tool's parser sets
+            else:
+                value = getattr(args, field.name, field.default)
             out[field.name] = tuple(value) if isinstance(value, list) else value
         return out
 

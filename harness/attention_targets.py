@@ -34,7 +34,7 @@ from harness.attention.targets import (
     render_hopper_markdown,
     targets_markdown,
 )
-from harness.cli.dialect import emit, make_parser, parse_args
+from harness.cli.dialect import add_out, choice, emit, fail, make_parser, parse_args
 
 
 def _read(paths: Sequence[Path]) -> list[list[dict]]:
@@ -52,24 +52,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("results", nargs="+", type=Path,
                    help="JSON files written by harness.bench_attention, oldest first: a cell measured in several "
                         "is taken from the last")
-    p.add_argument("--targets", choices=("portable", "hopper"), default="portable",
+    p.add_argument("--targets", type=choice("targets", ("portable", "hopper")), default="portable",
                    help="portable: the Triton-lowered kernel's targets; hopper: the Mosaic GPU kernel's")
     p.add_argument("--impl", default=None, help="the implementation checked (None: pallas for portable, "
                                                 "pallas_mosaic for hopper)")
     p.add_argument("--baseline", nargs="+", type=Path, default=[], metavar="JSON",
                    help="earlier results of the same implementation (oldest first): adds its time now over its "
                         "time there, per cell and pass, and whether the two runs' spreads overlap")
-    p.add_argument("--out", type=Path, default=None, metavar="PATH.md", help="write the markdown here (None: stdout)")
+    add_out(p, "write the markdown here (None: stdout)", metavar="PATH.md")
     args = parse_args(p, argv)
     args.impl = args.impl or ("pallas" if args.targets == "portable" else "pallas_mosaic")
     try:
         rows, base = latest_cells(_read(args.results)), latest_cells(_read(args.baseline))
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))
     if not any(r["impl"] == args.impl for r in rows):
-        print(f"error: no {args.impl!r} rows in the given results", file=sys.stderr)
-        return 2
+        return fail(f"--impl {args.impl}: no {args.impl!r} rows in the given results")
     sources = [p.name for p in args.results]
     if args.targets == "hopper":
         text = render_hopper_markdown(check_hopper(rows, args.impl), sources, args.impl)

@@ -49,8 +49,8 @@ from pathlib import Path
 
 from harness.attention.bench import PASSES, measure_cell, render_results, render_table, run_benchmark, write_results
 from harness.attention.catalog import IMPLS, resolve_shapes
-from harness.attention.options import add_device_arg, add_shape_args, add_timing_args
-from harness.cli.dialect import choice, comma_list, make_parser
+from harness.attention.options import BenchOptions, add_shape_args, add_timing_args
+from harness.cli.dialect import add_device, add_out, choice, comma_list, make_parser
 from harness.cli.dialect import parse_args as parse_cli
 from harness.common.results import dir_problem
 
@@ -64,17 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", type=comma_list(choice("impl", IMPLS)), default=list(IMPLS),
                    help=f"comma-separated: {', '.join(IMPLS)}")
     add_timing_args(p, warmup=3, iters=15)
-    add_device_arg(p, "tiny smoke runs (Pallas in interpret mode, GPU-only impls marked unsupported)")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder of the results (None: results/attention/<gpu>/)")
+    add_device(p, "cuda", cpu_means="tiny smoke runs (Pallas in interpret mode, GPU-only impls marked unsupported)")
+    add_out(p, "folder of the results (None: results/attention/<gpu>/)", metavar="DIR")
     p.add_argument("--name", default="attention", help="stem of the .json/.md/.png files written into --out")
     p.add_argument("--render", type=Path, nargs="+", default=None, metavar="JSON",
                    help="run nothing: rewrite the .md and .png of these results JSON files from them alone")
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The parsed options, with the shape set's default lengths and head dims filled in;
+def parse_args(argv: Sequence[str] | None = None) -> BenchOptions:
+    """The options, with the shape set's default lengths and head dims filled in;
     an --out that cannot become the results folder is refused before anything runs."""
     p = build_parser()
     args = parse_cli(p, argv)
@@ -82,9 +81,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.seq, args.head_dim = resolve_shapes(args.shapes, args.seq, args.head_dim)
     except ValueError as exc:
         p.error(str(exc))
-    if args.out is not None and (problem := dir_problem(args.out, "--out")):
+    if args.out is not None and (problem := dir_problem(Path(args.out), "--out")):
         p.error(problem)
-    return args
+    return BenchOptions.from_args(args)
 
 
 def _render_only(paths: list[Path]) -> int:
@@ -118,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render_table(rows))
     for kind, path in write_results(rows, args).items():
         print(f"wrote {kind}: {path}")
-    return 0 if args.stopped_after is None else 1
+    return 0 if rows.stopped_after is None else 1
 
 
 if __name__ == "__main__":

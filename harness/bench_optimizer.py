@@ -27,7 +27,7 @@ from harness.cli.dialect import (
 from harness.common.hardware import hbm_tbps
 from harness.common.results import environment, write_json
 from harness.config import get_config
-from harness.timing.optimizer_bench import VARIANTS, bench_optimizer, format_result
+from harness.timing.adamw_timing import VARIANTS, bench_optimizer, format_result
 
 
 def build_parser():

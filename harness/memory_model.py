@@ -1,4 +1,4 @@
-"""Predicted peak device memory of one torch training step, per phase (`harness.sweeps.memory_model`).
+"""Predicted peak device memory of one torch training step, per phase (`harness.sweeps.step_memory`).
 
     python -m harness.memory_model                                   # every preset x ctx 128..1024
     python -m harness.memory_model --model large --ctx 256 --batch 4 --dtype bf16
@@ -31,7 +31,7 @@ from harness.cli.dialect import (
 )
 from harness.common.tables import markdown_table
 from harness.config import PRESETS, get_config
-from harness.sweeps.memory_model import predict
+from harness.sweeps.step_memory import predict
 
 GIB = 2**30
 TABLE_CTX = (128, 256, 512, 1024)

@@ -20,16 +20,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.attention import roofline
-from harness.attention.ncu import NcuError, ncu_markdown, read_details, summary
-from harness.cli.dialect import emit, fail, make_parser, parse_args
+from harness.attention.ncu_details import NcuError, ncu_markdown, read_details, summary
+from harness.cli.dialect import add_out, emit, fail, make_parser, parse_args
 
 
 def build_parser():
     p = make_parser("harness.ncu", __doc__)
     p.add_argument("csv", type=Path, help="ncu --page details --csv export")
-    p.add_argument("--out", type=Path, default=None, metavar="PATH",
-                   help="the summary: a markdown file; with --roofline: a folder for roofline.md and roofline.png "
-                        "(None: print the markdown)")
+    add_out(p, "the summary: a markdown file; with --roofline: a folder for roofline.md and roofline.png "
+               "(None: print the markdown)")
     p.add_argument("--roofline", action="store_true",
                    help="each kernel's FLOP/s against its FLOP per DRAM byte, under the GPU's roofs")
     p.add_argument("--gpu", default=None, metavar="NAME",
@@ -48,10 +47,11 @@ def _roofline(args) -> int:
     if args.out is None:
         print(text, end="")
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
-    emit(text, args.out / "roofline.md")
-    roofline.plot(pts, roofs, args.out / "roofline.png")
-    print(f"wrote {args.out / 'roofline.png'}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    emit(text, out / "roofline.md")
+    roofline.plot(pts, roofs, out / "roofline.png")
+    print(f"wrote {out / 'roofline.png'}")
     return 0
 
 

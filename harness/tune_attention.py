@@ -1,9 +1,9 @@
 """Tile-size search for our attention kernels: which block sizes are fastest, per shape and pass.
 
-    python -m harness.tune_attention --backend mosaic --shapes fa3 --head-dim 64 --out results/attention/tune-h200
+    python -m harness.tune_attention --kernel mosaic --shapes fa3 --head-dim 64 --out results/attention/tune-h200
     python -m harness.tune_attention --render results/attention/tune-h200/mosaic-d64.jsonl
 
-Each candidate (`harness.attention.tune.CANDIDATES`) is the backend's default block sizes
+Each candidate (`harness.attention.tune.CANDIDATES`) is the kernel family's default block sizes
 with a few fields changed, timed on its pass and checked against the default's output.
 Rows are appended to <out>/<name>.jsonl as they are measured; <name>.md ranks them.
 """
@@ -17,59 +17,55 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.attention.bench import REPO_ROOT, environment
-from harness.attention.catalog import KERNEL_PASSES, cells, resolve_shapes
-from harness.attention.options import add_device_arg, add_shape_args, add_timing_args
+from harness.attention.catalog import KERNEL_PASSES, resolve_shapes
+from harness.attention.options import TuneOptions, add_kernel, add_shape_args, add_timing_args
 from harness.attention.tune import CANDIDATES, IMPL, read_rows, run, tune_markdown
-from harness.cli.dialect import choice, comma_list, emit, make_parser
+from harness.cli.dialect import add_device, add_out, choice, comma_list, emit, fail, make_parser
 from harness.cli.dialect import parse_args as parse_cli
 from harness.common.results import gpu_slug
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("harness.tune_attention", __doc__)
-    p.add_argument("--backend", choices=tuple(IMPL), default="mosaic", help=f"our kernel family: {', '.join(IMPL)}")
+    add_kernel(p, tuple(IMPL), "mosaic", "our kernel family whose block sizes to search")
     p.add_argument("--passes", type=comma_list(choice("pass", KERNEL_PASSES)), default=list(KERNEL_PASSES),
                    help=f"comma-separated: {', '.join(KERNEL_PASSES)}")
     add_shape_args(p, shapes="fa3", dtype=["bf16"])
     add_timing_args(p, warmup=2, iters=7)
-    add_device_arg(p, "interpret mode on tiny shapes (checks the search, not the speed)")
+    add_device(p, "cuda", cpu_means="interpret mode on tiny shapes (checks the search, not the speed)")
     p.add_argument("--only", default=None, metavar="FIELD",
                    help="measure only the candidates that set FIELD (the default is always measured)")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder of the results (None: results/attention/tune-<gpu>/)")
-    p.add_argument("--name", default=None, help="stem of the .jsonl/.md files (None: <backend>-d<head_dims>)")
+    add_out(p, "folder of the results (None: results/attention/tune-<gpu>/)", metavar="DIR")
+    p.add_argument("--name", default=None, help="stem of the .jsonl/.md files (None: <kernel>-d<head_dims>)")
     p.add_argument("--render", type=Path, default=None, metavar="JSONL", help="render an existing .jsonl and exit")
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The parsed options, with the shape cells (`args.cells`) and the file stem filled in."""
+def parse_args(argv: Sequence[str] | None = None) -> TuneOptions:
+    """The options, with the shape set's lengths and head dims and the file stem filled in."""
     p = build_parser()
     args = parse_cli(p, argv)
     if args.render is not None:
-        return args
+        return TuneOptions.from_args(args)
     if len(args.dtype) != 1:
         p.error(f"--dtype {','.join(args.dtype)}: the search takes one dtype")
     if args.only is not None and not any(args.only in c for (b, ps), cs in CANDIDATES.items()
-                                         if b == args.backend and ps in args.passes for c in cs):
-        p.error(f"--only {args.only!r}: no {args.backend} candidate of these passes sets it")
+                                         if b == args.kernel and ps in args.passes for c in cs):
+        p.error(f"--only {args.only!r}: no {args.kernel} candidate of these passes sets it")
     if args.shapes == "fa3" and args.seq is None:
         args.seq = [1024, 4096, 16384]
     try:
         args.seq, args.head_dim = resolve_shapes(args.shapes, args.seq, args.head_dim)
     except ValueError as exc:
         p.error(str(exc))
-    args.cells = cells(args)
-    args.name = args.name or f"{args.backend}-d{'-'.join(map(str, args.head_dim))}"
-    return args
+    return TuneOptions.from_args(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render is not None:
         if not args.render.is_file():
-            print(f"tune_attention: {args.render} does not exist (give the .jsonl a run wrote)", file=sys.stderr)
-            return 2
+            return fail(f"--render {args.render}: no such file (give the .jsonl a run wrote)")
         rows, env = read_rows(args.render)
         emit(tune_markdown(rows, env), args.render.with_suffix(".md"))
         return 0

@@ -11,7 +11,7 @@ from pallas_kernels import mha_reference
 
 @pytest.mark.parametrize("blocks", [[], ["--blocks", "block_q=16,block_k=16"]], ids=["default", "blocks"])
 def test_gradients_match_reference(blocks) -> None:
-    args = attention_once.parse_args(["--device", "cpu", "--backend", "triton", "--batch", "1", "--seq", "40",
+    args = attention_once.parse_args(["--device", "cpu", "--kernel", "triton", "--batch", "1", "--seq", "40",
                                       "--heads", "2", "--head-dim", "16", "--dtype", "fp32", *blocks])
     if blocks:
         assert (args.block_sizes.block_q, args.block_sizes.block_k) == (16, 16)
@@ -29,9 +29,9 @@ def test_bad_input_is_reported(capsys) -> None:
     assert "head_dim=300" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--seq", "0"], ["--blocks", "block_q=16"], ["--backend", "mosaic", "--blocks", "x"],
-                                  ["--backend", "mosaic", "--blocks", "consumers=3,overlap=true"],
-                                  ["--backend", "triton", "--blocks", "block_q=big"]])
+@pytest.mark.parametrize("argv", [["--seq", "0"], ["--blocks", "block_q=16"], ["--kernel", "mosaic", "--blocks", "x"],
+                                  ["--kernel", "mosaic", "--blocks", "consumers=3,overlap=true"],
+                                  ["--kernel", "triton", "--blocks", "block_q=big"]])
 def test_rejects_bad_arguments(argv, capsys) -> None:
     with pytest.raises(SystemExit):
         attention_once.parse_args(argv)
@@ -39,7 +39,7 @@ def test_rejects_bad_arguments(argv, capsys) -> None:
 
 
 @pytest.mark.parametrize("argv, rc, stream, text", [
-    (["--backend", "triton", "--seq", "24", "--heads", "1", "--head-dim", "16", "--dtype", "fp32"], 0, "stdout",
+    (["--kernel", "triton", "--seq", "24", "--heads", "1", "--head-dim", "16", "--dtype", "fp32"], 0, "stdout",
      "attention_once: triton fp32 1x24x1x16 causal=true ran 2x"),
     (["--seq", "8", "--head-dim", "300"], 2, "stderr", "head_dim=300"),
 ], ids=["ok", "bad-input"])

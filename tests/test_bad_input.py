@@ -20,7 +20,7 @@ from harness import bench_attention, compare, memory_model, parity, report, run,
 from harness.common import results
 from harness.config import PRESETS, get_config
 from harness.runs import compare as compare_lib
-from harness.sweeps.memory_model import predict
+from harness.sweeps.step_memory import predict
 from harness.timing.parity import check_parity
 from harness.timing.spec import Comparison, RunSpec
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import FakeClock
 
 from harness import bench_attention
-from harness.attention import timing as bench
+from harness.attention import interleaved as bench
 from harness.attention.catalog import LEAD_IN_MS
 
 CLOCK = FakeClock()

@@ -15,7 +15,7 @@ import torch
 
 from harness.backends.torch.session import TorchSession
 from harness.config import get_config
-from harness.sweeps import memory_model
+from harness.sweeps import step_memory as memory_model
 from harness.timing.tokens import make_tokens
 
 TOTAL_TOLERANCE = 0.10

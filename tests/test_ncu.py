@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness import ncu as ncu_cli
-from harness.attention import ncu
+from harness.attention import ncu_details as ncu
 
 FIXTURE = Path(__file__).parent / "data" / "ncu" / "flash_attention_fwd_d64.csv"
 

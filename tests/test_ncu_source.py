@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import ncu_source as ncu_source_cli
-from harness.attention import ncu_source
+from harness.attention import ncu_stalls as ncu_source
 
 DATA = Path(__file__).parent / "data" / "ncu"
 FIXTURE = DATA / "mosaic_bwd_fused_d128_causal_sass.csv.gz"

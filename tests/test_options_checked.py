@@ -13,7 +13,7 @@ import pytest
 from harness import compare, parity, report, run
 from harness.backends import jax as jax_backend
 from harness.config import get_config
-from harness.sweeps.memory_model import predict
+from harness.sweeps.step_memory import predict
 
 DATA = Path(__file__).parent / "data"
 FALLBACK = DATA / "torch_fallback" / "torch_tiny_fallback.json.gz"  # 2 warm-up steps, 3 measured

@@ -8,7 +8,7 @@ import pytest
 
 from harness import ncu as ncu_cli
 from harness.attention import roofline
-from harness.attention.ncu import read_details
+from harness.attention.ncu_details import read_details
 
 DATA = Path(__file__).parent / "data" / "ncu"
 MOSAIC = DATA / "mosaic_d128.csv"  # Hopper kernels, bf16, causal, 1x4096x16x128, on an H200

@@ -27,8 +27,9 @@ from harness import sweep
 from harness.common.stats import figure
 from harness.config import get_config
 from harness.runs import sweep as runner
-from harness.sweeps import analysis, memory_model
+from harness.sweeps import analysis
 from harness.sweeps import records as sweep_records
+from harness.sweeps import step_memory as memory_model
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sweep")
 FAIL = "tiny:32:jax:fp32"

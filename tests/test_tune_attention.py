@@ -57,7 +57,7 @@ def test_bad_passes_are_refused() -> None:
 def test_tiny_search_end_to_end(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setitem(tune.CANDIDATES, ("triton", "fwd"), [{}, {"block_k": 32}, {"block_q": 48}])
     monkeypatch.setitem(tune.CANDIDATES, ("triton", "bwd"), [{}, {"block_q_dq": 32}])
-    argv = ["--backend", "triton", "--device", "cpu", "--shapes", "grid", "--seq", "40", "--head-dim", "16",
+    argv = ["--kernel", "triton", "--device", "cpu", "--shapes", "grid", "--seq", "40", "--head-dim", "16",
             "--heads", "2", "--dtype", "fp32", "--causal", "true", "--iters", "1", "--warmup", "0",
             "--min-batch-ms", "0", "--lead-in-ms", "0", "--out", str(tmp_path), "--name", "t"]
     assert tune_attention.main(argv) == 0
@@ -84,7 +84,7 @@ def test_tiny_search_end_to_end(tmp_path, monkeypatch, capsys) -> None:
 
 def test_only_keeps_the_candidates_that_set_the_field(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(tune.CANDIDATES, ("triton", "fwd"), [{}, {"block_k": 32}, {"block_q": 32, "block_k": 16}])
-    argv = ["--backend", "triton", "--passes", "fwd", "--device", "cpu", "--shapes", "grid", "--seq", "40",
+    argv = ["--kernel", "triton", "--passes", "fwd", "--device", "cpu", "--shapes", "grid", "--seq", "40",
             "--head-dim", "16", "--heads", "1", "--dtype", "fp32", "--causal", "true", "--iters", "1",
             "--warmup", "0", "--min-batch-ms", "0", "--lead-in-ms", "0", "--out", str(tmp_path), "--name", "t",
             "--only", "block_q"]
@@ -92,7 +92,7 @@ def test_only_keeps_the_candidates_that_set_the_field(tmp_path, monkeypatch) -> 
     rows, _ = tune.read_rows(tmp_path / "t.jsonl")
     assert [r["candidate"] for r in rows] == ["default", "block_q=32 block_k=16", "default (again)"]
     with pytest.raises(SystemExit):
-        tune_attention.parse_args(["--backend", "triton", "--passes", "fwd", "--only", "overlap"])
+        tune_attention.parse_args(["--kernel", "triton", "--passes", "fwd", "--only", "overlap"])
 
 
 def test_candidates_equal_to_the_default_are_skipped() -> None:

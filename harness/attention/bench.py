@@ -9,7 +9,6 @@ backends and cuDNN through JAX: >= 1 means at least as fast as the best referenc
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -28,11 +27,11 @@ from harness.attention.catalog import (
     SDPA_IMPLS,
     TORCH_IMPLS,
     cell_key,
-    cells,
     fwd_flops,
 )
 from harness.attention.impls import build_jax, build_torch
-from harness.attention.timing import failure_status, release_memory, time_interleaved
+from harness.attention.interleaved import failure_status, release_memory, time_interleaved
+from harness.attention.options import BenchOptions, MeasureOptions
 from harness.common import results
 from harness.common.answer import answer_markdown
 from harness.common.results import atomic_path, write_text
@@ -41,7 +40,14 @@ from harness.common.tables import markdown_table
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def measure_cell(cell: dict, impls: list[str], args: argparse.Namespace) -> list[dict]:
+class Measured(list):
+    """The rows of a benchmark run; `stopped_after`: the number of cells measured completely
+    when it was stopped part-way (Ctrl-C, SIGTERM), None when it ran to the end."""
+
+    stopped_after: int | None = None
+
+
+def measure_cell(cell: dict, impls: Iterable[str], args: BenchOptions) -> list[dict]:
     """Times every pass of every implementation on one cell, their repeats
     interleaved (time_interleaved); one row per implementation, a failure
     (unsupported, OOM, compile error) marking that row only."""
@@ -84,19 +90,18 @@ def measure_cell(cell: dict, impls: list[str], args: argparse.Namespace) -> list
     return list(rows.values())
 
 
-def run_benchmark(args: argparse.Namespace,
-                  measure: Callable[[dict, list[str], argparse.Namespace],
-                                    Iterable[dict]] = measure_cell) -> list[dict]:
+def run_benchmark(args: BenchOptions,
+                  measure: Callable[[dict, tuple[str, ...], BenchOptions],
+                                    Iterable[dict]] = measure_cell) -> Measured:
     """Measures every requested (cell, impl) with `measure`; returns one dict per pair.
 
     Stopped part-way (Ctrl-C, or SIGTERM in a tool started from the command
-    line, e.g. from a time limit: `harness.started`), it returns the cells measured completely so far and sets
-    `args.stopped_after` to their number."""
-    rows = []
-    args.stopped_after = None
+    line, e.g. from a time limit: `harness.started`), it returns the cells measured completely so far, their
+    number in the rows' `stopped_after`."""
+    rows = Measured()
     device = jax.devices("cpu")[0] if args.device == "cpu" else jax.devices()[0]
     with jax.default_device(device):
-        todo, done = cells(args), 0
+        todo, done = args.cells(), 0
         try:
             for cell in todo:
                 cell_rows = []
@@ -106,7 +111,7 @@ def run_benchmark(args: argparse.Namespace,
                 rows += cell_rows
                 done += 1
         except KeyboardInterrupt:
-            args.stopped_after = done
+            rows.stopped_after = done
             print(f"bench_attention: stopped; keeping the {done} cell(s) measured completely "
                   f"(of {len(todo)})", file=sys.stderr, flush=True)
     add_sdpa_ratios(rows)
@@ -188,16 +193,16 @@ def render_table(rows: list[dict], markdown: bool = False) -> str:
     return "\n".join([fmt.format(*header)] + [fmt.format(*line) for line in lines])
 
 
-def environment(args: argparse.Namespace, interleaved: bool = True) -> dict:
+def environment(args: MeasureOptions, interleaved: bool = True, stopped_after: int | None = None) -> dict:
     """Machine, versions and the timing method (`interleaved`: a cell's
-    implementations took their repeats in rotating rounds)."""
+    implementations took their repeats in rotating rounds); `stopped_after`: see `Measured`."""
     rounds = ("; a cell's implementations and passes take their repeats in rotating rounds" if interleaved
               else "; one configuration timed to completion after another")
     rounds += (f"; each timed repeat follows >= {args.lead_in_ms:g} ms of untimed calls of the same pass"
                if args.lead_in_ms else "; no lead-in before a timed repeat")
     extra = {
         "device": jax.devices()[0].device_kind,
-        "stopped_after_cells": getattr(args, "stopped_after", None),
+        "stopped_after_cells": stopped_after,
         "jax": jax.__version__,
         "jaxlib": __import__("jaxlib").__version__,
         "flop_convention": "fwd 4*B*H*S^2*D (causal /2); bwd 2.5x fwd; fwd+bwd 3.5x fwd",
@@ -254,12 +259,14 @@ def default_out_dir() -> Path:
     return REPO_ROOT / "results" / "attention" / results.gpu_slug(name)
 
 
-def write_results(rows: list[dict], args: argparse.Namespace) -> dict[str, Path]:
-    """Writes <name>.json (environment + rows), then <name>.md and <name>.png from it."""
+def write_results(rows: list[dict], args: BenchOptions) -> dict[str, Path]:
+    """Writes <name>.json (environment + rows), then <name>.md and <name>.png from it;
+    rows of a run stopped part-way (`Measured.stopped_after`) say so in both."""
     out = args.out or default_out_dir()
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.name}.json"
-    path.write_text(json.dumps({"environment": environment(args), "results": rows}, indent=1) + "\n")
+    env = environment(args, stopped_after=getattr(rows, "stopped_after", None))
+    path.write_text(json.dumps({"environment": env, "results": list(rows)}, indent=1) + "\n")
     return {"json": path, **render_results(path)}
 
 

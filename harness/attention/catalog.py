@@ -7,7 +7,7 @@ true head_dim, not the padded one.
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Sequence
 
 PASSES = ("fwd", "bwd", "fwd_bwd")
 # The passes with kernels of their own: the target check and the block-size search take these.
@@ -48,24 +48,25 @@ def resolve_shapes(shapes: str, seq: list[int] | None, head_dim: list[int] | Non
     return seq or list(DEFAULT_SEQS), head_dim or [64, 80, 128]
 
 
-def cells(args: argparse.Namespace) -> list[dict]:
-    if args.shapes == "leaderboard":
+def cells(shapes: str, seqs: Sequence[int], head_dims: Sequence[int], dtypes: Sequence[str], causal: str,
+          batch: int, heads: int) -> list[dict]:
+    """The cells of a shape set (`--shapes`) in measuring order; `causal` true, false or
+    both; `batch` and `heads` for the grid (the other sets fix theirs)."""
+    if shapes == "leaderboard":
         return [dict(batch=16, heads=1, seq=16384, head_dim=64, dtype=DTYPES[dtype], causal=True)
-                for dtype in args.dtype]
+                for dtype in dtypes]
     out = []
-    for dtype in args.dtype:
-        for head_dim in args.head_dim:
-            for seq in args.seq:
-                flags = {"true": [True], "false": [False], "both": [True, False]}[args.causal]
-                for causal in flags:
-                    if args.causal == "both" and not causal and seq < NONCAUSAL_MIN_SEQ:
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            for seq in seqs:
+                flags = {"true": [True], "false": [False], "both": [True, False]}[causal]
+                for is_causal in flags:
+                    if causal == "both" and not is_causal and seq < NONCAUSAL_MIN_SEQ:
                         continue
-                    if args.shapes == "fa3":
-                        batch, heads = FA3_TOKENS // seq, FA3_HIDDEN // head_dim
-                    else:
-                        batch, heads = args.batch, args.heads
-                    out.append(dict(batch=batch, heads=heads, seq=seq, head_dim=head_dim,
-                                    dtype=DTYPES[dtype], causal=causal))
+                    cell_batch, cell_heads = ((FA3_TOKENS // seq, FA3_HIDDEN // head_dim) if shapes == "fa3"
+                                              else (batch, heads))
+                    out.append(dict(batch=cell_batch, heads=cell_heads, seq=seq, head_dim=head_dim,
+                                    dtype=DTYPES[dtype], causal=is_causal))
     return out
 
 

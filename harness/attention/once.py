@@ -14,8 +14,8 @@ before JAX starts.
 
 from __future__ import annotations
 
-import argparse
 import os
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 
@@ -24,20 +24,23 @@ import jax.numpy as jnp  # noqa: E402
 
 from harness.attention.catalog import DTYPES  # noqa: E402
 
+if TYPE_CHECKING:
+    from harness.attention.options import OnceOptions
 
-def run(args: argparse.Namespace) -> tuple[jax.Array, ...]:
+
+def run(args: OnceOptions) -> tuple[jax.Array, ...]:
     """Compiles and runs forward+backward 1 + args.repeat times; returns the
     last gradients (dq, dk, dv)."""
     from pallas_kernels import flash_attention
 
     interpret = args.device == "cpu"
-    causal = args.causal == "true"
+    causal = args.causal
     shape = (args.batch, args.seq, args.heads, args.head_dim)
     q, k, v = (jax.random.normal(jax.random.key(i), shape, jnp.float32).astype(jnp.dtype(DTYPES[args.dtype]))
                for i in range(3))
 
     def loss(q, k, v):
-        o = flash_attention(q, k, v, causal=causal, backend=args.backend, block_sizes=args.block_sizes,
+        o = flash_attention(q, k, v, causal=causal, backend=args.kernel, block_sizes=args.block_sizes,
                             interpret=interpret)
         return o.astype(jnp.float32).sum()
 

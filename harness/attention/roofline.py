@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.attention.ncu import RAW_SECTION, Launch, NcuError
+from harness.attention.ncu_details import RAW_SECTION, Launch, NcuError
 from harness.common.hardware import hbm_tbps, peak_tflops, sm_tensor_flops
 from harness.common.tables import markdown_table
 

@@ -4,7 +4,7 @@
 Each candidate is the backend's default block sizes with a few fields
 changed (CANDIDATES). Forward candidates are timed on the forward pass, and
 backward candidates on the backward alone (from saved residuals), with the
-timing of the benchmark (`harness.attention.timing`) (median of repeats of back-to-back
+timing of the benchmark (`harness.attention.interleaved`) (median of repeats of back-to-back
 launches, after warm-up). Every candidate's output is compared with the
 default's on the same inputs; a difference beyond the dtype's tolerance marks
 it `mismatch`, and a candidate that does not compile or does not fit is
@@ -19,7 +19,6 @@ worst shape. Rendering is separate.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -30,7 +29,8 @@ from pathlib import Path
 
 from harness.attention.catalog import PASS_FLOP_FACTOR, cell_key, fwd_flops
 from harness.attention.impls import block_sizes_for, build_jax
-from harness.attention.timing import failure_status, release_memory, time_ms
+from harness.attention.interleaved import failure_status, release_memory, time_ms
+from harness.attention.options import TuneOptions
 from harness.common.answer import Finding, answer_markdown
 from harness.common.tables import markdown_table
 
@@ -114,7 +114,7 @@ def _rel_diff(got, want) -> float:
     return max(diffs) / max(max(scales), 1e-6)
 
 
-def measure(backend: str, pass_: str, overrides: dict, cell: dict, reference, args: argparse.Namespace) -> tuple:
+def measure(backend: str, pass_: str, overrides: dict, cell: dict, reference, args: TuneOptions) -> tuple:
     """(row, outputs): times one pass of one candidate on one cell."""
     row = {"backend": backend, "pass": pass_, "candidate": _label(overrides), "overrides": overrides, **cell,
            "status": "ok"}
@@ -144,11 +144,12 @@ def _as_tuple(x) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def run(args: argparse.Namespace, out_path: Path) -> list[dict]:
-    """Measures every candidate on every cell, appending each row to out_path."""
+def run(args: TuneOptions, out_path: Path) -> list[dict]:
+    """Measures every candidate of `args.kernel` on every cell, appending each row to out_path
+    (its "backend" field names the kernel family, as in the rows recorded so far)."""
     import jax
 
-    rows = []
+    rows, todo = [], args.cells()
     device = jax.devices("cpu")[0] if args.device == "cpu" else jax.devices()[0]
     with jax.default_device(device), out_path.open("a") as sink:
         for pass_ in args.passes:
@@ -157,14 +158,14 @@ def run(args: argparse.Namespace, out_path: Path) -> list[dict]:
             # The default runs first and again last: the baseline is the faster
             # of its two medians, so drift during the search (clocks, a busy
             # host) cannot make candidates look faster than they are.
-            candidates = [c for c in CANDIDATES[(args.backend, pass_)] if not c or args.only is None or args.only in c]
+            candidates = [c for c in CANDIDATES[(args.kernel, pass_)] if not c or args.only is None or args.only in c]
             for n, overrides in enumerate([*candidates, {}]):
                 again = n > 0 and not overrides
-                for i, cell in enumerate(args.cells):
-                    if not again and _repeats(args.backend, cell, overrides, seen.setdefault(i, [])):
+                for i, cell in enumerate(todo):
+                    if not again and _repeats(args.kernel, cell, overrides, seen.setdefault(i, [])):
                         continue
                     start = time.perf_counter()
-                    row, outputs = measure(args.backend, pass_, overrides, cell, references.get(i), args)
+                    row, outputs = measure(args.kernel, pass_, overrides, cell, references.get(i), args)
                     if again:
                         row["candidate"] = AGAIN
                     if not overrides and outputs is not None:

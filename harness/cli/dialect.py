@@ -234,11 +234,13 @@ def add_optimizer(parser: argparse.ArgumentParser) -> None:
                              "driven to compute ours), loop (per parameter); JAX runs jax_impl.adamw")
 
 
-def add_device(parser: argparse.ArgumentParser, default: str | None = None) -> None:
-    """--device cuda|cpu; default None means cuda when a GPU is visible (resolved by `select_platform`)."""
+def add_device(parser: argparse.ArgumentParser, default: str | None = None, cpu_means: str = "") -> None:
+    """--device cuda|cpu; default None means cuda when a GPU is visible (resolved by `select_platform`);
+    `cpu_means`: what a CPU run is good for, where it is good for less than a GPU run."""
     parser.add_argument("--device", type=choice("device", DEVICES), default=default,
                         help=f"{', '.join(DEVICES)}" + ("; None: cuda if a GPU is visible, else cpu"
-                                                        if default is None else ""))
+                                                        if default is None else "")
+                        + (f"; cpu: {cpu_means}" if cpu_means else ""))
 
 
 def add_seed(parser: argparse.ArgumentParser) -> None:

@@ -13,8 +13,8 @@ from harness.cli.dialect import DTYPES
 from harness.common.hardware import memory_mib
 from harness.common.stats import NOISY_SPREAD
 from harness.config import PRESETS, get_config
-from harness.sweeps.memory_model import predict
 from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
+from harness.sweeps.step_memory import predict
 from harness.timing.legacy import per_device_run
 from harness.timing.scaling import scaling_rows
 from harness.timing.spec import PHASE_ORDER

@@ -1,4 +1,5 @@
-"""The attention tools' timing core: calls per repeat, interleaved rounds, lead-in, failures.
+"""The attention tools' timing core: calls per repeat, interleaved rounds, lead-in, failures
+(the median and range of the repeats: `harness.common.stats.summarize`).
 
 A repeat launches enough back-to-back calls to last `min_batch_ms`, so its fixed cost
 (first launch, final sync) is spread thin; the entries of one cell take their repeats in
@@ -9,14 +10,17 @@ timed at that entry's own steady clock.
 
 from __future__ import annotations
 
-import argparse
 import math
-import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from harness.common.errors import is_oom
+from harness.common.stats import summarize
+
+if TYPE_CHECKING:
+    from harness.attention.options import MeasureOptions
 
 # Calls per repeat are capped so that a fast pass cannot make one repeat run
 # for seconds on a CPU smoke run.
@@ -103,14 +107,15 @@ def time_interleaved(entries: dict, *, warmup: int, iters: int, min_batch_ms: fl
                 out[key] = exc
     for key, got in samples.items():
         if key not in out:
-            out[key] = (statistics.median(got), min(got), max(got))
+            summary = summarize(got)
+            out[key] = (summary["median_ms"], summary["min_ms"], summary["max_ms"])
     return out
 
 
-def time_ms(thunk: Callable, sync: Callable, timer: str, args: argparse.Namespace) -> tuple[float, float, float]:
-    """(median, min, max) milliseconds per call over args.iters repeats of one thunk."""
-    got = time_interleaved({0: (thunk, sync, timer)}, warmup=args.warmup, iters=args.iters,
-                           min_batch_ms=args.min_batch_ms, lead_in_ms=args.lead_in_ms)[0]
+def time_ms(thunk: Callable, sync: Callable, timer: str, options: MeasureOptions) -> tuple[float, float, float]:
+    """(median, min, max) milliseconds per call over options.iters repeats of one thunk."""
+    got = time_interleaved({0: (thunk, sync, timer)}, warmup=options.warmup, iters=options.iters,
+                           min_batch_ms=options.min_batch_ms, lead_in_ms=options.lead_in_ms)[0]
     if isinstance(got, Exception):
         raise got
     return got

@@ -27,12 +27,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness import backends
-from harness.diffs.launches import Launches, launches_per_phase
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.overlap import rank_analysis
 from harness.trace.analyses.ranks import report_inputs
 from harness.trace.kernels import canonical_name
 from harness.trace.profile import PROFILER_STEP, ProfileError
+from harness.trace.sources.load import launches_of
+from harness.trace.sources.nsys_launches import Launches
 
 RUN_SCHEMA = "harness.run/1"
 COMPARE_SCHEMA = "harness.compare/1"
@@ -126,8 +127,7 @@ def _profile_phases(path: Path, nsys_bin: str | None) -> tuple[dict[str, PhasePr
         bd = breakdown(profile)
     except ProfileError as exc:
         raise InputError(str(exc)) from None
-    sqlite = path.with_suffix(".sqlite") if path.name.endswith(".nsys-rep") else path
-    launches = launches_per_phase(sqlite) if sqlite.exists() else {}
+    launches = launches_of(path, nsys_bin)
     overlap = rank_analysis({0: profile})
     return ({name: _phase(p, launches.get(name)) for name, p in bd.phases.items()}, bd.layers or None,
             overlap if overlap["communication_ms"] else None)
@@ -145,10 +145,8 @@ def _user_profile(path: Path, nsys_bin: str | None) -> Run:
     overlap = {"communication_ms": total, "hidden_ms": hidden, "exposed_ms": total - hidden,
                "hidden_share": hidden / total} if total else None
     notes = [f"{path.name}: {len(bds)} ranks ({tables[0]['rank_source']}); phases from rank 0"] if tables else []
-    sqlite = path.with_suffix(".sqlite") if path.name.endswith(".nsys-rep") else path
-    # launch calls per phase come from the export; with several processes they would mix ranks
-    launches = launches_per_phase(sqlite) if len(bds) == 1 and sqlite.name.endswith(PROFILE_SUFFIXES) \
-        and sqlite.exists() else {}
+    # launch calls per phase, where the profile's source records them; with several processes they would mix ranks
+    launches = launches_of(path, nsys_bin) if len(bds) == 1 else {}
     # torch.profiler's ProfilerStep is the step: it pairs with the other side's `step`
     phases = {"step" if name == PROFILER_STEP else name: _phase(p, launches.get(name))
               for name, p in bds[0].phases.items()}

@@ -36,6 +36,7 @@ from harness.common.html import write_html
 from harness.common.progress import stage
 from harness.common.results import write_text
 from harness.common.trace_options import add_detail, add_timeline, timeline_problem, timeline_steps_problem
+from harness.reports.analyses import analysis_sections, write_analyses
 from harness.trace.analyses.breakdown import TOP_N
 from harness.trace.analyses.findings import report_findings
 from harness.trace.analyses.gpu_time import SCOPES
@@ -44,7 +45,7 @@ from harness.trace.analyses.selection import ATTRIBUTIONS
 from harness.trace.plot import Drawer
 from harness.trace.profile import ProfileError
 from harness.trace.render import bounded_markdown, write_report
-from harness.trace.render_ranks import render_gpu_time, render_ranks, write_ranks_csv
+from harness.trace.render_ranks import render_ranks, write_ranks_csv
 
 
 def build_parser():
@@ -91,10 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         drawer.draw(png, bds, args.top)
 
     try:
-        bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
-                                                         args.nsys_bin, args.attribution, args.force, args.scope,
-                                                         breakdowns_done=draw if drawer and not args.timeline
-                                                         else None)
+        inputs = report_inputs(args.files, args.label, args.harness_json, args.require, args.nsys_bin,
+                               args.attribution, args.force, args.scope,
+                               breakdowns_done=draw if drawer and not args.timeline else None)
+        bds, answer_sets, ranks, figures = inputs.breakdowns, inputs.answers, inputs.ranks, inputs.figures
         if args.timeline:  # before anything is written: a step the profiles lack is refused
             from harness.trace.timeline import build_timeline, measured_steps, runs_from_inputs, write_timeline
 
@@ -107,12 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         with stage("report", f"writing kernels.md, .csv, .json{'' if args.no_plot else ' and drawing kernels.png'}"):
             if drawer and not drawer.drawing:
                 draw(bds)
-            sections = {d: [*render_ranks(ranks, d), *render_gpu_time(figures, d)] for d in ("summary", "full")}
+            sections = {d: [*render_ranks(ranks, d), *analysis_sections(inputs, d)] for d in ("summary", "full")}
             md, full = bounded_markdown(bds, answer_sets, args.top, sections, args.detail,
                                         lead=answer_markdown(report_findings(bds, ranks)))
             paths = write_report(args.out, bds, answer_sets, args.top, png=False, markdown=md)
             paths["gpu_time"] = Path(args.out) / "gpu_time.json"
             write_text(paths["gpu_time"], json.dumps(figures, indent=1))
+            paths |= write_analyses(args.out, inputs)
             if ranks:
                 paths["ranks"] = Path(args.out) / "ranks.json"
                 write_text(paths["ranks"], json.dumps(ranks, indent=1))

@@ -10,7 +10,8 @@ kernels.md, .csv, .json, .png and report.html into --out (kernels.md within abou
 lines at any number of ranks, a summary where the whole is longer, unless `--detail full`;
 report.html every table; with a rank set, ranks.json and ranks.csv, one row per rank; with
 --timeline, timeline.json.gz: the profiles on one trace, measured steps aligned,
-`harness.trace.timeline`). A profile that
+`harness.trace.timeline`; per further registered analysis, `harness.trace.analyses.registry`,
+its table in kernels.md and <name>.json). A profile that
 cannot be analysed is reported in one line (exit status 2).
 """
 

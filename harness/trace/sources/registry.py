@@ -3,7 +3,7 @@
 A source module of this package says, with `source`, how to recognise its files (`claims`,
 from the path alone: no file is opened to choose) and how to read one into a `Profile`
 (`load`); where its format records the host's kernel-launch calls, how to count them per
-phase (`launches`, `harness.trace.sources.launches.Launches`). `harness.trace.sources.load`
+phase (`launches`, `harness.trace.sources.nsys_launches.Launches`). `harness.trace.sources.load`
 imports every module of the package (`discover`) and dispatches over the registry, so a new
 format is one new module here: nothing else names it.
 """

@@ -10,7 +10,8 @@ kernels.md, .csv, .json, .png and report.html into --out (kernels.md within abou
 lines at any number of ranks, a summary where the whole is longer, unless `--detail full`;
 report.html every table; with a rank set, ranks.json and ranks.csv, one row per rank; with
 --timeline, timeline.json.gz: the profiles on one trace, measured steps aligned,
-`harness.trace.timeline`). A profile that
+`harness.trace.timeline`; per further registered analysis, `harness.trace.analyses.registry`,
+its table in kernels.md and <name>.json). A profile that
 cannot be analysed is reported in one line (exit status 2).
 """
 
@@ -36,9 +37,10 @@ from harness.common.answer import answer_markdown
 from harness.common.html import write_html
 from harness.common.progress import stage
 from harness.common.results import write_text
+from harness.reports.analyses import analysis_sections, write_analyses
 from harness.reports.breakdown import bounded_markdown, write_report
 from harness.reports.plot import Drawer
-from harness.reports.ranks import render_gpu_time, render_ranks, write_ranks_csv
+from harness.reports.ranks import render_ranks, write_ranks_csv
 from harness.trace.analyses.breakdown import TOP_N
 from harness.trace.analyses.findings import report_findings
 from harness.trace.analyses.gpu_time import SCOPES
@@ -91,10 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         drawer.draw(png, bds, args.top)
 
     try:
-        bds, answer_sets, ranks, figures = report_inputs(args.files, args.label, args.harness_json, args.require,
-                                                         args.nsys_bin, args.attribution, args.force, args.scope,
-                                                         breakdowns_done=draw if drawer and not args.timeline
-                                                         else None)
+        inputs = report_inputs(args.files, args.label, args.harness_json, args.require, args.nsys_bin,
+                               args.attribution, args.force, args.scope,
+                               breakdowns_done=draw if drawer and not args.timeline else None)
+        bds, answer_sets, ranks, figures = inputs.breakdowns, inputs.answers, inputs.ranks, inputs.figures
         if args.timeline:  # before anything is written: a step the profiles lack is refused
             from harness.trace.timeline import build_timeline, measured_steps, runs_from_inputs, write_timeline
 
@@ -107,12 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         with stage("report", f"writing kernels.md, .csv, .json{'' if args.no_plot else ' and drawing kernels.png'}"):
             if drawer and not drawer.drawing:
                 draw(bds)
-            sections = {d: [*render_ranks(ranks, d), *render_gpu_time(figures, d)] for d in ("summary", "full")}
+            sections = {d: [*render_ranks(ranks, d), *analysis_sections(inputs, d)] for d in ("summary", "full")}
             md, full = bounded_markdown(bds, answer_sets, args.top, sections, args.detail,
                                         lead=answer_markdown(report_findings(bds, ranks)))
             paths = write_report(args.out, bds, answer_sets, args.top, png=False, markdown=md)
             paths["gpu_time"] = Path(args.out) / "gpu_time.json"
             write_text(paths["gpu_time"], json.dumps(figures, indent=1))
+            paths |= write_analyses(args.out, inputs)
             if ranks:
                 paths["ranks"] = Path(args.out) / "ranks.json"
                 write_text(paths["ranks"], json.dumps(ranks, indent=1))

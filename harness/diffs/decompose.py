@@ -44,6 +44,7 @@ from harness.diffs.throughput import Throughput, config_problems, throughput
 from harness.diffs.throughput import doc_field as _get
 from harness.diffs.work import different_work
 from harness.timing.spec import PHASE_ORDER
+from harness.trace.analyses.registry import jsonable
 from harness.trace.kernels import Category
 
 SCHEMA = "harness.diff/1"
@@ -150,6 +151,8 @@ class Diff:
     overlap: dict[str, dict] = field(default_factory=dict)
     # what shows that the two sides did different work (`harness.diffs.work`), one clause each
     different_work: list[str] = field(default_factory=list)
+    # side -> the registered analyses' results of its profile (`harness.trace.analyses.registry`), where profiled
+    analyses: dict[str, dict] = field(default_factory=dict)
 
     def phase(self, name: str) -> PhaseDiff | None:
         return next((p for p in self.phases if p.phase == name), None)
@@ -371,6 +374,8 @@ def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
     oa, ob = (_overlap(run, getattr(step, f"{side}_phase", None)) for run, side in ((a, "a"), (b, "b")))
     d.overlap = {"a": oa, "b": ob} if oa and ob else {}
     d.different_work = different_work(a, b, (step.phase, step.a_phase, step.b_phase) if step else None, fields)
+    d.analyses = {side: {name: jsonable(r) for name, r in run.analyses.items()}
+                  for side, run in (("a", a), ("b", b)) if run.analyses}
     return d
 
 

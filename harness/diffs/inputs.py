@@ -27,12 +27,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness import backends
-from harness.diffs.launches import Launches, launches_per_phase
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.overlap import rank_analysis
 from harness.trace.analyses.ranks import report_inputs
+from harness.trace.analyses.registry import Context, run_analyses
+from harness.trace.analyses.selection import select
 from harness.trace.kernels import canonical_name
 from harness.trace.profile import PROFILER_STEP, ProfileError
+from harness.trace.sources.load import launches_of
+from harness.trace.sources.nsys_launches import Launches
 
 RUN_SCHEMA = "harness.run/1"
 COMPARE_SCHEMA = "harness.compare/1"
@@ -80,6 +83,7 @@ class Run:
     profile: Path | None = None  # the profile file, where the run was named by it or beside it
     gpu: str | None = None  # the GPU's name, where the profile records it
     ranks: int = 1  # the ranks (processes) of a profile
+    analyses: dict | None = None  # the registered analyses' results by name (of rank 0), where profiled
 
 
 def _gemm_fields(info: object) -> dict | None:
@@ -118,25 +122,28 @@ def _load_json(path: Path) -> dict:
         raise InputError(f"{path}: not readable as JSON ({exc})") from None
 
 
-def _profile_phases(path: Path, nsys_bin: str | None) -> tuple[dict[str, PhaseProfile], dict | None, dict | None]:
-    """The phases of a profile's breakdown, its layers (None where it recorded none) and its
-    communication overlap (None without communication kernels)."""
+def _profile_phases(path: Path, nsys_bin: str | None) -> tuple[dict[str, PhaseProfile], dict | None, dict | None,
+                                                                dict]:
+    """The phases of a profile's breakdown, its layers (None where it recorded none), its
+    communication overlap (None without communication kernels) and the registered analyses."""
     try:
         profile = load_profile(path, nsys_bin=nsys_bin)
-        bd = breakdown(profile)
+        sel = select(profile)
+        bd = breakdown(profile, selection=sel)
+        results = run_analyses(profile, Context(bd, sel))
     except ProfileError as exc:
         raise InputError(str(exc)) from None
-    sqlite = path.with_suffix(".sqlite") if path.name.endswith(".nsys-rep") else path
-    launches = launches_per_phase(sqlite) if sqlite.exists() else {}
+    launches = launches_of(path, nsys_bin)
     overlap = rank_analysis({0: profile})
     return ({name: _phase(p, launches.get(name)) for name, p in bd.phases.items()}, bd.layers or None,
-            overlap if overlap["communication_ms"] else None)
+            overlap if overlap["communication_ms"] else None, results)
 
 
 def _user_profile(path: Path, nsys_bin: str | None) -> Run:
     """A run from any user's profile (module docstring): rank 0's phases, every rank's overlap."""
     try:
-        bds, _, tables, figures = report_inputs([path], nsys_bin=nsys_bin)
+        inputs = report_inputs([path], nsys_bin=nsys_bin)
+        bds, tables, figures = inputs.breakdowns, inputs.ranks, inputs.figures
     except ProfileError as exc:
         raise InputError(str(exc)) from None
     gpu = {f["gpu"] for f in figures} - {None}
@@ -145,16 +152,14 @@ def _user_profile(path: Path, nsys_bin: str | None) -> Run:
     overlap = {"communication_ms": total, "hidden_ms": hidden, "exposed_ms": total - hidden,
                "hidden_share": hidden / total} if total else None
     notes = [f"{path.name}: {len(bds)} ranks ({tables[0]['rank_source']}); phases from rank 0"] if tables else []
-    sqlite = path.with_suffix(".sqlite") if path.name.endswith(".nsys-rep") else path
-    # launch calls per phase come from the export; with several processes they would mix ranks
-    launches = launches_per_phase(sqlite) if len(bds) == 1 and sqlite.name.endswith(PROFILE_SUFFIXES) \
-        and sqlite.exists() else {}
+    # launch calls per phase, where the profile's source records them; with several processes they would mix ranks
+    launches = launches_of(path, nsys_bin) if len(bds) == 1 else {}
     # torch.profiler's ProfilerStep is the step: it pairs with the other side's `step`
     phases = {"step" if name == PROFILER_STEP else name: _phase(p, launches.get(name))
               for name, p in bds[0].phases.items()}
     return Run(_stem(path), str(path), None, phases,
                [*notes, f"{path.name}: a profile without a harness.run document; times from its ranges"],
-               bds[0].layers or None, overlap, path, " + ".join(sorted(gpu)) or None, len(bds))
+               bds[0].layers or None, overlap, path, " + ".join(sorted(gpu)) or None, len(bds), inputs.analyses[0])
 
 
 def _is_trace(path: Path) -> bool:
@@ -208,7 +213,8 @@ def _from_compare(folder: Path, backend: str | None) -> list[Run]:
             raise InputError(problem)
         phases = {k: _phase(p) for k, p in kernels[name].items()} if name in kernels else None
         out.append(Run(f"{folder.name}:{name}", f"{folder}:{name}", doc, phases,
-                       layers=layers.get(name) or doc.get("layers"), overlap=overlaps.get(name)))
+                       layers=layers.get(name) or doc.get("layers"), overlap=overlaps.get(name),
+                       analyses=(summary.get("analyses") or {}).get(name)))
     return out
 
 
@@ -259,18 +265,18 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
         notes = [] if doc else [f"{path.name}: no {beside.name} beside it; times from the profile's ranges"]
         if doc is None:
             return [_user_profile(path, nsys_bin)]
-        phases, layers, overlap = _profile_phases(path, nsys_bin)
-        return [Run(_stem(path), text, doc, phases, notes, layers, overlap, path)]
+        phases, layers, overlap, results = _profile_phases(path, nsys_bin)
+        return [Run(_stem(path), text, doc, phases, notes, layers, overlap, path, analyses=results)]
     if path.name.endswith(".json"):
         doc = _load_json(path)
         if doc.get("schema") == COMPARE_SCHEMA:
             return _from_compare(path.parent, None)
         doc = _run_doc(path)
         profile = next((p for s in PROFILE_SUFFIXES if (p := stem.with_name(stem.name + s)).exists()), None)
-        phases, layers, overlap = (_profile_phases(profile, nsys_bin)
-                                   if profile and path.name.endswith(HARNESS_SUFFIX) else (None, None, None))
+        phases, layers, overlap, results = (_profile_phases(profile, nsys_bin) if profile and
+                                            path.name.endswith(HARNESS_SUFFIX) else (None, None, None, None))
         return [Run(_stem(path), text, doc, phases, layers=layers or doc.get("layers"), overlap=overlap,
-                    profile=profile if phases is not None else None)]
+                    profile=profile if phases is not None else None, analyses=results)]
     raise InputError(f"{path}: not a run; name a compare folder[:backend], a harness.run JSON, "
                      "or a profile (.nsys-rep, .sqlite[.gz], torch.profiler .json[.gz], JAX .xplane.pb[.gz], "
                      "or a folder of per-rank profiles)")

@@ -299,6 +299,7 @@ def breakdown(c: Comparison, profiles: dict[str, str], runs: dict[str, dict], su
               work: str) -> tuple[list, list] | None:
     """The kernel breakdown of the backends' `profiles` (their per-layer times join `runs`, the
     data-parallel overlap and any failure `summary`); the profiles copied to --keep-profiles."""
+    from harness.trace.analyses.registry import jsonable
     from harness.trace.profile import ProfileError
 
     kernels = None
@@ -307,6 +308,8 @@ def breakdown(c: Comparison, profiles: dict[str, str], runs: dict[str, dict], su
         for backend, bd in zip(profiles, kernels[0]):
             if bd.layers:  # the per-layer time joins the run's document
                 runs[backend]["layers"] = bd.layers
+        summary["analyses"] = {backend: {name: jsonable(r) for name, r in got.items()}
+                               for backend, got in kernels.analyses.items()}
         if c.run.data_parallel > 1:
             summary["overlap"] = communication_overlap(profiles, c.run.data_parallel, c.nsys_bin, runs)
     except ProfileError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 
 from harness.common.progress import file_size, stage
 
@@ -20,21 +21,42 @@ def keep_profiles(profiles: dict[str, str], dest: str) -> None:
                 copy(src, os.path.join(dest, os.path.basename(src)))
 
 
-def kernel_breakdown(profiles: dict[str, str], workdir: str, nsys_bin: str | None) -> tuple[list, list]:
-    """Kernel breakdowns and the answers (a)-(e), one per profiled backend, each saying
-    on stderr what it reads and how long it took (a large profile takes minutes)."""
-    from harness.trace.analyses.breakdown import breakdown_files
+@dataclass
+class KernelBreakdown:
+    """Per profiled backend, in order: its breakdown, answers (a)-(e) and the registered
+    analyses' results (`harness.trace.analyses.registry`, by name). Unpacks and indexes as
+    (breakdowns, answers)."""
 
-    bds, answer_sets = [], []
+    breakdowns: list
+    answers: list[dict]
+    analyses: dict[str, dict]  # backend -> name -> result
+
+    def __iter__(self):
+        return iter((self.breakdowns, self.answers))
+
+    def __getitem__(self, i):
+        return tuple(self)[i]
+
+
+def kernel_breakdown(profiles: dict[str, str], workdir: str, nsys_bin: str | None) -> KernelBreakdown:
+    """Kernel breakdowns, the answers (a)-(e) and the registered analyses, one per profiled
+    backend (`harness.trace.analyses.ranks.analyse_column`, as the report analyses a column),
+    each saying on stderr what it reads and how long it took (a large profile takes minutes)."""
+    from harness.trace.analyses.ranks import analyse_column
+    from harness.trace.analyses.selection import select
+    from harness.trace.sources.load import load_profile
+
+    out = KernelBreakdown([], [], {})
     for i, (backend, path) in enumerate(profiles.items(), 1):
         with stage("compare", f"kernel breakdown {i}/{len(profiles)}: {backend} ({file_size(path)})",
                    now=True) as found:
-            (bd,), (answers,) = breakdown_files([path], [backend], [os.path.join(workdir, f"{backend}.json")],
-                                                nsys_bin=nsys_bin)
-            found(f"phases {', '.join(bd.phases) or 'none'}")
-        bds.append(bd)
-        answer_sets.append(answers)
-    return bds, answer_sets
+            profile = load_profile(path, backend, nsys_bin)
+            col = analyse_column(profile, select(profile), run_json=os.path.join(workdir, f"{backend}.json"))
+            found(f"phases {', '.join(col.breakdown.phases) or 'none'}")
+        out.breakdowns.append(col.breakdown)
+        out.answers.append(col.answers)
+        out.analyses[backend] = col.analyses
+    return out
 
 
 def communication_overlap(profiles: dict[str, str], devices: int, nsys_bin: str | None,

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from harness.trace.analyses.intervals import covered_measure, union
+from harness.trace.analyses.registry import Context, analysis
 from harness.trace.kernels import Category, classify
 from harness.trace.profile import KERNEL, LAUNCH_APIS, PROFILER_STEP, UNKNOWN, KernelTable, Profile, Range
 
@@ -111,6 +112,12 @@ def _times(profile: Profile, scope: str) -> dict[str, np.ndarray]:
 def _measure(s: np.ndarray, e: np.ndarray) -> int:
     u = union(s, e)
     return int(np.sum(u[1] - u[0]))
+
+
+@analysis("gpu_time", "GPU time (HolisticTraceAnalysis's figures)")
+def _registered(profile: Profile, context: Context) -> dict:
+    """`gpu_time` in the column's scope: the report's gpu_time.json and its table."""
+    return gpu_time(profile, context.scope)
 
 
 def gpu_time(profile: Profile, scope: str = "all") -> dict:

@@ -7,10 +7,8 @@ a fusion's kernel after the fusion, but identical fusions share one kernel named
 first of them it compiled, and library calls run kernels with the library's names. So the
 join follows the schedule:
 
-- `parse_hlo` reads the optimized HLO text (``compiled.as_text()``): computations, and
-  per instruction its name, opcode, fusion kind, custom-call target, called computations,
-  op_name, ``deduplicated_name`` and ``scheduling_name``; per computation a digest of its
-  body without names and metadata, which identical fused computations share.
+- the source `harness.trace.sources.hlo` reads the optimized HLO text
+  (``compiled.as_text()``, `parse_hlo`) into computations and instructions.
 - `schedule` lists the entry computation in execution order (the module is scheduled),
   inlining ``call``s (XLA's command buffers are outlined computations) and async
   wrappers. Each fusion is an *anchor*: its kernel bears the name (with '.' as '_') of
@@ -32,7 +30,6 @@ join follows the schedule:
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -45,6 +42,9 @@ from harness.trace.analyses.layers import canonical_layer
 from harness.trace.analyses.seq_align import align, repair
 from harness.trace.kernels import is_autotuning
 from harness.trace.profile import KERNEL, MEMCPY, MEMSET, KernelTable, Range
+from harness.trace.sources.hlo import HloModule, Instruction, read_hlo_dir
+from harness.trace.sources.hlo import hlo_dir as hlo_dir  # where a profile's HLO lies, said here too
+from harness.trace.sources.hlo import parse_hlo as parse_hlo
 
 OUTSIDE = "(outside layers)"
 POSITIONAL_AGREEMENT = 0.98  # share of fusion kernels bearing a name of their instruction's group
@@ -56,46 +56,9 @@ SILENT_OPS = frozenset({
 INLINED_OPS = frozenset({"call", "async-start"})
 COPY_OPS = frozenset({"copy", "copy-start"})
 HEAVY_OPS = frozenset({"dot", "convolution", "custom-call"})
-# Fusions that run a library (cuDNN, cuBLAS through a custom fusion) rather than a kernel
-# of their own name.
-LIBRARY_FUSION = re.compile(r'"kind"\s*:\s*"(__cudnn\$\w+|__custom_fusion|dynamic_address_computation)"')
 HOW_NONE, HOW_ANCHOR, HOW_GAP, HOW_IGNORED = 0, 1, 2, 3
 
-_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.*?)\s(?P<op>[a-z][\w\-]*)\(")
-_ATTRS = {
-    "op_name": re.compile(r'\bop_name="((?:[^"\\]|\\.)*)"'),
-    "deduplicated_name": re.compile(r'\bdeduplicated_name="([^"]*)"'),
-    "scheduling_name": re.compile(r'\bscheduling_name="([^"]*)"'),
-    "fusion_kind": re.compile(r"\bkind=(k\w+)"),
-    "custom_call_target": re.compile(r'\bcustom_call_target="([^"]*)"'),
-}
-_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|branch_computations)=\{?([%\w.\-, ]+)\}?")
 _TRANSFORM = re.compile(r"^[\w\-]+\((.*)\)$")
-
-
-@dataclass(frozen=True)
-class Instruction:
-    """One HLO instruction as the optimized text prints it."""
-
-    name: str
-    opcode: str
-    op_name: str | None = None
-    fusion_kind: str | None = None  # kLoop, kInput, kOutput, kCustom
-    custom_call_target: str | None = None
-    calls: tuple[str, ...] = ()  # computations it calls (fused, applied, wrapped)
-    deduplicated_name: str | None = None
-    scheduling_name: str | None = None
-    library: bool = False  # a fusion that runs a library's kernels (cuDNN...)
-
-
-@dataclass
-class HloModule:
-    name: str
-    scheduled: bool
-    entry: str
-    computations: dict[str, list[Instruction]]  # in printed (for a scheduled module: execution) order
-    bodies: dict[str, str]  # per computation, a digest of its text without names and metadata
 
 
 @dataclass(frozen=True)
@@ -106,58 +69,6 @@ class ScheduleItem:
     kind: str  # "anchor" (a fusion), "call" (library or control flow), "copy"
     layer: str  # canonical layer, or OUTSIDE
     kernel_names: frozenset[str] = frozenset()  # anchors: the names its kernel may bear
-
-
-def parse_hlo(text: str) -> HloModule:
-    """The computations and instructions of an HLO module's text (``compiled.as_text()``)."""
-    header = re.search(r"^HloModule\s+([\w.\-]+)(.*)$", text, re.MULTILINE)
-    if header is None:
-        raise ValueError("not HLO text: no `HloModule` line; pass XLA's optimized HLO "
-                         "(`jitted.lower(...).compile().as_text()`)")
-    computations: dict[str, list[Instruction]] = {}
-    bodies: dict[str, str] = {}
-    entry, current, lines = None, None, []
-    for line in text.splitlines():
-        if current is None:
-            if m := _COMPUTATION.match(line):
-                current, lines = m.group(2), []
-                computations.setdefault(current, [])
-                entry = current if m.group(1) else entry
-            continue
-        if line.strip() == "}":
-            bodies[current] = _body_digest(lines, bodies)
-            current = None
-        elif m := _INSTRUCTION.match(line):
-            computations[current].append(_instruction(m.group("name"), m.group("op"), line[m.end():]))
-            lines.append(line)
-    if entry is None:
-        raise ValueError(f"HLO module {header.group(1)}: no ENTRY computation")
-    return HloModule(header.group(1), "is_scheduled=true" in header.group(2), entry, computations, bodies)
-
-
-def _body_digest(lines: list[str], bodies: Mapping[str, str]) -> str:
-    """What identical computations share: their instructions with metadata dropped, local
-    names as positions and called computations as their own digests."""
-    local: dict[str, str] = {}
-
-    def name(m: re.Match) -> str:
-        return local.get(m.group(1)) or bodies.get(m.group(1)) or m.group(0)
-
-    out = []
-    for line in lines:
-        line = line.split(", metadata=")[0]
-        local[_INSTRUCTION.match(line).group("name")] = f"%{len(local)}"
-        out.append(re.sub(r"%([\w.\-]+)", name, line.replace("ROOT ", "")))
-    return hashlib.blake2b("\n".join(out).encode(), digest_size=8).hexdigest()
-
-
-def _instruction(name: str, opcode: str, rest: str) -> Instruction:
-    found = {key: (m.group(1) if (m := rx.search(rest)) else None) for key, rx in _ATTRS.items()}
-    if found["op_name"] is not None:
-        found["op_name"] = found["op_name"].replace('\\"', '"')
-    calls = tuple(c.strip().lstrip("%") for m in _CALLS.finditer(rest) for c in m.group(1).split(",") if c.strip())
-    return Instruction(name, opcode, calls=calls, library=bool(opcode == "fusion" and LIBRARY_FUSION.search(rest)),
-                       **found)
 
 
 def scope_path(op_name: str) -> str:
@@ -385,16 +296,8 @@ def label_kernels(table: KernelTable, phase_ranges: Mapping[str, Sequence[Range]
     return LayerJoin(labels, coverage, ignored)
 
 
-def hlo_dir(path: str | Path) -> Path:
-    """The folder of optimized HLO beside a result or profile: ``X.hlo`` for ``X.json``,
-    ``X.harness.json``, ``X.nsys-rep`` or ``X.sqlite.gz``."""
-    return Path(path).with_name(Path(path).name.split(".")[0] + ".hlo")
-
 
 def load_schedules(directory: str | Path) -> dict[str, list[ScheduleItem]]:
-    """The schedule of every ``<phase>.txt`` in an HLO folder written by the JAX session."""
-    files = sorted(Path(directory).glob("*.txt"))
-    if not files:
-        raise FileNotFoundError(f"{directory}: no optimized HLO (<phase>.txt); record the run with "
-                                "`harness.run --backend jax --layer-ranges`")
-    return {f.stem: schedule(parse_hlo(f.read_text())) for f in files}
+    """The schedule of every ``<phase>.txt`` in an HLO folder written by the JAX session
+    (`harness.trace.sources.hlo.read_hlo_dir`)."""
+    return {phase: schedule(module) for phase, module in read_hlo_dir(directory).items()}

@@ -21,9 +21,9 @@ from harness.common.progress import file_size, stage
 from harness.trace.analyses.answers import answers, harness_metadata, run_json_problems
 from harness.trace.analyses.breakdown import Breakdown, breakdown, load_profile
 from harness.trace.analyses.collectives import rank_collectives, ranks_split
-from harness.trace.analyses.gpu_time import gpu_time
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
 from harness.trace.analyses.overlap import overlap, per_step_exposure
+from harness.trace.analyses.registry import Context, analysis, run_analyses
 from harness.trace.analyses.selection import Selection, select
 from harness.trace.profile import STEP_RANGES, Profile, ProfileError
 from harness.trace.sources.ranks import RankSet, job_name, profile_files, rank_in_name, rank_set, split_processes
@@ -107,6 +107,21 @@ def _one_process(path: Path, profile: Profile) -> None:
                            "not in a set of per-rank files")
 
 
+@analysis("communication", "Communication per rank")
+def _communication(profile: Profile, context: Context) -> dict | None:
+    """A rank's `communication`, for the cross-rank table (None: not one rank of a set)."""
+    return communication(profile, context.selection) if context.rank else None
+
+
+@analysis("collectives", "Collectives per rank")
+def _collectives(profile: Profile, context: Context) -> dict | None:
+    """A rank's collectives (`rank_collectives`), for the cross-rank table's split into transfer
+    and waiting; None where the column is not a rank, has no ranges or no session start (its
+    clock cannot be put beside the other ranks')."""
+    known = context.rank and context.selection is not None and profile.session_start_ns is not None
+    return rank_collectives(profile, context.selection) if known else None
+
+
 def communication(profile: Profile, sel: Selection | None) -> dict:
     """One rank's communication kernels of the measured steps (`cross_rank`)."""
     devices = overlap(profile.kernels, selected=sel) if sel else overlap(profile.kernels)
@@ -157,9 +172,16 @@ class RankFigures:
     breakdown: Breakdown
     answers: dict
     figures: dict
-    communication: dict
-    collectives: dict | None  # None: no ranges, or no session start to put the ranks on one clock
+    analyses: dict  # the registered analyses' results, by name (`harness.trace.analyses.registry`)
     mode: str | None  # how its kernels went to ranges (`Selection.mode`; None: no ranges)
+
+    @property
+    def communication(self) -> dict:
+        return self.analyses["communication"]
+
+    @property
+    def collectives(self) -> dict | None:  # None: no ranges, or no session start to put the ranks on one clock
+        return self.analyses.get("collectives")
 
 
 @dataclass
@@ -174,11 +196,25 @@ class RankInfo:
     rank: int | None
 
 
-def _column(profile: Profile, sel: Selection | None, require: Sequence[str], attribution: str,
-            run_json: str | Path | None, scope: str) -> tuple[Breakdown, dict, dict]:
-    """One column's breakdown, answers and HTA figures."""
+@dataclass
+class Column:
+    """One column of a report: its breakdown, answers (a)-(e), HTA's figures (with its label
+    and GPU) and every registered analysis's result by name."""
+
+    breakdown: Breakdown
+    answers: dict
+    figures: dict
+    analyses: dict
+
+
+def analyse_column(profile: Profile, sel: Selection | None, require: Sequence[str] = (),
+                   attribution: str = "auto", run_json: str | Path | None = None, scope: str = "all",
+                   rank: bool = False) -> Column:
+    """One column's breakdown, answers, HTA figures and registered analyses (`rank`: the
+    profile is one rank of a set): what the report, the comparison and the diff analyse of a
+    profile. `sel`: the profile's ``select(profile, attribution)``."""
     bd, meta = _breakdown(profile, sel, require, attribution, run_json)
-    return bd, *_figures(profile, bd, meta, scope)
+    return Column(bd, *_figures(profile, bd, meta, scope, sel, rank))
 
 
 def _breakdown(profile: Profile, sel: Selection | None, require: Sequence[str], attribution: str,
@@ -192,10 +228,12 @@ def _breakdown(profile: Profile, sel: Selection | None, require: Sequence[str], 
     return bd, meta
 
 
-def _figures(profile: Profile, bd: Breakdown, meta: dict, scope: str) -> tuple[dict, dict]:
-    """One column's answers and HTA figures."""
-    return answers(bd, meta.get("forward_ms"), meta), {"label": bd.label, "gpu": profile.gpu,
-                                                       **gpu_time(profile, scope)}
+def _figures(profile: Profile, bd: Breakdown, meta: dict, scope: str, sel: Selection | None,
+             rank: bool = False) -> tuple[dict, dict, dict]:
+    """One column's answers, HTA figures and registered analyses (`run_analyses`)."""
+    results = run_analyses(profile, Context(bd, sel, meta, scope, rank))
+    return (answers(bd, meta.get("forward_ms"), meta), {"label": bd.label, "gpu": profile.gpu, **results["gpu_time"]},
+            results)
 
 
 def rank_figures(path: Path, order: int, nsys_bin: str | None, force: bool, require: Sequence[str],
@@ -210,11 +248,10 @@ def rank_figures(path: Path, order: int, nsys_bin: str | None, force: bool, requ
     sel = select(profile, attribution)
     if launch and sel is not None and sel.mode != "launch":
         sel = select(profile, "launch")
-    bd, ans, figures = _column(profile, sel, require, attribution, run_json, scope)
-    known = sel is not None and profile.session_start_ns is not None
+    col = analyse_column(profile, sel, require, attribution, run_json, scope, rank=True)
     return RankFigures(RankInfo(str(path), profile.label, profile.source, profile.gpu, profile.world_size,
-                                profile.rank), bd, ans, figures, communication(profile, sel),
-                       rank_collectives(profile, sel) if known else None, sel and sel.mode)
+                                profile.rank), col.breakdown, col.answers, col.figures, col.analyses,
+                       sel and sel.mode)
 
 
 def workers() -> int:
@@ -241,19 +278,38 @@ def _read_ranks(files: list[Path], jobs: int, nsys_bin: str | None, force: bool,
     return [got[i] for i in range(len(files))]
 
 
+@dataclass
+class ReportInputs:
+    """What a report shows of its profiles, one entry per column (a rank set's ranks are
+    columns) but `ranks`, one cross-rank table (`cross_rank`) per rank set. Unpacks and
+    indexes as (breakdowns, answers, ranks, figures)."""
+
+    breakdowns: list[Breakdown]
+    answers: list[dict]  # answers (a)-(e) per column
+    ranks: list[dict]
+    figures: list[dict]  # HTA's figures (`harness.trace.analyses.gpu_time`) with the column's label and GPU
+    analyses: list[dict]  # per column, every registered analysis's result by name (`run_analyses`)
+
+    def __iter__(self):
+        return iter((self.breakdowns, self.answers, self.ranks, self.figures))
+
+    def __getitem__(self, i):
+        return tuple(self)[i]
+
+
 def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = (), run_jsons: Sequence[str | Path] = (),
                   require: Sequence[str] = (), nsys_bin: str | None = None, attribution: str = "auto",
                   force: bool = False, scope: str = "all", jobs: int | None = None,
-                  breakdowns_done: Callable[[list[Breakdown]], None] | None = None,
-                  ) -> tuple[list[Breakdown], list[dict], list[dict], list[dict]]:
-    """Breakdowns (one per column), their answers, a cross-rank table per rank set, and
-    HTA's figures per column (`harness.trace.analyses.gpu_time`, in `scope`). The i-th
+                  breakdowns_done: Callable[[list[Breakdown]], None] | None = None) -> ReportInputs:
+    """Breakdowns (one per column), their answers, a cross-rank table per rank set, HTA's
+    figures per column (`harness.trace.analyses.gpu_time`, in `scope`) and every registered
+    analysis per column (`harness.trace.analyses.registry`). The i-th
     `harness.run` result JSON goes with the i-th column. A rank set's files are read in
     `jobs` processes (default: one per core), each keeping only its rank's figures.
     `breakdowns_done` is called with the breakdowns once they are all known, before the
     last profile's answers and figures (the report's figure is drawn meanwhile)."""
     jobs = workers() if jobs is None else jobs
-    bds, answer_sets, tables, figures = [], [], [], []
+    bds, answer_sets, tables, figures, results = [], [], [], [], []
     items = list(_items(paths))
     for i, item in enumerate(items):
         if isinstance(item, list):
@@ -269,6 +325,7 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
             bds += mine
             answer_sets += [f.answers for f in by_rank.values()]
             figures += [f.figures for f in by_rank.values()]
+            results += [f.analyses for f in by_rank.values()]
             split = {r: f.collectives for r, f in by_rank.items()}
             tables.append(cross_rank(rs, mine, {r: f.communication for r, f in by_rank.items()},
                                      split if None not in split.values() else None))
@@ -292,15 +349,18 @@ def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = ()
         if breakdowns_done and i == len(items) - 1:
             breakdowns_done(bds)
             breakdowns_done = None
-        for profile, bd, meta in zip(profiles, mine, metas):
-            ans, fig = _figures(profile, bd, meta, scope)
+        mine_results = []
+        for profile, bd, meta, sel in zip(profiles, mine, metas, sels):
+            ans, fig, got = _figures(profile, bd, meta, scope, sel, rank=bool(split_set))
             answer_sets.append(ans)
             figures.append(fig)
+            mine_results.append(got)
+        results += mine_results
         if split_set:
-            comms = {r: communication(p, s) for (r, p), s in zip(split_set.profiles.items(), sels)}
-            known = None not in sels and None not in {p.session_start_ns for p in profiles}
-            tables.append(cross_rank(split_set, mine, comms, {r: rank_collectives(p, s) for (r, p), s in
-                                                            zip(split_set.profiles.items(), sels)} if known else None))
+            split = {r: got.get("collectives") for r, got in zip(split_set.profiles, mine_results)}
+            tables.append(cross_rank(split_set, mine, {r: got["communication"] for r, got in
+                                                       zip(split_set.profiles, mine_results)},
+                                     split if None not in split.values() else None))
     if breakdowns_done:  # the last item was a rank set
         breakdowns_done(bds)
-    return bds, answer_sets, tables, figures
+    return ReportInputs(bds, answer_sets, tables, figures, results)

@@ -39,7 +39,8 @@ from harness.trace.profile import (
     Range,
     label_from_path,
 )
-from harness.trace.sources.kineto import CPU_NOTE, ns, read_trace, self_times
+from harness.trace.sources.kineto import CPU_NOTE, load_torch_trace, ns, read_trace, self_times
+from harness.trace.sources.registry import LoadOptions, source
 
 HOST_PLANE, GPU_PLANE = "/host:CPU", "/device:GPU:"
 
@@ -165,3 +166,19 @@ def _gpu_table(gpu: list[tuple], launches: dict[int, tuple[int, int]]) -> Kernel
     return KernelTable(names, col([index[n] for n in name], np.int32), col(start), col(end),
                        col([kinds.get(n[:6], KERNEL) for n in name], np.int8), col(device), col(stream),
                        col(thread), col(launch), col(corr))
+
+
+@source("profiler-json", claims=lambda p: p.name.endswith((".json", ".json.gz")), describe="a torch.profiler .json")
+def _load_json(path: Path, options: LoadOptions) -> Profile:
+    """A torch.profiler trace, or JAX's trace-viewer export (told apart by `is_trace_viewer`)."""
+    trace = read_trace(path)
+    if is_trace_viewer(trace):
+        return load_jax_trace_viewer(path, options.label, trace)
+    return load_torch_trace(path, options.label, trace)
+
+
+@source("jax-xplane", claims=lambda p: p.name.endswith((".xplane.pb", ".xplane.pb.gz")) or p.is_dir(),
+        describe="a JAX .xplane.pb (or its .trace.json.gz)")
+def _load_xplane(path: Path, options: LoadOptions) -> Profile:
+    """A JAX profiler trace: the ``.xplane.pb`` file, or the folder `jax.profiler` wrote."""
+    return load_jax_trace(path, options.label)

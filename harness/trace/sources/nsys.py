@@ -42,6 +42,8 @@ from harness.trace.profile import (
     Range,
     label_from_path,
 )
+from harness.trace.sources.nsys_launches import launches_per_phase
+from harness.trace.sources.registry import LoadOptions, source
 from harness.trace.sources.sqlite_load import ParallelReader
 
 # --cuda-graph-trace=node: XLA replays steps as CUDA graphs, which nsys otherwise records
@@ -364,3 +366,17 @@ def _read_sqlite(path: Path, label: str | None, force: bool) -> Profile:
         notes.append(GRAPH_NOTE.format(count=int(graphs.sum()), ms=ns / 1e6, name=GRAPH_NAME))
     return Profile(str(path), label or label_from_path(path), "nsys", kernels, ranges, notes, api, gpu=gpu,
                    session_start_ns=int(start[0]) if start and start[0] is not None else None)
+
+
+@source("nsys-rep", claims=lambda p: p.name.endswith(".nsys-rep"), describe=".nsys-rep",
+        launches=lambda p, o: launches_per_phase(p))
+def _load_report(path: Path, options: LoadOptions) -> Profile:
+    """An Nsight Systems report, exported to ``X.sqlite`` beside it first (`export_sqlite`)."""
+    return read_sqlite(export_sqlite(path, options.nsys_bin), options.label, options.force)
+
+
+@source("nsys-sqlite", claims=lambda p: p.name.endswith((".sqlite", ".sqlite.gz")),
+        describe=".sqlite[.gz] (nsys export)", launches=lambda p, o: launches_per_phase(p))
+def _load_export(path: Path, options: LoadOptions) -> Profile:
+    """An nsys SQLite export (`read_sqlite`)."""
+    return read_sqlite(path, options.label, options.force)

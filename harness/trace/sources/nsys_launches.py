@@ -1,4 +1,6 @@
-"""Kernel-launch calls per phase, read from an nsys SQLite export.
+"""Kernel-launch calls per phase, read from an nsys SQLite export: the nsys source's
+`launches` (`harness.trace.sources.registry`), which `harness.diffs` reads through
+`harness.trace.sources.load.launches_of`.
 
 The host side of a phase is its range time not covered by GPU work; how many launch
 calls it made and how long each took says how much of that is launch overhead. The
@@ -62,8 +64,13 @@ def _count(db: sqlite3.Connection) -> dict[str, Launches]:
 
 def launches_per_phase(path: str | Path) -> dict[str, Launches]:
     """Launch calls per phase of an nsys export (``.sqlite`` or ``.sqlite.gz``); empty
-    when the export has no runtime records (profiled without CUDA API tracing)."""
+    when the export has no runtime records (profiled without CUDA API tracing), or for an
+    ``.nsys-rep`` without its export beside it (``X.sqlite``, written when it was read)."""
     path = Path(path)
+    if path.name.endswith(".nsys-rep"):
+        path = path.with_suffix(".sqlite")
+        if not path.exists():
+            return {}
     with tempfile.TemporaryDirectory() as tmp:
         if path.name.endswith(".gz"):
             plain = Path(tmp) / "profile.sqlite"

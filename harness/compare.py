@@ -34,7 +34,6 @@ from collections.abc import Iterator, Sequence
 
 from harness import backends
 from harness.common.cli import (
-    UsageError,
     add_backend,
     add_data_parallel,
     add_mode,
@@ -51,6 +50,7 @@ from harness.common.cli import (
     refuse_with,
     select_platform,
 )
+from harness.common.errors import UsageError
 from harness.common.results import LockHeld, dir_problem, ensure_dir, held_lock
 from harness.common.trace_options import add_timeline, timeline_problem, timeline_steps_problem
 from harness.memory_model import fit_problem

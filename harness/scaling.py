@@ -24,7 +24,6 @@ from collections.abc import Sequence
 
 from harness.common.answer import answer_markdown
 from harness.common.cli import (
-    UsageError,
     add_out,
     comma_list,
     emit,
@@ -35,6 +34,7 @@ from harness.common.cli import (
     positive_float,
     positive_int,
 )
+from harness.common.errors import UsageError
 from harness.common.results import file_problem
 from harness.timing.projection import format_projection, project
 from harness.timing.scaling import (

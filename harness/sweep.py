@@ -25,7 +25,6 @@ from collections.abc import Sequence
 
 from harness import backends
 from harness.common.cli import (
-    UsageError,
     add_attention,
     add_backend,
     add_batch,
@@ -49,6 +48,7 @@ from harness.common.cli import (
     refuse_with,
     select_platform,
 )
+from harness.common.errors import UsageError
 from harness.common.results import dir_problem
 from harness.sweeps.analysis import analyze
 from harness.sweeps.records import FIXED, WARMUP_STUDY, grid, prepare

@@ -9,7 +9,7 @@ import pytest
 
 from harness import backends
 from harness.backends import Backend
-from harness.common.cli import UsageError
+from harness.common.errors import UsageError
 from harness.timing.torch_backend import TorchSession, init_model
 
 EXACT = {"logits": 1e-6, "loss": 1e-6, "grad": 1e-6, "param": 1e-6, "update": 1e-6}

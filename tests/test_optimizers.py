@@ -386,7 +386,7 @@ def test_fused_falls_back_to_foreach_where_the_rewrite_cannot_go(lr, weight_deca
 
 
 def test_optimizer_option_names_the_implementation():
-    from harness.common.cli import OPTIMIZERS
+    from harness.config import OPTIMIZERS
     from harness.timing.torch_backend import make_optimizer
 
     opts = {name: make_optimizer([torch.nn.Parameter(torch.ones(1))], name) for name in OPTIMIZERS}

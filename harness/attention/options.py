@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from harness.attention.catalog import DEFAULT_SEQS, DTYPES, LEAD_IN_MS, NONCAUSAL_MIN_SEQ, SHAPE_SETS
-from harness.common.cli import DEVICES, choice, comma_list, non_negative_float, non_negative_int, positive_int
+from harness.common.cli import choice, comma_list, non_negative_float, non_negative_int, positive_int
+from harness.config import DEVICES
 
 
 def lead_in_ms(value: str) -> float:

@@ -59,7 +59,7 @@ class Backend:
     # (device) -> a context manager in which naive attention's sub-steps get ranges; None: it cannot
     annotate_attention: Callable[[str], AbstractContextManager] | None = None
     nsys_flags: tuple[str, ...] = ()  # extra `nsys profile` flags
-    # data-parallel strategies (harness.common.cli.PARALLEL) -> what each does, in its framework's words
+    # data-parallel strategies (harness.config.PARALLEL) -> what each does, in its framework's words
     parallel: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # strategies of `parallel` it refuses to run -> why, in one line naming the fix (their
     # labels stay, for the documents of runs made before the refusal)

@@ -9,9 +9,8 @@ import re
 import numpy as np
 
 from harness import backends
-from harness.common.cli import DTYPES
 from harness.common.hardware import memory_mib
-from harness.config import PRESETS, get_config
+from harness.config import DTYPES, PRESETS, get_config
 from harness.sweeps.memory_model import predict
 from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
 from harness.timing.compare_answer import NOISY_SPREAD

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from harness import backends
-from harness.common.cli import UsageError
+from harness.common.errors import UsageError
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"

@@ -12,8 +12,7 @@ import numpy as np
 import torch
 
 import torch_impl
-from harness.common.cli import OPTIMIZERS
-from harness.config import ModelConfig
+from harness.config import OPTIMIZERS, ModelConfig
 
 # The torch backends that compile, and the torch.compile mode each runs.
 

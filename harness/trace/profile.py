@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import backends
+from harness.backends import names as backend_names
 
 # Range names the harness emits (NVTX, record_function or TraceAnnotation).
 WARMUP = "warmup"
@@ -206,7 +206,7 @@ def label_from_path(path: str | Path) -> str:
     A name inside a longer registered name found at the same place is that name's
     (`torch-compile.sqlite` is torch-compile's, not torch's); two backends named: neither."""
     name = Path(path).name.lower()
-    spans = [(m.start(), m.start() + len(b), b) for b in backends.names()
+    spans = [(m.start(), m.start() + len(b), b) for b in backend_names()
              for m in re.finditer(re.escape(b.lower()), name)]
     found = {b for s, e, b in spans if not any(s2 <= s and e <= e2 and (s2, e2) != (s, e) for s2, e2, _ in spans)}
     return found.pop() if len(found) == 1 else PROFILE_SUFFIXES.sub("", Path(path).name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness import backends
+from harness.backends import names as backend_names
 from harness.trace.kernels import Category
 from harness.trace.profile import ATTENTION_RANGES, STEP_RANGES, Profile, ProfileError
 from harness.trace.stats import Breakdown, PhaseStats
@@ -122,7 +122,7 @@ def run_json_problems(profile: Profile, bd: Breakdown, meta: dict) -> list[str]:
     forward time is far from the profile's (another model or size, likely)."""
     where = f"--harness-json {meta['path']} with {bd.path}"
     fix = "pass the document harness.run wrote in the profiled run"
-    if bd.label in backends.names() and meta["backend"] and meta["backend"] != bd.label:
+    if bd.label in backend_names() and meta["backend"] and meta["backend"] != bd.label:
         raise ProfileError(f"{where}: the document is of backend {meta['backend']}, the profile of {bd.label}; {fix}")
     steps = sum(r.name == "step" for r in profile.ranges)
     if steps and meta["steps"] and steps != meta["steps"]:

@@ -82,6 +82,17 @@ class Backend:
     compile_weight: int = 1  # a sweep cell's rough cost relative to its FLOPs (compilation time)
     compiles: bool = False  # a loop's first step compiles (torch.compile, jax.jit): its progress line says so
     compile_mode: str | None = None  # torch.compile's mode ("default", "reduce-overhead"); None: not torch.compile
+    # how reports name the framework it runs on ("torch", "JAX"); "": its own name. A backend of
+    # another framework than the reference's is set against it in a sweep's ratio table.
+    framework: str = ""
+    # under --parallel fsdp, all-gathers every float32 parameter in the forward (and again in the
+    # backward unless --fsdp-reshard-after-forward false): FSDP2; the size of its all-gathers is known
+    gathers_parameters: bool = False
+
+    @property
+    def framework_name(self) -> str:
+        """How reports name its framework: `framework`, else its own name."""
+        return self.framework or self.name
 
 
 _records: dict[str, Backend] = {}
@@ -201,6 +212,13 @@ def reference() -> str:
 def compared() -> tuple[str, ...]:
     """The backends parity can compare with the reference."""
     return tuple(b.name for b in all_backends() if b.tolerances is not None and not b.reference)
+
+
+def other_frameworks() -> tuple[str, ...]:
+    """The backends of another framework than the reference's (JAX against eager torch): a
+    sweep's ratio table sets each against the reference, and parity compares them by default."""
+    own = get(reference()).framework_name
+    return tuple(b.name for b in all_backends() if b.framework_name != own)
 
 
 def backend_attention(name: str, attention: str) -> str:

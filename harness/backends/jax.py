@@ -127,5 +127,5 @@ JAX = Backend(name="jax", make_session=_make_session, precision=PRECISION, atten
               nsys_flags=NSYS_FLAGS, parallel=PARALLEL, one_process=True, profile_file="jax-trace",
               profiler=_profiler, annotation=_annotation, compile_events="jax.monitoring", simulated_oom=_oom,
               tolerances=TOLERANCES, default=True, compile_weight=3,
-              compiles=True, environment_problem=xla_flags_problem)
+              compiles=True, environment_problem=xla_flags_problem, framework="JAX")
 RECORDS = (JAX,)

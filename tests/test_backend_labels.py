@@ -2,11 +2,13 @@
 (`torch-compile-x`: `torch-compile`, `torch`) and no framework of the built-ins gets its own
 label wherever the harness labels a backend: a profile file, a sweep's ratio table and its
 answer, a comparison's table, a run's data-parallel line, parity; and what the harness
-knows of it comes from its record, never from its name (the FSDP2 all-gathers)."""
+knows of it comes from its record, never from its name (the FSDP2 all-gathers, the library
+whose version its documents record)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -21,11 +23,11 @@ EXACT = {"logits": 1e-6, "loss": 1e-6, "grad": 1e-6, "param": 1e-6, "update": 1e
 def toy(monkeypatch):
     """Eager torch's record under another name, of a framework of its own, with data-parallel
     labels of its own, taking the DDP/FSDP2 options (`wrap_options`) but gathering no
-    parameters of known size."""
+    parameters of known size, its documents recording the version of a library of its own."""
     monkeypatch.delenv(backends.PLUGINS_ENV, raising=False)
     record = dataclasses.replace(backends.get("torch"), name=NAME, framework="", reference=False, default=False,
                                  tolerances={"fp32": EXACT}, parallel={"ddp": "toy DDP", "fsdp": "toy FSDP"},
-                                 gathers_parameters=False)
+                                 gathers_parameters=False, libraries=("toylib",))
     assert record.wrap_options and not record.fused_step
     backends.register(record)
     yield record
@@ -155,3 +157,14 @@ def test_parity_compares_it_by_default_and_labels_its_rows(toy, monkeypatch) -> 
     assert list(result.attention) == ["torch", "jax", NAME] and {r.backend for r in result.rows} == {"jax", NAME}
     assert result.to_json()["tolerances"][NAME] == EXACT
     assert any(line.startswith(f"{NAME:<16} logits") for line in parity.format_table(result).splitlines())
+
+
+def test_version_lines_name_its_library(toy, tmp_path) -> None:
+    from harness.sweeps.render import section_environment
+    from harness.timing.provenance_block import provenance
+
+    env = {"device": "cpu", "torch": "2.0", "toylib": "1.2"}
+    assert section_environment({"cells": [{"result": {"env": env}}]})[2:5] == ["- device: cpu", "- torch: 2.0",
+                                                                             "- toylib: 1.2"]
+    (tmp_path / "run.json").write_text(json.dumps({"env": env}))
+    assert "device cpu; torch 2.0; toylib 1.2; tree" in provenance(tmp_path, "")

@@ -88,6 +88,9 @@ class Backend:
     # under --parallel fsdp, all-gathers every float32 parameter in the forward (and again in the
     # backward unless --fsdp-reshard-after-forward false): FSDP2; the size of its all-gathers is known
     gathers_parameters: bool = False
+    # the libraries whose versions its run documents record (keys of its session's `versions()`
+    # in the document's env): the version lines of the reports
+    libraries: tuple[str, ...] = ()
 
     @property
     def framework_name(self) -> str:
@@ -219,6 +222,11 @@ def other_frameworks() -> tuple[str, ...]:
     sweep's ratio table sets each against the reference, and parity compares them by default."""
     own = get(reference()).framework_name
     return tuple(b.name for b in all_backends() if b.framework_name != own)
+
+
+def libraries() -> tuple[str, ...]:
+    """Every registered backend's `libraries`, once each, in registration order: torch, jax."""
+    return tuple(dict.fromkeys(lib for b in all_backends() for lib in b.libraries))
 
 
 def backend_attention(name: str, attention: str) -> str:

@@ -127,5 +127,6 @@ JAX = Backend(name="jax", make_session=_make_session, precision=PRECISION, atten
               nsys_flags=NSYS_FLAGS, parallel=PARALLEL, one_process=True, profile_file="jax-trace",
               profiler=_profiler, annotation=_annotation, compile_events="jax.monitoring", simulated_oom=_oom,
               tolerances=TOLERANCES, default=True, compile_weight=3,
-              compiles=True, environment_problem=xla_flags_problem, framework="JAX")
+              compiles=True, environment_problem=xla_flags_problem, framework="JAX",
+              libraries=("jax",))
 RECORDS = (JAX,)

@@ -146,7 +146,7 @@ COMPILE_TOLERANCES: dict[str, dict[str, float]] = {
 
 _FAMILY = dict(attention=("naive", "fused"), stand_in={"pallas": "fused"}, memory_note=MEMORY_NOTE,
                parallel=PARALLEL, wrap_options=True, memory_model=True, profiler=_profiler, annotation=_annotation,
-               compile_events="dynamo", framework="torch", gathers_parameters=True,
+               compile_events="dynamo", framework="torch", gathers_parameters=True, libraries=("torch",),
                simulated_oom=_oom)
 EAGER = Backend(name="torch", make_session=_make_session("torch"), precision=PRECISION, layer_ranges="hooks",
                 annotate_attention=_annotate_attention, reference=True, default=True, **_FAMILY)

@@ -269,7 +269,7 @@ def section_environment(data: dict) -> list[str]:
     """Where the cells ran: devices, framework versions, commits, and GPU sharing."""
     envs = [(c.get("result") or {}).get("env") or {} for c in data["cells"]]
     lines = []
-    for label, key in (("device", "device"), ("driver", "driver"), ("torch", "torch"), ("jax", "jax"),
+    for label, key in (("device", "device"), ("driver", "driver"), *((lib, lib) for lib in backends.libraries()),
                        ("commit", "git_commit")):
         values = sorted({str(e[key]) for e in envs if e.get(key)})
         if values:

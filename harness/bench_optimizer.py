@@ -12,7 +12,6 @@ import sys
 from collections.abc import Sequence
 
 from harness.cli.dialect import (
-    UsageError,
     add_device,
     add_model,
     add_out,
@@ -24,6 +23,7 @@ from harness.cli.dialect import (
     positive_int,
     select_platform,
 )
+from harness.common.errors import UsageError
 from harness.common.hardware import hbm_tbps
 from harness.common.results import environment, write_json
 from harness.config import get_config

@@ -34,7 +34,6 @@ from collections.abc import Iterator, Sequence
 
 from harness import backends
 from harness.cli.dialect import (
-    UsageError,
     add_backend,
     add_data_parallel,
     add_mode,
@@ -52,6 +51,7 @@ from harness.cli.dialect import (
     select_platform,
 )
 from harness.cli.trace_options import add_timeline, timeline_problem, timeline_steps_problem
+from harness.common.errors import UsageError
 from harness.common.results import LockHeld, dir_problem, ensure_dir, held_lock
 from harness.memory_model import fit_problem
 from harness.reports.compare import format_table

@@ -1,4 +1,5 @@
-"""Model configuration shared by the PyTorch and JAX implementations.
+"""Model configuration shared by the PyTorch and JAX implementations, and the vocabularies of
+the options every tool shares (dtypes, modes, devices, optimizers, data-parallel strategies).
 
 This is the only harness module that `torch_impl`, `jax_impl` and `pallas_kernels`
 may import: both frameworks are built from the same frozen `ModelConfig`.
@@ -10,6 +11,15 @@ import dataclasses
 from dataclasses import dataclass
 
 ATTENTION_CHOICES = ("naive", "fused", "pallas")
+# The vocabularies of the options every tool shares (`harness.cli.dialect` offers them as choices).
+DTYPES = ("fp32", "tf32", "bf16")
+MODES = ("forward", "forward-backward", "train")
+DEVICES = ("cuda", "cpu")
+# The torch backends' AdamW: torch_impl.AdamW foreach, the same under torch.compile, the per-parameter loop.
+OPTIMIZERS = ("foreach", "foreach-compiled", "fused", "loop")
+# Data-parallel flavours: torch DDP or FSDP2; JAX parameters replicated or sharded to match.
+PARALLEL = ("ddp", "fsdp", "zero1")
+GRAD_COMM = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)

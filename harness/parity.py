@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 from harness import backends, stopped_by
 from harness.cli.dialect import (
-    UsageError,
     add_model_args,
     add_out,
     add_overwrite,
@@ -31,7 +30,7 @@ from harness.cli.dialect import (
     positive_int,
     select_platform,
 )
-from harness.common.errors import describe_failure, is_oom
+from harness.common.errors import UsageError, describe_failure, is_oom
 from harness.common.results import new_file_problem, save_json
 from harness.config import get_config
 from harness.memory_model import fit_problem

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 
 from harness import backends, stopped_by
 from harness.cli.dialect import (
-    UsageError,
     add_backend,
     add_data_parallel,
     add_mode,
@@ -35,6 +34,7 @@ from harness.cli.dialect import (
     positive_int,
     select_platform,
 )
+from harness.common.errors import UsageError
 from harness.common.results import dir_problem, new_file_problem, save_json
 from harness.memory_model import fit_problem
 from harness.reports.run import format_data_parallel, format_result

@@ -23,7 +23,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from harness.cli.dialect import (
-    UsageError,
     add_out,
     comma_list,
     emit,
@@ -35,6 +34,7 @@ from harness.cli.dialect import (
     positive_int,
 )
 from harness.common.answer import answer_markdown
+from harness.common.errors import UsageError
 from harness.common.results import file_problem
 from harness.reports.projection import format_projection, project
 from harness.reports.scaling import format_growth, format_scaling

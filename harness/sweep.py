@@ -25,7 +25,6 @@ from collections.abc import Sequence
 
 from harness import backends
 from harness.cli.dialect import (
-    UsageError,
     add_attention,
     add_backend,
     add_batch,
@@ -49,6 +48,7 @@ from harness.cli.dialect import (
     refuse_with,
     select_platform,
 )
+from harness.common.errors import UsageError
 from harness.common.results import dir_problem
 from harness.reports.sweep import write_report
 from harness.runs.sweep import run_sweep

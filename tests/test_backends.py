@@ -10,7 +10,7 @@ import pytest
 from harness import backends
 from harness.backends import Backend
 from harness.backends.torch.session import TorchSession, init_model
-from harness.cli.dialect import UsageError
+from harness.common.errors import UsageError
 
 EXACT = {"logits": 1e-6, "loss": 1e-6, "grad": 1e-6, "param": 1e-6, "update": 1e-6}
 

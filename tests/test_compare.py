@@ -100,7 +100,7 @@ def test_compare_default_skips_what_cannot_run_here(monkeypatch, capsys):
     named explicitly, a backend that cannot run is bad input."""
     from harness import backends
     from harness.backends import torch as torch_family
-    from harness.cli.dialect import UsageError
+    from harness.common.errors import UsageError
 
     monkeypatch.setattr(torch_family, "inductor_cpu_compiler", lambda: None)
     assert backends.choose_backends(None, backends.defaults(), "cpu", "compare") == ["torch", "jax"]

@@ -238,7 +238,7 @@ def test_rank_frees_its_cycles_before_it_destroys_the_group(monkeypatch) -> None
 def test_more_ranks_than_gpus_is_one_line(monkeypatch) -> None:
     import torch
 
-    from harness.cli.dialect import UsageError
+    from harness.common.errors import UsageError
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(UsageError, match=r"--data-parallel 4: only 2 CUDA device\(s\).*--data-parallel 2"):

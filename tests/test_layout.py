@@ -120,10 +120,11 @@ def _imports(path: Path, name: str) -> set[str]:
 def test_import_graph_has_no_cycle_and_goes_one_way() -> None:
     modules = _modules()
     graph = {m: {d for d in _imports(p, m) if d in modules and d != m} for m, p in modules.items()}
-    # Importing a package runs its __init__: a module depends on its packages too.
-    for deps in graph.values():
+    # Importing a package runs its __init__: a module depends on the packages of what it
+    # imports too, but for its own (a package's modules import each other as its __init__ runs).
+    for m, deps in graph.items():
         deps |= {d.rpartition(".")[0] for d in set(deps) if d.rpartition(".")[0] in modules and
-                 d.rpartition(".")[0] != "harness"}
+                 d.rpartition(".")[0] != "harness" and not (m + ".").startswith(d.rpartition(".")[0] + ".")}
     state: dict[str, int] = {}
 
     def visit(m: str, stack: list[str]) -> None:
@@ -152,8 +153,10 @@ def test_import_graph_has_no_cycle_and_goes_one_way() -> None:
     assert all(d.startswith(("harness.attention", "harness.common", "harness.config", "harness.cli"))
                for d in attention), sorted(attention)
     trace = {d for m, deps in graph.items() if m.startswith("harness.trace") for d in deps}
+    # the backend registry (its names label profiles) sits below trace/; the CLI above it
     assert all(d.startswith(("harness.trace", "harness.common", "harness.config")) or d == "harness.backends"
                for d in trace), sorted(d for d in trace if d.startswith("harness.backends."))
+    assert not any(d.startswith("harness.cli") for d in trace)
 
 
 def test_every_folder_and_module_has_a_layer() -> None:
@@ -215,3 +218,42 @@ def test_backend_name_comparisons_are_found() -> None:
     planted = ('if backend == "jax": pass\nif b not in ("torch-compile", "x"): pass\n'
                'ok = name.startswith("torch")\nif "jax" != b: pass\nif b == other: pass\n')
     assert _backend_name_comparisons(planted) == [1, 2, 3, 4]
+
+
+# Library names that are also backend names, where they name the library: the attention tools'
+# kernels (not backends).
+LIBRARY_TABLES = ("attention",)
+
+
+def _backend_name_tables(source: str) -> list[int]:
+    """Lines of `source` holding a backend's name in a table: an element of a tuple, list or
+    set, a dict key, a function's default or a field's."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        elements = []
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            elements = node.elts
+        elif isinstance(node, ast.Dict):
+            elements = [k for k in node.keys if k is not None]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            elements = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            elements = [node.value]
+        lines += [e.lineno for e in elements if isinstance(e, ast.Constant) and e.value in BACKEND_NAMES]
+    return sorted(set(lines))
+
+
+def test_backend_names_are_tabled_only_in_the_registry() -> None:
+    """What differs between backends is a field of their record (harness.backends), never a
+    table of their names elsewhere."""
+    found = {f"{p.relative_to(HARNESS)}:{line}" for p in HARNESS.rglob("*.py")
+             if p.relative_to(HARNESS).parts[0] != "backends"
+             and not str(p.relative_to(HARNESS)).startswith(LIBRARY_TABLES)
+             for line in _backend_name_tables(p.read_text())}
+    assert not found, f"backend names tabled outside harness/backends/: {sorted(found)}"
+
+
+def test_backend_name_tables_are_found() -> None:
+    planted = ('PAIR = ("jax", "torch")\nx = {"torch-compile": 1}\ndef f(b="jax"): pass\n'
+               'class R:\n    backend: str = "torch"\nok = ("fp32", "bf16")\n')
+    assert _backend_name_tables(planted) == [1, 2, 3, 5]

@@ -387,7 +387,7 @@ def test_fused_falls_back_to_foreach_where_the_rewrite_cannot_go(lr, weight_deca
 
 def test_optimizer_option_names_the_implementation():
     from harness.backends.torch.session import make_optimizer
-    from harness.cli.dialect import OPTIMIZERS
+    from harness.config import OPTIMIZERS
 
     opts = {name: make_optimizer([torch.nn.Parameter(torch.ones(1))], name) for name in OPTIMIZERS}
     assert {name: (o.foreach, o.compiled, o.fused) for name, o in opts.items()} == {"foreach": (True, False, False), "foreach-compiled": (True, True, False),

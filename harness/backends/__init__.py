@@ -59,7 +59,7 @@ class Backend:
     # (device) -> a context manager in which naive attention's sub-steps get ranges; None: it cannot
     annotate_attention: Callable[[str], AbstractContextManager] | None = None
     nsys_flags: tuple[str, ...] = ()  # extra `nsys profile` flags
-    # data-parallel strategies (harness.cli.dialect.PARALLEL) -> what each does, in its framework's words
+    # data-parallel strategies (harness.config.PARALLEL) -> what each does, in its framework's words
     parallel: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # strategies of `parallel` it refuses to run -> why, in one line naming the fix (their
     # labels stay, for the documents of runs made before the refusal)
@@ -82,6 +82,20 @@ class Backend:
     compile_weight: int = 1  # a sweep cell's rough cost relative to its FLOPs (compilation time)
     compiles: bool = False  # a loop's first step compiles (torch.compile, jax.jit): its progress line says so
     compile_mode: str | None = None  # torch.compile's mode ("default", "reduce-overhead"); None: not torch.compile
+    # how reports name the framework it runs on ("torch", "JAX"); "": its own name. A backend of
+    # another framework than the reference's is set against it in a sweep's ratio table.
+    framework: str = ""
+    # under --parallel fsdp, all-gathers every float32 parameter in the forward (and again in the
+    # backward unless --fsdp-reshard-after-forward false): FSDP2; the size of its all-gathers is known
+    gathers_parameters: bool = False
+    # the libraries whose versions its run documents record (keys of its session's `versions()`
+    # in the document's env): the version lines of the reports
+    libraries: tuple[str, ...] = ()
+
+    @property
+    def framework_name(self) -> str:
+        """How reports name its framework: `framework`, else its own name."""
+        return self.framework or self.name
 
 
 _records: dict[str, Backend] = {}
@@ -201,6 +215,18 @@ def reference() -> str:
 def compared() -> tuple[str, ...]:
     """The backends parity can compare with the reference."""
     return tuple(b.name for b in all_backends() if b.tolerances is not None and not b.reference)
+
+
+def other_frameworks() -> tuple[str, ...]:
+    """The backends of another framework than the reference's (JAX against eager torch): a
+    sweep's ratio table sets each against the reference, and parity compares them by default."""
+    own = get(reference()).framework_name
+    return tuple(b.name for b in all_backends() if b.framework_name != own)
+
+
+def libraries() -> tuple[str, ...]:
+    """Every registered backend's `libraries`, once each, in registration order: torch, jax."""
+    return tuple(dict.fromkeys(lib for b in all_backends() for lib in b.libraries))
 
 
 def backend_attention(name: str, attention: str) -> str:

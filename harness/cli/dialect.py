@@ -18,16 +18,7 @@ from collections.abc import Callable, Sequence
 from harness import backends, started
 from harness.common.errors import UsageError
 from harness.common.results import write_text
-from harness.config import ATTENTION_CHOICES, PRESETS
-
-DTYPES = ("fp32", "tf32", "bf16")
-MODES = ("forward", "forward-backward", "train")
-DEVICES = ("cuda", "cpu")
-# The torch backends' AdamW: torch_impl.AdamW foreach, the same under torch.compile, the per-parameter loop.
-OPTIMIZERS = ("foreach", "foreach-compiled", "fused", "loop")
-# Data-parallel flavours: torch DDP or FSDP2; JAX parameters replicated or sharded to match.
-PARALLEL = ("ddp", "fsdp", "zero1")
-GRAD_COMM = ("fp32", "bf16")
+from harness.config import ATTENTION_CHOICES, DEVICES, DTYPES, GRAD_COMM, MODES, OPTIMIZERS, PARALLEL, PRESETS
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

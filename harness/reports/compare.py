@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from harness.backends import all_backends
 from harness.common.answer import answer_markdown
 from harness.common.stats import cell, figure
 from harness.common.tables import markdown_table
@@ -70,6 +71,12 @@ def _drop_empty_groups(rows: list[list[str]], keep: int, size: int) -> list[list
     return [[r[i] for i in cols] for r in rows]
 
 
+def _step_only() -> str:
+    """The frameworks whose backends have no fused step, whose `step` stands in the fused_step
+    row (`Backend.framework_name`): "torch"."""
+    return ", ".join(dict.fromkeys(b.framework_name for b in all_backends() if not b.fused_step))
+
+
 def table_rows(summary: dict) -> list[list[str]]:
     """Phase rows with a column per backend for each figure; ratios over the first backend.
     A figure no backend has in any row (MFU off the peak table, memory on a CPU) is left out."""
@@ -87,7 +94,7 @@ def table_rows(summary: dict) -> list[list[str]]:
     firsts = {b: r.get("first_step") for b, r in summary["runs"].items() if r.get("status") == "ok"}
     for row in summary["table"]:
         cells = [row.get(b) for b in backends]
-        label = row["phase"] + (" (torch: step)" if row["phase"] == "fused_step" else "")
+        label = row["phase"] + (f" ({_step_only()}: step)" if row["phase"] == "fused_step" else "")
         rows.append([label, *map(_ms, cells), *(_ratio(row["ratios"].get(b)) for b in backends[1:]),
                      *map(_tf, cells), *map(_mfu, cells), *map(_mem, cells)])
     if any(firsts.values()):

@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
+from harness import backends
 from harness.common.tables import markdown_table
 from harness.reports.compare_answer import compare_findings
 from harness.reports.provenance_block import provenance
@@ -51,11 +52,11 @@ def _command(summary: dict) -> str:
 
 
 def _versions(runs: dict) -> str:
-    """The frameworks each run recorded (torch, jax), once each, in run order."""
+    """The frameworks each run recorded (`backends.libraries`: torch, jax), once each, in run order."""
     seen: dict[str, str] = {}
     for r in runs.values():
         env = r.get("env") or {}
-        for lib in ("torch", "jax"):
+        for lib in backends.libraries():
             if env.get(lib):
                 seen.setdefault(lib, f"{lib} {env[lib]}")
     return ", ".join(seen.values())

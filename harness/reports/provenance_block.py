@@ -17,8 +17,10 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
+from harness import backends
+
 ENV_KEYS = ("env", "environment")
-LIBS = ("torch", "jax", "triton")
+OTHER_LIBS = ("triton",)  # beside the backends' libraries (`backends.libraries`): the attention tools' kernels
 HEX = re.compile(r"`([0-9a-f]{7,40})`")
 SHOWN_COMMANDS = 4  # distinct commands spelled out; the rest counted
 DROPPED_OPTIONS = ("--out", "--compile-cache")  # folders of the machine a run wrote to
@@ -86,7 +88,8 @@ def provenance(folder: Path, prose: str) -> str:
     if not envs:
         return "No document here records its environment.\n"
     devices = Counter(str(e.get("gpu_name") or e["device"]) for _, e in envs if e.get("gpu_name") or e.get("device"))
-    versions = {lib: sorted({str(e[lib]) for _, e in envs if e.get(lib)}) for lib in LIBS}
+    versions = {lib: sorted({str(e[lib]) for _, e in envs if e.get(lib)})
+                for lib in (*backends.libraries(), *OTHER_LIBS)}
     trees = Counter(_tree(str(e["git_commit"])) for _, e in envs if e.get("git_commit"))
     commands = Counter(command(str(env["command"])) for _, doc in docs for env in _envs(doc)[:1]
                        if env.get("command"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from harness import backends
 from harness.backends.parallel import parallel_label
 from harness.common.stats import cell, figure, times_the_median
 
@@ -62,7 +63,8 @@ def format_data_parallel(doc: dict) -> list[str]:
     dp = doc.get("data_parallel")
     if not dp:
         return []
-    label = dp.get("label") or parallel_label((doc.get("options") or {}).get("backend", "torch"), dp["parallel"])
+    backend = (doc.get("options") or {}).get("backend") or backends.reference()  # none recorded: the reference's
+    label = dp.get("label") or parallel_label(backend, dp["parallel"])
     if dp.get("bucket_mb"):
         label += f", {dp['bucket_mb']:g} MB buckets"
     lines = [f"data-parallel {dp['n']} ({label}), global batch {dp['global_batch']}: step "

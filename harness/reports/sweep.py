@@ -93,12 +93,13 @@ def section_times(data: dict) -> list[str]:
         out += [f"### {backend} {dtype}", ""]
         out += _table([*_size_header(data), *phases], [[*_size(r, data), *(_value(r, r[p], _ms) for p in phases)]
                                                        for r in rows])
-    if data["ratios"]:
-        out += ["### JAX / torch (median ratio; fused_step: JAX fused step over torch step; < 1: JAX faster)", ""]
-        phases = _phases_present(data["ratios"])
+    for (over, under), rows in groups(data["ratios"], "backend", "reference").items():
+        a, b = backends.get(over), backends.get(under).framework_name
+        fused = f"fused_step: {a.framework_name} fused step over {b} step; " if a.fused_step else ""
+        out += [f"### {a.framework_name} / {b} (median ratio; {fused}< 1: {a.framework_name} faster)", ""]
+        phases = _phases_present(rows)
         out += _table([*_size_header(data), "dtype", *phases],
-                      [[*_size(r, data), r["dtype"], *(_value(r, r[p], _x) for p in phases)]
-                       for r in data["ratios"]])
+                      [[*_size(r, data), r["dtype"], *(_value(r, r[p], _x) for p in phases)] for r in rows])
     return out
 
 
@@ -268,7 +269,7 @@ def section_environment(data: dict) -> list[str]:
     """Where the cells ran: devices, framework versions, commits, and GPU sharing."""
     envs = [(c.get("result") or {}).get("env") or {} for c in data["cells"]]
     lines = []
-    for label, key in (("device", "device"), ("driver", "driver"), ("torch", "torch"), ("jax", "jax"),
+    for label, key in (("device", "device"), ("driver", "driver"), *((lib, lib) for lib in backends.libraries()),
                        ("commit", "git_commit")):
         values = sorted({str(e[key]) for e in envs if e.get(key)})
         if values:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 
 from harness.common.answer import Finding
-from harness.sweeps.analysis import RATIO_BACKENDS, STATUS_TEXT
+from harness.sweeps.analysis import STATUS_TEXT
 
 RULES = ("ratios are medians of one cell over the other (JAX's fused step against torch's step); a regime is the "
          "backward/forward ratio: memory-bound below 1.35x, compute-bound from 1.7x; MFU per device against the "
@@ -23,10 +23,10 @@ def _spread(values: list[float]) -> str:
 
 def sweep_findings(data: dict) -> list[Finding]:
     out = []
-    over, under = RATIO_BACKENDS
-    for dtype in sorted({r["dtype"] for r in data["ratios"]}):
+    pairs = dict.fromkeys((r["backend"], r["reference"]) for r in data["ratios"])
+    for (over, under), dtype in ((p, d) for p in pairs for d in sorted({r["dtype"] for r in data["ratios"]})):
         ratios = [r["fused_step"] or r["step"] for r in data["ratios"] if r["dtype"] == dtype
-                  and (r["fused_step"] or r["step"])]
+                  and r["backend"] == over and (r["fused_step"] or r["step"])]
         if ratios:
             faster = sum(x < 1 for x in ratios)
             out.append(Finding("speed", f"{dtype}: {over}'s step takes {_spread(ratios)} the time of {under}'s; "

@@ -5,11 +5,10 @@ Each backend runs `harness.run` in its own subprocess (JAX preallocates most of 
 and an out-of-memory in one backend must not poison the other), then `harness.parity`
 compares each with eager torch on the same weights and batch. The processes share
 persistent compile caches (JAX's, Inductor's and Triton's; temporary ones unless
---compile-cache names a folder), so the parity process reuses the runs' executables and
-GEMM autotuning instead of compiling again. Ratios are against the first backend. Results go to
-<out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/: summary.json, report.md, phases.png.
-An existing folder of that name is replaced only with --overwrite (the entry point refuses to
-start otherwise; a folder that appears meanwhile is kept and the new one written beside it).
+--compile-cache names a folder), so parity reuses the runs' executables and GEMM autotuning.
+Ratios are against the first backend. Results go to <out>/<model>-ctx<N>-<dtype>[-<attention>]-<gpu>/:
+summary.json, report.md, phases.png; an existing folder of that name is replaced only with
+--overwrite (a folder that appears meanwhile is kept and the new one written beside it).
 Ctrl-C or SIGTERM keeps what finished: the finished backends' documents and a partial summary go to
 <name>-interrupted/, and `Interrupted` says what is there.
 """
@@ -382,8 +381,7 @@ def compare(comparison: Comparison) -> tuple[dict, str]:
             stopped = f"stopped by {stopped_by(exc)} during the kernel breakdown"
             summary["kernel_breakdown_error"] = stopped
             kernels = None
-        step = "as the result folder was written (it was finished first)"
-        path = None
+        step, path = "as the result folder was written (it was finished first)", None
         try:
             with held_signals():
                 path = write_or_keep(summary, c, kernels)
@@ -397,6 +395,6 @@ def compare(comparison: Comparison) -> tuple[dict, str]:
         except KeyboardInterrupt as exc:
             stopped = stopped or f"stopped by {stopped_by(exc)} {step}"
     if stopped:
-        raise Interrupted(f"interrupted: {stopped}; the runs and parity are kept in {path}" if path else
-                          f"interrupted: {stopped}; the result folder was not written")
+        raise Interrupted(f"interrupted: {stopped}; " + (f"the runs and parity are kept in {path}" if path else
+                                                         "the result folder was not written"))
     return summary, path

@@ -72,7 +72,7 @@ def communication_overlap(profiles: dict[str, str], devices: int, nsys_bin: str 
     for backend, first in profiles.items():
         files = rank_files(first, devices)
         with stage("compare", f"communication overlap: {backend}, {len(files)} profiles", now=True):
-            sizes = collective_bytes((runs or {}).get(backend), backends.get(backend).wrap_options)
+            sizes = collective_bytes((runs or {}).get(backend), backends.get(backend).gathers_parameters)
             out[backend] = rank_profiles(files, nsys_bin, sizes)
     return out
 

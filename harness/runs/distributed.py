@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from harness import backends
 from harness.backends.parallel import SAFE_ENV, apply_safe_env, bucket_mb, parallel_label
-from harness.cli.dialect import UsageError
+from harness.common.errors import UsageError
 
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 GRACE_S = 5.0  # how long a stopped rank gets to exit before SIGKILL

@@ -9,10 +9,9 @@ import re
 import numpy as np
 
 from harness import backends
-from harness.cli.dialect import DTYPES
 from harness.common.hardware import memory_mib
 from harness.common.stats import NOISY_SPREAD
-from harness.config import PRESETS, get_config
+from harness.config import DTYPES, PRESETS, get_config
 from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
 from harness.sweeps.step_memory import predict
 from harness.timing.legacy import per_device_run
@@ -20,8 +19,6 @@ from harness.timing.scaling import scaling_rows
 from harness.timing.spec import PHASE_ORDER
 
 DEFAULT_DEVICE_GB = 80
-# The ratio table: the first backend's medians over the second's (its fused step over the other's step).
-RATIO_BACKENDS = ("jax", "torch")
 MIB = 2**20
 
 
@@ -85,23 +82,26 @@ def noisy(phase: dict) -> bool:
 
 
 def ratio_rows(rows: list[dict]) -> list[dict]:
-    """JAX over torch median per model x ctx x batch x dtype and phase; `fused_step` is
-    JAX's fused step over torch's step. A value is None where either side has no number;
-    `status` then says why, naming the side ("OOM (jax)", "not run (torch)")."""
+    """Each backend of another framework than the reference's (`backends.other_frameworks`:
+    JAX) over the reference (torch), median per model x ctx x batch x dtype and phase;
+    `fused_step` is its fused step over the reference's step; "backend" and "reference" name
+    the two. A value is None where either side has no number; `status` then says why,
+    naming the side ("OOM (jax)", "not run (torch)")."""
     index = {(r["model"], r["ctx"], r["batch"], r["data_parallel"], r["dtype"], r["backend"]): r for r in rows}
+    under = backends.reference()
     out = []
-    for (model, ctx, batch, n, dtype, backend), t in index.items():
-        over, under = RATIO_BACKENDS
-        j = index.get((model, ctx, batch, n, dtype, over))
-        if backend != under or j is None:
-            continue
-        row = {"model": model, "ctx": ctx, "batch": batch, "data_parallel": n, "dtype": dtype,
-               "status": _pair_status({under: t, over: j})}
-        for name in PHASE_ORDER:
-            tp = t["step" if name == "fused_step" else name]
-            jp = j[name]
-            row[name] = jp["median_ms"] / tp["median_ms"] if tp and jp else None
-        out.append(row)
+    for over in backends.other_frameworks():
+        for (model, ctx, batch, n, dtype, backend), t in index.items():
+            j = index.get((model, ctx, batch, n, dtype, over))
+            if backend != under or j is None:
+                continue
+            row = {"backend": over, "reference": under, "model": model, "ctx": ctx, "batch": batch,
+                   "data_parallel": n, "dtype": dtype, "status": _pair_status({under: t, over: j})}
+            for name in PHASE_ORDER:
+                tp = t["step" if name == "fused_step" else name]
+                jp = j[name]
+                row[name] = jp["median_ms"] / tp["median_ms"] if tp and jp else None
+            out.append(row)
     return out
 
 

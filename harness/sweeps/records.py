@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 
-from harness.cli.dialect import UsageError
+from harness.common.errors import UsageError
 
 SCHEMA = "harness.sweep/1"
 CELL_SCHEMA = "harness.sweep.cell/1"

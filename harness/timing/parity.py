@@ -17,7 +17,8 @@ import dataclasses
 
 import numpy as np
 
-from harness.backends import backend_attention, reference
+from harness.backends import backend_attention, other_frameworks, reference
+from harness.backends import compared as compared_backends
 from harness.backends import get as backend_record
 from harness.common.results import environment
 from harness.config import ModelConfig
@@ -44,7 +45,7 @@ class ParityRow:
     tensor: str
     rel_err: float
     tol: float
-    backend: str = "jax"  # the backend compared with eager torch
+    backend: str  # the backend compared with the reference
 
     @property
     def ok(self) -> bool:
@@ -93,10 +94,11 @@ class ParityResult:
 
 
 def check_parity(config: ModelConfig, *, batch: int = 2, ctx: int = 64, device: str = "cpu", dtype: str = "fp32",
-                 seed: int = 0, steps: int = 5, backends: tuple[str, ...] = ("jax",)) -> ParityResult:
-    """Run the reference backend (eager torch) and each of `backends` (`harness.backends.compared`)
-    on the same weights and batch and compare them tensor by tensor (`config.attention` is
-    asked of all; each runs `backend_attention` of it). One backend's session lives at a time.
+                 seed: int = 0, steps: int = 5, backends: tuple[str, ...] | None = None) -> ParityResult:
+    """Run the reference backend (eager torch) and each of `backends` (`harness.backends.compared`;
+    None: those of another framework, `harness.backends.other_frameworks`: JAX) on the same
+    weights and batch and compare them tensor by tensor (`config.attention` is asked of all;
+    each runs `backend_attention` of it). One backend's session lives at a time.
     `steps` must be at least 1: with none, the parameter and update checks compare nothing."""
     if steps < 1:
         raise ValueError(f"steps={steps}: parity needs at least one AdamW step to compare updates")
@@ -107,6 +109,8 @@ def check_parity(config: ModelConfig, *, batch: int = 2, ctx: int = 64, device: 
         return make_session(RunSpec(backend=backend, model=config.name, ctx=ctx, batch=batch, dtype=dtype,
                                        attention=config.attention, device=device, seed=seed), config)
 
+    if backends is None:
+        backends = tuple(b for b in compared_backends() if b in other_frameworks())
     reference_name = reference()
     reference_session = session(reference_name)
     ref = _values(reference_session, steps)

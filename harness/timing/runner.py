@@ -18,8 +18,7 @@ from pathlib import Path
 from harness import backends
 from harness.backends import Backend
 from harness.backends.session import Session
-from harness.cli.dialect import UsageError
-from harness.common.errors import describe_failure, is_oom
+from harness.common.errors import UsageError, describe_failure, is_oom
 from harness.common.hardware import peak_tflops
 from harness.common.results import environment
 from harness.common.stats import summarize

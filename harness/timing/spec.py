@@ -36,7 +36,7 @@ class RunSpec:
     annotate_attention: bool = False
     framework_profile: str | None = None  # write the framework profiler's trace here
     fail_in: str | None = None  # fault injection for tests: raise an OOM in this phase
-    optimizer: str = "fused"  # the torch backends' AdamW: one of harness.cli.dialect.OPTIMIZERS
+    optimizer: str = "fused"  # the torch backends' AdamW: one of harness.config.OPTIMIZERS
     layer_ranges: bool = False  # per-layer ranges (Backend.layer_ranges says how)
     wide_layer: int | None = None  # a planted wide block (ModelConfig.wide_layer), for attribution tests
     wide_factor: int = 1

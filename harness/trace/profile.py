@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.cli.dialect import backend_names
+from harness.backends import names as backend_names
 
 # Range names the harness emits (NVTX, record_function or TraceAnnotation).
 WARMUP = "warmup"

@@ -13,6 +13,7 @@ import sys
 from contextlib import AbstractContextManager
 
 from harness.backends import Backend
+from harness.backends.tolerances import COMPILED_TOLERANCES
 
 PRECISION = {
     "fp32": "everything in float32; matmul precision 'highest' (no TF32, which XLA uses by default)",
@@ -41,12 +42,7 @@ PARALLEL = {
              "axis N divides; XLA merges independent all-gathers, and reduce-scatters, into ones of up to 256 MiB)"),
     "zero1": "sharded optimizer state (parameters replicated, AdamW state split along the data axis)",
 }
-TOLERANCES: dict[str, dict[str, float]] = {
-    "fp32": {"logits": 1e-5, "loss": 1e-5, "grad": 5e-5, "param": 1e-5, "update": 5e-3},
-    "tf32": {"logits": 5e-3, "loss": 1e-3, "grad": 2e-2, "param": 1e-4, "update": 1e-1},
-    # bf16 param: 4.7e-3 measured on `large` (36 layers) on an H200; rounding grows with depth.
-    "bf16": {"logits": 3e-2, "loss": 1e-2, "grad": 5e-2, "param": 1e-2, "update": 1e-1},
-}
+TOLERANCES = COMPILED_TOLERANCES
 
 
 # Set to the XLA_FLAGS a probe accepted, so that the subprocesses a tool starts need not probe again.
@@ -84,7 +80,7 @@ def _make_session(opts, config, tokens):
     not depend on the attention kernel)."""
     from harness.backends import backend_attention
     from harness.backends.jax.session import JaxSession
-    from harness.backends.torch.session import init_model
+    from harness.backends.weights import init_model
 
     weights = init_model(dataclasses.replace(config, attention=backend_attention("torch", config.attention)),
                          opts.seed)
@@ -127,5 +123,6 @@ JAX = Backend(name="jax", make_session=_make_session, precision=PRECISION, atten
               nsys_flags=NSYS_FLAGS, parallel=PARALLEL, one_process=True, profile_file="jax-trace",
               profiler=_profiler, annotation=_annotation, compile_events="jax.monitoring", simulated_oom=_oom,
               tolerances=TOLERANCES, default=True, compile_weight=3,
-              compiles=True, environment_problem=xla_flags_problem)
+              compiles=True, environment_problem=xla_flags_problem, framework="JAX",
+              libraries=("jax",))
 RECORDS = (JAX,)

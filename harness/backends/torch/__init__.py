@@ -13,7 +13,7 @@ import shutil
 from contextlib import AbstractContextManager
 
 from harness.backends import Backend, backend_attention, get
-from harness.backends.jax import TOLERANCES as JAX_TOLERANCES
+from harness.backends.tolerances import COMPILED_TOLERANCES
 
 PRECISION = {
     "fp32": "everything in float32; TF32 off for matmuls and cuDNN",
@@ -140,13 +140,13 @@ def _oom() -> BaseException:
 # same size of difference as between torch and JAX: the JAX table's bounds.
 COMPILE_TOLERANCES: dict[str, dict[str, float]] = {
     "fp32": {"logits": 1e-5, "loss": 2e-6, "grad": 2e-5, "param": 1e-5, "update": 1e-3},
-    "tf32": JAX_TOLERANCES["tf32"],
-    "bf16": JAX_TOLERANCES["bf16"],
+    "tf32": COMPILED_TOLERANCES["tf32"],
+    "bf16": COMPILED_TOLERANCES["bf16"],
 }
 
 _FAMILY = dict(attention=("naive", "fused"), stand_in={"pallas": "fused"}, memory_note=MEMORY_NOTE,
                parallel=PARALLEL, wrap_options=True, memory_model=True, profiler=_profiler, annotation=_annotation,
-               compile_events="dynamo",
+               compile_events="dynamo", framework="torch", gathers_parameters=True, libraries=("torch",),
                simulated_oom=_oom)
 EAGER = Backend(name="torch", make_session=_make_session("torch"), precision=PRECISION, layer_ranges="hooks",
                 annotate_attention=_annotate_attention, reference=True, default=True, **_FAMILY)

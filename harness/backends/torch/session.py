@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 import torch_impl
-from harness.cli.dialect import OPTIMIZERS
-from harness.config import ModelConfig
+from harness.backends.weights import init_model
+from harness.config import OPTIMIZERS, ModelConfig
 
 # The torch backends that compile, and the torch.compile mode each runs.
 
@@ -24,12 +24,6 @@ class Loss(torch.nn.Module):
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return torch_impl.cross_entropy_loss(logits, targets)
-
-
-def init_model(config: ModelConfig, seed: int) -> torch_impl.TransformerLM:
-    """The reference initialisation both backends start from: torch_impl on CPU with `seed`."""
-    torch.manual_seed(seed)
-    return torch_impl.TransformerLM(config)
 
 
 def set_matmul_precision(dtype: str) -> None:

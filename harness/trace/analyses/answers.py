@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.cli.dialect import backend_names
+from harness.backends import names as backend_names
 from harness.trace.kernels import Category
 from harness.trace.profile import ATTENTION_RANGES, STEP_RANGES, Profile, ProfileError
 from harness.trace.stats import Breakdown, PhaseStats

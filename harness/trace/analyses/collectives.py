@@ -262,8 +262,8 @@ def ranks_split(ranks: Mapping[int, dict], bytes_per_step: Mapping[str, float] |
 def collective_bytes(doc: dict | None, fsdp2: bool = False) -> dict[str, float]:
     """Bytes per step of each collective kind the harness knows of a run document: the
     float32 gradients all-reduced (DDP, JAX replicated) or reduce-scattered (FSDP2, JAX
-    sharded), and, for torch's FSDP2 (`fsdp2`: the run's backend wraps its model, the
-    registry's `wrap_options`), the all-gathers of the float32 parameters (no
+    sharded), and, for torch's FSDP2 (`fsdp2`: the run's backend's record says so,
+    `Backend.gathers_parameters`), the all-gathers of the float32 parameters (no
     mixed-precision policy), once in the forward and again in the backward unless
     `--fsdp-reshard-after-forward false` kept them; empty where unknown. (XLA picks what
     its all-gathers move, so JAX's have no known size.)"""

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.common.cli import fail, make_parser, parse_args
+from harness.common.documents import COMPARE_SCHEMA, is_document
 from harness.common.results import write_text
 
 TEXT = (".md", ".csv", ".json")  # outputs --check compares; PNG and report.html are not (see the docstring)
@@ -87,7 +88,7 @@ def _made_by(path: Path, tool: str) -> bool:
 
 def _compares(folder: Path) -> list[Path]:
     doc = _doc(folder / "summary.json") if (folder / "report.md").is_file() else None
-    return [folder] if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("harness.compare/") else []
+    return [folder] if is_document(doc, COMPARE_SCHEMA) else []
 
 
 def _with_files(*names: str) -> Callable[[Path], list[Path]]:

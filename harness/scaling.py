@@ -35,6 +35,7 @@ from harness.common.cli import (
     positive_float,
     positive_int,
 )
+from harness.common.documents import COMPARE_SCHEMA, is_document
 from harness.common.results import file_problem
 from harness.timing.projection import format_projection, project
 from harness.timing.scaling import (
@@ -68,7 +69,7 @@ def load_runs(path: str) -> list[dict]:
         raise UsageError(f"{path}: cannot be read ({exc.strerror or exc}); {fix}") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise UsageError(f"{path}: not JSON; {fix}") from None
-    compare = isinstance(doc, dict) and str(doc.get("schema", "")).startswith("harness.compare/")
+    compare = is_document(doc, COMPARE_SCHEMA)
     if folder and not compare:
         raise UsageError(f"{path}: is a folder whose summary.json is no harness.compare summary; {fix}")
     docs = list((doc.get("runs") or {}).values()) if compare else [doc]

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness import backends
+from harness.common.documents import COMPARE_SCHEMA, RUN_SCHEMA
 from harness.diffs.launches import Launches, launches_per_phase
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.overlap import rank_analysis
@@ -34,8 +35,6 @@ from harness.trace.analyses.ranks import report_inputs
 from harness.trace.kernels import canonical_name
 from harness.trace.profile import PROFILER_STEP, ProfileError
 
-RUN_SCHEMA = "harness.run/1"
-COMPARE_SCHEMA = "harness.compare/1"
 PROFILE_SUFFIXES = (".sqlite.gz", ".sqlite", ".nsys-rep")
 HARNESS_SUFFIX = ".harness.json"
 

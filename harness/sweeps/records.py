@@ -21,9 +21,8 @@ import sys
 from collections.abc import Callable, Iterable
 
 from harness.common.cli import UsageError
+from harness.common.documents import SWEEP_CELL_SCHEMA, SWEEP_SCHEMA
 
-SCHEMA = "harness.sweep/1"
-CELL_SCHEMA = "harness.sweep.cell/1"
 CELLS_FILE, SWEEP_FILE = "cells.jsonl", "sweep.json"
 WARMUP_STUDY = (0, 1, 2, 5)
 # Options every cell of one sweep folder must share (a resume with other values would mix them).
@@ -83,7 +82,7 @@ def cell_record(cell: Cell, status: str, reason: str | None, doc: dict | None, *
     """One line of cells.jsonl. `result` is the harness.run document (None when the process
     left none); paths are relative to the sweep folder; `gpu` is the CUDA_VISIBLE_DEVICES
     the cell ran with under --gpus (None: the sweep's own)."""
-    return {"schema": CELL_SCHEMA, "key": cell.key, "cell": dataclasses.asdict(cell), "status": status,
+    return {"schema": SWEEP_CELL_SCHEMA, "key": cell.key, "cell": dataclasses.asdict(cell), "status": status,
             "reason": reason, "exit_code": exit_code, "wall_s": wall_s, "log": log, "profile": profile,
             "gpu": gpu, "result": doc}
 
@@ -167,6 +166,6 @@ def prepare(out_dir: str, opts: dict, axes: dict, resume: bool, warmup_study: bo
         sweep["warmup_study"] = sweep["warmup_study"] or warmup_study
     else:
         os.makedirs(out_dir, exist_ok=True)
-        sweep = {"schema": SCHEMA, "options": opts, "axes": axes, "warmup_study": warmup_study}
+        sweep = {"schema": SWEEP_SCHEMA, "options": opts, "axes": axes, "warmup_study": warmup_study}
     save_sweep(out_dir, sweep)
     return sweep

@@ -27,12 +27,11 @@ import time
 
 from harness import held_signals, stopped_by
 from harness.backends import get as backend_record
+from harness.common.documents import COMPARE_SCHEMA
 from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
 from harness.timing.compare_profiles import backend_timeline, communication_overlap, keep_profiles, kernel_breakdown
 from harness.timing.distributed import rank_path
 from harness.timing.spec import PHASE_ORDER, Comparison, compile_cache_env, run_argv
-
-SCHEMA = "harness.compare/1"
 
 
 class Interrupted(Exception):
@@ -178,7 +177,7 @@ def summarize_compare(comparison: Comparison, runs: dict[str, dict], parity: dic
     ok_runs = [r for r in runs.values() if r.get("status") == "ok"]
     device = ok_runs[0]["env"].get("device") if ok_runs else None
     return {
-        "schema": SCHEMA,
+        "schema": COMPARE_SCHEMA,
         "ok": all(r.get("status") == "ok" for r in runs.values()) and bool(parity and parity.get("ok")),
         "options": {k: getattr(r, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
                                                "warmup", "steps", "seed", "optimizer")},

@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from harness import backends
 from harness.common.cli import UsageError
+from harness.common.documents import RUN_SCHEMA
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
@@ -298,11 +299,10 @@ def _failed_doc(opts, exc: RankFailure) -> dict:
     import dataclasses
 
     from harness.common.results import environment
-    from harness.timing.runner import SCHEMA
 
     options = dataclasses.asdict(opts)
     options.pop("fail_in")
-    return {"schema": SCHEMA, "status": exc.status, "error": {"phase": f"rank {exc.rank}", "message": str(exc)},
+    return {"schema": RUN_SCHEMA, "status": exc.status, "error": {"phase": f"rank {exc.rank}", "message": str(exc)},
             "options": options, "warnings": [], "env": environment()}
 
 

@@ -4,7 +4,7 @@ behind `python -m harness.run`).
 Each measured step is an NVTX range `step` holding `forward`, `backward` and
 `optimizer` (warm-up steps: `warmup`); every phase ends with a device synchronization,
 so its range and its host-timed duration cover all of its GPU work. This is the program
-that `nsys profile` wraps. The result is a JSON document (`SCHEMA`, `run`).
+that `nsys profile` wraps. The result is a JSON document (`RUN_SCHEMA`, `run`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from harness import backends
 from harness.backends import Backend
 from harness.backends.session import Session
 from harness.common.cli import UsageError
+from harness.common.documents import RUN_SCHEMA
 from harness.common.errors import describe_failure, is_oom
 from harness.common.hardware import peak_tflops
 from harness.common.results import environment
@@ -31,7 +32,6 @@ from harness.timing.plants import wide_block
 from harness.timing.spec import RunSpec
 from harness.timing.timer import PhaseFailure, Timer
 
-SCHEMA = "harness.run/1"
 PHASES = {
     "forward": ("forward",),
     "forward-backward": ("forward", "backward"),
@@ -75,7 +75,7 @@ def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | N
 def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> dict:
     """Build, warm up and time one backend; returns the result document (status ok or failed)."""
     config = wide_block(get_config(opts.model, attention=opts.attention), opts.wide_layer, opts.wide_factor)
-    result = {"schema": SCHEMA, "status": "ok", "error": None, "options": dataclasses.asdict(opts),
+    result = {"schema": RUN_SCHEMA, "status": "ok", "error": None, "options": dataclasses.asdict(opts),
               "config": dataclasses.asdict(config), "num_params": config.num_params,
               "flops_formula": FORMULA, "warnings": []}
     for where in ("fail_in", "hlo_dir"):  # a test's fault, and where this process wrote: not how it ran

@@ -21,6 +21,7 @@ import os
 import shutil
 
 from harness import backends
+from harness.common.documents import COMPARE_SCHEMA, is_document
 from harness.common.results import atomic_path, write_json, write_text
 from harness.common.stats import summarize
 from harness.timing.compare import phase_table
@@ -167,7 +168,7 @@ def _load(folder: str) -> dict:
         except (OSError, ValueError) as exc:
             problem = f"summary.json is not readable JSON ({exc.__class__.__name__})"
         else:
-            if not (isinstance(summary, dict) and str(summary.get("schema", "")).startswith("harness.compare/")
+            if not (is_document(summary, COMPARE_SCHEMA)
                     and "runs" in summary):
                 problem = "summary.json is not a harness.compare document"
     if problem:

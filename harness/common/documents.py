@@ -106,9 +106,17 @@ class _Document:
         order = self.keys or (*typed, *self.extra)
         return {k: typed[k] if k in typed else self.extra[k] for k in order}
 
+    def __getitem__(self, key: str) -> Any:
+        """A field by its key: a typed one as its attribute (a run's `error` is a `Failure`),
+        any other from the open-ended body; so code that reads a document's body by key
+        (`run["phases"]`, `run.get("env")`) reads the record alike."""
+        return getattr(self, key) if key in self.TYPED else self.extra[key]
+
     def get(self, key: str, default: Any = None) -> Any:
-        """A field of the open-ended body."""
-        return self.extra.get(key, default)
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
 
 @dataclass(frozen=True)
@@ -119,8 +127,12 @@ class Failure:
     message: str
 
     @classmethod
-    def from_dict(cls, error: Mapping | None) -> Failure | None:
-        return None if error is None else cls(error.get("phase"), error.get("message", "?"))
+    def from_dict(cls, error: object, source: str = "run document") -> Failure | None:
+        if error is None:
+            return None
+        if not isinstance(error, Mapping) or set(error) != {"phase", "message"}:
+            raise DocumentError(f"{source}: its error is not a {{phase, message}} object")
+        return cls(error["phase"], error["message"])
 
     def to_dict(self) -> dict[str, Any]:
         return {"phase": self.phase, "message": self.message}
@@ -144,7 +156,7 @@ class RunDocument(_Document):
         doc = cls._check(doc, source, need_schema)
         if "status" not in doc:
             raise DocumentError(f"{source}: a {cls.SCHEMA} document without a status")
-        return cls(status=status(doc["status"], source), error=Failure.from_dict(doc.get("error")),
+        return cls(status=status(doc["status"], source), error=Failure.from_dict(doc.get("error"), source),
                    options=doc.get("options") or {}, **cls._split(doc))
 
     def _typed(self) -> dict[str, Any]:
@@ -182,18 +194,22 @@ class CompareDocument(_Document):
     @classmethod
     def from_dict(cls, doc: object, source: str = "summary.json") -> CompareDocument:
         doc = cls._check(doc, source)
-        return cls(ok=doc.get("ok"), options=doc.get("options") or {}, runs=runs_of(doc, source),
+        return cls(ok=doc.get("ok"), options=doc.get("options") or {}, runs=runs_of(doc, f"{source}: runs"),
                    **cls._split(doc))
 
     def _typed(self) -> dict[str, Any]:
         return {"ok": self.ok, "options": self.options, "runs": {b: r.to_dict() for b, r in self.runs.items()}}
 
 
-def runs_of(summary: Mapping, source: str = "summary.json") -> dict[str, RunDocument]:
-    """The runs of a comparison's summary, label -> typed run (a run that left no document
-    is the comparison's own record of its failure, without a schema)."""
-    return {b: RunDocument.from_dict(r, f"{source}: runs.{b}", need_schema=False)
-            for b, r in (summary.get("runs") or {}).items()}
+def run_records(runs: Mapping[str, Mapping], source: str = "runs") -> dict[str, RunDocument]:
+    """Label -> typed run, of run documents the harness holds in memory (a comparison's
+    record of a run that left no document has no schema; neither need these)."""
+    return {b: RunDocument.from_dict(r, f"{source}.{b}", need_schema=False) for b, r in runs.items()}
+
+
+def runs_of(summary: Mapping, source: str = "summary.json: runs") -> dict[str, RunDocument]:
+    """The runs of a comparison's summary, label -> typed run (`run_records`)."""
+    return run_records(summary.get("runs") or {}, source)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from harness.common.documents import RunDocument
 from harness.timing.distributed import SAFE_ENV, rank_path
 from harness.timing.torch_parallel import full_params, measure_link
 
@@ -132,8 +133,8 @@ def main(argv: Sequence[str]) -> int:
     doc["environment_seen"] = {k: os.environ.get(k) for k in SAFE_ENV}
     with open(os.path.join(workdir, f"rank{rank}.json"), "w") as f:
         json.dump(doc, f)
-    if doc["status"] != "ok":
-        print(f"rank {rank}: {doc['error']['message']}", file=sys.stderr, flush=True)
+    if not (result := RunDocument.from_dict(doc, f"rank {rank}'s document")).ok:
+        print(f"rank {rank}: {result.message}", file=sys.stderr, flush=True)
         return 3
     _shutdown()
     return 0

@@ -21,7 +21,7 @@ import os
 import shutil
 
 from harness import backends
-from harness.common.documents import COMPARE_SCHEMA, is_document
+from harness.common.documents import COMPARE_SCHEMA, DocumentError, RunDocument, is_document, runs_of
 from harness.common.results import atomic_path, write_json, write_text
 from harness.common.stats import summarize
 from harness.timing.compare import phase_table
@@ -78,8 +78,7 @@ class RenderError(ValueError):
 
 def is_legacy(summary: dict) -> bool:
     """True for a compare document whose phase records predate the robust statistics."""
-    return any("p10_ms" not in rec for r in summary.get("runs", {}).values() if r.get("status") == "ok"
-               for rec in r.get("phases", {}).values())
+    return any("p10_ms" not in rec for r in runs_of(summary).values() if r.ok for rec in r.phases.values())
 
 
 PER_DEVICE = ("per-device figures recomputed: this run predates them (JAX's TFLOP/s and peak were summed over its "
@@ -95,7 +94,7 @@ def per_device_run(doc: dict) -> dict:
     from harness.timing.runner import FIGURES
 
     n = (doc.get("data_parallel") or {}).get("n") or (doc.get("options") or {}).get("data_parallel") or 1
-    if doc.get("status") != "ok" or "figures" in doc or n == 1:
+    if not RunDocument.from_dict(doc, need_schema=False).ok or "figures" in doc or n == 1:
         return doc
     new = copy.deepcopy(doc)
     backend = new["options"]["backend"]
@@ -135,8 +134,9 @@ def upgrade(summary: dict, source_schema: str) -> dict:
     """A copy of an old compare document in today's format; `rerendered` says from what
     and which fields were dropped (`DROPPED`)."""
     new = copy.deepcopy(summary)
-    for r in new["runs"].values():
-        if r.get("status") != "ok":
+    finished = {b for b, r in runs_of(summary).items() if r.ok}
+    for b, r in new["runs"].items():
+        if b not in finished:
             continue
         tokens = r["options"]["batch"] * r["options"]["ctx"]  # these runs had no data parallelism
         r["phases"] = {name: _upgrade_phase(rec, tokens, r.get("peak_tflops")) for name, rec in r["phases"].items()}
@@ -205,9 +205,13 @@ def shape_problem(summary: dict) -> str | None:
     for backend, run in summary["runs"].items():
         if not isinstance(run, dict):
             return f"runs[{backend!r}] is {_kind(run)}, not an object"
-        if run.get("status") == "ok" and not isinstance(run.get("phases"), dict):
+        try:
+            ok = RunDocument.from_dict(run, f"runs[{backend!r}]", need_schema=False).ok
+        except DocumentError as exc:
+            return str(exc)
+        if ok and not isinstance(run.get("phases"), dict):
             return f"runs[{backend!r}] is ok but has no 'phases' object"
-        if run.get("status") != "ok" and not isinstance((run.get("error") or {}).get("message"), str):
+        if not ok and not isinstance((run.get("error") or {}).get("message"), str):
             return f"runs[{backend!r}] failed but has no error message"
     for row in summary["table"]:
         if not isinstance(row, dict) or "phase" not in row:

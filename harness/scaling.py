@@ -35,7 +35,7 @@ from harness.common.cli import (
     positive_float,
     positive_int,
 )
-from harness.common.documents import COMPARE_SCHEMA, is_document
+from harness.common.documents import COMPARE_SCHEMA, DocumentError, RunDocument, is_document
 from harness.common.results import file_problem
 from harness.timing.projection import format_projection, project
 from harness.timing.scaling import (
@@ -77,6 +77,8 @@ def load_runs(path: str) -> list[dict]:
         scaling_rows(docs)
     except (KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path}: not a harness.run result document (no {exc}); {fix}") from None
+    except DocumentError as exc:
+        raise UsageError(f"{path}: not a harness.run result document ({exc}); {fix}") from None
     return docs
 
 
@@ -130,7 +132,7 @@ def projections(docs: list[dict], args) -> list[dict]:
     ones: dict[tuple, dict] = {}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for doc in docs:
-        if doc.get("status") == "ok":
+        if RunDocument.from_dict(doc, need_schema=False).ok:
             o = doc["options"]
             shape = (o["backend"], *(o[k] for k in SHAPE))
             if step_figures(doc)[0] == 1:

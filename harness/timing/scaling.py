@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from harness import backends
+from harness.common.documents import RunDocument
 from harness.common.tables import markdown_table
 from harness.timing.distributed import DDP_DEFAULT_BUCKET_MB, SAFE_ENV, parallel_label, short_label
 from harness.timing.timer import OVERHEAD_STEPS
@@ -118,7 +119,7 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
     (None without an N = 1 run of the group), sorted by group then N."""
     groups: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for doc in docs:
-        if doc.get("status") != "ok":
+        if not RunDocument.from_dict(doc, need_schema=False).ok:
             continue
         o = doc["options"]
         n, phase, step_ms, tps, mfu = step_figures(doc)

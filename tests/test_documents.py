@@ -108,6 +108,16 @@ def test_a_new_record_writes_schema_first() -> None:
     assert doc == {"schema": "harness.run/1", "status": "oom", "error": None, "options": {"backend": "jax"}}
 
 
+def test_a_record_reads_its_body_by_key_like_the_document() -> None:
+    where, doc = next((w, d) for w, d in COMMITTED[documents.RUN_SCHEMA] if d["status"] == "oom")
+    run = RunDocument.from_dict(doc, where)
+    assert run["env"] == doc["env"] and run.get("config") == doc["config"] and run["schema"] == doc["schema"]
+    assert run["options"] == doc["options"] and run["status"] == "oom" and run.get("no such key", 7) == 7
+    assert not run.ok and run.phases == {} and run.message == doc["error"]["message"]
+    with pytest.raises(KeyError):
+        run["no such key"]
+
+
 def test_no_schema_id_is_spelled_outside_documents() -> None:
     """Every schema id lives in harness/common/documents.py; other modules import it."""
     spelled = re.compile(r"""["']harness\.[a-z_.]+/\d*["']""")

@@ -100,8 +100,8 @@ class _Document:
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document: in the order it was read, or (a new record) schema, the
-        typed fields and the rest."""
+        """The JSON document: the keys of the document read, in its order, or (a new record)
+        schema, the typed fields and the rest."""
         typed = {"schema": self.SCHEMA, **self._typed()}
         order = self.keys or (*typed, *self.extra)
         return {k: typed[k] if k in typed else self.extra[k] for k in order}
@@ -110,6 +110,8 @@ class _Document:
         """A field by its key: a typed one as its attribute (a run's `error` is a `Failure`),
         any other from the open-ended body; so code that reads a document's body by key
         (`run["phases"]`, `run.get("env")`) reads the record alike."""
+        if key == "schema":
+            return self.SCHEMA
         return getattr(self, key) if key in self.TYPED else self.extra[key]
 
     def get(self, key: str, default: Any = None) -> Any:

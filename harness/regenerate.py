@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.common.cli import fail, make_parser, parse_args
-from harness.common.documents import COMPARE_SCHEMA, is_document
+from harness.common.documents import COMPARE_SCHEMA, DiffDocument, DocumentError, is_document
 from harness.common.results import write_text
 
 TEXT = (".md", ".csv", ".json")  # outputs --check compares; PNG and report.html are not (see the docstring)
@@ -179,7 +179,11 @@ def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     from harness.diffs.inputs import InputError, resolve_one
 
     doc = _doc(folder / "diff.json")
-    labels = [doc.get(k) for k in ("a_label", "b_label")] if isinstance(doc, dict) else []
+    try:
+        diff = None if doc is None else DiffDocument.from_dict(doc, str(folder / "diff.json"))
+    except DocumentError as exc:
+        raise Unrenderable(str(exc)) from None
+    labels = [diff.a_label, diff.b_label] if diff else []
     if not all(isinstance(label, str) and ":" in label for label in labels) or len(labels) != 2:
         raise Unrenderable(f"{folder / 'diff.json'}: names no two compare-folder runs (a_label, b_label: "
                            "FOLDER:BACKEND)")

@@ -125,3 +125,26 @@ def test_no_schema_id_is_spelled_outside_documents() -> None:
                  if path.name != "documents.py" or path.parent.name != "common"
                  for n, line in enumerate(path.read_text().splitlines(), 1) if spelled.search(line)]
     assert not offenders, f"schema ids spelled outside harness/common/documents.py: {offenders}"
+
+
+def test_regenerate_refuses_a_diff_json_of_another_kind(tmp_path) -> None:
+    """regenerate reads diff.json through DiffDocument: another document there is named in one line."""
+    from harness import regenerate
+
+    (tmp_path / "diff.json").write_text(json.dumps({"schema": documents.RUN_SCHEMA, "status": "ok",
+                                                    "a_label": "x:torch", "b_label": "y:jax"}))
+    with pytest.raises(regenerate.Unrenderable) as refused:
+        regenerate.render_diff(tmp_path, tmp_path, False)
+    assert str(refused.value) == f"{tmp_path / 'diff.json'}: schema 'harness.run/1', expected a harness.diff/1 document"
+
+
+def test_scaling_names_a_run_whose_status_is_outside_the_vocabulary(tmp_path, capsys) -> None:
+    """A run document whose status is no Status is named, not skipped as one that did not finish."""
+    from harness import scaling
+
+    path = tmp_path / "n1.json"
+    path.write_text(json.dumps({"schema": documents.RUN_SCHEMA, "status": "finished", "options": {}}))
+    assert scaling.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {path}: not a harness.run result document (")
+    assert "status 'finished' is none of ok, oom, error" in err

@@ -78,16 +78,19 @@ class _Document:
 
     SCHEMA: ClassVar[str]
     TYPED: ClassVar[tuple[str, ...]]
+    REQUIRED: ClassVar[tuple[str, ...]] = ()  # the keys a document of the kind always has
     extra: Mapping[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def _check(cls, doc: object, source: str, need_schema: bool = True) -> Mapping:
         if not isinstance(doc, Mapping):
-            raise DocumentError(f"{source}: a JSON {type(doc).__name__}, expected a {cls.SCHEMA} document")
+            raise DocumentError(f"{source}: not a JSON object, expected a {cls.SCHEMA} document")
         if ("schema" in doc or need_schema) and doc.get("schema") != cls.SCHEMA:
             found = f"schema {doc['schema']!r}" if "schema" in doc else "no schema"
             raise DocumentError(f"{source}: {found}, expected a {cls.SCHEMA} document")
+        if missing := [k for k in cls.REQUIRED if k not in doc]:
+            raise DocumentError(f"{source}: a {cls.SCHEMA} document without {missing[0]!r}")
         return doc
 
     @classmethod
@@ -147,6 +150,7 @@ class RunDocument(_Document):
 
     SCHEMA: ClassVar[str] = RUN_SCHEMA
     TYPED: ClassVar[tuple[str, ...]] = ("status", "error", "options")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("status",)
     status: Status
     error: Failure | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -156,8 +160,6 @@ class RunDocument(_Document):
         """`need_schema=False`: a comparison's record of a run that left no document (its
         process failed or was stopped) carries no schema."""
         doc = cls._check(doc, source, need_schema)
-        if "status" not in doc:
-            raise DocumentError(f"{source}: a {cls.SCHEMA} document without a status")
         return cls(status=status(doc["status"], source), error=Failure.from_dict(doc.get("error"), source),
                    options=doc.get("options") or {}, **cls._split(doc))
 
@@ -220,6 +222,7 @@ class DiffDocument(_Document):
 
     SCHEMA: ClassVar[str] = DIFF_SCHEMA
     TYPED: ClassVar[tuple[str, ...]] = ("a_label", "b_label", "fields", "phases", "notes")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("a_label", "b_label")
     a_label: str
     b_label: str
     fields: Mapping[str, Any] = field(default_factory=dict)
@@ -243,6 +246,7 @@ class SweepDocument(_Document):
 
     SCHEMA: ClassVar[str] = SWEEP_SCHEMA
     TYPED: ClassVar[tuple[str, ...]] = ("options", "axes", "warmup_study")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("options", "axes")
     options: Mapping[str, Any]
     axes: Mapping[str, Any]
     warmup_study: bool = False
@@ -265,6 +269,7 @@ class SweepCell(_Document):
     SCHEMA: ClassVar[str] = SWEEP_CELL_SCHEMA
     TYPED: ClassVar[tuple[str, ...]] = ("key", "cell", "status", "reason", "exit_code", "wall_s", "log", "profile",
                                         "gpu", "result")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("key", "cell", "status")
     key: str
     cell: Mapping[str, Any]
     status: Status

@@ -51,6 +51,7 @@ from harness.cli.dialect import (
     select_platform,
 )
 from harness.cli.trace_options import add_timeline, timeline_problem, timeline_steps_problem
+from harness.common.documents import runs_of
 from harness.common.errors import UsageError
 from harness.common.results import LockHeld, dir_problem, ensure_dir, held_lock
 from harness.memory_model import fit_problem
@@ -269,7 +270,7 @@ def report(summary: dict, path: str) -> int:
             print(f"{backend}: communication hidden under compute, per rank and device\n{format_overlap(analysis)}",
                   end="")
     print(f"wrote {path}")
-    if any(r.get("status") != "ok" for r in summary["runs"].values()):
+    if not all(r.ok for r in runs_of(summary).values()):
         return 3
     if summary["parity"] is not None and not summary["parity"].get("ok"):
         return 1

@@ -30,6 +30,7 @@ from harness.cli.dialect import (
     positive_int,
     select_platform,
 )
+from harness.common.documents import Status
 from harness.common.errors import UsageError, describe_failure, is_oom
 from harness.common.results import new_file_problem, save_json
 from harness.config import get_config
@@ -76,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(f"interrupted by {stopped_by(exc)} before parity was checked; nothing was written", 130)
     except Exception as exc:  # an OOM or a backend failure is reported, not a traceback
         message = describe_failure(exc, "parity", args)
-        if args.out and (kept_elsewhere := save_json(args.out, {"ok": None, "status": "oom" if is_oom(exc) else "error",
+        status = (Status.OOM if is_oom(exc) else Status.ERROR).value
+        if args.out and (kept_elsewhere := save_json(args.out, {"ok": None, "status": status,
                                                                 "error": message, "batch": args.batch}, "--out")):
             print(f"error: {kept_elsewhere}", file=sys.stderr)
         return fail(message)

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.cli.dialect import fail, make_parser, parse_args
+from harness.common.documents import COMPARE_SCHEMA, DiffDocument, DocumentError, is_document
 from harness.common.results import write_text
 
 TEXT = (".md", ".csv", ".json")  # outputs --check compares; PNG and report.html are not (see the docstring)
@@ -87,7 +88,7 @@ def _made_by(path: Path, tool: str) -> bool:
 
 def _compares(folder: Path) -> list[Path]:
     doc = _doc(folder / "summary.json") if (folder / "report.md").is_file() else None
-    return [folder] if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("harness.compare/") else []
+    return [folder] if is_document(doc, COMPARE_SCHEMA) else []
 
 
 def _with_files(*names: str) -> Callable[[Path], list[Path]]:
@@ -178,7 +179,11 @@ def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     from harness.diffs.inputs import InputError, resolve_one
 
     doc = _doc(folder / "diff.json")
-    labels = [doc.get(k) for k in ("a_label", "b_label")] if isinstance(doc, dict) else []
+    try:
+        diff = None if doc is None else DiffDocument.from_dict(doc, str(folder / "diff.json"))
+    except DocumentError as exc:
+        raise Unrenderable(str(exc)) from None
+    labels = [diff.a_label, diff.b_label] if diff else []
     if not all(isinstance(label, str) and ":" in label for label in labels) or len(labels) != 2:
         raise Unrenderable(f"{folder / 'diff.json'}: names no two compare-folder runs (a_label, b_label: "
                            "FOLDER:BACKEND)")

@@ -34,6 +34,7 @@ from harness.cli.dialect import (
     positive_int,
     select_platform,
 )
+from harness.common.documents import RunDocument
 from harness.common.errors import UsageError
 from harness.common.results import dir_problem, new_file_problem, save_json
 from harness.memory_model import fit_problem
@@ -192,11 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(f"interrupted by {stopped_by(exc)} before the run finished; nothing was written", 130)
     kept_elsewhere = save_json(args.out, doc, "--out") if args.out else None
     print(format_result(doc))
-    if opts.data_parallel > 1 and doc["status"] == "ok":
+    finished = RunDocument.from_dict(doc, "the run's document").ok
+    if opts.data_parallel > 1 and finished:
         print("\n".join(format_data_parallel(doc)))
     if kept_elsewhere:
         return fail(kept_elsewhere)
-    return 0 if doc["status"] == "ok" else 3
+    return 0 if finished else 3
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from harness.cli.dialect import (
     positive_int,
 )
 from harness.common.answer import answer_markdown
+from harness.common.documents import COMPARE_SCHEMA, DocumentError, RunDocument, is_document
 from harness.common.errors import UsageError
 from harness.common.results import file_problem
 from harness.reports.projection import format_projection, project
@@ -61,7 +62,7 @@ def load_runs(path: str) -> list[dict]:
         raise UsageError(f"{path}: cannot be read ({exc.strerror or exc}); {fix}") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise UsageError(f"{path}: not JSON; {fix}") from None
-    compare = isinstance(doc, dict) and str(doc.get("schema", "")).startswith("harness.compare/")
+    compare = is_document(doc, COMPARE_SCHEMA)
     if folder and not compare:
         raise UsageError(f"{path}: is a folder whose summary.json is no harness.compare summary; {fix}")
     docs = list((doc.get("runs") or {}).values()) if compare else [doc]
@@ -69,6 +70,8 @@ def load_runs(path: str) -> list[dict]:
         scaling_rows(docs)
     except (KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path}: not a harness.run result document (no {exc}); {fix}") from None
+    except DocumentError as exc:
+        raise UsageError(f"{path}: not a harness.run result document ({exc}); {fix}") from None
     return docs
 
 
@@ -122,7 +125,7 @@ def projections(docs: list[dict], args) -> list[dict]:
     ones: dict[tuple, dict] = {}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for doc in docs:
-        if doc.get("status") == "ok":
+        if RunDocument.from_dict(doc, need_schema=False).ok:
             o = doc["options"]
             shape = (o["backend"], *(o[k] for k in SHAPE))
             if step_figures(doc)[0] == 1:

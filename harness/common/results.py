@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness.common.documents import COMPARE_SCHEMA, RUN_SCHEMA, is_document, schema_of
+
 
 def ensure_dir(path: str | os.PathLike, option: str = "--out") -> Path:
     """Create folder `path` (and its parents); a file in its place is refused with a
@@ -299,11 +301,11 @@ def not_a_profile(path: str | os.PathLike, doc: object) -> str | None:
     """Where a JSON file given as a profile is a result the harness wrote (a `harness.run`
     document, a `harness.compare` summary, a kernel breakdown), the one line saying so and
     what to give instead; None for any other JSON."""
-    schema = doc.get("schema", "") if isinstance(doc, dict) else ""
-    if schema.startswith("harness.run/"):
+    schema = schema_of(doc)
+    if is_document(doc, RUN_SCHEMA):
         return (f"{path}: a harness.run result document, not a profile; give the profile of that run "
                 "(.nsys-rep, .sqlite[.gz] or its --profile trace), with this file as --harness-json")
-    if schema.startswith("harness.compare/"):
+    if is_document(doc, COMPARE_SCHEMA):
         return compare_folder_problem(Path(path).parent)
     if isinstance(doc, list) and doc and all(isinstance(d, dict) and {"label", "phases"} <= d.keys() for d in doc):
         return (f"{path}: a kernel breakdown (kernels.json of harness.report or harness.compare), not a profile; "

@@ -38,6 +38,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from harness import backends
+from harness.common.documents import DIFF_SCHEMA
 from harness.diffs.inputs import PhaseProfile, Run
 from harness.diffs.layers import LayerPhase, diff_layers
 from harness.diffs.throughput import Throughput, config_problems, throughput
@@ -47,7 +48,6 @@ from harness.timing.spec import PHASE_ORDER
 from harness.trace.analyses.registry import jsonable
 from harness.trace.kernels import Category
 
-SCHEMA = "harness.diff/1"
 COMMUNICATION = "communication"  # the group of NCCL's kernels and XLA's collectives
 # Report groups of harness.trace.kernels.Category, in the order tables list them.
 GROUPS: tuple[tuple[str, tuple[Category, ...]], ...] = (
@@ -144,7 +144,7 @@ class Diff:
     fields: dict[str, tuple]  # MATCH_FIELDS label -> (A's, B's)
     phases: list[PhaseDiff]
     notes: list[str]
-    schema: str = SCHEMA
+    schema: str = DIFF_SCHEMA
     layers: list[LayerPhase] = field(default_factory=list)  # per phase, where both runs recorded layers
     # side ("a", "b") -> communication, hidden, exposed ms over the measured steps and the
     # exposed share of the communication; only where both runs have overlap figures

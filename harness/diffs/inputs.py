@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness import backends
+from harness.common.documents import COMPARE_SCHEMA, CompareDocument, DocumentError, RunDocument
 from harness.trace.analyses.breakdown import breakdown, load_profile
 from harness.trace.analyses.overlap import rank_analysis
 from harness.trace.analyses.ranks import report_inputs
@@ -37,8 +38,6 @@ from harness.trace.profile import PROFILER_STEP, ProfileError
 from harness.trace.sources.load import launches_of
 from harness.trace.sources.nsys_launches import Launches
 
-RUN_SCHEMA = "harness.run/1"
-COMPARE_SCHEMA = "harness.compare/1"
 PROFILE_SUFFIXES = (".sqlite.gz", ".sqlite", ".nsys-rep")
 HARNESS_SUFFIX = ".harness.json"
 
@@ -193,9 +192,10 @@ def _stem(path: Path) -> str:
 
 def _from_compare(folder: Path, backend: str | None) -> list[Run]:
     summary = _load_json(folder / "summary.json")
-    if summary.get("schema") != COMPARE_SCHEMA:
-        raise InputError(f"{folder}/summary.json: schema {summary.get('schema')!r}, expected {COMPARE_SCHEMA!r}")
-    runs = summary.get("runs", {})
+    try:
+        runs = CompareDocument.from_dict(summary, f"{folder}/summary.json").runs
+    except DocumentError as exc:
+        raise InputError(str(exc)) from None
     if backend is not None and backend not in runs:
         raise InputError(f"{folder}:{backend}: no such backend; the folder holds {', '.join(runs) or 'none'}")
     kernels, layers = {}, {}
@@ -206,9 +206,9 @@ def _from_compare(folder: Path, backend: str | None) -> list[Run]:
     overlaps = summary.get("overlap") or {}
     out = []
     for name in [backend] if backend else list(runs):
-        doc = runs[name]
-        if doc.get("status") != "ok":
-            raise InputError(f"{folder}:{name}: the run failed ({(doc.get('error') or {}).get('message', '?')})")
+        doc = summary["runs"][name]
+        if not runs[name].ok:
+            raise InputError(f"{folder}:{name}: the run failed ({runs[name].message})")
         if name in kernels and (problem := _summed_devices(folder, name, doc, kernels[name])):
             raise InputError(problem)
         phases = {k: _phase(p) for k, p in kernels[name].items()} if name in kernels else None
@@ -235,11 +235,12 @@ def _summed_devices(folder: Path, name: str, doc: dict, phases: dict) -> str | N
 
 def _run_doc(path: Path) -> dict:
     doc = _load_json(path)
-    if doc.get("schema") != RUN_SCHEMA:
-        raise InputError(f"{path}: schema {doc.get('schema')!r}; expected a {RUN_SCHEMA} document "
-                         "(`python -m harness.run --out`) or a compare folder")
-    if doc.get("status") != "ok":
-        raise InputError(f"{path}: the run failed ({(doc.get('error') or {}).get('message', '?')})")
+    try:
+        run = RunDocument.from_dict(doc, str(path))
+    except DocumentError as exc:
+        raise InputError(f"{exc}; name what `python -m harness.run --out` wrote, or a compare folder") from None
+    if not run.ok:
+        raise InputError(f"{path}: the run failed ({run.message})")
     return doc
 
 

@@ -6,6 +6,7 @@ import re
 
 from harness.backends import all_backends
 from harness.common.answer import answer_markdown
+from harness.common.documents import RunDocument, runs_of
 from harness.common.stats import cell, figure
 from harness.common.tables import markdown_table
 from harness.reports.compare_answer import RULES, attribution_note, compare_findings, noise_warnings, parity_verdict
@@ -36,31 +37,31 @@ def _on_cpu(summary: dict) -> bool:
     return (summary.get("device") or summary["options"]["device"]) == "cpu"
 
 
-def precision_text(r: dict, cpu: bool) -> str:
+def precision_text(r: RunDocument, cpu: bool) -> str:
     """The run's precision in words; on a CPU without what only a GPU has (TF32, cuDNN)."""
     if not cpu:
         return r["precision"]
     text = re.sub(r"\s*\([^)]*TF32[^)]*\)", "", r["precision"])
     kept = [part for part in text.split("; ") if "TF32" not in part and "cuDNN" not in part]
-    tf32 = r["options"].get("dtype") == "tf32"
+    tf32 = r.options.get("dtype") == "tf32"
     return "; ".join(kept + (["a CPU has no TF32: matmuls run in float32"] if tf32 else []))
 
 
-def _memory_text(r: dict) -> str:
+def _memory_text(r: RunDocument) -> str:
     """How the run measured its peak memory, or that it measured none."""
-    if any(p.get("peak_memory_bytes") for p in r["phases"].values()):
+    if any(p.get("peak_memory_bytes") for p in r.phases.values()):
         return f"Memory: {r['memory_note']}."
     return "Memory: no peak measured (no device allocator on a CPU)." if r["env"].get("device") == "cpu" else \
         "Memory: no peak recorded."
 
 
-def _ranks(r: dict | None) -> int:
+def _ranks(r: RunDocument | None) -> int:
     """The ranks whose phases a run timed apart (torch data parallel); 1 otherwise."""
     return len(((r or {}).get("data_parallel") or {}).get("ranks") or [None])
 
 
 def _failures(summary: dict) -> list[str]:
-    return [f"{b}: FAILED: {r['error']['message']}" for b, r in summary["runs"].items() if r.get("status") != "ok"]
+    return [f"{b}: FAILED: {r.message}" for b, r in runs_of(summary).items() if not r.ok]
 
 
 def _drop_empty_groups(rows: list[list[str]], keep: int, size: int) -> list[list[str]]:
@@ -80,9 +81,9 @@ def _step_only() -> str:
 def table_rows(summary: dict) -> list[list[str]]:
     """Phase rows with a column per backend for each figure; ratios over the first backend.
     A figure no backend has in any row (MFU off the peak table, memory on a CPU) is left out."""
-    backends = list(summary["runs"])
+    runs = runs_of(summary)
+    backends = list(runs)
     ref = backends[0] if backends else None
-    runs = summary["runs"]
     who = {b: f"{b} rank 0" if _ranks(runs[b]) > 1 else b for b in backends}  # the others' step: data-parallel lines
     header = ["phase", *(f"{who[b]} ms (median, p10-p90)" for b in backends), *(f"{b}/{ref}" for b in backends[1:]),
               *(f"{b} TFLOP/s" for b in backends), *(f"{b} MFU" for b in backends),
@@ -91,7 +92,7 @@ def table_rows(summary: dict) -> list[list[str]]:
         per = " per device"
         header = [h.replace(" TFLOP/s", " TFLOP/s" + per).replace(" MFU", " MFU" + per) for h in header]
     rows = [header]
-    firsts = {b: r.get("first_step") for b, r in summary["runs"].items() if r.get("status") == "ok"}
+    firsts = {b: r.get("first_step") for b, r in runs.items() if r.ok}
     for row in summary["table"]:
         cells = [row.get(b) for b in backends]
         label = row["phase"] + (f" ({_step_only()}: step)" if row["phase"] == "fused_step" else "")
@@ -108,8 +109,8 @@ def table_rows(summary: dict) -> list[list[str]]:
 def _notes(summary: dict) -> list[str]:
     """Overhead, outlier steps and warnings of every run, one line each."""
     lines = []
-    for backend, r in summary["runs"].items():
-        if r.get("status") != "ok":
+    for backend, r in runs_of(summary).items():
+        if not r.ok:
             continue
         ov = r.get("overhead")
         if ov:
@@ -151,7 +152,7 @@ def data_parallel_lines(summary: dict) -> list[str]:
     then, from a profiled run, per backend, rank and device the communication kernel time,
     the part hidden under compute on other streams and the exposed rest (`summary["overlap"]`,
     from `harness.trace.analyses.overlap`). Empty for a one-device comparison."""
-    runs = {b: r for b, r in summary["runs"].items() if r.get("status") == "ok" and r.get("data_parallel")}
+    runs = {b: r for b, r in runs_of(summary).items() if r.ok and r.get("data_parallel")}
     if not runs and not summary.get("overlap"):
         return []
     out = ["## Data parallel", ""]
@@ -228,7 +229,7 @@ def split_lines(summary: dict) -> list[str]:
 def compare_markdown(summary: dict, kernels: str | None = None) -> str:
     """The compare report; `kernels`, the kernel breakdown's own report, becomes its last section."""
     o = summary["options"]
-    runs = summary["runs"]
+    runs = runs_of(summary)
     out = [f"# {o['model']}, ctx {o['ctx']}, batch {o['batch']}, {o['dtype']}, attention {o['attention']}, "
            f"{o['mode']} on {summary.get('device') or o['device']}", ""]
     out += answer_markdown(compare_findings(summary), RULES)
@@ -274,13 +275,13 @@ def compare_markdown(summary: dict, kernels: str | None = None) -> str:
                 for backend, bounds in summary["parity"]["tolerances"].items()] + [""]
     out += ["## What each run computed", ""]
     for backend, r in runs.items():
-        if r.get("status") != "ok":
+        if not r.ok:
             continue
         ov = r.get("overhead")
         loss = r["loss"]
         steps = "first_after_steps" in loss
         after = f" (after {loss['first_after_steps']} and {loss['last_after_steps']} optimizer steps)" if steps else ""
-        out += [f"- **{backend}** ({r['options']['attention']} attention): {precision_text(r, _on_cpu(summary))}.",
+        out += [f"- **{backend}** ({r.options['attention']} attention): {precision_text(r, _on_cpu(summary))}.",
                 f"  Loss at the first/last measured {'split ' if steps else ''}step: {loss['first']:.4f} / "
                 f"{loss['last']:.4f}{after}. {_memory_text(r)}"]
         if ov:
@@ -290,10 +291,10 @@ def compare_markdown(summary: dict, kernels: str | None = None) -> str:
         if first:
             out.append("  First steps: " + ", ".join(f"{k.removesuffix('_ms').replace('_', ' ')} {v / 1e3:.2f} s"
                                                       for k, v in first.items() if k.endswith("_ms")) + ".")
-        opt = r["phases"].get("optimizer")
+        opt = r.phases.get("optimizer")
         if opt and opt.get("gb_per_s"):
             out.append(f"  Optimizer: {opt['bytes'] / 1e9:.2f} GB of AdamW traffic at {opt['gb_per_s']:.0f} GB/s.")
-    ok = [r for r in runs.values() if r.get("status") == "ok"]
+    ok = [r for r in runs.values() if r.ok]
     if ok:
         r = ok[0]
         peak = (f"Peak used for MFU: {r['peak_tflops']} TFLOP/s per device ({o['dtype']})" if r["peak_tflops"] else
@@ -304,7 +305,7 @@ def compare_markdown(summary: dict, kernels: str | None = None) -> str:
             out.append(f"- command: `{command}` (each backend ran `harness.run` in a subprocess, with the "
                        "command listed beside it)")
         for backend, r in runs.items():
-            if r.get("status") == "ok":
+            if r.ok:
                 out.append(f"- {backend}: " + ", ".join(f"{k} {v}" for k, v in r["env"].items()))
     if summary.get("plot"):
         out += ["", "Phase times per backend: bars are the medians, whiskers the 10th-90th percentile of the steps.",
@@ -333,7 +334,7 @@ def _nested(document: str) -> list[str]:
 
 def has_phases_plot(summary: dict) -> bool:
     """Whether `plot_phases` draws anything: a phase in the table and a backend that ran."""
-    return bool(summary["table"]) and any(r.get("status") == "ok" for r in summary["runs"].values())
+    return bool(summary["table"]) and any(r.ok for r in runs_of(summary).values())
 
 
 def plot_phases(summary: dict, path: str) -> bool:
@@ -348,16 +349,17 @@ def plot_phases(summary: dict, path: str) -> bool:
     if not has_phases_plot(summary):
         return False
     phases = [r["phase"] for r in summary["table"]]
-    backends = [b for b, r in summary["runs"].items() if r.get("status") == "ok"]
+    runs = runs_of(summary)
+    backends = [b for b, r in runs.items() if r.ok]
     fig, ax = plt.subplots(figsize=(1.6 * len(phases) + 2, 4))
     width = 0.8 / len(backends)
     for i, backend in enumerate(backends):
-        ph = summary["runs"][backend]["phases"]
+        ph = runs[backend].phases
         xs, med, lo, hi = [], [], [], []
         for k, p in enumerate(phases):
             if p not in ph:
                 continue
-            have = [b for b in backends if p in summary["runs"][b]["phases"]]  # centred on the group's own bars
+            have = [b for b in backends if p in runs[b].phases]  # centred on the group's own bars
             xs.append(k + (have.index(backend) - (len(have) - 1) / 2) * width)
             med.append(ph[p]["median_ms"])
             lo.append(ph[p]["median_ms"] - ph[p].get("p10_ms", ph[p]["median_ms"]))

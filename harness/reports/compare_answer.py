@@ -6,6 +6,7 @@ report's sections print live here too."""
 from __future__ import annotations
 
 from harness.common.answer import NOISE_WORDS, Finding, overlap, speed
+from harness.common.documents import runs_of
 from harness.common.stats import NOISY_SPREAD
 
 RULES = ("each backend's step is its median step time (JAX's fused step against the torch backends' step); "
@@ -29,11 +30,11 @@ def noise_warnings(summary: dict) -> list[str]:
     spread beyond `NOISY_SPREAD`, or instrumented steps faster than plain ones in every
     overhead round), then the verdict; empty where every run timed steadily."""
     lines = []
-    for backend, r in summary["runs"].items():
-        if r.get("status") != "ok":
+    for backend, r in runs_of(summary).items():
+        if not r.ok:
             continue
         for name in ("step", "fused_step"):
-            p = r["phases"].get(name)
+            p = r.phases.get(name)
             if p and p.get("p10_ms") and p["p90_ms"] > NOISY_SPREAD * p["p10_ms"]:
                 low, high = p.get("min_ms", p["p10_ms"]), p.get("max_ms", p["p90_ms"])
                 lines.append(f"{backend}: {name} times range {low:.1f}-{high:.1f} ms, p90 "
@@ -49,7 +50,7 @@ def noise_warnings(summary: dict) -> list[str]:
 
 def attribution_note(summary: dict) -> str | None:
     """What the times of an --annotate-attention comparison are not (None for other runs)."""
-    if not any((r.get("options") or {}).get("annotate_attention") for r in summary["runs"].values()):
+    if not any(r.options.get("annotate_attention") for r in runs_of(summary).values()):
         return None
     return ("attribution run (--annotate-attention): it synchronizes inside attention and JAX runs the step op by "
             "op, so these times are not speed figures and the ratios between backends compare nothing; run "
@@ -59,16 +60,16 @@ def attribution_note(summary: dict) -> str | None:
 def _steps(summary: dict) -> dict[str, dict]:
     """Each finished backend's step phase: the fused step where it ran one."""
     out = {}
-    for backend, r in summary["runs"].items():
-        phases = r.get("phases") or {} if r.get("status") == "ok" else {}
+    for backend, r in runs_of(summary).items():
+        phases = r.phases if r.ok else {}
         if p := phases.get("fused_step") or phases.get("step"):
             out[backend] = p
     return out
 
 
 def compare_findings(summary: dict) -> list[Finding]:
-    out = [Finding("failed", f"{b} FAILED: {r['error']['message']}", "Failed runs")
-           for b, r in summary["runs"].items() if r.get("status") != "ok"]
+    runs = runs_of(summary)
+    out = [Finding("failed", f"{b} FAILED: {r.message}", "Failed runs") for b, r in runs.items() if not r.ok]
     steps = _steps(summary)
     if steps:
         best = min(steps, key=lambda b: steps[b]["median_ms"])
@@ -86,8 +87,8 @@ def compare_findings(summary: dict) -> list[Finding]:
         out.append(Finding("doubt", f"noisy timings: {noisy[0]}" + (f" (and {len(noisy) - 2} more)"
                                                                     if len(noisy) > 2 else ""),
                            "Warning: noisy timings"))
-    firsts = {b: r["first_step"]["time_to_first_step_ms"] / 1e3 for b, r in summary["runs"].items()
-              if r.get("status") == "ok" and (r.get("first_step") or {}).get("time_to_first_step_ms")}
+    firsts = {b: r.get("first_step")["time_to_first_step_ms"] / 1e3 for b, r in runs.items()
+              if r.ok and (r.get("first_step") or {}).get("time_to_first_step_ms")}
     if firsts:
         out.append(Finding("steps", "time to first step (build, compile, first run): "
                            + ", ".join(f"{b} {s:.1f} s" for b, s in firsts.items()), "the table"))

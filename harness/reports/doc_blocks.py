@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import backends
+from harness.common.documents import CompareDocument, RunDocument
 from harness.common.tables import markdown_table
 from harness.reports.compare_answer import compare_findings
 from harness.reports.provenance_block import provenance
@@ -51,7 +52,7 @@ def _command(summary: dict) -> str:
     return " ".join(kept)
 
 
-def _versions(runs: dict) -> str:
+def _versions(runs: dict[str, RunDocument]) -> str:
     """The frameworks each run recorded (`backends.libraries`: torch, jax), once each, in run order."""
     seen: dict[str, str] = {}
     for r in runs.values():
@@ -67,14 +68,15 @@ def main_job(folder: Path, root: Path) -> str:
     to first step, JAX's fused and split steps on rows of their own; the answer's speed finding
     above it; the machine, versions, commit and command under it."""
     summary = json.loads((folder / "summary.json").read_text())
+    runs = CompareDocument.from_dict(summary, str(folder / "summary.json")).runs
     rows = []
-    for backend, r in summary["runs"].items():
-        if r.get("status") != "ok":
+    for backend, r in runs.items():
+        if not r.ok:
             rows.append([backend, "failed", "-", "-", "-", "-"])
             continue
         first = (r.get("first_step") or {}).get("time_to_first_step_ms")
         first_s = first / 1e3 if first else None
-        phases = r["phases"]
+        phases = r.phases
         if "fused_step" in phases:
             rows.append(_step_row(f"{backend}, fused step", phases["fused_step"], first_s))
             rows.append(_step_row(f"{backend}, split step", phases["step"], None))
@@ -82,13 +84,13 @@ def main_job(folder: Path, root: Path) -> str:
             rows.append(_step_row(backend, phases["step"], first_s))
     header = ["backend", "step median (ms)", "p10-p90 (ms)", "measured steps", "MFU", "time to first step (s)"]
     speed = [f.text for f in compare_findings(summary) if f.topic == "speed"]
-    commits = sorted({str((r.get("env") or {}).get("git_commit")) for r in summary["runs"].values()})
+    commits = sorted({str((r.get("env") or {}).get("git_commit")) for r in runs.values()})
     o = summary["options"]
     lines = [*(f"{text}." for text in speed[:1]), "",
              *markdown_table(header, rows), "",
              f"`{o['model']}`, ctx {o['ctx']}, batch {o['batch']}, {o['dtype']}, {o['attention']} attention, "
              f"{o['steps']} measured steps after {o['warmup']} warm-up; {summary.get('device')}, "
-             f"{_versions(summary['runs'])}; tree {', '.join(commits)}; `{_command(summary)}` "
+             f"{_versions(runs)}; tree {', '.join(commits)}; `{_command(summary)}` "
              f"(`results/{folder.relative_to(root).as_posix()}/`)."]
     return "\n".join(lines) + "\n"
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from harness import backends
 from harness.backends.parallel import parallel_label
+from harness.common.documents import RunDocument
 from harness.common.stats import cell, figure, times_the_median
 
 
 def format_result(doc: dict) -> str:
-    o = doc["options"]
+    run = RunDocument.from_dict(doc, need_schema=False)
+    o = run.options
     head = (f"{o['backend']} {o['model']} ctx {o['ctx']} batch {o['batch']} {o['dtype']} {o['attention']} "
             f"{o['mode']} on {o['device']}")
-    if doc["status"] != "ok":
-        return f"{head}: FAILED: {doc['error']['message']}"
+    if not run.ok:
+        return f"{head}: FAILED: {run.message}"
     n = o.get("data_parallel", 1)
     head += f", {n} devices (TFLOP/s and MFU per device)" if n > 1 else ""
     lines = [head]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from harness import backends
 from harness.common.answer import answer_markdown
+from harness.common.documents import Status
 from harness.common.html import svg_of, with_link, write_html
 from harness.common.results import atomic_path, write_text
 from harness.common.stats import figure
@@ -43,7 +44,7 @@ def status_text(status: str) -> str:
 
 def _value(row: dict, value: object, fmt: Callable[[object], str]) -> str:
     """`value` formatted, or the cell's status where the cell has no numbers."""
-    if row["status"] != "ok":
+    if row["status"] != Status.OK:
         return status_text(row["status"])
     return fmt(value) if value is not None else "-"
 
@@ -191,7 +192,8 @@ def section_memory(data: dict) -> list[str]:
 
     def pair(r: dict, p: str) -> str:
         m = r[p]
-        measured = _gib(m["measured"]) if m["measured"] else status_text(r["status"]) if r["status"] != "ok" else "-"
+        failed = r["status"] != Status.OK
+        measured = _gib(m["measured"]) if m["measured"] else status_text(r["status"]) if failed else "-"
         return f"{measured} / {_gib(m['predicted']) if modelled(r['backend']) else '-'}"
 
     def ratio(r: dict) -> str:
@@ -205,11 +207,11 @@ def section_memory(data: dict) -> list[str]:
             for r in data["memory"]]
     out += _table([*_size_header(data), "backend", "dtype", *phases, "step measured/predicted",
                    *(["fits (predicted)"] if fits else [])], rows)
-    misses = [r for r in data["memory"] if fits and modelled(r["backend"]) and r["status"] in ("ok", "oom")
-              and (r["status"] == "oom") == r["predicted_fits"]]
+    misses = [r for r in data["memory"] if fits and modelled(r["backend"]) and r["status"] in (Status.OK, Status.OOM)
+              and (r["status"] == Status.OOM) == r["predicted_fits"]]
     if misses:
         out += ["Fit predictions contradicted by the run: " +
-                ", ".join(f"{r['key']} ({'OOM' if r['status'] == 'oom' else 'ran'})" for r in misses), ""]
+                ", ".join(f"{r['key']} ({'OOM' if r['status'] == Status.OOM else 'ran'})" for r in misses), ""]
     return out
 
 

@@ -26,12 +26,11 @@ import time
 
 from harness import held_signals, stopped_by
 from harness.backends import get as backend_record
+from harness.common.documents import COMPARE_SCHEMA, Status, run_records
 from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
 from harness.runs.compare_profiles import backend_timeline, communication_overlap, keep_profiles, kernel_breakdown
 from harness.runs.distributed import rank_path
 from harness.timing.spec import PHASE_ORDER, Comparison, compile_cache_env, run_argv
-
-SCHEMA = "harness.compare/1"
 
 
 class Interrupted(Exception):
@@ -105,7 +104,7 @@ def run_backend(backend: str, comparison: Comparison, workdir: str) -> tuple[dic
                    "profile; name the Nsight Systems binary (nsys) or drop --nsys-bin")
     else:
         message = f"harness.run exited with code {code} and no result; last output:\n{tail.strip() or '(none)'}"
-    return {"status": "error", "error": {"phase": "process", "message": message}}, None
+    return {"status": Status.ERROR.value, "error": {"phase": "process", "message": message}}, None
 
 
 def run_parity(comparison: Comparison, workdir: str, backends: list[str]) -> dict:
@@ -126,7 +125,7 @@ def run_parity(comparison: Comparison, workdir: str, backends: list[str]) -> dic
         if os.path.exists(out):
             with open(out) as f:
                 doc = json.load(f)
-        if doc is not None and doc.get("status") == "oom" and batch > 1:
+        if doc is not None and doc.get("status") == Status.OOM and batch > 1:
             print(f"[parity] out of memory at batch {batch}; retrying at batch {batch // 2}", file=sys.stderr)
             batch //= 2
             continue
@@ -142,7 +141,7 @@ def run_parity(comparison: Comparison, workdir: str, backends: list[str]) -> dic
 def parity_or_skip(comparison: Comparison, runs: dict[str, dict], workdir: str, backends: list[str]) -> dict:
     """The parity check, or its skip when every backend ran out of memory: parity holds
     both models at once, so at the same size it would run out of memory too."""
-    if all(r.get("status") == "oom" for r in runs.values()):
+    if all(r.status is Status.OOM for r in run_records(runs).values()):
         batch = comparison.run.batch
         reason = f"skipped: every backend ran out of memory at batch {batch}, so parity (both models at once) would too"
         print(f"[parity] {reason}", file=sys.stderr)
@@ -155,14 +154,14 @@ def phase_table(runs: dict[str, dict]) -> list[dict]:
     backend's (`ratios`). In the `fused_step` row a backend without a fused step stands
     with its (only) step."""
     table = []
-    phases = [p for p in PHASE_ORDER
-              if any(p in r.get("phases", {}) for r in runs.values())]
+    typed = run_records(runs)
+    phases = [p for p in PHASE_ORDER if any(p in r.phases for r in typed.values())]
     reference = next(iter(runs), None)
     for name in phases:
         row = {"phase": name}
-        for backend, r in runs.items():
-            own = "step" if name == "fused_step" and name not in r.get("phases", {}) else name
-            row[backend] = r["phases"].get(own) if r["status"] == "ok" else None
+        for backend, r in typed.items():
+            own = "step" if name == "fused_step" and name not in r.phases else name
+            row[backend] = r.phases.get(own) if r.ok else None
         ref = row.get(reference)
         row["ratios"] = {b: row[b]["median_ms"] / ref["median_ms"] if ref and row[b] else None
                          for b in runs if b != reference}
@@ -174,11 +173,12 @@ def summarize_compare(comparison: Comparison, runs: dict[str, dict], parity: dic
     """The compare document: the runs, the phase table (`phase_table`) and the parity verdict."""
     table, r = phase_table(runs), comparison.run
     reference = next(iter(runs), None)
-    ok_runs = [r for r in runs.values() if r.get("status") == "ok"]
+    typed = run_records(runs)
+    ok_runs = [r for r in typed.values() if r.ok]
     device = ok_runs[0]["env"].get("device") if ok_runs else None
     return {
-        "schema": SCHEMA,
-        "ok": all(r.get("status") == "ok" for r in runs.values()) and bool(parity and parity.get("ok")),
+        "schema": COMPARE_SCHEMA,
+        "ok": len(ok_runs) == len(typed) and bool(parity and parity.get("ok")),
         "options": {k: getattr(r, k) for k in ("model", "ctx", "batch", "dtype", "attention", "mode", "device",
                                                "warmup", "steps", "seed", "optimizer")},
         "data_parallel": {"n": r.data_parallel, "parallel": r.parallel},
@@ -283,7 +283,7 @@ def keep_interrupted(comparison: Comparison, backends: list[str], finished: dict
     summary (the others marked "interrupted") to <name>-interrupted/; returns what was kept and where."""
     if not finished:
         return "interrupted before any backend finished; nothing was written"
-    stopped = {"status": "interrupted", "error": {"phase": "process", "message": f"stopped by {by}"}}
+    stopped = {"status": Status.INTERRUPTED.value, "error": {"phase": "process", "message": f"stopped by {by}"}}
     runs = {b: finished.get(b, stopped) for b in backends}
     summary = summarize_compare(comparison, runs, None)
     summary["interrupted"] = True
@@ -371,7 +371,8 @@ def compare(comparison: Comparison) -> tuple[dict, str]:
             parity = None if c.no_parity or len(backends) < 2 else parity_or_skip(c, runs, work, compared)
         except KeyboardInterrupt as exc:
             raise Interrupted(keep_interrupted(c, backends, finished_runs(backends, work), stopped_by(exc))) from None
-        profiles = {b: prof for b, (doc, prof) in results.items() if prof and doc.get("status") == "ok"}
+        ok = {b for b, r in run_records(runs).items() if r.ok}
+        profiles = {b: prof for b, (_, prof) in results.items() if prof and b in ok}
         summary = summarize_compare(c, runs, parity)
         kernels, stopped = None, None
         try:

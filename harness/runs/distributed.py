@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from harness import backends
 from harness.backends.parallel import SAFE_ENV, apply_safe_env, bucket_mb, parallel_label
+from harness.common.documents import RUN_SCHEMA, RunDocument, Status
 from harness.common.errors import UsageError
 
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
@@ -94,7 +95,7 @@ def worker_env(n: int, rank: int, port: int) -> dict[str, str]:
 class RankFailure(Exception):
     """A rank ended with an error or a signal; the message names the rank and the cause."""
 
-    def __init__(self, rank: int, message: str, status: str = "error"):
+    def __init__(self, rank: int, message: str, status: str = Status.ERROR.value):
         super().__init__(message)
         self.rank, self.status = rank, status
 
@@ -113,14 +114,16 @@ def _cause(rank: int, code: int, workdir: str, tail: collections.deque) -> tuple
     if code < 0:  # what the rank printed last says why where it could (an abort's reason)
         name = signal.Signals(-code).name
         hint = " (the kernel's out-of-memory killer sends SIGKILL)" if name == "SIGKILL" else ""
-        return "error", f"rank {rank} was killed by {name}{hint}" + (f"; its last output: {last}" if last else ""), 0
+        return (Status.ERROR.value, f"rank {rank} was killed by {name}{hint}"
+                + (f"; its last output: {last}" if last else ""), 0)
     if os.path.exists(doc_path):
         with open(doc_path) as f:
             doc = json.load(f)
-        if doc.get("status") not in (None, "ok"):
-            message = doc["error"]["message"]
-            return doc["status"], f"rank {rank}: {message}", 3 if _PEER_FAILED.search(message) else 1
-    return "error", f"rank {rank} exited with code {code}: {last or 'no output'}", 3 if _PEER_FAILED.search(last) else 2
+        if not (run := RunDocument.from_dict(doc, doc_path)).ok:
+            message = run.message
+            return run.status.value, f"rank {rank}: {message}", 3 if _PEER_FAILED.search(message) else 1
+    return (Status.ERROR.value, f"rank {rank} exited with code {code}: {last or 'no output'}",
+            3 if _PEER_FAILED.search(last) else 2)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -246,11 +249,10 @@ def _failed_doc(opts, exc: RankFailure) -> dict:
     import dataclasses
 
     from harness.common.results import environment
-    from harness.timing.runner import SCHEMA
 
     options = dataclasses.asdict(opts)
     options.pop("fail_in")
-    return {"schema": SCHEMA, "status": exc.status, "error": {"phase": f"rank {exc.rank}", "message": str(exc)},
+    return {"schema": RUN_SCHEMA, "status": exc.status, "error": {"phase": f"rank {exc.rank}", "message": str(exc)},
             "options": options, "warnings": [], "env": environment()}
 
 
@@ -275,7 +277,7 @@ def run_data_parallel(opts, progress: Callable[[str], None] = lambda m: None, qu
     apply_safe_env()
     if backends.get(opts.backend).one_process:
         doc = run(opts, progress)
-        if doc["status"] == "ok":
+        if RunDocument.from_dict(doc).ok:
             doc["data_parallel"] = data_parallel_record(
                 [_medians(doc)], opts, "one process drives every device: one timeline, no per-device spread")
         return doc

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from harness.backends.parallel import SAFE_ENV
 from harness.backends.torch.parallel import full_params, measure_link
+from harness.common.documents import RunDocument
 from harness.runs.distributed import rank_path
 
 KILL_HOOK = "XFPROF_DP_KILL_RANK"
@@ -133,8 +134,8 @@ def main(argv: Sequence[str]) -> int:
     doc["environment_seen"] = {k: os.environ.get(k) for k in SAFE_ENV}
     with open(os.path.join(workdir, f"rank{rank}.json"), "w") as f:
         json.dump(doc, f)
-    if doc["status"] != "ok":
-        print(f"rank {rank}: {doc['error']['message']}", file=sys.stderr, flush=True)
+    if not (result := RunDocument.from_dict(doc, f"rank {rank}'s document")).ok:
+        print(f"rank {rank}: {result.message}", file=sys.stderr, flush=True)
         return 3
     _shutdown()
     return 0

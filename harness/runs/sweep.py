@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from harness import backends
+from harness.common.documents import RunDocument, Status
 from harness.config import get_config
 from harness.runs.distributed import GRACE_S
 from harness.sweeps.records import FIXED_DEFAULTS, Cell, append_record, cell_record, load_records
@@ -114,15 +115,16 @@ def stop_cells(jobs: list[CellProcess]) -> None:
 
 
 def outcome(doc: dict | None, code: int | None, timed_out: bool, timeout: float | None,
-            log_path: str) -> tuple[str, str | None]:
+            log_path: str) -> tuple[Status, str | None]:
     """(status, reason) of a finished cell: the run's own verdict if it wrote one, else why not."""
     if doc is not None:
-        return doc["status"], (doc.get("error") or {}).get("message")
+        run = RunDocument.from_dict(doc, f"the run document of the cell logged in {log_path}")
+        return run.status, run.error.message if run.error else None
     if timed_out:
-        return "timeout", f"no result within --cell-timeout {timeout:g} s (killed)"
+        return Status.TIMEOUT, f"no result within --cell-timeout {timeout:g} s (killed)"
     if code is not None and code < 0:
-        return "crashed", f"killed by signal {signal.Signals(-code).name}, no result; log: {_tail(log_path)}"
-    return "crashed", f"exit code {code}, no result; log: {_tail(log_path)}"
+        return Status.CRASHED, f"killed by signal {signal.Signals(-code).name}, no result; log: {_tail(log_path)}"
+    return Status.CRASHED, f"exit code {code}, no result; log: {_tail(log_path)}"
 
 
 @dataclasses.dataclass

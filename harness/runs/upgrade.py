@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 
+from harness.common.documents import COMPARE_SCHEMA, DocumentError, RunDocument, is_document, runs_of
 from harness.common.results import atomic_path, write_json, write_text
 from harness.common.stats import summarize
 from harness.runs.compare import phase_table
@@ -78,8 +79,7 @@ class RenderError(ValueError):
 
 def is_legacy(summary: dict) -> bool:
     """True for a compare document whose phase records predate the robust statistics."""
-    return any("p10_ms" not in rec for r in summary.get("runs", {}).values() if r.get("status") == "ok"
-               for rec in r.get("phases", {}).values())
+    return any("p10_ms" not in rec for r in runs_of(summary).values() if r.ok for rec in r.phases.values())
 
 
 def _upgrade_phase(rec: dict, tokens: int, peak_tflops: float | None) -> dict:
@@ -102,8 +102,9 @@ def upgrade(summary: dict, source_schema: str) -> dict:
     """A copy of an old compare document in today's format; `rerendered` says from what
     and which fields were dropped (`DROPPED`)."""
     new = copy.deepcopy(summary)
-    for r in new["runs"].values():
-        if r.get("status") != "ok":
+    finished = {b for b, r in runs_of(summary).items() if r.ok}
+    for b, r in new["runs"].items():
+        if b not in finished:
             continue
         tokens = r["options"]["batch"] * r["options"]["ctx"]  # these runs had no data parallelism
         r["phases"] = {name: _upgrade_phase(rec, tokens, r.get("peak_tflops")) for name, rec in r["phases"].items()}
@@ -135,7 +136,7 @@ def _load(folder: str) -> dict:
         except (OSError, ValueError) as exc:
             problem = f"summary.json is not readable JSON ({exc.__class__.__name__})"
         else:
-            if not (isinstance(summary, dict) and str(summary.get("schema", "")).startswith("harness.compare/")
+            if not (is_document(summary, COMPARE_SCHEMA)
                     and "runs" in summary):
                 problem = "summary.json is not a harness.compare document"
     if problem:
@@ -172,9 +173,13 @@ def shape_problem(summary: dict) -> str | None:
     for backend, run in summary["runs"].items():
         if not isinstance(run, dict):
             return f"runs[{backend!r}] is {_kind(run)}, not an object"
-        if run.get("status") == "ok" and not isinstance(run.get("phases"), dict):
+        try:
+            ok = RunDocument.from_dict(run, f"runs[{backend!r}]", need_schema=False).ok
+        except DocumentError as exc:
+            return str(exc)
+        if ok and not isinstance(run.get("phases"), dict):
             return f"runs[{backend!r}] is ok but has no 'phases' object"
-        if run.get("status") != "ok" and not isinstance((run.get("error") or {}).get("message"), str):
+        if not ok and not isinstance((run.get("error") or {}).get("message"), str):
             return f"runs[{backend!r}] failed but has no error message"
     for row in summary["table"]:
         if not isinstance(row, dict) or "phase" not in row:

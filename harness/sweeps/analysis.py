@@ -9,10 +9,11 @@ import re
 import numpy as np
 
 from harness import backends
+from harness.common.documents import FAILED, Status
 from harness.common.hardware import memory_mib
 from harness.common.stats import NOISY_SPREAD
 from harness.config import DTYPES, PRESETS, get_config
-from harness.sweeps.records import FAILED, grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
+from harness.sweeps.records import grid, load_records, load_sweep, sweep_batches, sweep_data_parallel
 from harness.sweeps.step_memory import predict
 from harness.timing.legacy import per_device_run
 from harness.timing.scaling import scaling_rows
@@ -43,7 +44,7 @@ def sweep_cells(sweep: dict, records: list[dict]) -> list[dict]:
     if sweep.get("warmup_study"):
         cells += grid(a["models"][:1], a["ctx"][:1], a["backends"], a["dtypes"][:1], warmup_study=True)
     keys = {c.key for c in cells}
-    out = [by_key.get(c.key) or {"key": c.key, "cell": dataclasses.asdict(c), "status": "not run",
+    out = [by_key.get(c.key) or {"key": c.key, "cell": dataclasses.asdict(c), "status": Status.NOT_RUN.value,
                                   "reason": None, "result": None, "profile": None} for c in cells]
     out += [r for r in records if r["key"] not in keys]  # recorded under an earlier grid
     out = [{**r, "result": per_device_run(r["result"]) if r.get("result") else r.get("result"),
@@ -53,7 +54,7 @@ def sweep_cells(sweep: dict, records: list[dict]) -> list[dict]:
 
 
 def _phase(rec: dict, name: str) -> dict | None:
-    return (rec.get("result") or {}).get("phases", {}).get(name) if rec["status"] == "ok" else None
+    return (rec.get("result") or {}).get("phases", {}).get(name) if rec["status"] == Status.OK else None
 
 
 def phase_rows(cells: list[dict]) -> list[dict]:
@@ -105,7 +106,8 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
-STATUS_TEXT = {"oom": "OOM", "error": "failed", "crashed": "failed", "timeout": "failed", "not run": "not run"}
+STATUS_TEXT = {Status.OOM: "OOM", Status.ERROR: "failed", Status.CRASHED: "failed", Status.TIMEOUT: "failed",
+               Status.NOT_RUN: "not run"}
 
 
 def _pair_status(sides: dict[str, dict]) -> str:
@@ -114,11 +116,11 @@ def _pair_status(sides: dict[str, dict]) -> str:
     memory reads "OOM"), or the one status that every side shares."""
     by_status: dict[str, list[str]] = {}
     for name, r in sides.items():
-        if r["status"] != "ok":
+        if r["status"] != Status.OK:
             by_status.setdefault(STATUS_TEXT.get(r["status"], r["status"]), []).append(name)
     if len(by_status) == 1 and len(next(iter(by_status.values()))) == len(sides):
         return next(iter(by_status))  # every side alike: "not run"
-    return "; ".join(f"{text} ({', '.join(names)})" for text, names in by_status.items()) or "ok"
+    return "; ".join(f"{text} ({', '.join(names)})" for text, names in by_status.items()) or Status.OK.value
 
 
 def bound_label(ratio: float | None) -> str | None:
@@ -298,7 +300,7 @@ def kernel_rows(cells: list[dict], out_dir: str) -> list[dict]:
 def scaling(cells: list[dict]) -> list[dict]:
     """The scaling table's rows (`harness.reports.scaling`) over the main cells that finished;
     empty unless some ran on more than one device."""
-    main = [c for c in cells if c["cell"]["warmup"] is None and c["status"] == "ok" and c.get("result")]
+    main = [c for c in cells if c["cell"]["warmup"] is None and c["status"] == Status.OK and c.get("result")]
     if not any(c["cell"]["data_parallel"] > 1 for c in main):
         return []
     return scaling_rows([c["result"] for c in main])

@@ -20,10 +20,9 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 
+from harness.common.documents import SWEEP_SCHEMA, RunDocument, Status, SweepCell
 from harness.common.errors import UsageError
 
-SCHEMA = "harness.sweep/1"
-CELL_SCHEMA = "harness.sweep.cell/1"
 CELLS_FILE, SWEEP_FILE = "cells.jsonl", "sweep.json"
 WARMUP_STUDY = (0, 1, 2, 5)
 # Options every cell of one sweep folder must share (a resume with other values would mix them).
@@ -32,7 +31,6 @@ FIXED = ("warmup", "steps", "attention", "mode", "device", "nsys", "optimizer", 
 FIXED_DEFAULTS = {"parallel": "ddp", "ddp_bucket_mb": None, "ddp_static_graph": False, "grad_comm": "fp32",
                   "fsdp_reshard_after_forward": "true"}  # what a sweep from before an option ran with
 AXES = ("models", "ctx", "batches", "backends", "dtypes", "data_parallel")
-FAILED = ("oom", "error", "crashed", "timeout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,14 +76,14 @@ def sweep_data_parallel(sweep: dict) -> list[int]:
     return sweep["axes"].get("data_parallel") or [1]
 
 
-def cell_record(cell: Cell, status: str, reason: str | None, doc: dict | None, *, exit_code: int | None,
+def cell_record(cell: Cell, status: Status, reason: str | None, doc: dict | None, *, exit_code: int | None,
                 wall_s: float, log: str, profile: str | None, gpu: str | None = None) -> dict:
-    """One line of cells.jsonl. `result` is the harness.run document (None when the process
-    left none); paths are relative to the sweep folder; `gpu` is the CUDA_VISIBLE_DEVICES
-    the cell ran with under --gpus (None: the sweep's own)."""
-    return {"schema": CELL_SCHEMA, "key": cell.key, "cell": dataclasses.asdict(cell), "status": status,
-            "reason": reason, "exit_code": exit_code, "wall_s": wall_s, "log": log, "profile": profile,
-            "gpu": gpu, "result": doc}
+    """One line of cells.jsonl (`SweepCell`). `result` is the harness.run document (None when
+    the process left none); paths are relative to the sweep folder; `gpu` is the
+    CUDA_VISIBLE_DEVICES the cell ran with under --gpus (None: the sweep's own)."""
+    result = None if doc is None else RunDocument.from_dict(doc, f"the run document of cell {cell.key}")
+    return SweepCell(key=cell.key, cell=dataclasses.asdict(cell), status=Status(status), reason=reason,
+                     exit_code=exit_code, wall_s=wall_s, log=log, profile=profile, gpu=gpu, result=result).to_dict()
 
 
 
@@ -167,6 +165,6 @@ def prepare(out_dir: str, opts: dict, axes: dict, resume: bool, warmup_study: bo
         sweep["warmup_study"] = sweep["warmup_study"] or warmup_study
     else:
         os.makedirs(out_dir, exist_ok=True)
-        sweep = {"schema": SCHEMA, "options": opts, "axes": axes, "warmup_study": warmup_study}
+        sweep = {"schema": SWEEP_SCHEMA, "options": opts, "axes": axes, "warmup_study": warmup_study}
     save_sweep(out_dir, sweep)
     return sweep

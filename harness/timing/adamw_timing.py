@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from harness.common.documents import BENCH_OPTIMIZER_SCHEMA
 from harness.config import ModelConfig
 from harness.timing.flops import optimizer_bytes
 
@@ -59,7 +60,7 @@ def bench_optimizer(config: ModelConfig, device: str, variants: list[str], warmu
         out[name] = {"median_ms": med, "min_ms": min(ts), "max_ms": max(ts), "times_ms": ts,
                      "warmup_ms": first[name], "gb_per_s": moved / (med / 1e3) / 1e9,
                      "speedup_over_loop": base / med if base else None}
-    return {"schema": "harness.bench_optimizer/1", "num_params": config.num_params, "bytes_per_step": moved,
+    return {"schema": BENCH_OPTIMIZER_SCHEMA, "num_params": config.num_params, "bytes_per_step": moved,
             "warmup": warmup, "steps": steps, "variants": out}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 from harness import backends
+from harness.common.documents import RunDocument
 
 PER_DEVICE = ("per-device figures recomputed: this run predates them (JAX's TFLOP/s and peak were summed over its "
               "devices, a torch rank's tokens/s counted its own rows only)")
@@ -19,7 +20,7 @@ def per_device_run(doc: dict) -> dict:
     from harness.timing.runner import FIGURES
 
     n = (doc.get("data_parallel") or {}).get("n") or (doc.get("options") or {}).get("data_parallel") or 1
-    if doc.get("status") != "ok" or "figures" in doc or n == 1:
+    if not RunDocument.from_dict(doc, need_schema=False).ok or "figures" in doc or n == 1:
         return doc
     new = copy.deepcopy(doc)
     backend = new["options"]["backend"]

@@ -4,7 +4,7 @@ behind `python -m harness.run`).
 Each measured step is an NVTX range `step` holding `forward`, `backward` and
 `optimizer` (warm-up steps: `warmup`); every phase ends with a device synchronization,
 so its range and its host-timed duration cover all of its GPU work. This is the program
-that `nsys profile` wraps. The result is a JSON document (`SCHEMA`, `run`).
+that `nsys profile` wraps. The result is a JSON document (`RUN_SCHEMA`, `run`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from harness import backends
 from harness.backends import Backend
 from harness.backends.session import Session
+from harness.common.documents import RUN_SCHEMA, Status
 from harness.common.errors import UsageError, describe_failure, is_oom
 from harness.common.hardware import peak_tflops
 from harness.common.results import environment
@@ -30,7 +31,6 @@ from harness.timing.plants import wide_block
 from harness.timing.spec import RunSpec
 from harness.timing.timer import PhaseFailure, Timer
 
-SCHEMA = "harness.run/1"
 PHASES = {
     "forward": ("forward",),
     "forward-backward": ("forward", "backward"),
@@ -74,7 +74,7 @@ def phase_record(times: list[float], flops: int, tokens: int, peak_tf: float | N
 def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> dict:
     """Build, warm up and time one backend; returns the result document (status ok or failed)."""
     config = wide_block(get_config(opts.model, attention=opts.attention), opts.wide_layer, opts.wide_factor)
-    result = {"schema": SCHEMA, "status": "ok", "error": None, "options": dataclasses.asdict(opts),
+    result = {"schema": RUN_SCHEMA, "status": Status.OK.value, "error": None, "options": dataclasses.asdict(opts),
               "config": dataclasses.asdict(config), "num_params": config.num_params,
               "flops_formula": FORMULA, "warnings": []}
     for where in ("fail_in", "hlo_dir"):  # a test's fault, and where this process wrote: not how it ran
@@ -187,7 +187,7 @@ def _fused_step_still_runs(opts: RunSpec, backend: Backend, exc: PhaseFailure) -
 def _drop_split_step(timer: Timer, exc: PhaseFailure, opts: RunSpec) -> dict:
     """Forget a failed split step's partial figures and buffers; returns its failure record."""
     timer.drop("split step", PHASES[opts.mode])
-    return {"status": "oom", "phase": exc.phase, "message": describe_failure(exc.cause, exc.phase, opts)}
+    return {"status": Status.OOM.value, "phase": exc.phase, "message": describe_failure(exc.cause, exc.phase, opts)}
 
 
 def _loss_record(losses: list[dict]) -> dict:
@@ -217,7 +217,7 @@ def _instrumented(opts: RunSpec, backend: Backend):
 
 
 def _failed(result: dict, phase: str, exc: BaseException, opts: RunSpec) -> dict:
-    result.update(status="oom" if is_oom(exc) else "error",
+    result.update(status=(Status.OOM if is_oom(exc) else Status.ERROR).value,
                   error={"phase": phase, "message": describe_failure(exc, phase, opts)})
     result["env"] = environment()
     return result

@@ -26,6 +26,7 @@ from collections import defaultdict
 
 from harness import backends
 from harness.backends.parallel import DDP_DEFAULT_BUCKET_MB, SAFE_ENV, parallel_label, short_label
+from harness.common.documents import RunDocument
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -116,7 +117,7 @@ def scaling_rows(docs: list[dict]) -> list[dict]:
     (None without an N = 1 run of the group), sorted by group then N."""
     groups: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for doc in docs:
-        if doc.get("status") != "ok":
+        if not RunDocument.from_dict(doc, need_schema=False).ok:
             continue
         o = doc["options"]
         n, phase, step_ms, tps, mfu = step_figures(doc)

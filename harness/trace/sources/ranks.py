@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.common.documents import COMPARE_SCHEMA, family
 from harness.common.results import compare_folder_problem
 from harness.trace.profile import PROCESS_SHIFT, UNKNOWN, Profile, ProfileError
 
@@ -50,7 +51,7 @@ def profile_files(folder: Path) -> list[Path]:
     """The profiles directly in `folder` (nsys reports and exports, torch.profiler traces);
     a `harness.compare` result folder is refused, in one line saying what it is."""
     summary = folder / "summary.json"
-    if summary.is_file() and b'"harness.compare/' in summary.read_bytes()[:4096]:
+    if summary.is_file() and f'"{family(COMPARE_SCHEMA)}'.encode() in summary.read_bytes()[:4096]:
         raise ProfileError(compare_folder_problem(folder))
     files = sorted(p for p in folder.iterdir() if p.is_file() and PROFILE_NAME.search(p.name))
     exported = {p.name.split(".sqlite")[0] for p in files if ".sqlite" in p.name}

@@ -94,7 +94,7 @@ def test_a_planted_analysis_reaches_the_comparison_and_the_diff(toy: Path) -> No
     (toy / "torch.json").write_text((PROFILE.parent / "torch_tiny_attn.harness.json").read_text())
     got = kernel_breakdown({"torch": str(PROFILE)}, str(toy), None)
     assert got.analyses["torch"]["toy_longest"].longest_ns == longest
-    (bd,), _ = got  # still unpacks as (breakdowns, answers)
+    (bd,) = got.breakdowns
     run = resolve_one(PROFILE)
     assert run.analyses["toy_longest"].kernels == count
     d = diff_runs(run, run)

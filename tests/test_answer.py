@@ -68,7 +68,8 @@ def _collectives(path: Path) -> dict[str, list[tuple[float, float]]]:
 
 @pytest.fixture(scope="module")
 def answer() -> list[str]:
-    bds, _, tables, _ = report_inputs([FSDP2 / "rank0.json.gz", FSDP2 / "rank1.json.gz"])
+    inputs = report_inputs([FSDP2 / "rank0.json.gz", FSDP2 / "rank1.json.gz"])
+    bds, tables = inputs.breakdowns, inputs.ranks
     return answer_markdown(report_findings(bds, tables))
 
 
@@ -258,7 +259,8 @@ def test_a_two_device_jax_loop_is_host_bound_by_hand_count() -> None:
     expected = bound_text("jax", wall, sum(busy) / 2e3, sum(exposed) / 2e3)
     assert expected.startswith("jax: host-bound")
     for source in (path, JAX_LOOP / "jax_loop.xplane.pb.gz"):
-        bds, _, tables, _ = report_inputs([source])
+        inputs = report_inputs([source])
+        bds, tables = inputs.breakdowns, inputs.ranks
         assert tables == [] and bds[0].phases["train"].devices == 2
         lines = answer_markdown(report_findings(bds, tables))
         assert lines[2] == f"- {expected} (see: Per phase)"

@@ -182,7 +182,7 @@ def test_profile_analysis_after_parity_says_each_stage(tmp_path, capsys) -> None
     data = Path(__file__).parent / "data" / "torch_fallback"
     profile = data / "torch_tiny_fallback.json.gz"
     shutil.copy(data / "torch_tiny_fallback.harness.json", tmp_path / "torch.json")
-    (bd,), _ = kernel_breakdown({"torch": str(profile)}, str(tmp_path), None)
+    (bd,) = kernel_breakdown({"torch": str(profile)}, str(tmp_path), None).breakdowns
     assert list(bd.phases) == ["step", "forward", "backward", "optimizer"] and bd.label == "torch"
     backend_timeline({"torch": str(profile)}, [bd], 1, None, None)
     lines = capsys.readouterr().err.splitlines()

@@ -17,7 +17,7 @@ import pytest
 from harness.reports.breakdown import breakdown_markdown
 from harness.reports.ranks import render_ranks
 from harness.trace.analyses.breakdown import WHOLE_PROFILE, breakdown
-from harness.trace.analyses.ranks import report_inputs
+from harness.trace.analyses.ranks import ReportInputs, report_inputs
 from harness.trace.library_ranges import group_name, library_of
 from harness.trace.profile import Kernel, Profile, Range
 
@@ -27,7 +27,7 @@ PHASE_NAMES = ("forward", "backward", "optimizer")
 
 
 @pytest.fixture(scope="module")
-def fsdp() -> tuple:
+def fsdp() -> ReportInputs:
     """The report's inputs for both ranks, as `harness.report` makes them."""
     return report_inputs([FSDP / name for name in RANKS])
 
@@ -70,7 +70,7 @@ def _hand(name: str) -> dict[tuple[str, str], tuple[int, int]]:
 
 
 def test_fsdp2_phases_are_the_programs_own(fsdp: tuple) -> None:
-    bds = fsdp[0]
+    bds = fsdp.breakdowns
     for bd in bds:
         assert list(bd.phases) == ["ProfilerStep", *PHASE_NAMES]
         assert all(p.steps == 2 for p in bd.phases.values())
@@ -79,7 +79,7 @@ def test_fsdp2_phases_are_the_programs_own(fsdp: tuple) -> None:
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_fsdp2_sub_ranges_match_hand_count(fsdp: tuple, rank: int) -> None:
-    bd = fsdp[0][rank]
+    bd = fsdp.breakdowns[rank]
     hand = _hand(RANKS[rank])
     got = {(phase, s.name): s for phase, subs in bd.library_ranges.items() for s in subs}
     assert set(got) == set(hand)
@@ -98,7 +98,7 @@ def test_fsdp2_sub_ranges_match_hand_count(fsdp: tuple, rank: int) -> None:
 
 
 def test_fsdp2_report_is_short_and_lists_sub_ranges_in_one_table(fsdp: tuple) -> None:
-    bds, answer_sets, ranks, _ = fsdp
+    bds, answer_sets, ranks = fsdp.breakdowns, fsdp.answers, fsdp.ranks
     md = breakdown_markdown(bds, answer_sets, sections=render_ranks(ranks))
     lines = md.splitlines()
     assert len(lines) < 400  # 1,447 lines when each FSDP range was a phase with its own tables
@@ -206,7 +206,7 @@ def test_fsdp2_copy_in_is_memory_not_the_optimizer(fsdp: tuple, rank: int) -> No
         if any(lo <= at <= hi and t == thread for lo, hi, t in gathers) and any(a <= at <= b for a, b in steps):
             hand[next(n for n, lo, hi in phases if lo <= at <= hi)] += _ns(e["dur"])
     assert set(hand) == {"forward", "backward"}
-    bd = fsdp[0][rank]
+    bd = fsdp.breakdowns[rank]
     for phase in ("forward", "backward"):
         p = bd.phases[phase]
         assert "optimizer" not in p.categories

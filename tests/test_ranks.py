@@ -44,7 +44,8 @@ def _hand(name: str) -> dict:
 
 
 def test_folder_is_one_column_per_rank_with_hand_counted_steps(folder: Path) -> None:
-    bds, _, (table,), _ = report_inputs([folder])
+    inputs = report_inputs([folder])
+    bds, (table,) = inputs.breakdowns, inputs.ranks
     assert [bd.label for bd in bds] == ["rank0", "rank1"]
     assert table["ranks"] == [0, 1] and "torch.distributed's rank" in table["rank_source"]
     assert "2 of the job's 128 ranks" in table["rank_source"]

@@ -97,14 +97,14 @@ def test_pool_gives_the_serial_figures_and_the_split_of_whole_profiles(tmp_path:
     copy_ranks(SOURCES, 3, tmp_path, seed=1, stragglers=(1,))
     pool = report_inputs([tmp_path], jobs=2)
     serial = report_inputs([tmp_path], jobs=1)
-    assert [bd.phases for bd in pool[0]] == [bd.phases for bd in serial[0]]
-    assert pool[1:] == serial[1:]
+    assert [bd.phases for bd in pool.breakdowns] == [bd.phases for bd in serial.breakdowns]
+    assert (pool.answers, pool.ranks, pool.figures) == (serial.answers, serial.ranks, serial.figures)
     (item,) = load_inputs([tmp_path])  # every profile held at once, as before the pool
     sels = {r: select(p) for r, p in item.rank_set.profiles.items()}
     if any(s.mode == "launch" for s in sels.values()):  # one rule for every rank
         sels = {r: select(item.rank_set.profiles[r], "launch") for r in sels}
-    assert pool[2][0]["split"] == profile_split(item.rank_set.profiles, selections=sels)
-    assert pool[2][0]["split"]["last_rank"] == 1
+    assert pool.ranks[0]["split"] == profile_split(item.rank_set.profiles, selections=sels)
+    assert pool.ranks[0]["split"]["last_rank"] == 1
 
 
 def test_up_to_8_ranks_the_tables_keep_one_column_per_rank(twelve: Path) -> None:

@@ -68,7 +68,8 @@ def _one_off(con: sqlite3.Connection, process: int, steady: list[tuple[int, int]
 
 
 def test_nsys_torchrun_is_two_ranks_of_eight_steps(nsys) -> None:
-    con, (bds, _, (table,), _) = nsys
+    con, inputs = nsys
+    bds, (table,) = inputs.breakdowns, inputs.ranks
     assert [bd.label for bd in bds] == ["ddp_loop rank0", "ddp_loop rank1"]
     assert table["ranks"] == [0, 1] and table["rank_source"].startswith("process order")
     for process, bd in zip(_processes(con), bds):
@@ -80,7 +81,8 @@ def test_nsys_torchrun_is_two_ranks_of_eight_steps(nsys) -> None:
 
 @pytest.mark.parametrize("phase", PHASES)
 def test_nsys_per_rank_per_step_figures_match_hand_count(nsys, phase: str) -> None:
-    con, (bds, _, _, _) = nsys
+    con, inputs = nsys
+    bds = inputs.breakdowns
     for process, bd in zip(_processes(con), bds):
         steady = _spans(con, process, "step")[1:]  # step0 is reported apart as the first step
         spans = [s for s in _spans(con, process, phase) if any(lo <= s[0] and s[1] <= hi for lo, hi in steady)]
@@ -95,7 +97,8 @@ def test_nsys_per_rank_per_step_figures_match_hand_count(nsys, phase: str) -> No
 
 
 def test_nsys_ranges_are_never_matched_across_processes(nsys) -> None:
-    _, (bds, _, table, _) = nsys
+    _, inputs = nsys
+    bds = inputs.breakdowns
     for bd in bds:  # eight steps of one process, not sixteen
         assert bd.phases["step"].occurrences == 7
 
@@ -123,7 +126,8 @@ def _kineto_hand(path: Path) -> dict:
 
 
 def test_torch_profiler_traces_per_rank_match_hand_count() -> None:
-    bds, _, (table,), _ = report_inputs([DATA / "torch_profiler"])
+    inputs = report_inputs([DATA / "torch_profiler"])
+    bds, (table,) = inputs.breakdowns, inputs.ranks
     assert [bd.label for bd in bds] == ["rank0", "rank1"]
     assert "torch.distributed's rank" in table["rank_source"]
     for rank, bd in enumerate(bds):
@@ -226,7 +230,8 @@ def test_nsys_communication_per_rank_matches_hand_count(nsys) -> None:
     (the seven steady steps, by launch: the loop does not synchronize, so a step's
     all-reduces run after its range ends), and the k-th all-reduce of one rank is set
     against the k-th of the other: waiting + transfer by hand, from the kernels' times."""
-    con, (_, _, (table,), _) = nsys
+    con, inputs = nsys
+    (table,) = inputs.ranks
     ops = {}
     for rank, process in enumerate(_processes(con)):
         steady = _spans(con, process, "step")[1:]
@@ -248,7 +253,7 @@ def test_nsys_communication_per_rank_matches_hand_count(nsys) -> None:
 def test_torch_profiler_ranks_share_one_clock_and_align() -> None:
     """torch.profiler's traces count from one wall-clock base (baseTimeNanoseconds): the
     ranks' all-reduces align, and the transfer, the same operation on both, agrees."""
-    _, _, (table,), _ = report_inputs([DATA / "torch_profiler"])
+    (table,) = report_inputs([DATA / "torch_profiler"]).ranks
     split = table["split"]
     assert split is not None and split["collectives"] == 4  # DDP's 4 buckets in the one complete step
     t0, t1 = (r["transfer_ms_per_step"] for r in split["ranks"])

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,10 +26,12 @@ import time
 from harness import held_signals, stopped_by
 from harness.backends import get as backend_record
 from harness.common.documents import COMPARE_SCHEMA, Status, run_records
-from harness.common.results import ensure_dir, environment, gpu_slug, make_dir_tmp, nvidia_smi, write_json
+from harness.common.results import environment, gpu_slug, nvidia_smi
+from harness.reports.compare_folder import keep_documents, write_results
 from harness.runs.compare_profiles import backend_timeline, communication_overlap, keep_profiles, kernel_breakdown
 from harness.runs.distributed import rank_path
 from harness.timing.spec import PHASE_ORDER, Comparison, compile_cache_env, run_argv
+from harness.trace.analyses.ranks import KernelBreakdown
 
 
 class Interrupted(Exception):
@@ -211,61 +212,6 @@ def result_dir_name(comparison: Comparison, device: str | None) -> str:
     return f"{r.model}-ctx{r.ctx}-{r.dtype}{attention}{parallel}-{slug}{profiled}"
 
 
-def _free_name(root: str, name: str) -> str:
-    """`name`, or `name-2`, `name-3`, ... the first that does not exist under `root`."""
-    candidates = (name if n == 1 else f"{name}-{n}" for n in range(1, 10_000))
-    return next(c for c in candidates if not os.path.exists(os.path.join(root, c)))
-
-
-def write_results(summary: dict, results_root: str, name: str, kernels: tuple[list, list] | None = None,
-                  overwrite: bool = False, runs: dict[str, dict] | None = None) -> str:
-    """Write summary.json, report.md, report.html, phases.png (the kernels.* breakdown, and `runs` as
-    <backend>.json) into a temp dir, then move it into place: an interrupted run leaves no
-    half-written folder. An existing folder `name` is replaced with `overwrite`, else kept
-    and the new one written beside it (`name-2`, ...)."""
-    from harness.common.html import svg_of, write_html
-    from harness.reports.compare import compare_markdown, plot_phases
-
-    ensure_dir(results_root)
-    if not overwrite and os.path.exists(os.path.join(results_root, name)):
-        kept = _free_name(results_root, name)
-        print(f"[compare] {os.path.join(results_root, name)} exists; writing {kept} beside it "
-              "(--overwrite replaces it)", file=sys.stderr)
-        name = kept
-    final = os.path.join(results_root, name)
-    print(f"[compare] writing {final}: report, plots{' and kernel breakdown' if kernels else ''}", file=sys.stderr)
-    tmp = make_dir_tmp(f".{name}.", results_root)
-    try:
-        for backend, doc in (runs or {}).items():
-            write_json(os.path.join(tmp, f"{backend}.json"), doc)
-        kernels_md = None
-        if kernels:
-            from harness.common.answer import answer_markdown
-            from harness.reports.breakdown import breakdown_markdown, write_report
-            from harness.trace.analyses.findings import report_findings
-
-            write_report(tmp, *kernels, stem="kernels", lead=answer_markdown(report_findings(kernels[0])))
-            kernels_md = breakdown_markdown(*kernels)
-        if plot_phases(summary, os.path.join(tmp, "phases.png")):
-            summary["plot"] = "phases.png"
-        with open(os.path.join(tmp, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=1)
-        with open(os.path.join(tmp, "report.md"), "w") as f:
-            f.write(compare_markdown(summary, kernels_md))
-        svgs = {"phases.png": svg_of(lambda path: plot_phases(summary, path))}
-        if kernels:
-            from harness.reports.plot import plot as plot_kernels
-
-            svgs["kernels.png"] = svg_of(lambda path: plot_kernels(path, kernels[0]))
-        write_html(tmp, "report.md", svgs)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 def finished_runs(backends: list[str], workdir: str) -> dict[str, dict]:
     """The result documents that the backends' runs wrote (each atomically, once finished)."""
     docs = {}
@@ -304,7 +250,7 @@ def breakdown(c: Comparison, profiles: dict[str, str], runs: dict[str, dict], su
     kernels = None
     try:
         kernels = kernel_breakdown(profiles, work, c.nsys_bin)
-        for backend, bd in zip(profiles, kernels[0]):
+        for backend, bd in zip(profiles, kernels.breakdowns):
             if bd.layers:  # the per-layer time joins the run's document
                 runs[backend]["layers"] = bd.layers
         summary["analyses"] = {backend: {name: jsonable(r) for name, r in got.items()}
@@ -318,7 +264,7 @@ def breakdown(c: Comparison, profiles: dict[str, str], runs: dict[str, dict], su
     return kernels
 
 
-def write_or_keep(summary: dict, c: Comparison, kernels: tuple[list, list] | None) -> str:
+def write_or_keep(summary: dict, c: Comparison, kernels: KernelBreakdown | None) -> str:
     """The result folder written under --out, or kept in a temporary folder (said on stderr)
     when --out cannot take it; its path."""
     name = result_dir_name(c, summary["device"])
@@ -334,22 +280,6 @@ def write_or_keep(summary: dict, c: Comparison, kernels: tuple[list, list] | Non
         raise NotRendered(f"the runs finished, but their reports could not be written ({type(exc).__name__}: "
                           f"{exc}); the documents are kept in {path}; `--render {path}` writes the reports from "
                           "them") from exc
-
-
-def keep_documents(summary: dict, root: str, name: str, kernels: tuple[list, list] | None) -> str:
-    """summary.json, each backend's document and kernels.json, without any report, in a new
-    folder `name` under `root` (a number added where the name is taken); its path."""
-    from harness.common.results import write_text
-    from harness.reports.breakdown import breakdown_document
-
-    path = os.path.join(root, _free_name(root, name))
-    os.makedirs(path)
-    for backend, doc in summary["runs"].items():
-        write_json(os.path.join(path, f"{backend}.json"), doc)
-    if kernels:
-        write_text(os.path.join(path, "kernels.json"), json.dumps(breakdown_document(*kernels), indent=1, default=str))
-    write_json(os.path.join(path, "summary.json"), summary)
-    return path
 
 
 def compare(comparison: Comparison) -> tuple[dict, str]:
@@ -391,7 +321,7 @@ def compare(comparison: Comparison) -> tuple[dict, str]:
 
                 step = "while timeline.json.gz was written (it may be incomplete)"
                 write_timeline(os.path.join(path, "timeline.json.gz"),
-                               backend_timeline(profiles, kernels[0], c.run.data_parallel, c.nsys_bin,
+                               backend_timeline(profiles, kernels.breakdowns, c.run.data_parallel, c.nsys_bin,
                                                 c.timeline_steps))
         except KeyboardInterrupt as exc:
             stopped = stopped or f"stopped by {stopped_by(exc)} {step}"

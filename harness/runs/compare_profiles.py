@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 
 from harness.common.progress import file_size, stage
+from harness.trace.analyses.ranks import KernelBreakdown
 
 
 def keep_profiles(profiles: dict[str, str], dest: str) -> None:
@@ -19,23 +19,6 @@ def keep_profiles(profiles: dict[str, str], dest: str) -> None:
             for src in (path, sqlite) if path.endswith(".nsys-rep") and os.path.exists(sqlite) else (path,):
                 copy = shutil.copytree if os.path.isdir(src) else shutil.copy2
                 copy(src, os.path.join(dest, os.path.basename(src)))
-
-
-@dataclass
-class KernelBreakdown:
-    """Per profiled backend, in order: its breakdown, answers (a)-(e) and the registered
-    analyses' results (`harness.trace.analyses.registry`, by name). Unpacks and indexes as
-    (breakdowns, answers)."""
-
-    breakdowns: list
-    answers: list[dict]
-    analyses: dict[str, dict]  # backend -> name -> result
-
-    def __iter__(self):
-        return iter((self.breakdowns, self.answers))
-
-    def __getitem__(self, i):
-        return tuple(self)[i]
 
 
 def kernel_breakdown(profiles: dict[str, str], workdir: str, nsys_bin: str | None) -> KernelBreakdown:

@@ -281,8 +281,7 @@ def _read_ranks(files: list[Path], jobs: int, nsys_bin: str | None, force: bool,
 @dataclass
 class ReportInputs:
     """What a report shows of its profiles, one entry per column (a rank set's ranks are
-    columns) but `ranks`, one cross-rank table (`cross_rank`) per rank set. Unpacks and
-    indexes as (breakdowns, answers, ranks, figures)."""
+    columns) but `ranks`, one cross-rank table (`cross_rank`) per rank set."""
 
     breakdowns: list[Breakdown]
     answers: list[dict]  # answers (a)-(e) per column
@@ -290,11 +289,15 @@ class ReportInputs:
     figures: list[dict]  # HTA's figures (`harness.trace.analyses.gpu_time`) with the column's label and GPU
     analyses: list[dict]  # per column, every registered analysis's result by name (`run_analyses`)
 
-    def __iter__(self):
-        return iter((self.breakdowns, self.answers, self.ranks, self.figures))
 
-    def __getitem__(self, i):
-        return tuple(self)[i]
+@dataclass
+class KernelBreakdown:
+    """What a comparison shows of its profiles, one entry per profiled backend in order: its
+    breakdown, answers (a)-(e) and the registered analyses' results (by name)."""
+
+    breakdowns: list[Breakdown]
+    answers: list[dict]
+    analyses: dict[str, dict]  # backend -> name -> result
 
 
 def report_inputs(paths: Sequence[str | Path], labels: Sequence[str | None] = (), run_jsons: Sequence[str | Path] = (),

@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 
 from harness import backends
-from harness.backends import ranges
+from harness.backends import profilers, ranges
 from harness.trace.analyses.breakdown import answers, breakdown, load_profile
 from harness.trace.kernels import Category
 from harness.trace.profile import KERNEL, ProfileError
-from harness.trace.sources import framework_profile
 from harness.trace.sources.nsys import find_nsys, profile_command
 
 DATA = Path(__file__).parent / "data"
@@ -216,11 +215,11 @@ def _cpu_session_run(backend: str, tmp_path: Path):
 def test_cpu_fallback(backend: str, tmp_path: Path) -> None:
     if backend == "torch":
         out = tmp_path / "trace.json"
-        with framework_profile.torch_profiler(out):
+        with profilers.torch_profiler(out):
             _cpu_session_run(backend, tmp_path)
     else:
         out = tmp_path / "trace"
-        with framework_profile.jax_profiler(out):
+        with profilers.jax_profiler(out):
             _cpu_session_run(backend, tmp_path)
     bd = breakdown(load_profile(out))
     assert "CPU" in bd.notes[0]

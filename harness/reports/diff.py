@@ -192,6 +192,8 @@ def to_json(d: Diff) -> dict:
         for key in ("layers", "kinds"):
             for row, jr in zip(getattr(lp, key), jd[key]):
                 jr["delta_ms"] = row.delta_ms
+    if not doc["analyses"]:  # none registered beyond the built-in ones: the document as before them
+        del doc["analyses"]
     return {"schema": doc.pop("schema"), **doc}
 
 

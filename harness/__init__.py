@@ -74,10 +74,11 @@ def held_signals() -> Iterator[None]:
     progress line, a library's pool) takes the signal, and Python runs its handler in the
     main thread all the same. Call from the main thread."""
     caught: list[int] = []
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, *STOP_SIGNALS)}
-    for s, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(s, lambda signum, frame: caught.append(signum))
+    # an ignored signal stays ignored; one whose handler was not set from Python is left alone
+    previous = {s: h for s in (signal.SIGINT, *STOP_SIGNALS)
+                if (h := signal.getsignal(s)) not in (signal.SIG_IGN, None)}
+    for s in previous:
+        signal.signal(s, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:

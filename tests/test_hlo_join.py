@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from harness.backends.jax.session import JaxSession
+from harness.common.layer_names import canonical_layer
 from harness.config import get_config
 from harness.timing.tokens import make_tokens
 from harness.trace.analyses import hlo_join
@@ -32,7 +33,6 @@ from harness.trace.analyses.hlo_join import (
     schedule,
     scope_path,
 )
-from harness.trace.analyses.layers import canonical_layer
 from harness.trace.analyses.seq_align import WINDOW, align
 from harness.trace.profile import KERNEL, MEMCPY, MEMSET, Kernel, KernelTable, Range
 

@@ -17,6 +17,7 @@ import torch_impl
 from harness import run as run_cli
 from harness.backends import ranges
 from harness.backends.torch.session import TorchSession
+from harness.common.layer_names import canonical_layer
 from harness.config import get_config
 from harness.diffs.decompose import diff_runs
 from harness.diffs.inputs import Run
@@ -24,7 +25,7 @@ from harness.diffs.layers import largest_moves
 from harness.reports.diff import diff_markdown, to_json
 from harness.timing.plants import wide_block
 from harness.timing.tokens import make_tokens
-from harness.trace.analyses.layers import OUTSIDE, canonical_layer, layer_kind, layer_labels, layer_totals
+from harness.trace.analyses.layers import OUTSIDE, layer_kind, layer_labels, layer_totals
 from harness.trace.profile import Kernel, KernelTable, Range
 
 CANONICAL = {"token_embeddings", "ln_final", "lm_head", "loss",

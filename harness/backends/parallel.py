@@ -8,8 +8,8 @@ import os
 
 from harness import backends
 
-# NVLink multicast (NVLS) off: NCCL, torch's symmetric memory and NVSHMEM would otherwise
-# set it up, and on some hosts it fails or hangs at start-up.
+# NVLink multicast (NVLS) off in NCCL, torch's symmetric memory and NVSHMEM: it can take a
+# shared host's GPUs out of service (docs/several-gpus.md).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 

@@ -49,10 +49,10 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.common.layer_names import LAYER_RANGE_PREFIX
 from harness.trace.analyses.assign import Assignment, assign
 from harness.trace.analyses.breakdown import Breakdown, load_profile
 from harness.trace.analyses.hlo_join import hlo_dir, load_schedules
-from harness.trace.analyses.layers import LAYER_RANGE_PREFIX
 from harness.trace.kernels import CATEGORY_COLORS, Category
 from harness.trace.library_ranges import library_of
 from harness.trace.profile import UNKNOWN, Profile

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.common.layer_names import LAYER_RANGE_PREFIX
 from harness.trace.analyses.hlo_join import label_kernels
-from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, measured_layer_phases
+from harness.trace.analyses.layers import layer_labels, measured_layer_phases
 from harness.trace.analyses.selection import _CAT, _categories, select
 from harness.trace.kernels import Category
 from harness.trace.profile import Profile, Range

@@ -46,11 +46,12 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.common.layer_names import LAYER_RANGE_PREFIX
 from harness.trace.analyses import attribution as attr
 from harness.trace.analyses.answers import answers, attention_flops, harness_metadata, run_json_problems
 from harness.trace.analyses.hlo_join import hlo_dir, label_kernels, load_schedules
 from harness.trace.analyses.intervals import device_timelines
-from harness.trace.analyses.layers import LAYER_RANGE_PREFIX, layer_labels, layer_totals, measured_layer_phases
+from harness.trace.analyses.layers import layer_labels, layer_totals, measured_layer_phases
 from harness.trace.analyses.library import holders, only_library, sub_ranges
 from harness.trace.analyses.selection import _CAT, _CATS, Selection, _categories, program_ranges, select
 from harness.trace.kernels import PHASE_RULES, Category, decode_gemm, short_name

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.trace.analyses.layers import canonical_layer
+from harness.common.layer_names import canonical_layer
 from harness.trace.analyses.seq_align import align, repair
 from harness.trace.kernels import is_autotuning
 from harness.trace.profile import KERNEL, MEMCPY, MEMSET, KernelTable, Range

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from harness.common.layer_names import LAYER_RANGE_PREFIX, canonical_layer  # noqa: F401 (the analyses' names)
+from harness.common.layer_names import LAYER_RANGE_PREFIX, canonical_layer
 from harness.trace.analyses import attribution as attr
 from harness.trace.profile import KernelTable, Range
 

@@ -14,12 +14,11 @@ writes its figures to ``<name>.json`` and a table in kernels.md (`harness.report
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.common.plugins import import_package
 from harness.trace.profile import Profile
 
 
@@ -68,9 +67,7 @@ def unregister(name: str) -> None:
 def discover() -> dict[str, Analysis]:
     """Every analysis of this package, by name, in registration order: importing each module
     registers what it defines (modules already imported are not read again)."""
-    package = importlib.import_module(__package__)
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{__package__}.{module.name}")
+    import_package(__package__)
     return dict(_ANALYSES)
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from harness.common.layer_names import LAYER_RANGE_PREFIX
 from harness.trace.analyses import attribution as attr
-from harness.trace.analyses.layers import LAYER_RANGE_PREFIX
 from harness.trace.kernels import PHASE_RULES, Category, classify, rule_matches
 from harness.trace.library_ranges import library_of
 from harness.trace.profile import (

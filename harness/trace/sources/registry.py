@@ -10,12 +10,11 @@ format is one new module here: nothing else names it.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.common.plugins import import_package
 from harness.trace.profile import Profile
 
 
@@ -63,9 +62,7 @@ def unregister(name: str) -> None:
 def discover() -> dict[str, Source]:
     """Every source of this package, by name, in registration order: importing each module
     registers what it defines (modules already imported are not read again)."""
-    package = importlib.import_module(__package__)
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{__package__}.{module.name}")
+    import_package(__package__)
     return dict(_SOURCES)
 
 

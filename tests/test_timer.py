@@ -297,3 +297,40 @@ def test_a_compiling_backend_says_its_first_step_compiles(warmup: int, first: st
     with EventLog(None) as events:
         Timer(FakeSession(garbage=1), opts, said.append, events).loop("split step", ("forward",))
     assert said and not any("compiling" in m for m in said)
+
+
+def test_jax_compile_events_are_time_spent_not_time_saved(tmp_path) -> None:
+    """A persistent-cache hit reports the compile time it saved; that time was never spent in
+    this process, so it must not become an interval that overlaps (and "explains") the steps
+    before it. The lookup itself and a real compilation are recorded."""
+    pytest.importorskip("jax")
+    import jax
+    import jax.monitoring
+    import jax.numpy as jnp
+
+    with EventLog("jax.monitoring") as log:
+        jax.monitoring.record_event_duration_secs("/jax/compilation_cache/compile_time_saved_sec", 15.0)
+        jax.monitoring.record_event_duration_secs("/jax/core/compile/backend_compile_duration", 0.002)
+    assert [(e.kind, e.detail, round(1e3 * (e.end - e.start), 6)) for e in log.events] == \
+        [("compile", "backend_compile_duration", 2.0)]
+
+    names = {"jax_compilation_cache_dir": str(tmp_path), "jax_persistent_cache_min_compile_time_secs": 0,
+             "jax_persistent_cache_min_entry_size_bytes": -1}
+    before = {k: getattr(jax.config, k) for k in names}
+    try:
+        for k, v in names.items():
+            jax.config.update(k, v)
+        f = jax.jit(lambda x: jnp.tanh(x) * 3.0 + x.sum())
+        f(jnp.ones(7)).block_until_ready()  # compiles and writes the cache entry
+        jax.clear_caches()
+        t0 = time.perf_counter()
+        with EventLog("jax.monitoring") as log:
+            f(jnp.ones(7)).block_until_ready()  # a persistent-cache hit
+        elapsed = time.perf_counter() - t0
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+    details = {e.detail for e in log.events}
+    assert "cache_retrieval_time_sec" in details  # the hit happened, and its lookup is recorded
+    assert "compile_time_saved_sec" not in details
+    assert all(e.end - e.start <= elapsed for e in log.events)

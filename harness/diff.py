@@ -2,13 +2,15 @@
 kernel counts and GEMM choices, adding up to B's time minus A's.
 
     python -m harness.diff A B [--out DIR] [--fail-if-slower PCT] [--force]
+    python -m harness.diff A1,A2,A3 B1,B2,B3 ...                              # several runs a side
     python -m harness.diff results/main-job/large-ctx256-bf16-h200-profiled      # every pair of its backends
 
 A and B name runs: ``FOLDER:BACKEND`` of a `harness.compare` result folder, a `harness.run`
 JSON (``X.harness.json`` picks up the profile ``X.sqlite.gz``/``X.nsys-rep`` beside it) or
 any profile (``.nsys-rep``, ``.sqlite[.gz]``, a torch.profiler ``.json[.gz]``, a JAX
 ``.xplane.pb[.gz]``, a folder of one job's per-rank profiles; a multi-process nsys profile
-is its ranks). Runs of different model, ctx, batch, dtype, mode, GPU or rank count are
+is its ranks). Several runs a side, joined by commas, are judged by the spread between runs
+(`harness.diffs.repeats`). Runs of different model, ctx, batch, dtype, mode, GPU or rank count are
 refused unless --force. Without --out the report goes to stdout; with --timeline (and
 --out), timeline.json.gz lays A's and B's profiles on one trace, steps aligned, each
 phase's largest move written over it. With --fail-if-slower the exit status is 1 when B's
@@ -35,7 +37,8 @@ from harness.cli.dialect import (
 from harness.cli.trace_options import add_timeline, timeline_problem, timeline_steps_problem
 from harness.common.html import svg_of, write_html
 from harness.diffs.decompose import Diff, MismatchError, diff_runs, regression
-from harness.diffs.inputs import InputError, mismatch, resolve, resolve_one
+from harness.diffs.inputs import InputError, Run, mismatch, resolve, resolve_one
+from harness.diffs.repeats import check_sides, count_problem, representative, with_repeats
 from harness.diffs.timeline import check_profiles, diff_timeline, timeline_runs
 from harness.reports.diff import diff_markdown, plot_waterfall, render
 from harness.trace.timeline import measured_steps, write_timeline
@@ -44,7 +47,8 @@ from harness.trace.timeline import measured_steps, write_timeline
 def build_parser():
     p = make_parser("harness.diff", __doc__)
     p.add_argument("runs", nargs="+", metavar="RUN",
-                   help="A and B: FOLDER:BACKEND, a harness.run JSON or a profile; one compare folder alone: "
+                   help="A and B: FOLDER:BACKEND, a harness.run JSON or a profile, or several of them joined by commas "
+                        "(A1,A2,A3 B1,B2,B3: judged by the spread between runs); one compare folder alone: "
                         "every pair of its backends")
     add_out(p, "folder for diff.md, diff.json, diff.png, report.html (one subfolder per pair when there are "
                "several); None: print diff.md", metavar="DIR")
@@ -57,15 +61,31 @@ def build_parser():
     return p
 
 
-def _pairs(specs: list[str], nsys_bin: str | None) -> list[tuple]:
-    if len(specs) == 1:
+def _pairs(specs: list[str], nsys_bin: str | None) -> list[tuple[list[Run], list[Run]]]:
+    """The (A runs, B runs) pairs the specs name: one run a side, or several joined by commas."""
+    if len(specs) == 1 and "," not in specs[0]:
         runs = resolve(specs[0], nsys_bin)
         if len(runs) < 2:
             raise InputError(f"{specs[0]}: holds {len(runs)} run; name two runs A B")
-        return list(itertools.combinations(runs, 2))
+        return [([a], [b]) for a, b in itertools.combinations(runs, 2)]
     if len(specs) != 2:
-        raise InputError(f"RUN: got {len(specs)} runs; name two (A B) or one compare folder")
-    return [(resolve_one(specs[0], nsys_bin), resolve_one(specs[1], nsys_bin))]
+        raise InputError(f"RUN: got {len(specs)} runs; name two (A B), several a side (A1,A2 B1,B2) "
+                         "or one compare folder")
+    sides = [[part for part in spec.split(",") if part] for spec in specs]
+    if not all(sides):
+        raise InputError(f"RUN: {' '.join(specs)} leaves a side empty; name A B, or A1,A2 B1,B2")
+    if problem := count_problem(*map(len, sides)):  # before any profile is loaded
+        raise InputError(problem)
+    a, b = ([resolve_one(spec, nsys_bin) for spec in side] for side in sides)
+    check_sides(a, b)
+    return [(a, b)]
+
+
+def _diff(a: list[Run], b: list[Run], force: bool) -> Diff:
+    """The diff of one run a side, or of each side's run nearest its median taken over the runs."""
+    if len(a) == 1:
+        return diff_runs(a[0], b[0], force=force)
+    return with_repeats(diff_runs(representative(a), representative(b), force=force), a, b)
 
 
 def write_diff(d: Diff, folder: Path, figures: bool = True) -> dict[str, Path]:
@@ -86,15 +106,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail("--timeline: writes timeline.json.gz beside diff.md; add --out DIR")
     try:
         pairs = _pairs(args.runs, args.nsys_bin)
-        unlike = [line for a, b in pairs if (line := mismatch(a, b))]
+        unlike = [line for a, b in pairs for x in (*a[1:], *b) if (line := mismatch(a[0], x))]
         if unlike and not args.force:
             raise InputError(unlike[0])
         if args.timeline:
             for a, b in pairs:
-                check_profiles(a, b)
-        diffs = [diff_runs(a, b, force=args.force) for a, b in pairs]
+                check_profiles(representative(a), representative(b))
+        diffs = [_diff(a, b, args.force) for a, b in pairs]
         if args.timeline:  # before anything is written: a step the profiles lack is refused
-            timelines = [timeline_runs(a, b, args.nsys_bin) for a, b in pairs]
+            timelines = [timeline_runs(representative(a), representative(b), args.nsys_bin) for a, b in pairs]
             for runs in timelines:
                 if problem := timeline_steps_problem(args.timeline_steps, measured_steps(runs),
                                                      "the profiles hold measured"):

@@ -254,3 +254,49 @@ def test_unrelated_workloads_are_named_before_any_ratio(small) -> None:
     flops = [json.loads(p.read_text())["phases"]["step"]["flops"] for p in (TORCH, TINY)]
     assert tiny.different_work == [f"torch_small_train's step computes {flops[0] / 1e12:.3g} TFLOP per device, "
                                    f"torch_tiny_attn's step {flops[1] / 1e12:.3g}"]
+
+
+def test_several_runs_a_side_judge_the_noise_between_runs(tmp_path, capsys) -> None:
+    # Each run's own p10-p90 is narrow beside the spread between runs, as between processes of
+    # identical code at a host-bound cell: one pair calls a 25% gap beyond the noise, the runs
+    # put it inside; runs apart by more than their spread stay beyond it.
+    def planted(name: str, factor: float) -> str:
+        return str(_planted(tmp_path, factor).rename(tmp_path / name))
+
+    a = [planted("a1.json", 1.0), planted("a2.json", 1.3)]
+    b = [planted("b1.json", 1.25), planted("b2.json", 1.5)]
+    assert diff_cli.main([a[0], b[0], "--fail-if-slower", "5"]) == 1
+    capsys.readouterr()
+    assert diff_cli.main([",".join(a), ",".join(b), "--fail-if-slower", "5", "--out", str(tmp_path / "d")]) == 0
+    doc = json.loads((tmp_path / "d" / "diff.json").read_text())
+    step = next(p for p in doc["phases"] if p["phase"] == "step")
+    medians = {side: [json.loads(Path(x).read_text())["phases"]["step"]["median_ms"] for x in runs]
+               for side, runs in (("a", a), ("b", b))}
+    for side in ("a", "b"):
+        assert step["runs"][side]["medians_ms"] == medians[side]
+        assert step[f"{side}_ms"] == pytest.approx(statistics.median(medians[side]), rel=1e-12)
+    assert step["in_noise"] is True
+    text = (tmp_path / "d" / "diff.md").read_text()
+    assert "inside the noise (the ranges of the runs' medians overlap)" in text
+    assert "a1.json" in text  # the run whose parts are shown is named
+
+    # Apart by more than their spread: with two runs a side one order in three of identical
+    # code's runs parts them so, which is no verdict (and the gate fails safe); three can tell.
+    low = [a[0], planted("a3.json", 1.02), planted("a4.json", 1.04)]
+    high = [planted("c1.json", 1.6), planted("c2.json", 1.62), planted("c3.json", 1.64)]
+    assert diff_cli.main([",".join(low[:2]), ",".join(high[:2]), "--fail-if-slower", "5"]) == 1
+    assert "more than 5% and the noise unknown" in capsys.readouterr().err
+    assert diff_cli.main([",".join(low), ",".join(high), "--fail-if-slower", "5", "--out", str(tmp_path / "e")]) == 1
+    assert "more than 5% and beyond the noise" in capsys.readouterr().err
+    assert "beyond the noise (the ranges of the runs' medians do not overlap; 10.0% of orders" in \
+        (tmp_path / "e" / "diff.md").read_text()
+    assert diff_cli.main([a[0], b[0], "--out", str(tmp_path / "one")]) == 0  # one run a side: as before
+    assert all("runs" not in p for p in json.loads((tmp_path / "one" / "diff.json").read_text())["phases"])
+
+
+def test_unequal_run_counts_are_refused_in_one_line(tmp_path, capsys) -> None:
+    assert diff_cli.main([f"{TORCH},{TORCH}", str(TORCH), "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: RUN: A names 2 runs and B one; the noise between runs needs several on each side "
+                   "(A1,A2 B1,B2), or name one run each"]
+    assert not (tmp_path / "d").exists()

@@ -21,7 +21,8 @@ group says whether the same work ran as fewer kernels (fusion); GEMMs are listed
 their decoded precision, tile and transposes. Where the model config is known, GEMM
 TFLOP/s is set against the dtype's dense peak and the optimizer's GB/s against HBM.
 
-A gap is inside the noise when the two runs' p10-p90 intervals overlap.
+A gap is inside the noise when the two runs' p10-p90 intervals overlap; with several runs
+a side, when the ranges of their medians overlap (`harness.diffs.repeats`).
 
 With a data-parallel run on either side, communication (NCCL's kernels, XLA's
 collectives) is always one of the parts, zero where a side has none; where both runs
@@ -125,6 +126,9 @@ class PhaseDiff:
     launches: dict[str, dict] = field(default_factory=dict)  # side -> per_step, us_per_launch
     gemms: dict[str, list[dict]] = field(default_factory=dict)  # side -> decoded GEMM choices
     throughput: list[Throughput] = field(default_factory=list)
+    # side -> `harness.diffs.repeats.SideRuns`, where several runs a side were named: then
+    # a_ms, b_ms and in_noise are taken over the runs, the rest is of one run a side
+    runs: dict = field(default_factory=dict)
 
     @property
     def gap_ms(self) -> float:
@@ -387,7 +391,8 @@ def regression(diff: Diff, pct: float) -> str | None:
         return None
     slower = step.gap_ms / step.a_ms * 100
     if slower > pct and step.in_noise is not True:
+        noise = "beyond the noise" if step.in_noise is False else "the noise unknown"
         return (f"{diff.b_label} is {slower:.1f}% slower than {diff.a_label} in "
                 f"{phase_words(step, diff.a_label, diff.b_label)} "
-                f"({step.a_ms:.3f} -> {step.b_ms:.3f} ms median), more than {pct:g}% and beyond the noise")
+                f"({step.a_ms:.3f} -> {step.b_ms:.3f} ms median), more than {pct:g}% and {noise}")
     return None

@@ -13,6 +13,7 @@ from harness.common.results import atomic_path, write_text
 from harness.common.tables import markdown_table
 from harness.diffs.decompose import HOST, Diff, PhaseDiff, Throughput, phase_words
 from harness.diffs.layers import LayerPhase, layer_sentences
+from harness.diffs.repeats import BEYOND_CHANCE, parting_chance
 
 CAUSES = 3
 
@@ -43,6 +44,17 @@ def _headline(d: Diff, p: PhaseDiff) -> str:
     phase = phase_words(p, d.a_label, d.b_label)
     if not p.a_ms:
         return f"{phase}: no time for A."
+    if p.runs:
+        ra, rb = p.runs["a"], p.runs["b"]
+        chance = parting_chance(len(ra.medians_ms), len(rb.medians_ms))
+        noise = {True: "inside the noise (the ranges of the runs' medians overlap)",
+                 False: f"beyond the noise (the ranges of the runs' medians do not overlap; {chance:.1%} of orders of "
+                        "runs of identical code would part them so)",
+                 None: f"noise unknown: the ranges of the runs' medians do not overlap, but {chance:.0%} of orders "
+                       "of runs of identical code would part them so; three runs a side can tell"}[p.in_noise]
+        return (f"B takes {p.b_ms:.3f} ms per {phase} against A's {p.a_ms:.3f} ms (the median of each side's "
+                f"runs' timer medians; B's {len(rb.medians_ms)} runs {rb.lo_ms:.3f}-{rb.hi_ms:.3f} ms, A's "
+                f"{len(ra.medians_ms)} runs {ra.lo_ms:.3f}-{ra.hi_ms:.3f} ms): {speed(p.a_ms, p.b_ms)}, {noise}.")
     noise = NOISE_WORDS[p.in_noise]
     return (f"B ({d.b_label}) takes {p.b_ms:.3f} ms per {phase} against A's ({d.a_label}) {p.a_ms:.3f} ms "
             f"({p.whole}): {speed(p.a_ms, p.b_ms)}, {noise}.")
@@ -129,8 +141,12 @@ def _layer_lines(lp: LayerPhase) -> list[str]:
 def _phase_lines(p: PhaseDiff) -> list[str]:
     lines = [f"## {p.phase}" + (f" (A: {p.a_phase}, B: {p.b_phase})" if p.a_phase != p.b_phase else ""), ""]
     spread = lambda t: "-" if t is None else f"{t.median_ms:.3f} [{t.p10_ms:.3f}, {t.p90_ms:.3f}] ±{t.std_ms:.3f}"
-    lines += markdown_table(["", "A", "B", "B - A"],
-                            [["median ms [p10, p90] ±std", spread(p.a), spread(p.b), f"{p.gap_ms:+.3f}"]])
+    rows = [["median ms [p10, p90] ±std", spread(p.a), spread(p.b),
+             f"{p.b.median_ms - p.a.median_ms:+.3f}" if p.runs and p.a and p.b else f"{p.gap_ms:+.3f}"]]
+    if p.runs:  # the first row is of one run a side, this one over the runs
+        runs = lambda r: f"{r.median_ms:.3f} [{r.lo_ms:.3f}, {r.hi_ms:.3f}] n={len(r.medians_ms)}"  # noqa: E731
+        rows.append(["runs' medians: median [min, max]", runs(p.runs["a"]), runs(p.runs["b"]), f"{p.gap_ms:+.3f}"])
+    lines += markdown_table(["", "A", "B", "B - A"], rows)
     if not p.parts:
         return [*lines, ""]
     rows = [[x.name, _ms(x.a_ms), _ms(x.b_ms), f"{x.delta_ms:+.3f}", _num(x.a_kernels), _num(x.b_kernels)]
@@ -167,11 +183,20 @@ def _phase_lines(p: PhaseDiff) -> list[str]:
 RULES = ("the step's gap split into the parts the two profiles measure (kernels by category, the host's time with "
          f"no kernel running); the {CAUSES} largest by size are its causes; beyond the noise where the two timers' "
          "p10-p90 ranges do not overlap; unexplained: the gap the parts leave")
+RULES_RUNS = ("each side's time the median of its runs' timer medians, beyond the noise where the two ranges of run "
+              f"medians do not overlap and at most {BEYOND_CHANCE:.0%} of orders of runs of identical code would part "
+              "them so (three runs a side or more); the step's gap of the run nearest each side's median split into "
+              "the parts the two profiles measure (kernels by category, the host's time with no kernel running); "
+              f"the {CAUSES} largest by size are its causes; unexplained: the gap the parts leave")
 
 
 def diff_markdown(d: Diff) -> str:
     findings = [Finding("diff", s) for s in sentences(d)]
-    lines = [f"# {d.b_label} against {d.a_label}", "", *answer_markdown(findings, RULES)]
+    several = any(p.runs for p in d.phases)
+    title = (f"# {d.b_label} ({len(d.step.runs['b'].medians_ms)} runs) against {d.a_label} "
+             f"({len(d.step.runs['a'].medians_ms)} runs)" if several and d.step and d.step.runs
+             else f"# {d.b_label} against {d.a_label}")
+    lines = [title, "", *answer_markdown(findings, RULES_RUNS if several else RULES)]
     lines += [f"- {label}: {a}" + ("" if a == b else f" / {b}") for label, (a, b) in d.fields.items()]
     lines += ["", *(f"- note: {n}" for n in d.notes), ""] if d.notes else [""]
     for p in d.phases:
@@ -186,6 +211,11 @@ def to_json(d: Diff) -> dict:
     for p, pd in zip(d.phases, doc["phases"]):
         pd["gap_ms"] = p.gap_ms
         pd["decomposed_gap_ms"] = p.decomposed_gap_ms
+        if p.runs:
+            for side, r in p.runs.items():
+                pd["runs"][side].update(median_ms=r.median_ms, lo_ms=r.lo_ms, hi_ms=r.hi_ms)
+        else:  # one run a side: the document as before several runs could be named
+            del pd["runs"]
         for part, jd in zip(p.parts, pd["parts"]):
             jd["delta_ms"] = part.delta_ms
     for lp, jd in zip(d.layers, doc["layers"]):
@@ -222,7 +252,8 @@ def plot_waterfall(d: Diff, path: Path) -> bool:
     means = bool(p.a and p.b)
     ax.set_ylabel(f"ms per {p.a_phase if p.a_phase == p.b_phase else 'step'}" + (" (timer mean)" if means else ""))
     ax.set_title(f"{phase_words(p, d.a_label, d.b_label)}: {a_ms:.2f} -> {b_ms:.2f} ms"
-                 + (f" (timer means; medians {p.a_ms:.2f} -> {p.b_ms:.2f})" if means else ""), fontsize=9)
+                 + (f" (timer means; medians {'over the runs ' if p.runs else ''}{p.a_ms:.2f} -> {p.b_ms:.2f})"
+                    if means else ""), fontsize=9)
     ax.set_ylim(min(0.0, *levels) * 1.08, max(levels) * 1.08)  # the tallest bar's top in view
     fig.tight_layout()
     fig.savefig(path, dpi=120)

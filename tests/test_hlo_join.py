@@ -348,3 +348,24 @@ def test_jax_run_with_layer_ranges_writes_the_hlo_beside_its_result(tmp_path) ->
     schedules = hlo_join.load_schedules(hlo_join.hlo_dir(out))
     layers = {item.layer for item in schedules["forward"]}
     assert {"token_embeddings", "layers.0.attn", "layers.1.ffn", "lm_head", "loss"} <= layers
+
+
+def test_the_second_step_compiles_nothing() -> None:
+    """Each phase compiles on its first call only: the split step's second run, and a fused
+    step after split steps, hand every program inputs it has seen (the optimizer state's
+    leaves all committed to the device, as each update returns them)."""
+    from harness.timing.events import EventLog
+
+    s = _session()
+
+    def split_step() -> None:
+        s.forward()
+        s.backward()
+        s.sync(s.optimizer_step())
+
+    split_step()
+    s.sync(s.fused_step())
+    with EventLog("jax.monitoring") as log:
+        split_step()
+        s.sync(s.fused_step())
+    assert [e.detail for e in log.events if e.kind == "compile"] == []

@@ -123,6 +123,9 @@ class JaxSession:
         if data_parallel > 1:
             self.opt_state = jax.device_put(self.opt_state, shard_params(self.opt_state, mesh)
                                             if parallel in ("fsdp", "zero1") else params_at)
+        else:  # every leaf committed to the device, as the update hands it back: an uncommitted
+            # one (AdamW's step count) is another program to jit, compiled again on the second step
+            self.opt_state = jax.device_put(self.opt_state, self.device)
         batch = jax.device_put(jnp.asarray(tokens, dtype=jnp.int32), batch_at)
         self.inputs, self.targets = batch[:, :-1], batch[:, 1:]
         self._vjp = None

@@ -2,6 +2,10 @@ import os
 
 # Tests run on the CPU unless a test asks for the GPU explicitly.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# One intra-op thread per process (and the subprocesses it starts): the tests' models are
+# tiny, and with two workers on two cores a second OpenMP thread per process only waits for
+# a core, spinning, and a tiny step took many times longer.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

@@ -1,13 +1,21 @@
-"""Predicted peak device memory of one torch training step, per phase (`harness.sweeps.step_memory`).
+"""Predicted peak device memory of one torch training step, per phase (`harness.sweeps.step_memory`);
+with --compiled, XLA's own account of each JAX program.
 
     python -m harness.memory_model                                   # every preset x ctx 128..1024
     python -m harness.memory_model --model large --ctx 256 --batch 4 --dtype bf16
+    python -m harness.memory_model --model large --ctx 1024 --batch 16 --dtype bf16 --attention fused --compiled
 
 With one model and one context it prints the state, activation and per-phase peak
 predictions in GiB: parameters, gradients, AdamW state, what autograd saves per layer,
 and the logits. With several (or none given: every preset, ctx 128, 256, 512, 1024) it
 prints the predicted step peak of each model x context, and with --device-memory-gb
 whether it fits. The sweep report sets the same predictions beside measured peaks.
+
+--compiled (one model, one context) compiles JAX's programs for --device from abstract
+arguments, runs nothing, and prints per program what XLA's memory analysis says: arguments,
+outputs, temporaries, outputs aliased to donated arguments, and the peak. The forward of the
+split step hands its outputs, `jax.vjp`'s residuals, to the backward, a second program; the
+fused step keeps what the backward needs inside one program, so the two differ most here.
 """
 
 from __future__ import annotations
@@ -22,13 +30,16 @@ from harness.cli.dialect import (
     add_attention,
     add_batch,
     add_ctx,
+    add_device,
     add_device_memory,
     add_dtype,
     add_model,
     fail,
     make_parser,
     parse_args,
+    select_platform,
 )
+from harness.common.errors import UsageError
 from harness.common.tables import markdown_table
 from harness.config import PRESETS, get_config
 from harness.sweeps.step_memory import predict
@@ -45,7 +56,40 @@ def build_parser() -> argparse.ArgumentParser:
     add_dtype(p)
     add_attention(p)
     add_device_memory(p, "device memory to test the step peaks against (None: no fit verdict)")
+    p.add_argument("--compiled", action="store_true",
+                   help="XLA's memory analysis of each JAX program, compiled for --device from abstract arguments "
+                        "(nothing runs; one --model and one --ctx)")
+    add_device(p)
     return p
+
+
+PROGRAMS = {"forward": "split step: forward (its outputs are the residuals the backward takes)",
+            "backward": "split step: backward", "optimizer": "split step: optimizer",
+            "fused_step": "fused step (forward, backward and AdamW in one program)"}
+
+
+def compiled_memory(model: str, ctx: int, batch: int, dtype: str, attention: str, device: str) -> dict:
+    """XLA's memory analysis of each JAX program of this step (`JaxSession.memory_analysis`),
+    by phase, in bytes; the session holds the weights and optimizer state on `device`."""
+    from harness.backends.jax.session import JaxSession
+    from harness.timing.tokens import make_tokens
+
+    config = get_config(model, attention=attention)
+    session = JaxSession(config, make_tokens(config.vocab_size, batch, ctx, 0), device=device, dtype=dtype, seed=0)
+    return session.memory_analysis()
+
+
+def format_compiled(sizes: dict) -> str:
+    """A table of each program's sizes in GiB, then the answer: what the split step hands from
+    its forward to its backward against the fused step's peak."""
+    rows = [[PROGRAMS.get(phase, phase), *(f"{s[k] / GIB:.3f}" for k in ("argument", "output", "temp", "alias",
+                                                                           "peak"))]
+            for phase, s in sizes.items()]
+    table = markdown_table(["program", "arguments GiB", "outputs GiB", "temporaries GiB", "aliased GiB",
+                            "peak GiB"], rows)
+    answer = (f"the split step's forward hands its backward {sizes['forward']['output'] / GIB:.3f} GiB of residuals; "
+              f"the fused step peaks at {sizes['fused_step']['peak'] / GIB:.3f} GiB")
+    return "\n".join([answer, "", *table])
 
 
 def format_prediction(pred: dict) -> str:
@@ -163,6 +207,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     models, ctxs = args.model or list(PRESETS), args.ctx or list(TABLE_CTX)
     if problem := size_problem(models, ctxs, args.batch, args.dtype, args.attention):
         return fail(problem)
+    if args.compiled:
+        if len(models) != 1 or len(ctxs) != 1:
+            return fail("--compiled: compiles one step; name one --model and one --ctx")
+        try:
+            select_platform(args)
+        except UsageError as exc:
+            return fail(str(exc))
+        sizes = compiled_memory(models[0], ctxs[0], args.batch, args.dtype, args.attention, args.device)
+        print(f"{models[0]} ctx {ctxs[0]} batch {args.batch} {args.dtype} attention {args.attention}: "
+              f"JAX's programs compiled for {args.device}, XLA's memory analysis")
+        print(format_compiled(sizes))
+        return 0
     if len(models) == 1 and len(ctxs) == 1:
         config = get_config(models[0], attention=args.attention)
         pred = predict(config, args.batch, ctxs[0], args.dtype)

@@ -200,22 +200,38 @@ class JaxSession:
         self.sync()
 
     # -- layer attribution ----------------------------------------------------------
-    def optimized_hlo(self) -> dict[str, str]:
-        """XLA's optimized HLO text of each jitted phase, by phase name (the range names).
-
-        Lowered from abstract arguments (the backward's `jax.vjp` residuals come from
-        `jax.eval_shape`), so nothing runs on the device; compiling reuses the process's
-        autotuning results, so the schedule is the one the timed steps ran."""
+    def _lowered(self) -> dict:
+        """Each jitted phase lowered from abstract arguments, by phase name (the range names):
+        the backward's `jax.vjp` residuals come from `jax.eval_shape`, so nothing runs."""
         spec = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)  # noqa: E731
         args = (self.state, self.inputs, self.targets)
         vjp = jax.eval_shape(self._fwd, *args)[1]
-        lowered = {
+        return {
             "forward": self._fwd.lower(*args),
             "backward": self._bwd.lower(vjp),
             "optimizer": self._update.lower(spec(self.state), spec(self.opt_state), spec(self.state)),
             "fused_step": self._fused.lower(spec(self.state), spec(self.opt_state), self.inputs, self.targets),
         }
-        return {phase: low.compile().as_text() for phase, low in lowered.items()}
+
+    def optimized_hlo(self) -> dict[str, str]:
+        """XLA's optimized HLO text of each jitted phase, by phase name (the range names).
+        Compiling reuses the process's autotuning results, so the schedule is the one the
+        timed steps ran."""
+        return {phase: low.compile().as_text() for phase, low in self._lowered().items()}
+
+    def memory_analysis(self) -> dict[str, dict[str, int]]:
+        """XLA's own account of each jitted phase's device memory, by phase name, in bytes:
+        its arguments, its outputs (the forward's are the residuals it hands the backward),
+        its temporaries, the outputs that reuse donated arguments, and its peak (where the
+        backend reports none: arguments + outputs + temporaries - aliased). Compiled, not run."""
+        out = {}
+        for phase, low in self._lowered().items():
+            m = low.compile().memory_analysis()
+            sizes = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
+            peak = getattr(m, "peak_memory_in_bytes", 0)
+            sizes["peak"] = int(peak) or sizes["argument"] + sizes["output"] + sizes["temp"] - sizes["alias"]
+            out[phase] = sizes
+        return out
 
     def write_hlo(self, directory: str | Path) -> dict[str, str]:
         """Write `optimized_hlo` as `directory`/<phase>.txt; returns phase -> path."""

@@ -1,0 +1,44 @@
+"""XLA's memory analysis of JAX's programs (`JaxSession.memory_analysis`, `memory_model --compiled`),
+set against the byte counts of the arrays the programs take and return."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import memory_model
+from harness.config import get_config
+from harness.timing.tokens import make_tokens
+
+jax = pytest.importorskip("jax")
+
+
+def _nbytes(tree) -> int:
+    return int(sum(np.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree)))
+
+
+def test_programs_take_and_return_the_bytes_of_their_arrays() -> None:
+    from harness.backends.jax.session import JaxSession
+
+    config = get_config("tiny")
+    s = JaxSession(config, make_tokens(config.vocab_size, 2, 16, 0), device="cpu", dtype="fp32", seed=0)
+    sizes = s.memory_analysis()
+    assert set(sizes) == {"forward", "backward", "optimizer", "fused_step"}
+    params, opt, batch = _nbytes(s.state), _nbytes(s.opt_state), _nbytes((s.inputs, s.targets))
+    # The fused step takes the weights, AdamW's state and the batch, and returns the first two
+    # and the loss; the split forward returns the loss and the residuals jax.vjp keeps.
+    assert sizes["fused_step"]["argument"] == params + opt + batch
+    residuals = _nbytes(jax.eval_shape(s._fwd, s.state, s.inputs, s.targets))
+    assert residuals <= sizes["forward"]["output"] <= residuals * 1.01  # buffers padded to their alignment
+    assert sizes["optimizer"]["argument"] == 2 * params + opt  # weights, AdamW's state, gradients
+    for phase in sizes.values():
+        assert phase["peak"] >= max(phase["argument"], phase["output"])
+
+
+def test_compiled_table_answers_first_and_refuses_several_sizes(capsys) -> None:
+    assert memory_model.main(["--model", "tiny", "--ctx", "16", "--batch", "2", "--compiled", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("the split step's forward hands its backward ")
+    assert sum(line.startswith("| split step") or line.startswith("| fused step") for line in out) == 4
+    assert memory_model.main(["--model", "tiny", "--ctx", "16,32", "--compiled"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --compiled: compiles one step; name one --model and one --ctx"

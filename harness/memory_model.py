@@ -207,9 +207,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     models, ctxs = args.model or list(PRESETS), args.ctx or list(TABLE_CTX)
     if problem := size_problem(models, ctxs, args.batch, args.dtype, args.attention):
         return fail(problem)
+    if args.device is not None and not args.compiled:
+        return fail(f"--device {args.device}: picks where --compiled compiles JAX's programs; add --compiled, "
+                    "or drop --device for the prediction")
     if args.compiled:
         if len(models) != 1 or len(ctxs) != 1:
             return fail("--compiled: compiles one step; name one --model and one --ctx")
+        if args.device_memory_gb is not None:
+            return fail("--device-memory-gb: tests the prediction, not --compiled, whose table gives each "
+                        "program's peak; drop one of them")
         try:
             select_platform(args)
         except UsageError as exc:

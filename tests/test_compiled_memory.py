@@ -42,3 +42,8 @@ def test_compiled_table_answers_first_and_refuses_several_sizes(capsys) -> None:
     assert sum(line.startswith("| split step") or line.startswith("| fused step") for line in out) == 4
     assert memory_model.main(["--model", "tiny", "--ctx", "16,32", "--compiled"]) == 2
     assert capsys.readouterr().err.strip() == "error: --compiled: compiles one step; name one --model and one --ctx"
+    # Options that only one of the two modes reads are refused, not silently dropped.
+    assert memory_model.main(["--model", "tiny", "--ctx", "16", "--compiled", "--device-memory-gb", "80"]) == 2
+    assert capsys.readouterr().err.startswith("error: --device-memory-gb: tests the prediction, not --compiled")
+    assert memory_model.main(["--model", "tiny", "--ctx", "16", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.startswith("error: --device cpu: picks where --compiled compiles")

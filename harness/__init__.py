@@ -17,6 +17,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 # Signals that stop a started tool the way Ctrl-C does (one ignored, as under nohup, stays ignored).
@@ -72,7 +73,10 @@ def held_signals() -> Iterator[None]:
     written whole), then arrive as usual, once. Held by Python-level handlers, not by the
     thread's signal mask: a mask holds nothing once any other thread of the process (a
     progress line, a library's pool) takes the signal, and Python runs its handler in the
-    main thread all the same. Call from the main thread."""
+    main thread all the same. Off the main thread, where no handler can be set, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     caught: list[int] = []
     # an ignored signal stays ignored; one whose handler was not set from Python is left alone
     previous = {s: h for s in (signal.SIGINT, *STOP_SIGNALS)

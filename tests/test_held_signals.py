@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -50,3 +52,31 @@ def test_nothing_held_nothing_raised_and_an_ignored_signal_stays_ignored() -> No
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_signal_while_a_child_starts_stops_that_child(monkeypatch) -> None:
+    """A signal landing inside Popen, after the fork (the window a stop right after a backend
+    starts falls in), must not leave the started child running, unseen by compare."""
+    from harness.runs import compare
+
+    started = []
+    real = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        signal.raise_signal(signal.SIGINT)  # before Popen has returned the child to its caller
+        return started[-1]
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            compare._stream([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        left_running = [proc.pid for proc in started if proc.poll() is None]
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert len(started) == 1 and left_running == []

@@ -46,14 +46,17 @@ class NotRendered(Exception):
 def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
     """Run `cmd`, passing its stderr (progress) through; return exit code and stderr's tail.
     An interrupt stops the subprocess too before it is re-raised."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    tail: list[str] = []
+    proc, tail = None, []
     try:
+        with held_signals():  # a signal inside Popen would leave the started child unseen, running on
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         for line in proc.stderr:
             sys.stderr.write(line)
             tail = (tail + [line.rstrip()])[-20:]
         return proc.wait(), "\n".join(tail)
     except KeyboardInterrupt:
+        if proc is None:
+            raise
         proc.terminate()
         try:
             proc.wait(timeout=10)

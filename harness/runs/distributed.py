@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from harness import backends
+from harness import backends, held_signals
 from harness.backends.parallel import SAFE_ENV, apply_safe_env, bucket_mb, parallel_label
 from harness.common.documents import RUN_SCHEMA, RunDocument, Status
 from harness.common.errors import UsageError
@@ -164,9 +164,10 @@ def launch(options: dict, job: str, workdir: str, n: int, progress: bool = True,
     try:
         for rank in range(n):
             argv = [sys.executable, "-m", "harness.runs.rank", spec, str(rank)]
-            procs.append(subprocess.Popen(wrap(rank, argv) if wrap else argv, env=worker_env(n, rank, port),
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True))
+            with held_signals():  # a signal inside Popen would leave a started rank out of `procs`, running on
+                procs.append(subprocess.Popen(wrap(rank, argv) if wrap else argv, env=worker_env(n, rank, port),
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                              start_new_session=True))
         readers = [threading.Thread(target=pump, args=(r, p.stderr), daemon=True) for r, p in enumerate(procs)]
         for t in readers:
             t.start()

@@ -9,11 +9,10 @@ outside by casting the float32 master parameters before the call (see harness.ru
 from __future__ import annotations
 
 import math
-import os
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from harness.config import ModelConfig
@@ -31,9 +30,13 @@ class Linear(nnx.Module):
         self.weight = nnx.Param(trunc_normal(rngs.params(), (d_out, d_in), math.sqrt(2.0 / (d_in + d_out))))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        w = self.weight[...]
-        # The input takes the weight's dtype, as torch autocast does for matmuls.
-        return jnp.einsum("...i,oi->...o", x.astype(w.dtype), w)
+        return linear(x, self.weight[...])
+
+
+def linear(x: jax.Array, w: jax.Array) -> jax.Array:
+    """y = x W^T for W [d_out, d_in]; the input takes the weight's dtype, as torch autocast
+    does for matmuls."""
+    return jnp.einsum("...i,oi->...o", x.astype(w.dtype), w)
 
 
 class Embedding(nnx.Module):
@@ -50,53 +53,34 @@ class RMSNorm(nnx.Module):
         self.weight = nnx.Param(jnp.ones((d_model,), jnp.float32))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        if _exp("norm"):
-            return jax.checkpoint(_rmsnorm, static_argnums=2)(x, self.weight[...], self.eps)
         # Computed in float32 whatever the input dtype, then cast back.
         x32 = x.astype(jnp.float32)
         rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (x32 * rms * self.weight[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def _exp(name):
-    return name in os.environ.get("XFPROF_EXP", "").split(",")
+def rope_tables(seq_len: int, d_head: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """RoPE's rotation as two [seq, d_head] float32 tables for `apply_rope`: cos(p * f_i) at
+    both positions of pair i, and sin(p * f_i) signed -, + (f_i = theta^(-2i/d_head)).
 
-
-def rope_tables(seq_len, d_head, theta):
+    Computed with NumPy while tracing, so the step holds them as constants. Computed inside
+    the jitted step instead, XLA fuses the cos and sin into each consumer and evaluates them
+    once per element of q and k rather than once per position and frequency."""
     inv_freq = np.float32(theta) ** (-np.arange(0, d_head, 2, dtype=np.float32) / np.float32(d_head))
     angles = np.arange(seq_len, dtype=np.float32)[:, None] * inv_freq[None, :]
     cos, sin = np.cos(angles), np.sin(angles)
-    # [T, hd]: each pair's cos twice; sin signed (-s, +s) for the swapped pair
-    cos2 = np.repeat(cos, 2, axis=-1)
-    sin2 = np.stack((-sin, sin), axis=-1).reshape(seq_len, d_head)
-    return jnp.asarray(cos2), jnp.asarray(sin2)
-
-
-def apply_rope_swap(x, cos2, sin2):
-    x32 = x.astype(jnp.float32)
-    sw = x32.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)[..., ::-1].reshape(x.shape)
-    return (x32 * cos2[:, None, :] + sw * sin2[:, None, :]).astype(x.dtype)
-
-
-def _rmsnorm(x, w, eps):
-    x32 = x.astype(jnp.float32)
-    rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (x32 * rms * w.astype(jnp.float32)).astype(x.dtype)
-
-
-def rope_angles(seq_len: int, d_head: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos and sin of position p times frequency theta^(-2i/d_head), each [seq, d_head/2]."""
-    inv_freq = theta ** (-jnp.arange(0, d_head, 2, dtype=jnp.float32) / d_head)
-    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-    return jnp.cos(angles), jnp.sin(angles)
+    return (jnp.asarray(np.repeat(cos, 2, axis=-1)),
+            jnp.asarray(np.stack((-sin, sin), axis=-1).reshape(seq_len, d_head)))
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate adjacent pairs (2i, 2i+1) of the last axis in place of the pair. x: (B, T, nh, hd)."""
-    x1, x2 = x[..., 0::2].astype(jnp.float32), x[..., 1::2].astype(jnp.float32)
-    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
-    out = jnp.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), axis=-1)
-    return out.reshape(x.shape).astype(x.dtype)
+    """Rotate adjacent pairs (2i, 2i+1) of the last axis in place of the pair, in float32.
+    x: (B, T, nh, hd); cos, sin from `rope_tables`. Written as x * cos + swap(x) * sin, with
+    swap exchanging each pair's two entries: one elementwise pass, where slicing the even
+    and odd entries and stacking the results back takes strided reads and a concatenation."""
+    x32 = x.astype(jnp.float32)
+    swapped = x32.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)[..., ::-1].reshape(x.shape)
+    return (x32 * cos[:, None, :] + swapped * sin[:, None, :]).astype(x.dtype)
 
 
 class CausalSelfAttention(nnx.Module):
@@ -126,12 +110,8 @@ class CausalSelfAttention(nnx.Module):
         B, T, D = x.shape
         # (B, T, D) -> (B, T, nh, hd)
         q, k, v = (p(x).reshape(B, T, self.num_heads, self.d_head) for p in (self.q_proj, self.k_proj, self.v_proj))
-        if _exp("rope"):
-            cos2, sin2 = rope_tables(T, self.d_head, self.rope_theta)
-            q, k = apply_rope_swap(q, cos2, sin2), apply_rope_swap(k, cos2, sin2)
-        else:
-            cos, sin = rope_angles(T, self.d_head, self.rope_theta)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cos, sin = rope_tables(T, self.d_head, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         scale = 1.0 / math.sqrt(self.d_head)
         if self.attention == "fused":
             # implementation=None means XLA's composite attention (the scores materialized),
@@ -157,48 +137,17 @@ class SwiGLU(nnx.Module):
         self.w3 = Linear(d_model, d_ff, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        if _exp("ffn"):
-            return jax.checkpoint(_swiglu, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)(
-                x, self.w1.weight[...], self.w2.weight[...], self.w3.weight[...])
-        if _exp("swiglu"):
-            return self.w2(gated_silu(self.w1(x), self.w3(x)))
-        return self.w2(jax.nn.silu(self.w1(x)) * self.w3(x))
+        # Under remat keeping only the matmuls' outputs, the backward gets w1(x) and w3(x)
+        # and recomputes silu and the product from them, where plain autodiff keeps six
+        # [B, T, d_ff] arrays per layer (silu's intermediates, the product). Recomputing is
+        # elementwise work on inputs the backward reads anyway.
+        keep_matmuls = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+        return jax.checkpoint(swiglu, policy=keep_matmuls)(x, self.w1.weight[...], self.w2.weight[...],
+                                                           self.w3.weight[...])
 
 
-def _sigmoid(x):
-    if _exp("tanh"):
-        return 0.5 * jnp.tanh(0.5 * x) + 0.5
-    return jax.nn.sigmoid(x)
-
-
-@jax.custom_vjp
-def gated_silu(a, b):
-    a32 = a.astype(jnp.float32)
-    return (a32 * _sigmoid(a32) * b.astype(jnp.float32)).astype(a.dtype)
-
-
-def _gated_silu_fwd(a, b):
-    return gated_silu(a, b), (a, b)
-
-
-def _gated_silu_bwd(res, g):
-    a, b = res
-    a32, b32, g32 = a.astype(jnp.float32), b.astype(jnp.float32), g.astype(jnp.float32)
-    s = _sigmoid(a32)
-    db = g32 * a32 * s
-    da = g32 * b32 * s * (1.0 + a32 * (1.0 - s))
-    return da.astype(a.dtype), db.astype(b.dtype)
-
-
-gated_silu.defvjp(_gated_silu_fwd, _gated_silu_bwd)
-
-
-def _lin(x, w):
-    return jnp.einsum("...i,oi->...o", x.astype(w.dtype), w)
-
-
-def _swiglu(x, w1, w2, w3):
-    return _lin(jax.nn.silu(_lin(x, w1)) * _lin(x, w3), w2)
+def swiglu(x: jax.Array, w1: jax.Array, w2: jax.Array, w3: jax.Array) -> jax.Array:
+    return linear(jax.nn.silu(linear(x, w1)) * linear(x, w3), w2)
 
 
 class TransformerBlock(nnx.Module):

@@ -37,7 +37,7 @@ def test_rope_matches_complex_rotation_in_both():
     ref = rope_reference(x[0, 0].astype(np.float64), 10_000.0)
     cos, sin = tm.rope_angles(9, 64, 10_000.0, "cpu")
     got_t = tm.apply_rope(torch.from_numpy(x), cos, sin).numpy()[0, 0]
-    cos, sin = jm.rope_angles(9, 64, 10_000.0)
+    cos, sin = jm.rope_tables(9, 64, 10_000.0)
     got_j = np.asarray(jm.apply_rope(jnp.asarray(x.transpose(0, 2, 1, 3)), cos, sin)).transpose(0, 2, 1, 3)[0, 0]
     # float32 angles t * theta^(-i/d) are off by ~2 eps of the angle (up to T rad), which
     # moves the rotated value by that much of |x|; cos, sin and the rotation add a few eps of |x|

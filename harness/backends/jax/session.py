@@ -133,9 +133,6 @@ class JaxSession:
         # Donating buffers is what a real training loop does; the CPU backend ignores it.
         donate = (0, 1) if self.device.platform != "cpu" else ()
         self.compiler_options = compiler_options(parallel, data_parallel)
-        import os
-        if "notriton" in os.environ.get("XFPROF_EXP", "").split(","):
-            self.compiler_options = {**self.compiler_options, "xla_gpu_enable_triton_gemm": False}
         self._jit = jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
         self._loss = jit(self._loss_fn)
         self._fwd = jit(lambda p, x, y: jax.vjp(lambda q: self._loss_fn(q, x, y), p))

@@ -18,8 +18,10 @@ generated is recognised by the marker files of `KINDS`, not guessed from folder 
                                                                  with its range and count (harness.reports.repeats)
     diff       diff.json and diff.md                             harness.diff <compare folder> of its two labels
                                                                  (beside the diff or above it, else the one of
-                                                                 that name under ROOT): diff.md, diff.json,
-                                                                 diff.png, report.html
+                                                                 that name under ROOT), or of the run documents
+                                                                 of a several-runs diff (named as given,
+                                                                 relative to the diff's folder): diff.md,
+                                                                 diff.json, diff.png, report.html
     attention  X.json of `harness.bench_attention`, and X.md      harness.bench_attention --render X.json: X.md, X.png
     tune       X.jsonl of `harness.tune_attention`, and X.md     harness.tune_attention --render X.jsonl: X.md
 
@@ -49,6 +51,7 @@ current), 1 a file differs or a folder cannot be rendered, 2 bad input.
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import json
 import os
@@ -183,6 +186,8 @@ def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
         diff = None if doc is None else DiffDocument.from_dict(doc, str(folder / "diff.json"))
     except DocumentError as exc:
         raise Unrenderable(str(exc)) from None
+    if doc is not None and (named := several_runs(doc)):
+        return _render_several_runs(folder, root, named, figures)
     labels = [diff.a_label, diff.b_label] if diff else []
     if not all(isinstance(label, str) and ":" in label for label in labels) or len(labels) != 2:
         raise Unrenderable(f"{folder / 'diff.json'}: names no two compare-folder runs (a_label, b_label: "
@@ -197,6 +202,39 @@ def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
         runs.append(f"{compare}:{backend}")
     try:
         d = diff_runs(*(resolve_one(run) for run in runs))
+    except (InputError, MismatchError) as exc:
+        raise Unrenderable(f"{folder}: {exc}") from None
+    return list(write_diff(d, folder, figures).values())
+
+
+def several_runs(doc: dict) -> tuple[list[str], list[str]] | None:
+    """The A and B run documents a several-runs diff names (as its command named them), or None."""
+    for phase in doc.get("phases") or []:
+        if isinstance(phase, dict) and isinstance(runs := phase.get("runs"), dict):
+            sides = [runs.get(side, {}).get("labels") for side in ("a", "b")]
+            if all(isinstance(labels, list) and labels for labels in sides):
+                return sides[0], sides[1]
+    return None
+
+
+def _render_several_runs(folder: Path, root: Path, named: tuple[list[str], list[str]], figures: bool) -> list[Path]:
+    """A several-runs diff from its run documents, each name as its command gave it, run in the
+    diff's folder (`harness.diff runs/a1.json,... runs/b1.json,... --out .`): the folder holds
+    everything it is rendered from."""
+    from harness.diff import write_diff
+    from harness.diffs.decompose import MismatchError, diff_runs
+    from harness.diffs.inputs import InputError, resolve_one
+    from harness.diffs.repeats import representative, with_repeats
+
+    def found(name: str) -> Path:
+        if not Path(name).is_absolute() and (folder / name).is_file():
+            return folder / name
+        raise Unrenderable(f"{folder}: its run document {name} is not in it; run harness.diff in the diff's "
+                           "folder, naming the runs inside it")
+
+    try:
+        a, b = ([dataclasses.replace(resolve_one(str(found(name))), source=name) for name in side] for side in named)
+        d = with_repeats(diff_runs(representative(a), representative(b)), a, b)
     except (InputError, MismatchError) as exc:
         raise Unrenderable(f"{folder}: {exc}") from None
     return list(write_diff(d, folder, figures).values())

@@ -4,6 +4,7 @@
 (b) A copy of one committed folder of each kind with one number changed in a generated file
     fails --check, naming that file and no other.
 (c) A bad --root is one line naming the option, before any work.
+(e) A several-runs diff renders from the run documents in its folder, and names one it lacks.
 (d) The generated block of README.md agrees with its compare folder's report; a digit changed
     inside it fails --check naming README.md, and rendering puts it back; prose outside it is
     not checked; a broken block is one line naming the page.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from harness import regenerate
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 DIFF = "several-gpus/diff-large-ctx1024-bf16-ddp4-h200"
 COMPARE = "several-gpus/large-ctx1024-bf16-fused-ddp4-h200-profiled"  # the compare folder the diff above reads
+RUNS_DIFF = "mfu/h200/jax-before-after"  # a several-runs diff, its run documents in runs/
 
 
 def test_check_passes_on_the_committed_results(capsys) -> None:
@@ -103,6 +106,28 @@ def test_a_moved_diff_finds_its_compare_folder(place, tmp_path, capsys) -> None:
     assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
     out, err = capsys.readouterr()
     assert err == "" and out.startswith(str(tmp_path / "q" / Path(DIFF).name / "diff.md"))
+
+
+def test_a_several_runs_diff_renders_from_the_runs_in_its_folder(tmp_path, capsys) -> None:
+    folder = tmp_path / RUNS_DIFF
+    shutil.copytree(RESULTS / RUNS_DIFF, folder)
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 0
+    _plant(folder / "diff.md", "302.646 ms", "302.647 ms")
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.split(": ")[0] == str(folder / "diff.md")
+    # A run's step times moved in its document: the rendering moves with them (B's range now
+    # starts at that run's median).
+    shutil.copy(RESULTS / RUNS_DIFF / "diff.md", folder / "diff.md")
+    run = json.loads((folder / "runs" / "new-1.json").read_text())
+    times = run["phases"]["fused_step"]["times_ms"] = [t * 0.9 for t in run["phases"]["fused_step"]["times_ms"]]
+    (folder / "runs" / "new-1.json").write_text(json.dumps(run))
+    assert regenerate.main(["--root", str(tmp_path)]) == 0
+    assert f"B's 3 runs {statistics.median(times):.3f}-" in (folder / "diff.md").read_text()
+    capsys.readouterr()
+    (folder / "runs" / "old-1.json").unlink()
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "its run document runs/old-1.json is not in it" in err
 
 
 @pytest.mark.parametrize("make", ["missing", "file"])

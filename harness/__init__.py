@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 # Signals that stop a started tool the way Ctrl-C does (one ignored, as under nohup, stays ignored).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -90,6 +91,29 @@ def held_signals() -> Iterator[None]:
             signal.signal(s, handler)
         if caught:
             signal.raise_signal(caught[0])
+
+
+@contextlib.contextmanager
+def child_process(cmd: Sequence[str], *, grace_s: float = 10.0, **popen: object) -> Iterator[subprocess.Popen]:
+    """`subprocess.Popen(cmd, **popen)` that does not outlive the block it is used in: left by
+    an exception (Ctrl-C, a stop signal), the child is terminated, then killed after `grace_s`.
+    It is started with the signals held: one landing inside Popen, after the fork, would
+    otherwise leave a running child its caller never received; held, it arrives once the
+    child is in hand."""
+    proc = None
+    try:
+        with held_signals():
+            proc = subprocess.Popen(cmd, **popen)
+        yield proc
+    except BaseException:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        raise
 
 
 # sys.argv[0] is "-m" while `python -m` imports the tool's package, and only then.

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness import child_process, stopped_by
 from harness.cli.dialect import comma_list, fail, make_parser, parse_args, positive_int
 from harness.common.results import git_commit
 from harness.trace.analyses.ranks import workers
@@ -74,20 +75,20 @@ def _tree_rss_kib(pid: int) -> int:
 def run_report(folder: Path, out: Path) -> dict:
     """One timed run of the report on `folder` (module docstring)."""
     peak = [0]
-    proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, str(folder), "--out", str(out), "--no-plot"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    start = time.perf_counter()
+    with child_process([sys.executable, "-c", _WRAPPER, str(folder), "--out", str(out), "--no-plot"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        start = time.perf_counter()
 
-    def sample() -> None:
-        while proc.poll() is None:
-            peak[0] = max(peak[0], _tree_rss_kib(proc.pid))
-            time.sleep(0.1)
+        def sample() -> None:
+            while proc.poll() is None:
+                peak[0] = max(peak[0], _tree_rss_kib(proc.pid))
+                time.sleep(0.1)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, err = proc.communicate()
-    wall = time.perf_counter() - start
-    sampler.join()
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, err = proc.communicate()
+        wall = time.perf_counter() - start
+        sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"harness.report failed on {folder}: {(err.strip().splitlines() or ['no output'])[-1]}")
     rusage = json.loads(err.strip().splitlines()[-1])
@@ -102,20 +103,26 @@ def run_report(folder: Path, out: Path) -> dict:
 
 
 def bench(files: Sequence[Path], sizes: Sequence[int]) -> dict:
-    """The benchmark's document: the machine, and one entry per set size."""
+    """The benchmark's document: the machine, and one entry per set size. Stopped (Ctrl-C, a
+    stop signal), it holds the sizes that finished and `interrupted` says where it stopped."""
     sources = [{"name": f.name, "bytes": f.stat().st_size, "uncompressed_bytes": _raw_size(f)} for f in files]
     doc = {"command": " ".join(["python -m harness.bench_ranks", *map(str, files),
                                 "--ranks", ",".join(map(str, sizes))]),
            "commit": git_commit(), "python": platform.python_version(), "machine": platform.machine(),
            "cores": os.cpu_count(), "workers": workers(), "sources": sources, "runs": []}
     for n in sizes:
-        with tempfile.TemporaryDirectory() as tmp:
-            ranks = Path(tmp) / "ranks"
-            copy_ranks(files, n, ranks, seed=0, stragglers=(5,))
-            load_before = os.getloadavg()
-            run = run_report(ranks, Path(tmp) / "report")
-            doc["runs"].append({"ranks": n, **run, "load_average_before": [round(x, 2) for x in load_before],
-                                "load_average_after": [round(x, 2) for x in os.getloadavg()]})
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                ranks = Path(tmp) / "ranks"
+                copy_ranks(files, n, ranks, seed=0, stragglers=(5,))
+                load_before = os.getloadavg()
+                run = run_report(ranks, Path(tmp) / "report")
+        except KeyboardInterrupt as exc:
+            done = ", ".join(str(r["ranks"]) for r in doc["runs"]) or "none"
+            doc["interrupted"] = f"stopped by {stopped_by(exc)} while timing {n} ranks; finished: {done}"
+            return doc
+        doc["runs"].append({"ranks": n, **run, "load_average_before": [round(x, 2) for x in load_before],
+                            "load_average_after": [round(x, 2) for x in os.getloadavg()]})
     return doc
 
 
@@ -129,7 +136,8 @@ def markdown(doc: dict) -> str:
     """The document's runs as a markdown table, with the machine and the sources."""
     src = ", ".join(f"`{s['name']}` ({s['uncompressed_bytes'] / 1e6:.1f} MB)" for s in doc["sources"])
     lines = [f"Sources: {src}; {doc['cores']} cores, {doc['workers']} worker processes; commit "
-             f"{(doc['commit'] or 'unknown')[:12]}.", "",
+             f"{(doc['commit'] or 'unknown')[:12]}.", *([f"Interrupted: {doc['interrupted']}."]
+                                                          if doc.get("interrupted") else []), "",
              "| ranks | wall s | peak RSS MiB: report | largest worker | all processes (sampled) | kernels.md lines "
              "| kernels.md KB | report.html KB | ranks.csv rows | load average before / after (1 min) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -157,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.write_text(json.dumps(doc, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(doc))
     print(markdown(doc), end="")
+    if stopped := doc.get("interrupted"):
+        return fail(f"interrupted: {stopped}; the finished sizes are kept in {out}", 130)
     return 0
 
 

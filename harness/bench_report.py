@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness import child_process, stopped_by
 from harness.cli.dialect import add_nsys_bin, fail, make_parser, parse_args, positive_int
 from harness.trace.profile import ProfileError
 from harness.trace.sources.nsys import export_sqlite, find_nsys
@@ -57,10 +58,10 @@ def _timed(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[float
     report's drawing process, forked from it, is not counted)."""
     with tempfile.TemporaryFile() as log:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
+        with child_process(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env) as proc:
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not signal its pid
         wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
             log.seek(0)
             tail = log.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
@@ -99,15 +100,24 @@ def bench(profile: Path, repeat: int, nsys_bin: str | None, as_configured: bool 
             cmds["nsys"] = ([nsys, "stats", "--report", "cuda_gpu_kern_sum", "--format", "csv", "--force-export",
                              "false", str(profile)], None)
         runs: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
-        for i in range(repeat + 1):  # the first round untimed
-            for name, (cmd, cmd_env) in cmds.items():
-                timed = _timed(cmd, cmd_env)
-                if i:
-                    runs[name].append(timed)
+        stopped = None
+        try:
+            for i in range(repeat + 1):  # the first round untimed
+                for name, (cmd, cmd_env) in cmds.items():
+                    timed = _timed(cmd, cmd_env)
+                    if i:
+                        runs[name].append(timed)
+        except KeyboardInterrupt as exc:  # the rounds that finished are kept; none finished, nothing is
+            rounds = min(len(rs) for rs in runs.values())
+            if not rounds:
+                raise
+            runs = {k: rs[:rounds] for k, rs in runs.items()}
+            stopped = f"stopped by {stopped_by(exc)} after {rounds} of {repeat} timed rounds"
     peak = lambda rs: max(r[1] for r in rs)  # noqa: E731
     result = {k: {"median_s": statistics.median(r[0] for r in rs), "peak_rss_mib": peak(rs)} for k, rs in runs.items()}
     if nsys is None:
         result["nsys"] = {}
+    result["rounds"], result["interrupted"] = len(runs["harness"]), stopped
     return result
 
 
@@ -121,10 +131,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = bench(profile, args.repeat, args.nsys_bin, as_configured=uncached > 0)
     except ProfileError as exc:
         return fail(str(exc))
+    except KeyboardInterrupt as exc:
+        return fail(f"interrupted by {stopped_by(exc)} before a timed round finished; nothing to report", 130)
+    code = print_result(result, uncached, modules)
+    if result["interrupted"]:
+        return fail(f"interrupted: {result['interrupted']}; the medians above are over those rounds", 130)
+    return code
+
+
+def print_result(result: dict, uncached: int, modules: int) -> int:
+    """The benchmark's lines, each median over the timed rounds that ran."""
+    repeat = result["rounds"]
     h, hp, n = result["harness"], result["harness_png"], result["nsys"]
     ratio = (lambda r: f" ({r['median_s'] / n['median_s']:.2f}x nsys stats)") if n else (lambda r: "")
     print(f"harness.report (default outputs: tables, kernels.png, report.html): median {hp['median_s']:.3f} s over "
-          f"{args.repeat} runs{ratio(hp)}, peak RSS {hp['peak_rss_mib']:.0f} MiB (includes the interpreter and "
+          f"{repeat} runs{ratio(hp)}, peak RSS {hp['peak_rss_mib']:.0f} MiB (includes the interpreter and "
           "imports)")
     print(f"harness.report --no-plot: median {h['median_s']:.3f} s{ratio(h)}, peak RSS {h['peak_rss_mib']:.0f} MiB")
     if uncached:
@@ -137,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not n:
         print("nsys not found: no baseline timed (install Nsight Systems, or pass --nsys-bin)")
         return 0
-    print(f"nsys stats cuda_gpu_kern_sum: median {n['median_s']:.3f} s over {args.repeat} runs, peak RSS "
+    print(f"nsys stats cuda_gpu_kern_sum: median {n['median_s']:.3f} s over {repeat} runs, peak RSS "
           f"{n['peak_rss_mib']:.0f} MiB")
     print(f"ratio harness/nsys: {hp['median_s'] / n['median_s']:.2f}x (without the plot: "
           f"{h['median_s'] / n['median_s']:.2f}x)")

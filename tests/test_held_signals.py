@@ -54,24 +54,53 @@ def test_nothing_held_nothing_raised_and_an_ignored_signal_stays_ignored() -> No
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_a_signal_while_a_child_starts_stops_that_child(monkeypatch) -> None:
-    """A signal landing inside Popen, after the fork (the window a stop right after a backend
-    starts falls in), must not leave the started child running, unseen by compare."""
-    from harness.runs import compare
+def _starts(caller: str, tmp_path):
+    """A call of `caller` that starts one child process (which the test replaces by a sleep)."""
+    if caller == "compare":
+        from harness.runs import compare
 
+        return lambda: compare._stream([sys.executable, "-c", "pass"], dict(os.environ))
+    if caller == "sweep cell":
+        from harness.runs import sweep
+        from harness.sweeps.records import Cell
+
+        opts = dict(batch=1, warmup=0, steps=1, attention="naive", mode="train", device="cpu", nsys=False,
+                    optimizer="foreach")
+        return lambda: sweep.run_cell(Cell("tiny", 16, "torch", "fp32"), opts, str(tmp_path))
+    if caller == "sweep loop":
+        from harness.runs import sweep
+        from harness.sweeps.records import Cell
+
+        opts = dict(batch=1, warmup=0, steps=1, attention="naive", mode="train", device="cpu", nsys=False,
+                    optimizer="foreach")
+        return lambda: sweep.run_sweep([Cell("tiny", 16, "torch", "fp32")], opts, str(tmp_path), log=lambda m: None)
+    if caller == "bench_report":
+        from harness import bench_report
+
+        return lambda: bench_report._timed([sys.executable, "-c", "pass"])
+    from harness import bench_ranks
+
+    return lambda: bench_ranks.run_report(tmp_path, tmp_path / "out")
+
+
+@pytest.mark.parametrize("caller", ["compare", "sweep cell", "sweep loop", "bench_report", "bench_ranks"])
+def test_a_signal_while_a_child_starts_stops_that_child(caller, tmp_path, monkeypatch) -> None:
+    """A signal landing inside Popen, after the fork (the window a stop right after a tool starts
+    a child falls in), must not leave the started child running, unseen by the tool."""
     started = []
     real = subprocess.Popen
 
-    def popen(*args, **kwargs):
-        started.append(real(*args, **kwargs))
+    def popen(args, **kwargs):
+        started.append(real([sys.executable, "-c", "import time; time.sleep(60)"], **kwargs))
         signal.raise_signal(signal.SIGINT)  # before Popen has returned the child to its caller
         return started[-1]
 
+    call = _starts(caller, tmp_path)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(subprocess, "Popen", popen)
     try:
         with pytest.raises(KeyboardInterrupt):
-            compare._stream([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+            call()
     finally:
         signal.signal(signal.SIGINT, previous)
         left_running = [proc.pid for proc in started if proc.poll() is None]

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from harness import held_signals, stopped_by
+from harness import child_process, held_signals, stopped_by
 from harness.backends import get as backend_record
 from harness.common.documents import COMPARE_SCHEMA, Status, run_records
 from harness.common.results import environment, gpu_slug, nvidia_smi
@@ -46,24 +46,12 @@ class NotRendered(Exception):
 def _stream(cmd: list[str], env: dict) -> tuple[int, str]:
     """Run `cmd`, passing its stderr (progress) through; return exit code and stderr's tail.
     An interrupt stops the subprocess too before it is re-raised."""
-    proc, tail = None, []
-    try:
-        with held_signals():  # a signal inside Popen would leave the started child unseen, running on
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    tail = []
+    with child_process(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env) as proc:
         for line in proc.stderr:
             sys.stderr.write(line)
             tail = (tail + [line.rstrip()])[-20:]
         return proc.wait(), "\n".join(tail)
-    except KeyboardInterrupt:
-        if proc is None:
-            raise
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise
 
 
 def subprocess_env(compile_cache: str, **extra: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from harness import backends
+from harness import backends, held_signals
 from harness.common.documents import RunDocument, Status
 from harness.config import get_config
 from harness.runs.distributed import GRACE_S
@@ -176,9 +176,17 @@ def finish_cell(started: StartedCell, code: int | None, timed_out: bool) -> dict
 
 def run_cell(cell: Cell, opts: dict, out_dir: str, *, timeout: float | None = None,
              fail_in: str | None = None) -> dict:
-    """Run one cell to its end and return its record."""
-    started = start_cell(cell, opts, out_dir, timeout=timeout, fail_in=fail_in)
-    return finish_cell(started, *started.job.wait())
+    """Run one cell to its end and return its record; stopped (Ctrl-C, a stop signal), the
+    cell's process group is stopped too, even when the signal came as it started."""
+    started = None
+    try:
+        with held_signals():  # a signal inside Popen would leave the started cell unseen, running on
+            started = start_cell(cell, opts, out_dir, timeout=timeout, fail_in=fail_in)
+        return finish_cell(started, *started.job.wait())
+    except BaseException:
+        if started is not None:
+            started.job.kill()
+        raise
 
 
 def _export_profile(report: str, nsys_bin: str | None) -> str | None:
@@ -264,9 +272,10 @@ def run_sweep(cells: list[Cell], opts: dict, out_dir: str, *, timeout: float | N
                 if not queue:
                     break
                 cell = queue.pop(0)
-                running[gpu] = start_cell(cell, opts, out_dir, timeout=timeout, gpu=gpu, cpus=cpus[gpu],
-                                          nsys_bin=nsys_bin,
-                                          fail_in=fail_phase if cell.key == fail_key else None)
+                with held_signals():  # started and held in `running` at once, so a stop reaches it
+                    running[gpu] = start_cell(cell, opts, out_dir, timeout=timeout, gpu=gpu, cpus=cpus[gpu],
+                                              nsys_bin=nsys_bin,
+                                              fail_in=fail_phase if cell.key == fail_key else None)
                 where = f" on GPU {gpu}" if gpu is not None else ""
                 names = [s.cell.key for s in running.values()]
                 left = len(pending) - finished - len(running)

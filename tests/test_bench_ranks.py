@@ -1,0 +1,32 @@
+"""harness.bench_ranks: a stop keeps the set sizes that finished, written and named."""
+
+import json
+
+from harness import Terminated, bench_ranks
+
+
+def test_a_stop_keeps_the_sizes_that_finished(tmp_path, capsys, monkeypatch):
+    traces = [tmp_path / f"rank{r}.json" for r in range(2)]
+    for t in traces:
+        t.write_text("{}")
+    timed = []
+
+    def run_report(folder, out):
+        if timed:
+            raise Terminated("SIGTERM")
+        timed.append(folder)
+        return {"wall_s": 1.5, "peak_rss_mib": {"report": 100.0, "largest_worker": 50.0, "all_processes_sampled": 200.0},
+                "kernels_md_lines": 10, "kernels_md_bytes": 1000, "report_html_bytes": 2000, "ranks_csv_rows": 8,
+                "ranks_csv_bytes": 300}
+
+    monkeypatch.setattr(bench_ranks, "copy_ranks", lambda files, n, folder, **kw: folder.mkdir(parents=True))
+    monkeypatch.setattr(bench_ranks, "run_report", run_report)
+    out = tmp_path / "b.json"
+    assert bench_ranks.main([*map(str, traces), "--ranks", "8,64", "--out", str(out)]) == 130
+    doc = json.loads(out.read_text())
+    assert [r["ranks"] for r in doc["runs"]] == [8]
+    assert doc["interrupted"] == "stopped by SIGTERM while timing 64 ranks; finished: 8"
+    assert "Interrupted: stopped by SIGTERM while timing 64 ranks; finished: 8." in out.with_suffix(".md").read_text()
+    err = capsys.readouterr().err
+    assert err == (f"error: interrupted: stopped by SIGTERM while timing 64 ranks; finished: 8; the finished sizes "
+                   f"are kept in {out}\n")

@@ -61,7 +61,8 @@ def test_every_committed_document_round_trips(schema: str) -> None:
 
 
 def test_committed_runs_read_typed() -> None:
-    """The typed fields carry the document's values (the committed OOM run among them)."""
+    """The typed fields carry the document's values (the committed OOM run among them: a JAX run
+    out of memory in its fused step, `tests/data/oom/`)."""
     runs = [RunDocument.from_dict(doc, where) for where, doc in COMMITTED[documents.RUN_SCHEMA]]
     assert {r.status for r in runs} == {Status.OK, Status.OOM}
     for (_, doc), run in zip(COMMITTED[documents.RUN_SCHEMA], runs, strict=True):

@@ -126,3 +126,84 @@ def test_positional_join_leaves_a_foreign_kernel_unjoined(captured) -> None:
     # places every remaining kernel as the positional join did
     shorter = join_kernels(names[:-1], kt.kind[idx][:-1], items)
     assert [shorter.labels[i] for i in others[:-1]] == [planted.labels[i] for i in others[:-1]]
+
+
+def _hlo_ops(text: str, name: str) -> tuple[set[str], set[str]]:
+    """An independent reading of what HLO instruction `name` computes: the last part of the
+    op_names in the computations a fusion calls (nested fusions too, not a reduction's
+    combining region), or its own, by regular expressions on the text; dot_general only from a
+    dot or library call, output positions and relabelling left out, as the report describes
+    kernels. Also the op_names themselves."""
+    lines = {m.group(1): m.group(0) for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*$", text, re.M)}
+    bodies = {m.group(1): m.group(2) for m in re.finditer(r"^%?([\w.\-]+) \(.*?\) -> .*? \{\n(.*?)\n\}", text,
+                                                          re.M | re.S)}
+    pending, seen, found = re.findall(r" fusion\(.*calls=%?([\w.\-]+)", lines[name]), set(), []
+    while pending:
+        comp = pending.pop()
+        if comp in seen:
+            continue
+        seen.add(comp)
+        for line in bodies.get(comp, "").splitlines():
+            if m := re.search(r'= \S+ ([\w-]+)\(.*op_name="([^"]*)"', line):
+                found.append(m.groups())
+            pending += re.findall(r" fusion\(.*calls=%?([\w.\-]+)", line)
+    if not found and (m := re.search(r'= \S+ ([\w-]+)\(.*op_name="([^"]*)"', lines[name])):
+        found = [m.groups()]
+    def last(op_name: str) -> str:  # without the transforms' wrappers: jit(_take) -> _take
+        part = op_name.split("/")[-1]
+        while m := re.fullmatch(r"[\w\-]+\((.*)\)", part):
+            part = m.group(1)
+        return part
+
+    prims = {last(op_name) for opcode, op_name in found
+             if "[" not in last(op_name) and (last(op_name) != "dot_general" or opcode in ("dot", "custom-call", "convolution"))}
+    return prims - {"broadcast_in_dim", "reshape", "squeeze", "expand_dims"}, {n for _, n in found}
+
+
+def test_each_kernel_is_described_by_what_its_instructions_compute(captured) -> None:
+    """The report's "XLA ops" for a kernel: the primitives of the instructions it ran as (kernel
+    i of a phase is instruction i in this capture) and whether they are the backward's."""
+    profile, ranges, join, _ = captured
+    kt, schedules = profile.kernels, load_schedules(hlo_dir(SQLITE))
+    texts = {phase: (hlo_dir(SQLITE) / f"{phase}.txt").read_text() for phase in PHASES}
+    expected: dict[str, tuple[set[str], set[str]]] = defaultdict(lambda: (set(), set()))
+    for phase in PHASES:
+        for i, k in enumerate(kernels_in(kt, ranges[phase][0])):
+            prims, op_names = _hlo_ops(texts[phase], schedules[phase][i].instruction.name)
+            expected[kt.name_of(k)][0].update(prims)
+            expected[kt.name_of(k)][1].update(op_names)
+    checked = 0
+    for name, (prims, op_names) in expected.items():
+        text = join.ops.get(name, "")
+        assert bool(text) == bool(prims), name
+        if not text:
+            continue
+        dirs, listed = text.split(": ", 1)
+        assert ("backward" in dirs) == any("transpose(" in n for n in op_names), (name, text)
+        assert ("forward" in dirs) == any("transpose(" not in n for n in op_names), (name, text)
+        if not listed.endswith(", ..."):
+            assert set(listed.split(", ")) == prims, (name, text)
+            checked += 1
+    assert checked > 40
+    # the SwiGLU's gate in this capture: silu (logistic, which XLA expands into neg, exp, add and
+    # div) times w3's output
+    assert any(text.startswith("ffn (forward): ") and {"neg", "exp", "div", "mul"} <= set(text.split(": ")[1].split(", "))
+               for text in join.ops.values())
+
+
+def test_the_report_names_each_top_kernel_s_ops(tmp_path) -> None:
+    from harness import report
+
+    out = tmp_path / "r"
+    assert report.main([str(SQLITE), "--label", "jax", "--harness-json", str(DATA / "jax_layers.harness.json"),
+                        "--out", str(out), "--no-plot"]) == 0
+    md = (out / "kernels.md").read_text()
+    table = md[md.index("## jax: top kernels"):]
+    table = table[table.index("### forward"):]
+    header = next(line for line in table.splitlines() if line.startswith("| kernel"))
+    assert header.endswith("| share | XLA ops |")
+    doc = json.loads((out / "kernels.json").read_text())
+    kernels = [k for k in doc[0]["phases"]["forward"]["kernels"] if not k["name"].startswith("[CUDA")]
+    # a fusion that only moves a matmul's output (a transpose XLA added) names no primitive
+    described = sum(k["ns_per_step"] for k in kernels if k.get("ops")) / sum(k["ns_per_step"] for k in kernels)
+    assert described > 0.8

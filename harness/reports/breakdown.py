@@ -87,10 +87,14 @@ def _categories(bds: Sequence[Breakdown], phases: Sequence[str] | None = None, m
 
 def _top(p: PhaseStats, n: int, unit: str = "kernel") -> list[str]:
     top = p.kernels[:n]
+    ops = any(k.ops for k in top)  # JAX with its optimized HLO: what each fusion computes
     rows = [[name, k.category + (f" (from `{k.inferred_from}` range)" if k.inferred_from else ""),
-             f"{k.calls_per_step:.1f}", _ms(k.ns_per_step), f"{k.mean_ns / 1e3:.1f}", f"{k.share:.1%}"]
+             f"{k.calls_per_step:.1f}", _ms(k.ns_per_step), f"{k.mean_ns / 1e3:.1f}", f"{k.share:.1%}",
+             *([k.ops or ""] if ops else [])]
             for name, k in zip(short_names([k.name for k in top]), top)]
-    return markdown_table([unit, "category", "calls/step", "ms/step", "mean µs", "share"], rows)
+    header = [unit, "category", "calls/step", "ms/step", "mean µs", "share", *(["XLA ops"] if ops else [])]
+    return markdown_table(header,
+                          rows)
 
 
 def _gemms(bd: Breakdown) -> list[str]:
@@ -365,8 +369,16 @@ def write_csv(path: Path, bds: Sequence[Breakdown]) -> None:
 
 def breakdown_document(bds: Sequence[Breakdown], answer_sets: Sequence[dict]) -> list[dict]:
     """kernels.json's content: each breakdown with its answers (`stats.breakdowns_of` reads
-    it back). The profile's file name only: where it lay (often a temp folder) says nothing."""
-    return [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]
+    it back). The profile's file name only: where it lay (often a temp folder) says nothing.
+    A kernel's `ops` is written only where known (JAX with its HLO), so a document of any
+    other profile is the same as before the field existed."""
+    docs = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]
+    for doc in docs:
+        for phase in doc["phases"].values():
+            for k in phase["kernels"]:
+                if k.get("ops") is None:
+                    k.pop("ops", None)
+    return docs
 
 
 def write_report(out_dir: str | Path, bds: Sequence[Breakdown], answer_sets: Sequence[dict] | None = None,

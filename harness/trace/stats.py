@@ -23,6 +23,7 @@ class KernelStat:
     share: float  # of the phase's GPU time
     gemm: GemmInfo | None = None
     inferred_from: str | None = None  # the range whose name set the category (not the kernel's name)
+    ops: str | None = None  # what it computes, where XLA's optimized HLO says (`hlo_join.describe`)
 
 
 @dataclass

@@ -175,6 +175,9 @@ def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = 
     if schedules is not None and labels is None:
         join = label_kernels(kt, layer_ranges, schedules)
         labels = join.labels
+        for p in phases.values():
+            for k in p.kernels:
+                k.ops = join.ops.get(k.name)
         notes.append("layers from XLA's optimized HLO joined to the kernels: " + ", ".join(
             f"{p} {c:.1%} of GPU time" for p, c in join.coverage.items()) + " labelled")
         warnings += [f"the layer join covers only {c:.1%} of the {p} GPU time" for p, c in join.coverage.items()

@@ -30,6 +30,7 @@ join follows the schedule:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -69,6 +70,8 @@ class ScheduleItem:
     kind: str  # "anchor" (a fusion), "call" (library or control flow), "copy"
     layer: str  # canonical layer, or OUTSIDE
     kernel_names: frozenset[str] = frozenset()  # anchors: the names its kernel may bear
+    primitives: frozenset[str] = frozenset()  # the JAX primitives it computes (`instruction_ops`)
+    directions: frozenset[str] = frozenset()  # "forward", "backward": where in autodiff they come from
 
 
 def scope_path(op_name: str) -> str:
@@ -87,6 +90,22 @@ def op_layer(op_name: str | None) -> str | None:
     return canonical_layer(scope_path(op_name)) if op_name else None
 
 
+def _fused(module: HloModule, instr: Instruction, fusions_only: bool = False) -> list[Instruction]:
+    """The instructions an instruction fuses or applies, nested fusions included; with
+    `fusions_only`, those of fused computations alone (not a reduction's or a scatter's
+    combining region, which XLA clones from wherever it first met one)."""
+    calls = lambda i: i.calls if not fusions_only or i.opcode == "fusion" else ()  # noqa: E731
+    out, stack, seen = [], list(calls(instr)), set()
+    while stack:
+        comp = stack.pop(0)
+        if comp in seen or comp not in module.computations:
+            continue
+        seen.add(comp)
+        out += module.computations[comp]
+        stack.extend(c for inner in module.computations[comp] for c in calls(inner))
+    return out
+
+
 def instruction_layer(module: HloModule, instr: Instruction) -> str:
     """The layer of an instruction's work: for a fusion, the most common layer among the
     op_names of the instructions it fuses (nested fusions included; the first on ties),
@@ -94,21 +113,35 @@ def instruction_layer(module: HloModule, instr: Instruction) -> str:
     own op_name's; OUTSIDE where none names one."""
     counts: Counter[str] = Counter()
     heavy: Counter[str] = Counter()
-    stack, seen = list(instr.calls), set()
-    while stack:
-        comp = stack.pop(0)
-        if comp in seen or comp not in module.computations:
-            continue
-        seen.add(comp)
-        for inner in module.computations[comp]:
-            if (layer := op_layer(inner.op_name)) is not None:
-                counts[layer] += 1
-                heavy[layer] += inner.opcode in HEAVY_OPS
-            stack.extend(inner.calls)
+    for inner in _fused(module, instr):
+        if (layer := op_layer(inner.op_name)) is not None:
+            counts[layer] += 1
+            heavy[layer] += inner.opcode in HEAVY_OPS
     counts = +heavy or counts  # unary + drops zero counts
     if counts:
         return counts.most_common(1)[0][0]  # Counter keeps first-seen order among equals
     return op_layer(instr.op_name) or OUTSIDE
+
+
+# Primitives that only relabel or replicate data; a kernel's description leaves them out.
+PLUMBING = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
+
+
+def instruction_ops(module: HloModule, instr: Instruction) -> tuple[frozenset[str], frozenset[str]]:
+    """What an instruction computes, from the op_names XLA kept: the JAX primitives (each
+    op_name's last part) of the instructions it fuses, or its own for a library call, less
+    `PLUMBING`; and whether they come from the forward or, under autodiff's ``transpose``,
+    the backward. XLA's kernel names say only a fusion's root op (``loop_multiply_fusion``)."""
+    inner = [i for i in _fused(module, instr, fusions_only=True) if i.op_name] or ([instr] if instr.op_name else [])
+    prims = set()
+    for i in inner:
+        prim = scope_path(i.op_name).rsplit("/", 1)[-1]
+        # a matmul's name also labels the converts and bitcasts of its output that XLA fused
+        # elsewhere; an output's position (``vjp[1][29]``) is no primitive
+        if "[" not in prim and (prim != "dot_general" or i.opcode in HEAVY_OPS):
+            prims.add(prim)
+    dirs = {"backward" if "transpose(" in i.op_name else "forward" for i in inner}
+    return frozenset(prims - PLUMBING), frozenset(dirs)
 
 
 def kernel_name(hlo_name: str) -> str:
@@ -130,11 +163,10 @@ def schedule(module: HloModule) -> list[ScheduleItem]:
                 for called in instr.calls:
                     walk(called)
                 continue
-            layer = instruction_layer(module, instr)
-            if instr.opcode == "fusion" and not instr.library:
-                items.append(ScheduleItem(instr, "anchor", layer))
-            else:
-                items.append(ScheduleItem(instr, "copy" if instr.opcode in COPY_OPS else "call", layer))
+            layer, (prims, dirs) = instruction_layer(module, instr), instruction_ops(module, instr)
+            kind = ("anchor" if instr.opcode == "fusion" and not instr.library
+                    else "copy" if instr.opcode in COPY_OPS else "call")
+            items.append(ScheduleItem(instr, kind, layer, primitives=prims, directions=dirs))
 
     walk(module.entry)
     return _with_kernel_names(module, items)
@@ -159,7 +191,7 @@ def _with_kernel_names(module: HloModule, items: list[ScheduleItem]) -> list[Sch
     classes: dict[tuple, set[str]] = {}
     for instr in anchors:
         classes.setdefault(key(instr), set()).update(kernel_name(n) for n in (instr.name, instr.deduplicated_name) if n)
-    return [ScheduleItem(it.instruction, it.kind, it.layer, frozenset(classes[key(it.instruction)]))
+    return [dataclasses.replace(it, kernel_names=frozenset(classes[key(it.instruction)]))
             if it.kind == "anchor" else it for it in items]
 
 
@@ -266,6 +298,7 @@ class LayerJoin:
     labels: np.ndarray  # object array, one label per kernel of the KernelTable
     coverage: dict[str, float]
     ignored: dict[str, float]
+    ops: dict[str, str] = dataclasses.field(default_factory=dict)  # kernel name -> what it computes (`describe`)
 
 
 def kernels_in(table: KernelTable, r: Range) -> np.ndarray:
@@ -280,20 +313,43 @@ def label_kernels(table: KernelTable, phase_ranges: Mapping[str, Sequence[Range]
     """Join each phase instance's kernels to its phase's schedule (`schedules[phase]`)."""
     labels = np.full(len(table), OUTSIDE, dtype=object)
     coverage, ignored, dur = {}, {}, table.duration
+    items_of: dict[str, set[tuple[str, int]]] = {}  # kernel name -> the schedule items it ran as
     for phase, ranges in phase_ranges.items():
         if phase not in schedules:
             raise ValueError(f"no optimized HLO for phase {phase!r}: have {', '.join(sorted(schedules)) or 'none'}")
         total = joined = skipped = 0
         for r in ranges:
             idx = kernels_in(table, r)
-            join = join_kernels([table.name_of(i) for i in idx], table.kind[idx], schedules[phase])
+            names = [table.name_of(i) for i in idx]
+            join = join_kernels(names, table.kind[idx], schedules[phase])
             labels[idx] = join.labels
+            for name, i in zip(names, join.item.tolist()):
+                if i >= 0:
+                    items_of.setdefault(name, set()).add((phase, i))
             total += int(dur[idx].sum())
             joined += int(dur[idx][(join.how == HOW_ANCHOR) | (join.how == HOW_GAP)].sum())
             skipped += int(dur[idx][join.how == HOW_IGNORED].sum())
         coverage[phase] = joined / total if total else 0.0
         ignored[phase] = skipped / total if total else 0.0
-    return LayerJoin(labels, coverage, ignored)
+    ops = {name: text for name, found in items_of.items()
+           if (text := describe([schedules[phase][i] for phase, i in sorted(found)]))}
+    return LayerJoin(labels, coverage, ignored, ops)
+
+
+def describe(items: Sequence[ScheduleItem], most: int = 5) -> str:
+    """One kernel's work, from the schedule items it ran as (a reused kernel runs for several
+    layers, and may serve the forward and the backward alike): the sub-modules
+    (``ffn``, ``attn``, ``lm_head``...), the directions, and the primitives, the most
+    frequent first, ``ffn (forward, backward): logistic, mul``; "" where the HLO named none."""
+    prims: Counter[str] = Counter(p for it in items for p in it.primitives)
+    if not prims:
+        return ""
+    where = sorted({it.layer.split(".", 2)[2] if it.layer.startswith("layers.") else it.layer
+                    for it in items if it.layer != OUTSIDE})
+    dirs = [d for d in ("forward", "backward") if any(d in it.directions for it in items)]
+    ranked = sorted(prims, key=lambda p: (-prims[p], p))
+    listed = ", ".join(ranked[:most]) + (", ..." if len(ranked) > most else "")
+    return f"{'+'.join(where) + ' ' if where else ''}({', '.join(dirs)}): {listed}"
 
 
 

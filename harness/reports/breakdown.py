@@ -93,8 +93,7 @@ def _top(p: PhaseStats, n: int, unit: str = "kernel") -> list[str]:
              *([k.ops or ""] if ops else [])]
             for name, k in zip(short_names([k.name for k in top]), top)]
     header = [unit, "category", "calls/step", "ms/step", "mean µs", "share", *(["XLA ops"] if ops else [])]
-    return markdown_table(header,
-                          rows)
+    return markdown_table(header, rows)
 
 
 def _gemms(bd: Breakdown) -> list[str]:
@@ -373,11 +372,8 @@ def breakdown_document(bds: Sequence[Breakdown], answer_sets: Sequence[dict]) ->
     A kernel's `ops` is written only where known (JAX with its HLO), so a document of any
     other profile is the same as before the field existed."""
     docs = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]
-    for doc in docs:
-        for phase in doc["phases"].values():
-            for k in phase["kernels"]:
-                if k.get("ops") is None:
-                    k.pop("ops", None)
+    for k in (k for doc in docs for phase in doc["phases"].values() for k in phase["kernels"] if k["ops"] is None):
+        del k["ops"]
     return docs
 
 

@@ -187,7 +187,7 @@ def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     except DocumentError as exc:
         raise Unrenderable(str(exc)) from None
     if doc is not None and (named := several_runs(doc)):
-        return _render_several_runs(folder, root, named, figures)
+        return _render_several_runs(folder, named, figures)
     labels = [diff.a_label, diff.b_label] if diff else []
     if not all(isinstance(label, str) and ":" in label for label in labels) or len(labels) != 2:
         raise Unrenderable(f"{folder / 'diff.json'}: names no two compare-folder runs (a_label, b_label: "
@@ -217,7 +217,7 @@ def several_runs(doc: dict) -> tuple[list[str], list[str]] | None:
     return None
 
 
-def _render_several_runs(folder: Path, root: Path, named: tuple[list[str], list[str]], figures: bool) -> list[Path]:
+def _render_several_runs(folder: Path, named: tuple[list[str], list[str]], figures: bool) -> list[Path]:
     """A several-runs diff from its run documents, each name as its command gave it, run in the
     diff's folder (`harness.diff runs/a1.json,... runs/b1.json,... --out .`): the folder holds
     everything it is rendered from."""

@@ -135,7 +135,7 @@ def instruction_ops(module: HloModule, instr: Instruction) -> tuple[frozenset[st
     inner = [i for i in _fused(module, instr, fusions_only=True) if i.op_name] or ([instr] if instr.op_name else [])
     prims = set()
     for i in inner:
-        prim = scope_path(i.op_name).rsplit("/", 1)[-1]
+        prim = scope_path(i.op_name.rsplit("/", 1)[-1])  # the last part, its wrappers peeled
         # a matmul's name also labels the converts and bitcasts of its output that XLA fused
         # elsewhere; an output's position (``vjp[1][29]``) is no primitive
         if "[" not in prim and (prim != "dot_general" or i.opcode in HEAVY_OPS):
@@ -340,7 +340,8 @@ def describe(items: Sequence[ScheduleItem], most: int = 5) -> str:
     """One kernel's work, from the schedule items it ran as (a reused kernel runs for several
     layers, and may serve the forward and the backward alike): the sub-modules
     (``ffn``, ``attn``, ``lm_head``...), the directions, and the primitives, the most
-    frequent first, ``ffn (forward, backward): logistic, mul``; "" where the HLO named none."""
+    frequent first, ``ffn (forward): add, div, exp, mul, neg, ...`` (silu times the gate, XLA
+    having expanded the sigmoid); "" where the HLO named none."""
     prims: Counter[str] = Counter(p for it in items for p in it.primitives)
     if not prims:
         return ""

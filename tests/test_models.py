@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +46,26 @@ def test_rope_matches_complex_rotation_in_both():
     np.testing.assert_allclose(got_t, ref, rtol=0, atol=atol)
     np.testing.assert_allclose(got_j, ref, rtol=0, atol=atol)
     assert np.abs(ref - x[0, 0]).max() > 0.5  # the rotation did something
+
+
+def test_compiled_torch_reads_rope_from_tables_made_once_a_step():
+    """Inductor's generated forward and backward evaluate no cos or sin per element: the
+    tables come from one op call a step, shared by every layer, whose values equal the
+    eager function's."""
+    from torch._inductor.utils import run_and_get_code
+
+    config = get_config("tiny")
+    model = tm.TransformerLM(config)
+    tokens = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(lambda t: tm.cross_entropy_loss(model(t), t))
+    _, codes = run_and_get_code(lambda: compiled(tokens).backward())
+    source = "\n".join(codes)
+    assert len(codes) == 2  # the forward and the backward
+    assert len(re.findall(r"= torch\.ops\.xfprof\.rope_angles\.default\(", source)) == 1
+    assert re.findall(r"\b(?:cos|sin)\(", source) == []
+    for got, want in zip(torch.ops.xfprof.rope_angles(16, config.d_head, config.rope_theta, torch.device("cpu")),
+                         tm.rope_angles(16, config.d_head, config.rope_theta, "cpu")):
+        assert torch.equal(got, want)
 
 
 def test_rmsnorm_matches_formula_and_keeps_dtype():

@@ -62,6 +62,27 @@ def rope_angles(seq_len: int, d_head: int, theta: float, device) -> tuple[torch.
     return angles.cos(), angles.sin()
 
 
+@torch.library.custom_op("xfprof::rope_angles", mutates_args=())
+def _rope_angles_op(seq_len: int, d_head: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return rope_angles(seq_len, d_head, theta, device)
+
+
+@_rope_angles_op.register_fake
+def _(seq_len, d_head, theta, device):
+    return tuple(torch.empty(seq_len, d_head // 2, device=device) for _ in range(2))
+
+
+def rope_tables(seq_len: int, d_head: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rope_angles`, made opaque to torch.compile: as plain ops, Inductor fuses the pow,
+    cos and sin into the kernels that apply RoPE and evaluates them once per element of q
+    and k in every layer. As one op the tables are computed once per step (the compiler
+    merges the layers' identical calls) and the RoPE kernels only read them. Eager calls the
+    function itself, which costs less than the op's dispatch."""
+    if torch.compiler.is_compiling():
+        return _rope_angles_op(seq_len, d_head, theta, torch.device(device))
+    return rope_angles(seq_len, d_head, theta, device)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate adjacent pairs (2i, 2i+1) of the last axis in place of the pair. x: (B, nh, T, hd)."""
     x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
@@ -101,7 +122,7 @@ class CausalSelfAttention(nn.Module):
             proj(x).view(B, T, self.num_heads, self.d_head).transpose(1, 2)
             for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
-        cos, sin = rope_angles(T, self.d_head, self.rope_theta, x.device)
+        cos, sin = rope_tables(T, self.d_head, self.rope_theta, x.device)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.attention == "fused":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(self.d_head))

@@ -208,6 +208,21 @@ def test_jax_without_host_devices_is_one_line() -> None:
     assert "--data-parallel 2" in lines[0] and "XLA_FLAGS=--xla_force_host_platform_device_count=2" in lines[0]
 
 
+def test_a_threshold_set_in_xla_flags_is_not_overridden(monkeypatch) -> None:
+    """Options handed to the compiler override XLA_FLAGS, so the session leaves out each
+    merging threshold the user set there, and keeps the other."""
+    from harness.backends.jax.session import compiler_options
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert compiler_options("fsdp", 4) == MERGED
+    assert compiler_options("ddp", 4) == compiler_options("fsdp", 1) == {}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true "
+                                    "--xla_gpu_reduce_scatter_combine_threshold_bytes=33554432")
+    assert compiler_options("fsdp", 4) == {"xla_gpu_all_gather_combine_threshold_bytes": 256 << 20}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_all_gather_combine_threshold_bytes_x=1")  # another flag's name
+    assert compiler_options("fsdp", 4) == MERGED
+
+
 def test_rank_frees_its_cycles_before_it_destroys_the_group(monkeypatch) -> None:
     """An FSDP2 model lives in reference cycles and holds the process group: a rank frees
     such cycles before destroying the group, not at the interpreter's exit."""

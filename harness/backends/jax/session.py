@@ -16,6 +16,8 @@ loops (`harness.trace.analyses.hlo_join` joins it to the kernels).
 from __future__ import annotations
 
 import functools
+import os
+import re
 from pathlib import Path
 
 import jax
@@ -41,13 +43,18 @@ LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, al
 # let XLA merge independent ones into collectives of up to 256 MiB: fewer, larger transfers,
 # for some memory (a merged all-gather's weights are resident from the first consumer of any
 # of them). Only sharded parameters are compiled with them: the strategy they were measured on.
+# A threshold the user sets in XLA_FLAGS wins: options given to the compiler would override it.
 SHARDED_COMPILER_OPTIONS = {"xla_gpu_all_gather_combine_threshold_bytes": 256 << 20,
                             "xla_gpu_reduce_scatter_combine_threshold_bytes": 256 << 20}
 
 
 def compiler_options(parallel: str, data_parallel: int) -> dict[str, int]:
-    """The XLA options every jitted program of a session is compiled with (none on one device)."""
-    return dict(SHARDED_COMPILER_OPTIONS) if data_parallel > 1 and parallel == "fsdp" else {}
+    """The XLA options every jitted program of a session is compiled with (none on one device),
+    less those that $XLA_FLAGS sets."""
+    if data_parallel <= 1 or parallel != "fsdp":
+        return {}
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {k: v for k, v in SHARDED_COMPILER_OPTIONS.items() if not re.search(rf"--{k}(=|\s|$)", flags)}
 
 
 def shard_params(params, mesh: Mesh):

@@ -29,9 +29,11 @@ from harness.timing.spec import RunSpec
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "tiny", "--ctx", "16", "--batch", "2", "--warmup", "1", "--steps", "2", "--device", "cpu"]
 HOST_2 = "--xla_force_host_platform_device_count=2"
-# XLA merges sharded parameters' all-gathers and reduce-scatters up to 256 MiB
+# XLA merges sharded parameters' all-gathers up to 256 MiB, reduce-scatters up to 16 MiB,
+# and schedules them to hide under compute
 MERGED = {"xla_gpu_all_gather_combine_threshold_bytes": 268435456,
-          "xla_gpu_reduce_scatter_combine_threshold_bytes": 268435456}
+          "xla_gpu_reduce_scatter_combine_threshold_bytes": 16777216,
+          "xla_gpu_enable_latency_hiding_scheduler": True}
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -208,9 +210,9 @@ def test_jax_without_host_devices_is_one_line() -> None:
     assert "--data-parallel 2" in lines[0] and "XLA_FLAGS=--xla_force_host_platform_device_count=2" in lines[0]
 
 
-def test_a_threshold_set_in_xla_flags_is_not_overridden(monkeypatch) -> None:
+def test_a_setting_given_in_xla_flags_is_not_overridden(monkeypatch) -> None:
     """Options handed to the compiler override XLA_FLAGS, so the session leaves out each
-    merging threshold the user set there, and keeps the other."""
+    setting the user gave there, and keeps the others."""
     from harness.backends.jax.session import compiler_options
 
     monkeypatch.delenv("XLA_FLAGS", raising=False)
@@ -219,6 +221,8 @@ def test_a_threshold_set_in_xla_flags_is_not_overridden(monkeypatch) -> None:
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true "
                                     "--xla_gpu_reduce_scatter_combine_threshold_bytes=33554432")
     assert compiler_options("fsdp", 4) == {"xla_gpu_all_gather_combine_threshold_bytes": 256 << 20}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=false")
+    assert "xla_gpu_enable_latency_hiding_scheduler" not in compiler_options("fsdp", 4)
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_all_gather_combine_threshold_bytes_x=1")  # another flag's name
     assert compiler_options("fsdp", 4) == MERGED
 

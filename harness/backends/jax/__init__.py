@@ -39,8 +39,8 @@ NSYS_FLAGS = ("--nvtx-domain-exclude=TSL",)
 PARALLEL = {
     "ddp": "replicated (parameters and AdamW state on every device)",
     "fsdp": ("sharded parameters, collectives merged (each parameter and its AdamW state split along its first "
-             "axis N divides; XLA merges independent all-gathers, and reduce-scatters, into ones of up to 256 MiB, "
-             "or as XLA_FLAGS sets)"),
+             "axis N divides; XLA merges independent all-gathers into ones of up to 256 MiB, reduce-scatters into "
+             "ones of up to 16 MiB, or as XLA_FLAGS sets, and schedules them to hide under compute)"),
     "zero1": "sharded optimizer state (parameters replicated, AdamW state split along the data axis)",
 }
 TOLERANCES = COMPILED_TOLERANCES

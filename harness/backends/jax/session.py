@@ -40,15 +40,20 @@ LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, al
 # Under sharded parameters XLA's partitioner emits one all-gather per parameter in the
 # forward and the backward, and one reduce-scatter per gradient: hundreds of collectives a
 # step for `large`, each paying its launch and a rendezvous of every device. These options
-# let XLA merge independent ones into collectives of up to 256 MiB: fewer, larger transfers,
-# for some memory (a merged all-gather's weights are resident from the first consumer of any
-# of them). Only sharded parameters are compiled with them: the strategy they were measured on.
-# A threshold the user sets in XLA_FLAGS wins: options given to the compiler would override it.
+# let XLA merge independent all-gathers into ones of up to 256 MiB (fewer, larger transfers,
+# for some memory: a merged all-gather's weights are resident from the first consumer of any
+# of them), and reduce-scatters into ones of up to 16 MiB: the last reduce-scatter of the
+# backward has no compute left to hide under, and a merged one of 256 MiB left milliseconds
+# of it exposed at the end of every step. The latency-hiding scheduler orders the program
+# so that each collective runs under the compute that does not need it.
+# Only sharded parameters are compiled with them: the strategy they were measured on.
+# A setting the user gives in XLA_FLAGS wins: options given to the compiler would override it.
 SHARDED_COMPILER_OPTIONS = {"xla_gpu_all_gather_combine_threshold_bytes": 256 << 20,
-                            "xla_gpu_reduce_scatter_combine_threshold_bytes": 256 << 20}
+                            "xla_gpu_reduce_scatter_combine_threshold_bytes": 16 << 20,
+                            "xla_gpu_enable_latency_hiding_scheduler": True}
 
 
-def compiler_options(parallel: str, data_parallel: int) -> dict[str, int]:
+def compiler_options(parallel: str, data_parallel: int) -> dict[str, int | bool]:
     """The XLA options every jitted program of a session is compiled with (none on one device),
     less those that $XLA_FLAGS sets."""
     if data_parallel <= 1 or parallel != "fsdp":

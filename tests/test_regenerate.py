@@ -255,3 +255,39 @@ def test_a_broken_block_is_one_line_naming_the_page(edit, tmp_path, capsys) -> N
     assert regenerate.main(["--check", "--root", str(root)]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and f"{readme} (page)" in err
+
+
+EXPOSED = "several-gpus/exposed-n4-h200"
+
+
+def test_the_exposed_block_is_each_folder_s_per_device_overlap() -> None:
+    """Each row of the exposed-communication block against the folder's per-device records, read
+    here: the share is the mean over devices of each device's exposed time per step over the median
+    of their step lengths; the folder whose settings came through XLA_FLAGS names them, and the
+    folder run at the harness's defaults recorded them as compiler options."""
+    from harness.reports.doc_blocks import exposed
+
+    folders = sorted(p for p in (RESULTS / EXPOSED).iterdir() if (p / "summary.json").is_file())
+    rows = {(cells[0].strip("| `"), cells[1]): cells
+            for cells in (line.split(" | ") for line in exposed(folders, RESULTS).splitlines()[2:])}
+    assert len(rows) == sum(len(json.loads((f / "summary.json").read_text())["overlap"]) for f in folders) >= 7
+    for folder in folders:
+        summary = json.loads((folder / "summary.json").read_text())
+        for backend, analysis in summary["overlap"].items():
+            devices = [d["per_step"] for r in analysis["ranks"] for d in r["overlap"]]
+            step = "fused_step" if "fused_step" in devices[0] else "step"
+            share = statistics.fmean(d[step]["exposed_ms"] for d in devices) / statistics.median(
+                d[step]["step_ms"] for d in devices)
+            row = rows[(folder.name, backend)]
+            assert row[5] == step and row[-1].strip(" |") == f"{100 * share:.1f}%", (folder.name, backend)
+    assert "16777216" in rows[("fsdp4-lhs-rs16", "jax")][3] and rows[("fsdp4-after", "jax")][3] == "-"
+    after = json.loads((RESULTS / EXPOSED / "fsdp4-after" / "summary.json").read_text())["runs"]["jax"]
+    assert after["env"]["compiler_options"]["xla_gpu_reduce_scatter_combine_threshold_bytes"] == 16 << 20
+
+
+def test_an_exposed_block_naming_a_missing_folder_is_one_line_naming_the_page() -> None:
+    from harness.reports.doc_blocks import BlockError, render_page
+
+    page = f"<!-- generated: exposed {EXPOSED}/ddp4 {EXPOSED}/nowhere -->\n<!-- end generated -->\n"
+    with pytest.raises(BlockError, match=r"^x/README\.md: block 'exposed .*nowhere is no compare folder"):
+        render_page(page, "x/README.md", RESULTS)

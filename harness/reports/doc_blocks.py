@@ -9,10 +9,11 @@ A page marks a block with two HTML comments, which markdown renders as nothing:
 
 The first word after "generated:" names the renderer (`RENDERERS`), the rest its argument: for
 `main-job`, a compare folder under the results root (its path below the root), whose
-summary.json the block is built from; `provenance` takes none and renders, in a results
-folder's README.md, what that folder's documents record of their machine, versions, trees and
-commands (`provenance_block`). `render_page` gives the page with every block rendered again;
-text outside the markers is left as it is.
+summary.json the block is built from; for `exposed`, several such folders, space-separated
+(data-parallel runs profiled under nsys: their exposed communication per step); `provenance`
+takes none and renders, in a results folder's README.md, what that folder's documents record
+of their machine, versions, trees and commands (`provenance_block`). `render_page` gives the
+page with every block rendered again; text outside the markers is left as it is.
 """
 
 from __future__ import annotations
@@ -95,7 +96,33 @@ def main_job(folder: Path, root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def exposed(folders: list[Path], root: Path) -> str:
+    """Exposed communication per step of data-parallel compare folders: per folder and backend,
+    the step, its communication and the part of it no compute hides (the mean over devices,
+    and the most any device waits), against the step's median; the tree and the XLA_FLAGS each
+    run recorded, since the folders differ by them."""
+    rows = []
+    for folder in folders:
+        summary = json.loads((folder / "summary.json").read_text())
+        runs = CompareDocument.from_dict(summary, str(folder / "summary.json")).runs
+        for backend, per in (summary.get("overlap") or {}).items():
+            env = (runs[backend].get("env") or {}) if backend in runs else {}
+            flags = (env.get("settings") or {}).get("XLA_FLAGS", "")
+            step = "fused_step" if "fused_step" in per.get("per_step", {}) else "step"
+            p = per["per_step"][step]
+            rows.append([f"`{folder.name}`", backend, (summary.get("data_parallel") or {}).get("parallel", "-"),
+                         f"`{flags}`" if flags else "-", str(env.get("git_commit", "-"))[:12], step,
+                         f"{p['step_ms']:.1f}", f"{p['communication_ms']:.1f}",
+                         f"{p['exposed_ms']:.2f} ({p['exposed_max_ms']:.2f})",
+                         f"{100 * p['exposed_share_of_step']:.1f}%"])
+    header = ["folder", "backend", "--parallel", "XLA_FLAGS", "tree", "step", "step ms", "communication ms/step",
+              "exposed ms/step (most)", "exposed share of the step"]
+    return "\n".join(markdown_table(header, rows)) + "\n"
+
+
 RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job}
+# Renderers over several compare folders: the block names them all, space-separated.
+MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed}
 
 
 def render_page(text: str, name: str, root: Path) -> str:
@@ -108,16 +135,19 @@ def render_page(text: str, name: str, root: Path) -> str:
         kind, _, arg = m["spec"].strip().partition(" ")
         if kind == "provenance":  # the page's own folder: no argument
             return m.group(1) + provenance(Path(name).parent, BLOCK.sub("", text)) + m.group(4)
-        if kind not in RENDERERS:
-            raise BlockError(f"{name}: block '{kind}' is not one of {', '.join(RENDERERS)}, provenance")
-        folder = root / arg.strip()
-        if not arg.strip() or not (folder / "summary.json").is_file():
+        if kind not in RENDERERS and kind not in MULTI:
+            raise BlockError(f"{name}: block '{kind}' is not one of {', '.join([*RENDERERS, *MULTI])}, provenance")
+        folders = [root / a for a in arg.split()]
+        if not folders or (kind in RENDERERS and len(folders) > 1):
             raise BlockError(f"{name}: block '{m['spec']}' names no compare folder under {root}")
+        if missing := [f for f in folders if not (f / "summary.json").is_file()]:
+            raise BlockError(f"{name}: block '{m['spec']}': {missing[0]} is no compare folder under {root}")
         try:
-            return m.group(1) + RENDERERS[kind](folder, root) + m.group(4)
+            body = RENDERERS[kind](folders[0], root) if kind in RENDERERS else MULTI[kind](folders, root)
         except (KeyError, TypeError, ValueError) as exc:
-            raise BlockError(f"{name}: block '{m['spec']}': {folder / 'summary.json'} cannot be rendered "
-                             f"({type(exc).__name__}: {exc})") from None
+            raise BlockError(f"{name}: block '{m['spec']}': {', '.join(str(f / 'summary.json') for f in folders)} "
+                             f"cannot be rendered ({type(exc).__name__}: {exc})") from None
+        return m.group(1) + body + m.group(4)
 
     return BLOCK.sub(render, text)
 

@@ -297,6 +297,37 @@ def test_bytes_each_collective_kind_moves_per_step() -> None:
     assert collective_bytes(doc("fsdp")) == {"reduce-scatter": 4000}  # JAX's sharded parameters
     assert collective_bytes(doc("zero1")) == {"all-reduce": 4000}
     assert collective_bytes(None) == {}
+    # torch's bf16 compression hook halves the gradients' bytes; XLA sums JAX's bf16 matmul
+    # gradients in bf16 beside float32 ones, so no one size fits its bf16 runs
+    torch_bf16 = {"num_params": 1000, "options": {"backend": "torch-compile", "parallel": "ddp", "grad_comm": "bf16"}}
+    assert collective_bytes(torch_bf16) == {"all-reduce": 2000}
+    jax = {"num_params": 1000, "options": {"backend": "jax", "parallel": "fsdp", "dtype": "bf16"}}
+    assert collective_bytes(jax) == {}
+    assert collective_bytes({**jax, "options": {**jax["options"], "dtype": "fp32"}}) == {"reduce-scatter": 4000}
+
+
+def test_the_report_gives_bandwidth_only_for_bytes_it_knows() -> None:
+    """On the committed four-H200 compare: torch's all-reduce bus bandwidth is its float32
+    gradients' bytes over the transfer time, times 2 (N - 1) / N, and under the link's own
+    measurement; JAX's bf16 run, whose collectives mix bf16 and float32 (its kernels' names),
+    gets none, where a float32 size put it above the link."""
+    import json
+    from pathlib import Path
+
+    from harness.reports.compare import split_lines
+
+    folder = Path(__file__).resolve().parent.parent / "results/several-gpus/exposed-n4-h200/ddp4"
+    summary = json.loads((folder / "summary.json").read_text())
+    text = "\n".join(split_lines(summary))
+    torch_part, jax_part = text.split("### jax: transfer and waiting")
+    run, split = summary["runs"]["torch-compile-cg"], summary["overlap"]["torch-compile-cg"]["split"]
+    (kind,) = split["kinds"]
+    bus = 4 * run["num_params"] / (kind["transfer_ms_per_step"] * 1e6) * 2 * 3 / 4
+    link = run["data_parallel"]["link"]["busbw_gbps"]
+    assert f"bus {bus:.1f} GB/s (the link measured {link:.1f} GB/s bus)" in torch_part and bus < link
+    assert "GB/s" not in jax_part and "all-reduce: " in jax_part
+    kernels = (folder / "kernels.md").read_text()
+    assert "ncclDevKernel_AllReduce_Sum_bf16" in kernels and "ncclDevKernel_AllReduce_Sum_f32" in kernels
 
 
 @pytest.mark.parametrize("name", ["jax_dp2.sqlite.gz", "torch_dp2.rank0.sqlite.gz"])

@@ -213,13 +213,16 @@ def split_lines(summary: dict) -> list[str]:
     """Per backend, communication split into transfer and waiting on each rank (JAX: each
     device), bandwidth per collective kind against the link measured in the run, and the
     rank that arrived last (`harness.trace.analyses.collectives`)."""
-    from harness.trace.analyses.collectives import format_split
+    from harness import backends
+    from harness.trace.analyses.collectives import collective_bytes, format_split, with_sizes
 
     out = []
     for backend, a in (summary.get("overlap") or {}).items():
         if a.get("split"):
-            link = (summary["runs"].get(backend, {}).get("data_parallel") or {}).get("link")
-            out += ["", f"### {backend}: transfer and waiting", "", "```", *format_split(a["split"], link), "```"]
+            run = summary["runs"].get(backend, {})
+            link = (run.get("data_parallel") or {}).get("link")
+            split = with_sizes(a["split"], collective_bytes(run, backends.get(backend).gathers_parameters))
+            out += ["", f"### {backend}: transfer and waiting", "", "```", *format_split(split, link), "```"]
     if out:
         out += ["", "Each collective aligned across ranks (the k-th of its kind on each): the part of a rank's "
                 "collective before the last rank's starts is waiting for that rank, the rest transfer."]

@@ -22,7 +22,9 @@ PRECISION = {
         "matmul weights (every 2-D parameter but the embedding) cast to bf16 inside the jitted "
         "step and linear inputs cast to the weight dtype, so matmuls take bf16 and give bf16; "
         "embedding, residual stream, RMSNorm (float32 inside), softmax and loss in float32; "
-        "float32 master weights, gradients and AdamW state"
+        "float32 master weights, gradients and AdamW state; on several devices XLA sums each matmul "
+        "weight's gradient across them in bf16, its dtype in the backward (as torch's --grad-comm bf16 "
+        "does), before the cast to float32"
     ),
 }
 MEMORY_NOTE = "jax: the allocator's peak_bytes_in_use after the phase (a process-wide high-water mark)"

@@ -261,22 +261,40 @@ def ranks_split(ranks: Mapping[int, dict], bytes_per_step: Mapping[str, float] |
 
 def collective_bytes(doc: dict | None, fsdp2: bool = False) -> dict[str, float]:
     """Bytes per step of each collective kind the harness knows of a run document: the
-    float32 gradients all-reduced (DDP, JAX replicated) or reduce-scattered (FSDP2, JAX
-    sharded), and, for torch's FSDP2 (`fsdp2`: the run's backend's record says so,
-    `Backend.gathers_parameters`), the all-gathers of the float32 parameters (no
-    mixed-precision policy), once in the forward and again in the backward unless
-    `--fsdp-reshard-after-forward false` kept them; empty where unknown. (XLA picks what
-    its all-gathers move, so JAX's have no known size.)"""
+    gradients all-reduced (DDP, JAX replicated) or reduce-scattered (FSDP2, JAX sharded), in
+    float32 or, under torch's `--grad-comm bf16`, in bf16; and, for torch's FSDP2 (`fsdp2`:
+    the run's backend's record says so, `Backend.gathers_parameters`), the all-gathers of the
+    float32 parameters (no mixed-precision policy), once in the forward and again in the
+    backward unless `--fsdp-reshard-after-forward false` kept them; empty where unknown. XLA
+    picks what its collectives move: its all-gathers have no known size, and under bf16 it
+    sums each matmul weight's gradient across devices in that gradient's dtype, bf16 (its
+    kernels say `_bf16`), so JAX's gradient collectives have a known size only in fp32."""
     if not doc or not doc.get("num_params"):
         return {}
     o = doc.get("options") or {}
-    parallel, size = o.get("parallel", "ddp"), 4.0 * doc["num_params"]
+    if o.get("backend") == "jax" and o.get("dtype") == "bf16":
+        return {}
+    parallel = o.get("parallel", "ddp")
+    size = (2.0 if o.get("grad_comm") == "bf16" else 4.0) * doc["num_params"]
     if parallel in ("ddp", "zero1"):
         return {"all-reduce": size}
     out = {"reduce-scatter": size}
     if fsdp2:
-        out["all-gather"] = size * (2 if o.get("fsdp_reshard_after_forward", True) else 1)
+        out["all-gather"] = 4.0 * doc["num_params"] * (2 if o.get("fsdp_reshard_after_forward", True) else 1)
     return out
+
+
+def with_sizes(split: dict, sizes: Mapping[str, float]) -> dict:
+    """`split` with each collective kind's bandwidth from `sizes` (kind -> bytes per step), or
+    none where `sizes` has no size for it: a document's figures under today's rules."""
+    n = split["n"]
+    kinds = []
+    for k in split["kinds"]:
+        size, t = sizes.get(k["kind"]), k["transfer_ms_per_step"] * 1e6
+        algbw = size / t if size and t else None
+        kinds.append({**k, "bytes_per_step": size if algbw else None, "algbw_gbps": algbw,
+                      "busbw_gbps": algbw * bus_factor(k["kind"], n) if algbw else None})
+    return {**split, "kinds": kinds}
 
 
 def format_split(split: dict, link: dict | None = None) -> list[str]:

@@ -302,8 +302,9 @@ def test_bytes_each_collective_kind_moves_per_step() -> None:
     torch_bf16 = {"num_params": 1000, "options": {"backend": "torch-compile", "parallel": "ddp", "grad_comm": "bf16"}}
     assert collective_bytes(torch_bf16) == {"all-reduce": 2000}
     jax = {"num_params": 1000, "options": {"backend": "jax", "parallel": "fsdp", "dtype": "bf16"}}
-    assert collective_bytes(jax) == {}
-    assert collective_bytes({**jax, "options": {**jax["options"], "dtype": "fp32"}}) == {"reduce-scatter": 4000}
+    assert collective_bytes(jax, bf16_sums=True) == {}
+    assert collective_bytes({**jax, "options": {**jax["options"], "dtype": "fp32"}}, bf16_sums=True) == {
+        "reduce-scatter": 4000}
 
 
 def test_the_report_gives_bandwidth_only_for_bytes_it_knows() -> None:

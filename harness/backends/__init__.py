@@ -88,6 +88,9 @@ class Backend:
     # under --parallel fsdp, all-gathers every float32 parameter in the forward (and again in the
     # backward unless --fsdp-reshard-after-forward false): FSDP2; the size of its all-gathers is known
     gathers_parameters: bool = False
+    # under bf16 on several devices, its compiler sums each matmul weight's gradient across them
+    # in bf16 beside float32 sums of the rest: its gradient collectives have no one known size
+    bf16_gradient_sums: bool = False
     # the libraries whose versions its run documents record (keys of its session's `versions()`
     # in the document's env): the version lines of the reports
     libraries: tuple[str, ...] = ()

@@ -221,7 +221,8 @@ def split_lines(summary: dict) -> list[str]:
         if a.get("split"):
             run = summary["runs"].get(backend, {})
             link = (run.get("data_parallel") or {}).get("link")
-            split = with_sizes(a["split"], collective_bytes(run, backends.get(backend).gathers_parameters))
+            record = backends.get(backend)
+            split = with_sizes(a["split"], collective_bytes(run, record.gathers_parameters, record.bf16_gradient_sums))
             out += ["", f"### {backend}: transfer and waiting", "", "```", *format_split(split, link), "```"]
     if out:
         out += ["", "Each collective aligned across ranks (the k-th of its kind on each): the part of a rank's "

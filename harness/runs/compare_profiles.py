@@ -55,7 +55,8 @@ def communication_overlap(profiles: dict[str, str], devices: int, nsys_bin: str 
     for backend, first in profiles.items():
         files = rank_files(first, devices)
         with stage("compare", f"communication overlap: {backend}, {len(files)} profiles", now=True):
-            sizes = collective_bytes((runs or {}).get(backend), backends.get(backend).gathers_parameters)
+            record = backends.get(backend)
+            sizes = collective_bytes((runs or {}).get(backend), record.gathers_parameters, record.bf16_gradient_sums)
             out[backend] = rank_profiles(files, nsys_bin, sizes)
     return out
 

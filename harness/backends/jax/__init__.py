@@ -127,5 +127,5 @@ JAX = Backend(name="jax", make_session=_make_session, precision=PRECISION, atten
               profiler=_profiler, annotation=_annotation, compile_events="jax.monitoring", simulated_oom=_oom,
               tolerances=TOLERANCES, default=True, compile_weight=3,
               compiles=True, environment_problem=xla_flags_problem, framework="JAX",
-              libraries=("jax",))
+              libraries=("jax",), bf16_gradient_sums=True)
 RECORDS = (JAX,)

@@ -259,7 +259,7 @@ def ranks_split(ranks: Mapping[int, dict], bytes_per_step: Mapping[str, float] |
     return split
 
 
-def collective_bytes(doc: dict | None, fsdp2: bool = False) -> dict[str, float]:
+def collective_bytes(doc: dict | None, fsdp2: bool = False, bf16_sums: bool = False) -> dict[str, float]:
     """Bytes per step of each collective kind the harness knows of a run document: the
     gradients all-reduced (DDP, JAX replicated) or reduce-scattered (FSDP2, JAX sharded), in
     float32 or, under torch's `--grad-comm bf16`, in bf16; and, for torch's FSDP2 (`fsdp2`:
@@ -268,11 +268,12 @@ def collective_bytes(doc: dict | None, fsdp2: bool = False) -> dict[str, float]:
     backward unless `--fsdp-reshard-after-forward false` kept them; empty where unknown. XLA
     picks what its collectives move: its all-gathers have no known size, and under bf16 it
     sums each matmul weight's gradient across devices in that gradient's dtype, bf16 (its
-    kernels say `_bf16`), so JAX's gradient collectives have a known size only in fp32."""
+    kernels say `_bf16`), beside float32 sums of the rest (`bf16_sums`:
+    `Backend.bf16_gradient_sums`), so JAX's gradient collectives have a known size only in fp32."""
     if not doc or not doc.get("num_params"):
         return {}
     o = doc.get("options") or {}
-    if o.get("backend") == "jax" and o.get("dtype") == "bf16":
+    if bf16_sums and o.get("dtype") == "bf16":
         return {}
     parallel = o.get("parallel", "ddp")
     size = (2.0 if o.get("grad_comm") == "bf16" else 4.0) * doc["num_params"]

@@ -42,10 +42,10 @@ LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, al
 # step for `large`, each paying its launch and a rendezvous of every device. These options
 # let XLA merge independent all-gathers into ones of up to 256 MiB (fewer, larger transfers,
 # for some memory: a merged all-gather's weights are resident from the first consumer of any
-# of them), and reduce-scatters into ones of up to 16 MiB: the last reduce-scatter of the
-# backward has no compute left to hide under, and a merged one of 256 MiB left milliseconds
-# of it exposed at the end of every step. The latency-hiding scheduler orders the program
-# so that each collective runs under the compute that does not need it.
+# of them), and reduce-scatters into ones of up to 16 MiB: the last reduce-scatters of the
+# backward have no compute left to hide under, so the more gradients they hold, the longer
+# each step waits for them before AdamW. The latency-hiding scheduler orders the program so
+# that each collective runs under the compute that does not need it.
 # Only sharded parameters are compiled with them: the strategy they were measured on.
 # A setting the user gives in XLA_FLAGS wins: options given to the compiler would override it.
 SHARDED_COMPILER_OPTIONS = {"xla_gpu_all_gather_combine_threshold_bytes": 256 << 20,

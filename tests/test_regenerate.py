@@ -285,9 +285,12 @@ def test_the_exposed_block_is_each_folder_s_per_device_overlap() -> None:
     assert after["env"]["compiler_options"]["xla_gpu_reduce_scatter_combine_threshold_bytes"] == 16 << 20
 
 
-def test_an_exposed_block_naming_a_missing_folder_is_one_line_naming_the_page() -> None:
+def test_a_block_naming_a_missing_or_extra_folder_is_one_line_naming_the_page() -> None:
     from harness.reports.doc_blocks import BlockError, render_page
 
     page = f"<!-- generated: exposed {EXPOSED}/ddp4 {EXPOSED}/nowhere -->\n<!-- end generated -->\n"
     with pytest.raises(BlockError, match=r"^x/README\.md: block 'exposed .*nowhere is no compare folder"):
+        render_page(page, "x/README.md", RESULTS)
+    page = f"<!-- generated: main-job {MAIN} {MAIN} -->\n<!-- end generated -->\n"
+    with pytest.raises(BlockError, match=r"^x/README\.md: block 'main-job .*' names 2 folders; 'main-job' takes one$"):
         render_page(page, "x/README.md", RESULTS)

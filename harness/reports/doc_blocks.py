@@ -138,8 +138,10 @@ def render_page(text: str, name: str, root: Path) -> str:
         if kind not in RENDERERS and kind not in MULTI:
             raise BlockError(f"{name}: block '{kind}' is not one of {', '.join([*RENDERERS, *MULTI])}, provenance")
         folders = [root / a for a in arg.split()]
-        if not folders or (kind in RENDERERS and len(folders) > 1):
+        if not folders:
             raise BlockError(f"{name}: block '{m['spec']}' names no compare folder under {root}")
+        if kind in RENDERERS and len(folders) > 1:
+            raise BlockError(f"{name}: block '{m['spec']}' names {len(folders)} folders; '{kind}' takes one")
         if missing := [f for f in folders if not (f / "summary.json").is_file()]:
             raise BlockError(f"{name}: block '{m['spec']}': {missing[0]} is no compare folder under {root}")
         try:

@@ -156,25 +156,16 @@ def align(ops: Mapping[int, Sequence[Op]], ranges: Mapping[int, Sequence[Range]]
                   **{f"{key}_ms_per_step": ms(totals[r][key]) / steps for key in ("communication", "waiting",
                                                                                   "transfer")},
                   "last_count": totals[r]["last"]} for r in ranks]
-    kind_rows = []
-    for kind, v in per_kind.items():
-        row = {"kind": kind, "count": v["count"], "transfer_ms_per_step": ms(v["transfer"]) / steps,
-               "waiting_ms_per_step": ms(v["waiting"]) / steps, "bytes_per_step": None, "algbw_gbps": None,
-               "busbw_gbps": None}
-        size = (bytes_per_step or {}).get(kind)
-        if size and v["transfer"]:
-            row["bytes_per_step"] = size
-            row["algbw_gbps"] = size / (v["transfer"] / steps)  # bytes per ns = GB/s
-            row["busbw_gbps"] = row["algbw_gbps"] * bus_factor(kind, n)
-        kind_rows.append(row)
+    kind_rows = [{"kind": kind, "count": v["count"], "transfer_ms_per_step": ms(v["transfer"]) / steps,
+                  "waiting_ms_per_step": ms(v["waiting"]) / steps} for kind, v in per_kind.items()]
     aligned = sum(v["count"] for v in per_kind.values())
     last = max(rank_rows, key=lambda x: x["last_count"]) if aligned else None
     phase = max(culprits, key=culprits.__getitem__) if culprits and max(culprits.values()) > 0 else None
-    return {"n": n, "steps": steps, "collectives": aligned, "ranks": rank_rows, "kinds": kind_rows,
-            "last_rank": last["rank"] if last and n > 1 else None,
-            "last_share": last["last_count"] / aligned if last and n > 1 else None,
-            "late_phase": phase, "late_ms": ms(culprits[phase]) / late_count if phase else None,
-            "notes": notes}
+    return with_sizes({"n": n, "steps": steps, "collectives": aligned, "ranks": rank_rows, "kinds": kind_rows,
+                       "last_rank": last["rank"] if last and n > 1 else None,
+                       "last_share": last["last_count"] / aligned if last and n > 1 else None,
+                       "late_phase": phase, "late_ms": ms(culprits[phase]) / late_count if phase else None,
+                       "notes": notes}, bytes_per_step or {})
 
 
 def _steps(ranges: Sequence[Range]) -> int:
@@ -292,7 +283,7 @@ def with_sizes(split: dict, sizes: Mapping[str, float]) -> dict:
     kinds = []
     for k in split["kinds"]:
         size, t = sizes.get(k["kind"]), k["transfer_ms_per_step"] * 1e6
-        algbw = size / t if size and t else None
+        algbw = size / t if size and t else None  # bytes per ns = GB/s
         kinds.append({**k, "bytes_per_step": size if algbw else None, "algbw_gbps": algbw,
                       "busbw_gbps": algbw * bus_factor(k["kind"], n) if algbw else None})
     return {**split, "kinds": kinds}

@@ -294,3 +294,44 @@ def test_a_block_naming_a_missing_or_extra_folder_is_one_line_naming_the_page() 
     page = f"<!-- generated: main-job {MAIN} {MAIN} -->\n<!-- end generated -->\n"
     with pytest.raises(BlockError, match=r"^x/README\.md: block 'main-job .*' names 2 folders; 'main-job' takes one$"):
         render_page(page, "x/README.md", RESULTS)
+
+
+PROFILED = "mfu/h200/profiled-b32"
+
+
+def test_the_breakdown_block_is_each_profile_s_kernels_summed_by_category() -> None:
+    """Each row of the breakdown block against the folder's kernels.json, summed here kernel by
+    kernel, and its GEMM throughput against the matmul FLOPs of `large` counted from its shapes:
+    per token, 2 FLOPs per weight of the four attention projections, the three FFN matrices and
+    the head, three passes a training step."""
+    from harness.reports.doc_blocks import breakdown
+
+    folders = sorted((RESULTS / PROFILED).glob("*/*-profiled"))
+    lines = breakdown(folders, RESULTS).splitlines()
+    assert len(folders) == 2 and len(lines) == 4
+    for folder, line in zip(folders, lines[2:]):
+        cells = [c.strip(" `") for c in line.strip("|").split("|")]
+        (entry,) = json.loads((folder / "kernels.json").read_text())
+        step = "fused_step" if "fused_step" in entry["phases"] else "step"
+        p = entry["phases"][step]
+        assert cells[:3] == [f"{folder.parent.name}/{folder.name}", entry["label"], step]
+        per_category: dict[str, float] = {}
+        for k in p["kernels"]:
+            per_category[k["category"]] = per_category.get(k["category"], 0.0) + k["ns_per_step"]
+        gemm = per_category["gemm"]
+        assert cells[5] == f"{gemm / 1e6:.1f} ({100 * gemm / p['gpu_ns_per_step']:.1f}%)"
+        assert cells[6].startswith(f"{per_category['fused_attention'] / 1e6:.1f} (")
+        d, f, layers, vocab, tokens = 1280, 5120, 36, 10_000, 32 * 1024
+        flops = 3 * 2 * tokens * (layers * (4 * d * d + 3 * d * f) + d * vocab)
+        assert cells[-1] == f"{flops / gemm / 1e3:.0f} ({100 * flops / gemm / 1e3 / 989:.0f}%)"
+        # the GPU's busy time is the union of its kernels' intervals: no more than their sum
+        assert p["busy_ns_per_step"] <= p["gpu_ns_per_step"] * (1 + 1e-9)
+        assert cells[4] == f"{100 * p['busy_ns_per_step'] / p['range_ns_per_step']:.1f}%"
+
+
+def test_a_breakdown_of_an_unprofiled_compare_says_so_in_one_line() -> None:
+    from harness.reports.doc_blocks import BlockError, render_page
+
+    page = f"<!-- generated: breakdown {MAIN} -->\n<!-- end generated -->\n"
+    with pytest.raises(BlockError, match=r"^x/README\.md: block 'breakdown .*has no kernels\.json: profile it "):
+        render_page(page, "x/README.md", RESULTS)

@@ -54,16 +54,20 @@ def config_problems(run: Run) -> tuple[ModelConfig | None, str | None]:
     return config, None
 
 
-def _gemm_flops(run: Run, phase: str, p: PhaseProfile) -> float | None:
-    """Matmul FLOPs of `phase` run as GEMM kernels: all of them, less the attention
-    products where fused-attention kernels ran them."""
-    config, batch, ctx = _config(run), doc_field(run.doc, ("options", "batch")), doc_field(run.doc, ("options", "ctx"))
-    if config is None or not batch or not ctx:
-        return None
+def gemm_flops(config: ModelConfig, batch: int, ctx: int, phase: str, fused_attention: bool) -> float:
+    """Matmul FLOPs of `phase` run as GEMM kernels: all of them, less the attention products
+    where fused-attention kernels ran them (`fused_attention`)."""
     total = phase_flops(config, batch, ctx).get(phase, 0)
     passes = total / phase_flops(config, batch, ctx)["forward"]
     attention = passes * config.num_layers * 4 * batch * ctx * ctx * config.d_model
-    return total - attention if p.categories.get(Category.ATTENTION.value) else total
+    return total - attention if fused_attention else total
+
+
+def _gemm_flops(run: Run, phase: str, p: PhaseProfile) -> float | None:
+    config, batch, ctx = _config(run), doc_field(run.doc, ("options", "batch")), doc_field(run.doc, ("options", "ctx"))
+    if config is None or not batch or not ctx:
+        return None
+    return gemm_flops(config, batch, ctx, phase, bool(p.categories.get(Category.ATTENTION.value)))
 
 
 def throughput(a: Run, b: Run, pair: tuple[str, str, str], pa: PhaseProfile, pb: PhaseProfile) -> list[Throughput]:

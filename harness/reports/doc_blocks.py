@@ -10,7 +10,8 @@ A page marks a block with two HTML comments, which markdown renders as nothing:
 The first word after "generated:" names the renderer (`RENDERERS`), the rest its argument: for
 `main-job`, a compare folder under the results root (its path below the root), whose
 summary.json the block is built from; for `exposed`, several such folders, space-separated
-(data-parallel runs profiled under nsys: their exposed communication per step); `provenance`
+(data-parallel runs profiled under nsys: their exposed communication per step); for
+`breakdown`, compare folders profiled under nsys (where each step's GPU time goes); `provenance`
 takes none and renders, in a results folder's README.md, what that folder's documents record
 of their machine, versions, trees and commands (`provenance_block`). `render_page` gives the
 page with every block rendered again; text outside the markers is left as it is.
@@ -26,9 +27,13 @@ from pathlib import Path
 
 from harness import backends
 from harness.common.documents import CompareDocument, RunDocument
+from harness.common.hardware import peak_tflops
 from harness.common.tables import markdown_table
+from harness.config import config_from_document
+from harness.diffs.throughput import gemm_flops
 from harness.reports.compare_answer import compare_findings
 from harness.reports.provenance_block import provenance
+from harness.trace.kernels import Category
 
 # Markers stand at the start of their own line (a marker quoted in prose or a code span is none).
 BLOCK = re.compile(r"^(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)^(<!-- end generated -->)$", re.S | re.M)
@@ -120,9 +125,56 @@ def exposed(folders: list[Path], root: Path) -> str:
     return "\n".join(markdown_table(header, rows)) + "\n"
 
 
+# The columns of the breakdown block: kernel categories summed.
+BREAKDOWN_COLUMNS = {
+    "GEMM": (Category.GEMM,), "attention": (Category.ATTENTION,), "elementwise": (Category.ELEMENTWISE,),
+    "reduction, norm, softmax": (Category.REDUCTION, Category.NORM, Category.SOFTMAX),
+    "copies": (Category.MEMORY,), "optimizer": (Category.OPTIMIZER,),
+}
+
+
+def breakdown(folders: list[Path], root: Path) -> str:
+    """Where each profiled step's GPU time goes, side by side: per compare folder profiled under
+    nsys (its kernels.json) and backend, the step timed (JAX's fused step where it has one) under
+    the profiler, the share of it the GPU computes, the kernel time per step of each category
+    group (its share of the GPU time), and the GEMMs' TFLOP/s: the matmul FLOPs the harness
+    counts for the step, less the attention products a fused-attention kernel ran, over the
+    GEMM kernels' time, against the device's dense peak for the dtype."""
+    rows = []
+    unique = len({f.name for f in folders}) == len(folders)  # else each folder by its parent too
+    for folder in folders:
+        if not (folder / "kernels.json").is_file():
+            raise ValueError(f"{folder} has no kernels.json: profile it (`harness.compare ... --nsys`)")
+        summary = json.loads((folder / "summary.json").read_text())
+        runs = CompareDocument.from_dict(summary, str(folder / "summary.json")).runs
+        for entry in json.loads((folder / "kernels.json").read_text()):
+            label, phases = entry["label"], entry["phases"]
+            phase = "fused_step" if "fused_step" in phases else "step"
+            p, run = phases[phase], runs[label]
+            cats, gpu = p["categories"], p["gpu_ns_per_step"]
+            cells = []
+            for names in BREAKDOWN_COLUMNS.values():
+                ns = sum(cats.get(n.value, 0.0) for n in names)
+                cells.append(f"{ns / 1e6:.1f} ({100 * ns / gpu:.1f}%)" if ns else "-")
+            rest = gpu - sum(cats.get(n.value, 0.0) for names in BREAKDOWN_COLUMNS.values() for n in names)
+            o, device = run.get("options") or {}, (run.get("env") or {}).get("device")
+            config = config_from_document(run.get("config"))[0]
+            flops = gemm_flops(config, o["batch"], o["ctx"], phase, bool(cats.get(Category.ATTENTION.value)))
+            tflops = flops / cats[Category.GEMM.value] / 1e3 if cats.get(Category.GEMM.value) else None
+            peak = peak_tflops(device, o.get("dtype"))
+            gemm = "-" if tflops is None else f"{tflops:.0f}" + (f" ({100 * tflops / peak:.0f}%)" if peak else "")
+            name = folder.name if unique else f"{folder.parent.name}/{folder.name}"
+            rows.append([f"`{name}`", label, phase, f"{p['range_ns_per_step'] / 1e6:.1f}",
+                         f"{100 * p['busy_ns_per_step'] / p['range_ns_per_step']:.1f}%", *cells,
+                         f"{rest / 1e6:.1f}" if rest > 0.05 * 1e6 else "-", gemm])
+    header = ["folder", "backend", "step", "step ms (profiled)", "GPU busy", *(f"{c} ms" for c in BREAKDOWN_COLUMNS),
+              "other ms", "GEMM TFLOP/s (of peak)"]
+    return "\n".join(markdown_table(header, rows)) + "\n"
+
+
 RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job}
 # Renderers over several compare folders: the block names them all, space-separated.
-MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed}
+MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed, "breakdown": breakdown}
 
 
 def render_page(text: str, name: str, root: Path) -> str:

@@ -244,20 +244,23 @@ def test_a_two_device_jax_loop_is_host_bound_by_hand_count() -> None:
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     steps = [e for e in events if e.get("ph") == "X" and e["name"] == "train"]
     assert sorted(int(e["args"]["step_num"]) for e in steps) == [2, 3, 4, 5]
-    busy, exposed = [], []
+    busy, exposed, lead = [], [], []
     for pid, name in processes.items():
         if not name.startswith("/device:GPU:"):
             continue
         mine = [e for e in events if e.get("pid") == pid and e.get("ph") == "X"
                 and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps)]
+        # from each step's start to the device's first kernel in it
+        lead.append(sum(min(e["ts"] for e in mine if s["ts"] <= e["ts"] < s["ts"] + s["dur"]) - s["ts"]
+                        for s in steps) / len(steps))
         busy.append(sum(b - a for a, b in _merged([(e["ts"], e["ts"] + e["dur"]) for e in mine])) / len(steps))
         compute = _merged([(e["ts"], e["ts"] + e["dur"]) for e in mine if not e["name"].startswith("nccl")])
         exposed.append(sum(e["dur"] - sum(max(0.0, min(e["ts"] + e["dur"], b) - max(e["ts"], a)) for a, b in compute)
                            for e in mine if e["name"].startswith("nccl")) / len(steps))
     assert len(busy) == 2
     wall = sum(s["dur"] for s in steps) / len(steps) / 1e3
-    expected = bound_text("jax", wall, sum(busy) / 2e3, sum(exposed) / 2e3)
-    assert expected.startswith("jax: host-bound")
+    expected = bound_text("jax", wall, sum(busy) / 2e3, sum(exposed) / 2e3, sum(lead) / 2e3)
+    assert expected.startswith("jax: host-bound") and "for the host to launch the step's first kernel" in expected
     for source in (path, JAX_LOOP / "jax_loop.xplane.pb.gz"):
         inputs = report_inputs([source])
         bds, tables = inputs.breakdowns, inputs.ranks

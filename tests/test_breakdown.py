@@ -226,3 +226,34 @@ def test_cpu_fallback(backend: str, tmp_path: Path) -> None:
     assert bd.phases["step"].steps == 2
     assert bd.warmup.count > 0
     assert bd.phases["forward"].kernels_per_step > 0
+
+
+@pytest.mark.parametrize("scenario", ["torch_small_train", "jax_small_train"])
+def test_the_wait_for_each_phase_s_first_kernel_is_read_from_the_export(scenario: str, tmp_path: Path) -> None:
+    """Each phase's idle lead-in per step against the SQLite export read here: per measured step,
+    from the phase's first range in it to the first kernel, copy or memset starting inside one of
+    those ranges, averaged over the steps; and the answer names it where it is over 1% of the step."""
+    db_path = tmp_path / "p.sqlite"
+    db_path.write_bytes(gzip.decompress(fixture(scenario).read_bytes()))
+    db = sqlite3.connect(db_path)
+    named = db.execute("select e.start, e.end, coalesce(e.text, s.value) from NVTX_EVENTS e left join StringIds s "
+                       "on e.textId = s.id where e.end is not null").fetchall()
+    starts = sorted(r[0] for t in ("KERNEL", "MEMCPY", "MEMSET") for r in db.execute(
+        f"select start from CUPTI_ACTIVITY_KIND_{t}"))
+    bd = breakdown(load_profile(db_path))
+    warm = [(a, b) for a, b, n in named if n == "warmup"]
+    for phase, p in bd.phases.items():
+        roots = sorted((a, b) for a, b, n in named if n == p.root and not any(w <= a and b <= x for w, x in warm))
+        assert len(roots) == p.steps, phase  # the steps measured: those outside the warm-up ranges
+        leads = []
+        for s0, s1 in roots:
+            inner = [(a, b) for a, b, n in named if n == phase and s0 <= a and b <= s1]
+            first = min(t for t in starts if any(a <= t < b for a, b in inner))
+            leads.append(first - min(a for a, _ in inner))
+        assert p.lead_ns_per_step == pytest.approx(sum(leads) / len(leads), rel=1e-12), phase
+    from harness.trace.analyses.findings import report_findings
+
+    step = bd.phases["step"]
+    (bound,) = [f.text for f in report_findings([bd]) if f.topic == "bound"]
+    said = f"it waits {step.lead_ns_per_step / 1e6:.1f} ms of it for the host to launch the step's first kernel"
+    assert (said in bound) == (step.lead_ns_per_step > 0.01 * step.range_ns_per_step)

@@ -16,6 +16,7 @@ HOST_BOUND = 0.5  # the GPU computes less than this share of the step: the host 
 GPU_BOUND = 0.85  # ... at least this share: the GPU's own work sets the pace
 STRAGGLER = 1.05  # slowest over fastest rank's step time beyond this: a straggler
 OUTLIER_STEPS = 1.2  # a step's mean time over its median beyond this: outlier steps
+LEAD_SHARE = 0.01  # the GPU waiting this share of the step for its first kernel is said in the answer
 DOUBT_SHARE = 0.05  # kernel time outside every range beyond this share: attribution is in doubt
 NOISE_WORDS = {True: "inside the noise (the p10-p90 ranges overlap)", False: "beyond the noise",
                None: "noise unknown (no timer spread on one side)"}
@@ -56,14 +57,17 @@ def bound(compute_share: float) -> str:
     return "GPU-bound" if compute_share >= GPU_BOUND else "partly host-bound"
 
 
-def bound_text(who: str, step_ms: float, busy_ms: float, exposed_ms: float) -> str:
+def bound_text(who: str, step_ms: float, busy_ms: float, exposed_ms: float, lead_ms: float | None = None) -> str:
     """"rank1: host-bound: its GPU computes 12.7% of the step (19.1 of 150.4 ms) ...": the
-    busy time less the exposed communication, against the step's wall time."""
+    busy time less the exposed communication, against the step's wall time; where the GPU
+    waits more than `LEAD_SHARE` of the step for its first kernel (`lead_ms`), that wait."""
     compute = max(min(busy_ms, step_ms) - exposed_ms, 0.0)
     share = compute / step_ms if step_ms else 0.0
     text = f"{who}: {bound(share)}: its GPU computes {share:.1%} of the step ({compute:.1f} of {step_ms:.1f} ms)"
     if exposed_ms > 0.05 * step_ms:
         text += f"; {exposed_ms / step_ms:.1%} of the step is exposed communication"
+    if lead_ms is not None and lead_ms > LEAD_SHARE * step_ms:
+        text += f"; it waits {lead_ms:.1f} ms of it for the host to launch the step's first kernel"
     return text
 
 

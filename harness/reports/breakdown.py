@@ -25,7 +25,7 @@ from pathlib import Path
 from harness.common.results import atomic_path, write_text
 from harness.common.spread import HEADER, MAX_COLUMNS, RULE, capped, spread_cells
 from harness.common.tables import markdown_table
-from harness.reports.breakdown_text import _ms, _phases, _unit, busy, short_names
+from harness.reports.breakdown_text import _ms, _phases, _unit, busy, range_metric, short_names
 from harness.reports.plot import plot
 from harness.trace.analyses.breakdown import TOP_N, Breakdown, PhaseStats, answers
 from harness.trace.kernels import Category, short_name
@@ -50,7 +50,7 @@ def _summary(bds: Sequence[Breakdown], phases: Sequence[str] | None = None, many
     unit = busy(bds)
     metrics = [(f"{unit} ms/step", lambda p: _ms(p.gpu_ns_per_step)),
                (f"{unit} busy ms/step", lambda p: _ms(p.busy_ns_per_step or 0.0)),
-               ("range ms/step", lambda p: _ms(p.range_ns_per_step)),
+               range_metric(bds, many),
                (f"{_unit(bds)}s/step", lambda p: f"{p.kernels_per_step:.1f}")]
     if not all(bd.cpu_ops for bd in bds):  # a CPU profile has no copies of its own
         metrics.append(("memcpys+memsets/step", lambda p: f"{p.copies_per_step:.1f}"))
@@ -369,11 +369,13 @@ def write_csv(path: Path, bds: Sequence[Breakdown]) -> None:
 def breakdown_document(bds: Sequence[Breakdown], answer_sets: Sequence[dict]) -> list[dict]:
     """kernels.json's content: each breakdown with its answers (`stats.breakdowns_of` reads
     it back). The profile's file name only: where it lay (often a temp folder) says nothing.
-    A kernel's `ops` is written only where known (JAX with its HLO), so a document of any
-    other profile is the same as before the field existed."""
+    A kernel's `ops` is written only where known (JAX with its HLO), a phase's `lead_ns_per_step`
+    only where recorded: other documents are as before those fields existed."""
     docs = [{**asdict(bd), "path": Path(bd.path).name, "answers": ans} for bd, ans in zip(bds, answer_sets)]
     for k in (k for doc in docs for phase in doc["phases"].values() for k in phase["kernels"] if k["ops"] is None):
         del k["ops"]
+    for phase in (p for doc in docs for p in doc["phases"].values() if p.get("lead_ns_per_step", 0) is None):
+        del phase["lead_ns_per_step"]
     return docs
 
 

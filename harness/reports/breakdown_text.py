@@ -4,10 +4,10 @@ time is a GPU's or a CPU's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from harness.trace.kernels import NAME_WIDTH, short_name
-from harness.trace.stats import Breakdown
+from harness.trace.stats import Breakdown, PhaseStats
 
 
 def short_names(names: Sequence[str], width: int = NAME_WIDTH) -> list[str]:
@@ -46,3 +46,14 @@ def busy(bds: Sequence[Breakdown]) -> str:
 def _unit(bds: Sequence[Breakdown]) -> str:
     """The name of a profile's unit of work: ops where every profile is a CPU one."""
     return "op" if all(bd.cpu_ops for bd in bds) else "kernel"
+
+
+def range_metric(bds: Sequence[Breakdown], many: bool) -> tuple[str, Callable[[PhaseStats], str]]:
+    """The per-phase table's row of range wall times; where a profile recorded how long the GPU
+    waited from a range's start for its first kernel (and one column per profile), that wait in
+    brackets after the wall time."""
+    if many or all(p.lead_ns_per_step is None for bd in bds for p in bd.phases.values()):
+        return "range ms/step", lambda p: _ms(p.range_ns_per_step)
+    lead = lambda p: "" if p.lead_ns_per_step is None else f" ({_ms(p.lead_ns_per_step)})"  # noqa: E731
+    label = f"range ms/step ({busy(bds)} idle before the first {_unit(bds)})"
+    return label, lambda p: _ms(p.range_ns_per_step) + lead(p)

@@ -45,6 +45,9 @@ class PhaseStats:
     devices: int = 1  # device timelines the figures are the per-device mean over
     busy_ns_per_step: float | None = None  # union of kernel intervals over streams (None: not recorded)
     hidden_communication_ns_per_step: float = 0.0  # communication under compute kernels on other streams
+    # from the start of each range to its first kernel, per device (None: not recorded): the GPU
+    # waiting for the host to launch the phase's work
+    lead_ns_per_step: float | None = None
 
     def share(self, category: Category) -> float:
         return self.categories.get(category.value, 0.0) / self.gpu_ns_per_step if self.gpu_ns_per_step else 0.0

@@ -99,9 +99,22 @@ def _bucket(kt: KernelTable, mask: np.ndarray, inner: np.ndarray, ranges: Sequen
     return Bucket(count=len(idx), ns=int(dur.sum()), ranges=dict(where), names=top)
 
 
+def _lead(kt: KernelTable, k: np.ndarray, inst: np.ndarray, starts: Mapping[int, int]) -> float:
+    """Summed over root instances and devices: from the instance's first range of the phase to
+    its first kernel on the device (never below zero)."""
+    key = inst * (int(kt.device[k].max()) + 1) + kt.device[k]
+    u, inv = np.unique(key, return_inverse=True)
+    first = np.full(len(u), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, inv, kt.start[k].astype(np.int64))
+    owner = inst[np.unique(inv, return_index=True)[1]]
+    return float(sum(max(int(f) - starts[int(i)], 0) for f, i in zip(first, owner) if int(i) in starts))
+
+
 def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray, cats: np.ndarray,
-           rule: np.ndarray, instances: list[int], walls: dict[int, int], occurrences: int) -> PhaseStats:
-    """Statistics of one phase from its kernels `k` and their root instance `inst`, per device."""
+           rule: np.ndarray, instances: list[int], walls: dict[int, int], occurrences: int,
+           starts: Mapping[int, int] | None = None) -> PhaseStats:
+    """Statistics of one phase from its kernels `k` and their root instance `inst`, per device;
+    `starts`: per root instance, the start of its first range of the phase (None: no ranges)."""
     devs, busy, hidden = device_timelines(kt, k, cats[k] == _CAT[Category.COMMUNICATION])
     n = max(len(instances), 1) * devs
     dur = kt.duration[k].astype(np.float64)
@@ -128,7 +141,8 @@ def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray
                       kernels_per_step=float(np.count_nonzero(kinds == KERNEL)) / n, categories=categories,
                       kernels=stats, copies_per_step=float(np.count_nonzero((kinds == MEMCPY) | (kinds == MEMSET))) / n,
                       gpu_ns_median=median(per_inst), range_ns_median=median(walls), devices=devs,
-                      busy_ns_per_step=busy / n, hidden_communication_ns_per_step=hidden / n)
+                      busy_ns_per_step=busy / n, hidden_communication_ns_per_step=hidden / n,
+                      lead_ns_per_step=_lead(kt, k, inst, starts) / n if starts is not None and len(k) else None)
 
 
 def breakdown(profile: Profile, require: Iterable[str] = (), attribution: str = "auto",
@@ -230,10 +244,12 @@ def _phases(ranges: Sequence[Range], parents: np.ndarray, root: np.ndarray, warm
         if not len(k):
             continue
         walls: dict[int, int] = defaultdict(int)
+        starts: dict[int, int] = {}
         for i in members[g]:
             walls[int(root[i])] += ranges[i].end - ranges[i].start
+            starts[int(root[i])] = min(starts.get(int(root[i]), ranges[i].start), ranges[i].start)
         insts = sorted(walls, key=lambda i: ranges[i].start)
-        phases[key] = _phase(key, rname, kt, k, kroot[k], cats, rule, insts, walls, len(members[g]))
+        phases[key] = _phase(key, rname, kt, k, kroot[k], cats, rule, insts, walls, len(members[g]), starts)
     return phases, [key_of[int(g)] if g >= 0 else None for g in group]
 
 

@@ -48,7 +48,8 @@ def step_times(bd: Breakdown) -> dict | None:
     exposed = max(p.categories.get("communication", 0.0) - p.hidden_communication_ns_per_step, 0.0) / 1e6
     compute = max(min(busy, wall) - exposed, 0.0)
     return {"phase": p.phase, "wall_ms": wall, "busy_ms": busy, "exposed_ms": exposed, "compute_share": compute / wall,
-            "median_ms": p.range_ns_median / 1e6}
+            "median_ms": p.range_ns_median / 1e6,
+            "lead_ms": p.lead_ns_per_step / 1e6 if p.lead_ns_per_step is not None else None}
 
 
 def _categories(bd: Breakdown) -> Finding | None:
@@ -63,7 +64,8 @@ def _categories(bd: Breakdown) -> Finding | None:
 def _column(bd: Breakdown) -> list[Finding]:
     out = []
     if (t := step_times(bd)) and not bd.cpu_ops:
-        out.append(Finding("bound", bound_text(bd.label, t["wall_ms"], t["busy_ms"], t["exposed_ms"]), "Per phase"))
+        out.append(Finding("bound", bound_text(bd.label, t["wall_ms"], t["busy_ms"], t["exposed_ms"], t["lead_ms"]),
+                           "Per phase"))
     return out + [f for f in [_categories(bd)] if f]
 
 

@@ -136,7 +136,8 @@ BREAKDOWN_COLUMNS = {
 def breakdown(folders: list[Path], root: Path) -> str:
     """Where each profiled step's GPU time goes, side by side: per compare folder profiled under
     nsys (its kernels.json) and backend, the step timed (JAX's fused step where it has one) under
-    the profiler, the share of it the GPU computes, the kernel time per step of each category
+    the profiler (the mean over the measured steps, as the kernel report's per-step figures are),
+    the share of it the GPU computes, the kernel time per step of each category
     group (its share of the GPU time), and the GEMMs' TFLOP/s: the matmul FLOPs the harness
     counts for the step, less the attention products a fused-attention kernel ran, over the
     GEMM kernels' time, against the device's dense peak for the dtype."""
@@ -167,8 +168,8 @@ def breakdown(folders: list[Path], root: Path) -> str:
             rows.append([f"`{name}`", label, phase, f"{p['range_ns_per_step'] / 1e6:.1f}",
                          f"{100 * p['busy_ns_per_step'] / p['range_ns_per_step']:.1f}%", *cells,
                          f"{rest / 1e6:.1f}" if rest > 0.05 * 1e6 else "-", gemm])
-    header = ["folder", "backend", "step", "step ms (profiled)", "GPU busy", *(f"{c} ms" for c in BREAKDOWN_COLUMNS),
-              "other ms", "GEMM TFLOP/s (of peak)"]
+    header = ["folder", "backend", "step", "step ms (mean, profiled)", "GPU busy",
+              *(f"{c} ms" for c in BREAKDOWN_COLUMNS), "other ms", "GEMM TFLOP/s (of peak)"]
     return "\n".join(markdown_table(header, rows)) + "\n"
 
 

@@ -102,12 +102,11 @@ def _bucket(kt: KernelTable, mask: np.ndarray, inner: np.ndarray, ranges: Sequen
 def _lead(kt: KernelTable, k: np.ndarray, inst: np.ndarray, starts: Mapping[int, int]) -> float:
     """Summed over root instances and devices: from the instance's first range of the phase to
     its first kernel on the device (never below zero)."""
-    key = inst * (int(kt.device[k].max()) + 1) + kt.device[k]
-    u, inv = np.unique(key, return_inverse=True)
+    width = int(kt.device[k].max()) + 1
+    u, inv = np.unique(inst * width + kt.device[k], return_inverse=True)
     first = np.full(len(u), np.iinfo(np.int64).max, np.int64)
     np.minimum.at(first, inv, kt.start[k].astype(np.int64))
-    owner = inst[np.unique(inv, return_index=True)[1]]
-    return float(sum(max(int(f) - starts[int(i)], 0) for f, i in zip(first, owner) if int(i) in starts))
+    return float(sum(max(int(f) - starts[int(i)], 0) for f, i in zip(first, u // width)))
 
 
 def _phase(key: str, root: str, kt: KernelTable, k: np.ndarray, inst: np.ndarray, cats: np.ndarray,

@@ -169,6 +169,28 @@ def test_each_timed_round_starts_aligned(clock) -> None:
     assert rec["plain_step_ms"] == pytest.approx(1.0)  # the steps' 1 ms, none of the 50 ms wait
 
 
+def test_measured_steps_start_aligned(clock) -> None:
+    """The loop calls `align` once, after the collection that opens the measured steps and
+    before the first of them, outside every timed step: in a data-parallel run the ranks
+    leave that collection at different times, and an early rank's first step would count
+    its wait (here align's 50 ms of the fake clock)."""
+    class Aligned(FakeSession):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.seen = []
+
+        def align(self):
+            self.seen.append((self.calls, gc.isenabled()))
+            self.clock.sleep(0.05)
+
+    session = Aligned(garbage=10, clock=clock, work_ms=1.0)
+    timer, events = _timer(session, steps=4, warmup=2)
+    with events:
+        timer.loop("split step", ("forward", "backward", "optimizer"))
+    assert session.seen == [(2 * 3, False)]  # after the 2 warm-up steps' 3 phases, collector off
+    assert timer.times["step"] == pytest.approx([3.0] * 4)  # each step its phases' 1 ms, no wait
+
+
 def test_overhead_flag_reads_a_ratio_below_one() -> None:
     """Below 1 in every round: something slows the baseline; below 1 only in the median:
     inside the spread; 1 or more: an overhead, no flag."""

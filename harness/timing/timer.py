@@ -104,8 +104,8 @@ class Timer:
         return t0, time.perf_counter()
 
     def loop(self, label: str, phases: tuple[str, ...], outer: str | None = "step") -> None:
-        """Warm-up steps, then measured ones with the collector paused; `outer` names the
-        range around each measured step."""
+        """Warm-up steps, then measured ones with the collector paused, started aligned (the
+        session's `align`, else its `sync`); `outer` names the range around each measured step."""
         o = self.opts
         compiling = " (compiling, this can take minutes)" if self.compiles else ""
         for i in range(o.warmup):
@@ -113,6 +113,9 @@ class Timer:
             t0, t1 = self.step(phases, False, outer)
             self.first_step_ms.setdefault(label, (t1 - t0) * 1e3)
         with collector_paused():
+            # The ranks of a data-parallel run leave the collection above at different times;
+            # unaligned, an early rank's first measured step would count its wait for the late one.
+            getattr(self.session, "align", self.session.sync)()
             for i in range(o.steps):
                 self.progress(f"{label}: step {i + 1}/{o.steps}" + (compiling if i == 0 and not o.warmup else ""))
                 steps_before = self.optimizer_steps

@@ -146,8 +146,19 @@ class SwiGLU(nnx.Module):
                                                            self.w3.weight[...])
 
 
+# Rows of w1 and w3 interleaved in blocks of this many: whole vectors of the elementwise kernels.
+FFN_BLOCK = 64
+
+
 def swiglu(x: jax.Array, w1: jax.Array, w2: jax.Array, w3: jax.Array) -> jax.Array:
-    return linear(jax.nn.silu(linear(x, w1)) * linear(x, w3), w2)
+    # w1 and w3 as one matmul over their rows interleaved in blocks (FFN_BLOCK of w1's, then as
+    # many of w3's): gate and value land side by side in contiguous runs, and the backward writes
+    # their gradients in one pass into the one array its matmuls read. One GEMM twice as wide.
+    f, d = w1.shape
+    b = FFN_BLOCK if f % FFN_BLOCK == 0 else f
+    w13 = jnp.stack([w1.reshape(f // b, b, d), w3.reshape(f // b, b, d)], axis=1).reshape(2 * f, d)
+    h = linear(x, w13).reshape(*x.shape[:-1], f // b, 2, b)
+    return linear((jax.nn.silu(h[..., 0, :]) * h[..., 1, :]).reshape(*x.shape[:-1], f), w2)
 
 
 class TransformerBlock(nnx.Module):

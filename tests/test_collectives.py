@@ -348,3 +348,6 @@ def test_real_per_step_figures_add_up_to_the_totals(name: str) -> None:
         for key in ("communication_ms", "exposed_ms"):
             assert sum(p[key] * p["steps"] for p in per.values()) == pytest.approx(d[key], rel=1e-9)
         assert all(0 <= p["exposed_ms"] <= p["communication_ms"] < p["step_ms"] for p in per.values())
+        # each step's exposed time, in order, sums to the mean step's times the steps
+        assert all(len(p["exposed_each_ms"]) == p["steps"] and sum(p["exposed_each_ms"]) ==
+                   pytest.approx(p["exposed_ms"] * p["steps"], rel=1e-9) for p in per.values())

@@ -134,13 +134,15 @@ def test_compare_report_shows_the_overlap() -> None:
     assert "| **torch, all** |  |  | 6.000 | 4.000 | 2.000 | 66.7% |" in text
     assert "Exposed share of the communication: torch 33.3%." in text
     # per step: rank 0 none of its 2 ms exposed, rank 1 2 of its 4 ms, over 3 steps each; medians 12 and 14 ms
-    assert "| torch | step | 2 | 1.000 | 0.333 | 0.667 | 13.000 | 2.6% |" in text
+    # all of it in the first step (the profile's kernels lie in it): the median step exposes none
+    assert "| torch | step | 2 | 1.000 | 0.333 | 0.667 | 0.000 | 13.000 | 2.6% |" in text
+    assert "measured step 0 exposed 2.000 ms on rank 1 (device 0)" in text
     # a folder made before the per-step figures: derived from the totals and --steps
     for r in analysis["ranks"]:
         for d in r["overlap"]:
             del d["per_step"]
     del analysis["per_step"]
-    assert "| torch | step | 2 | 1.000 | 0.333 | 0.667 | 13.000 | 2.6% |" in "\n".join(
+    assert "| torch | step | 2 | 1.000 | 0.333 | 0.667 | - | 13.000 | 2.6% |" in "\n".join(
         data_parallel_lines({**summary, "options": {"steps": 3}}))
     assert "torch: no per-step figures; this folder was made before they were kept" in "\n".join(
         data_parallel_lines(summary))
@@ -164,8 +166,8 @@ def test_per_step_kinds_kept_apart_by_hand() -> None:
     (d,) = overlap(kt, ranges)
     assert (d["communication_ms"], d["exposed_ms"]) == (16, 8)  # the mixed figure: half exposed
     assert d["per_step"] == {
-        "step": {"steps": 2, "step_ms": 20, "communication_ms": 4, "exposed_ms": 4},
-        "fused_step": {"steps": 2, "step_ms": 11, "communication_ms": 4, "exposed_ms": 0}}
+        "step": {"steps": 2, "step_ms": 20, "communication_ms": 4, "exposed_ms": 4, "exposed_each_ms": [4, 4]},
+        "fused_step": {"steps": 2, "step_ms": 11, "communication_ms": 4, "exposed_ms": 0, "exposed_each_ms": [0, 0]}}
     analysis = rank_analysis({0: Profile("p", "jax", "nsys", [], ranges)})  # no kernels: nothing per step
     assert "per_step" not in analysis
     per = per_step_exposure({"ranks": [{"rank": 0, "overlap": [d], "phases_ms": {}}]})
@@ -192,3 +194,37 @@ def test_per_step_of_an_analysis_made_before_it() -> None:
     assert per_step_exposure(a) == {}  # without the number of steps
     a["ranks"][0]["phases_ms"]["fused_step"] = 10.0
     assert per_step_exposure(a, steps=3) == {}
+
+
+def test_one_late_step_is_told_from_the_steady_state() -> None:
+    """Five 20 ms steps on two ranks, each a 4 ms all-reduce from 4 ms under a 10 ms GEMM;
+    in the first, rank 0's all-reduce waits 12 ms more for a rank that began late. Counted by
+    hand: rank 0's step 0 exposes 10 ms ([10,20) of its all-reduce [4,20)), every other step
+    of either rank none. Communication per step: rank 0 (16 + 4 x 4) / 5 = 6.4 ms, rank 1
+    4 ms; exposed: rank 0 10 / 5 = 2 ms, rank 1 0. The mean step, 1 ms over both ranks, is
+    driven by one step (the median step exposes none): named, with the step."""
+    from harness.reports.compare import per_step_table
+
+    ms = 1_000_000
+
+    def rank(late: bool) -> Profile:
+        kernels, ranges = [], []
+        for i in range(5):
+            t = i * 30
+            ranges.append(Range("step", t * ms, (t + 20) * ms))
+            start, end = (4, 20) if late and i == 0 else (4, 8)
+            kernels += [Kernel(GEMM, t * ms, (t + 10) * ms, 0, COMPUTE),
+                        Kernel(NCCL, (t + start) * ms, (t + end) * ms, 0, COMM)]
+        return Profile("p", "torch", "nsys", kernels, ranges)
+
+    a = rank_analysis({0: rank(True), 1: rank(False)})
+    p = a["per_step"]["step"]
+    assert a["ranks"][0]["overlap"][0]["per_step"]["step"]["exposed_each_ms"] == [10, 0, 0, 0, 0]
+    assert p["exposed_ms"] == pytest.approx((10 / 5 + 0) / 2)  # the mean step, averaged over the ranks
+    assert p["exposed_median_ms"] == 0 and p["worst_step"] == {"exposed_ms": 10, "index": 0, "rank": 0, "device": 0}
+    text = "\n".join(per_step_table({"overlap": {"torch": a}}))
+    assert "| torch | step | 2 | 5.200 | 1.000 | 2.000 | 0.000 | 20.000 | 5.0% |" in text
+    assert ("- torch: the mean step is driven by a few: measured step 0 exposed 10.000 ms on rank 0 (device 0), "
+            "the median one 0.000 ms") in text
+    steady = rank_analysis({0: rank(False), 1: rank(False)})
+    assert "driven" not in "\n".join(per_step_table({"overlap": {"torch": steady}}))

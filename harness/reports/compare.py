@@ -187,22 +187,28 @@ def per_step_table(summary: dict) -> list[str]:
     """Per backend and kind of step: the communication and exposed time of the mean step
     and the exposed share of the step (`harness.trace.analyses.overlap.per_step_exposure`;
     a folder made before it has the figures for torch's one kind of step only)."""
-    from harness.trace.analyses.overlap import per_step_exposure
+    from harness.trace.analyses.overlap import per_step_exposure, skewed, worst_text
 
-    rows, mixed = [], []
+    rows, mixed, driven = [], [], []
     for backend, a in (summary.get("overlap") or {}).items():
         per = a.get("per_step") or per_step_exposure(a, (summary.get("options") or {}).get("steps"))
         if not per:
             mixed.append(backend)
         for name, p in per.items():
+            median = p.get("exposed_median_ms")
             rows.append([backend, name, p["devices"], f"{p['communication_ms']:.3f}", f"{p['exposed_ms']:.3f}",
-                         f"{p['exposed_max_ms']:.3f}", f"{p['step_ms']:.3f}", _share(p["exposed_share_of_step"])])
+                         f"{p['exposed_max_ms']:.3f}", "-" if median is None else f"{median:.3f}",
+                         f"{p['step_ms']:.3f}", _share(p["exposed_share_of_step"])])
+            if skewed(p):
+                driven.append(f"- {backend}: {worst_text(name, p)}.")
     out = []
     if rows:
-        out += ["", "Exposed communication per step, the mean over devices (and the device that waits longest), "
-                "against the step's median:", ""]
+        out += ["", "Exposed communication per step, the mean over devices (and the device that waits longest; the "
+                "median step's, each device's median averaged), against the step's median:", ""]
         out += markdown_table(["backend", "step", "devices", "communication ms/step", "exposed ms/step",
-                               "most exposed ms/step", "step ms", "exposed share of the step"], rows)
+                               "most exposed ms/step", "median step exposed ms", "step ms",
+                               "exposed share of the step"], rows)
+        out += [""] + driven if driven else []
     if mixed:
         out += ["", f"{', '.join(mixed)}: no per-step figures; this folder was made before they were kept, and its "
                 "totals sum the split and fused steps together (JAX) or do not say how many steps they cover."]

@@ -33,28 +33,40 @@ if TYPE_CHECKING:
 RANK_FILE = re.compile(r"\.rank(\d+)\.")
 
 
-def _hidden(kt: KernelTable, comm: np.ndarray, compute: np.ndarray, on: np.ndarray) -> tuple[int, int]:
-    """(communication ns, hidden ns) of one device (`on`): per communication stream, the
-    union of its kernels, and the part of it under compute kernels on the device's other streams."""
+def _hidden(start: np.ndarray, end: np.ndarray, stream: np.ndarray, comm: np.ndarray) -> tuple[int, int]:
+    """(communication ns, hidden ns) of one device's kernels (`comm` marks the communication
+    ones, the rest compute): per communication stream, the union of its kernels, and the part
+    of it under compute kernels on the device's other streams."""
     total = hidden = 0
-    for stream in np.unique(kt.stream[comm & on]):
-        mine = comm & on & (kt.stream == stream)
-        others = compute & on & (kt.stream != stream)
-        c = union(kt.start[mine], kt.end[mine])
+    for s in np.unique(stream[comm]):
+        mine, others = comm & (stream == s), ~comm & (stream != s)
+        c = union(start[mine], end[mine])
         total += int(np.sum(c[1] - c[0]))
-        hidden += covered_measure(c, union(kt.start[others], kt.end[others]))
+        hidden += covered_measure(c, union(start[others], end[others]))
     return total, hidden
+
+
+def _step_of(kt: KernelTable, spans: Sequence[Range], kernels: np.ndarray) -> np.ndarray:
+    """Per kernel, the index of the span (steps of one kind, which do not overlap) it runs
+    inside from start to end, -1 for none or where `kernels` is False."""
+    order = np.argsort([r.start for r in spans], kind="stable")
+    starts = np.array([spans[i].start for i in order], np.int64)
+    ends = np.array([spans[i].end for i in order], np.int64)
+    i = np.searchsorted(starts, kt.start, side="right") - 1
+    inside = kernels & (i >= 0) & (kt.end <= ends[np.maximum(i, 0)])
+    return np.where(inside, order[np.maximum(i, 0)], -1)
 
 
 def overlap(kt: KernelTable, ranges: Sequence[Range] = (), selected: Selection | None = None) -> list[dict]:
     """Per device: communication kernel time (per-stream unions, summed), the part hidden
     under compute on other streams, the exposed rest and the hidden share; ms. With step
     ranges, `per_step` gives the same per kind of step (`step`, JAX's `fused_step`): how many
-    ran, their median length, and the communication and exposed time of the mean step, so
-    that JAX's split and fused steps, which overlap differently, are not mixed. The kernels
-    counted are those executing inside the step `ranges`, or those `selected` counts
-    (`harness.trace.analyses.selection.select`, for a user's profile: the measured steps
-    less the first, each kernel in the step that launched it where the program does not
+    ran, their median length, the communication and exposed time of the mean step, and the
+    exposed time of each step (`exposed_each_ms`, in order). So JAX's split and fused steps,
+    which overlap differently, are not mixed, and one step's stall is told from every step's.
+    The kernels counted are those executing inside the step `ranges`, or those `selected`
+    counts (`harness.trace.analyses.selection.select`, for a user's profile: the measured
+    steps less the first, each kernel in the step that launched it where the program does not
     synchronize)."""
     cats = _categories(kt)
     kernels = (kt.kind == KERNEL) & (cats != _CATS.index(Category.AUTOTUNING))
@@ -62,25 +74,37 @@ def overlap(kt: KernelTable, ranges: Sequence[Range] = (), selected: Selection |
     if selected is None:
         keep = _measured(kt, ranges) & kernels
         kinds = {name: [r for r in ranges if r.name == name] for name in STEP_RANGES}
-        kinds = {name: (spans, _measured(kt, spans) & kernels) for name, spans in kinds.items() if spans}
+        kinds = {name: (spans, _step_of(kt, spans, kernels)) for name, spans in kinds.items() if spans}
     else:
         keep = selected.kernels["measured"] & kernels
         kroot = selected.kernels["kroot"]
-        kinds = {name: ([selected.ranges[i] for i in insts], keep & np.isin(kroot, insts))
-                 for name, insts in selected.instances.items() if name in STEP_RANGES and insts}
+        kinds = {}
+        for name, insts in selected.instances.items():
+            if name in STEP_RANGES and insts:
+                ids = np.asarray(insts)
+                by = np.argsort(ids, kind="stable")
+                j = np.minimum(np.searchsorted(ids[by], kroot), len(ids) - 1)
+                kinds[name] = ([selected.ranges[i] for i in insts],
+                               np.where(keep & (ids[by][j] == kroot), by[j], -1))
     out = []
     for device in np.unique(kt.device[keep]):
-        on = kt.device == device
-        total, hidden = _hidden(kt, keep & is_comm, keep & ~is_comm, on)
+        on = np.flatnonzero(keep & (kt.device == device))
+        total, hidden = _hidden(kt.start[on], kt.end[on], kt.stream[on], is_comm[on])
         rec = {"device": int(device), "communication_ms": total / 1e6, "hidden_ms": hidden / 1e6,
                "exposed_ms": (total - hidden) / 1e6, "hidden_share": hidden / total if total else None}
         if kinds:
             rec["per_step"] = {}
-            for name, (spans, k) in kinds.items():
-                comm, under = _hidden(kt, k & is_comm, k & ~is_comm, on)
+            for name, (spans, step_of) in kinds.items():
+                mine = np.flatnonzero((step_of >= 0) & (kt.device == device))
+                mine = mine[np.argsort(step_of[mine], kind="stable")]
+                cuts = np.searchsorted(step_of[mine], np.arange(len(spans) + 1))
+                each = [_hidden(kt.start[k], kt.end[k], kt.stream[k], is_comm[k])
+                        for k in (mine[a:b] for a, b in zip(cuts[:-1], cuts[1:]))]
+                comm, under = (sum(x) for x in zip(*each))
                 n = len(spans)
                 rec["per_step"][name] = {"steps": n, "step_ms": statistics.median(r.end - r.start for r in spans) / 1e6,
-                                         "communication_ms": comm / n / 1e6, "exposed_ms": (comm - under) / n / 1e6}
+                                         "communication_ms": comm / n / 1e6, "exposed_ms": (comm - under) / n / 1e6,
+                                         "exposed_each_ms": [(c - u) / 1e6 for c, u in each]}
         out.append(rec)
     return out
 
@@ -97,7 +121,7 @@ def per_step_exposure(analysis: dict, steps: int | None = None) -> dict[str, dic
         for d in r["overlap"]:
             if "per_step" in d:
                 for name, rec in d["per_step"].items():
-                    per.setdefault(name, []).append(rec)
+                    per.setdefault(name, []).append({**rec, "rank": r.get("rank"), "device": d["device"]})
             elif steps and len(kinds := [k for k in STEP_RANGES if k in r["phases_ms"]]) == 1:
                 per.setdefault(kinds[0], []).append({"steps": steps, "step_ms": r["phases_ms"][kinds[0]],
                                                      "communication_ms": d["communication_ms"] / steps,
@@ -112,7 +136,28 @@ def per_step_exposure(analysis: dict, steps: int | None = None) -> dict[str, dic
                      "communication_ms": statistics.fmean(x["communication_ms"] for x in recs),
                      "exposed_ms": exposed, "exposed_max_ms": max(x["exposed_ms"] for x in recs),
                      "exposed_share_of_step": exposed / step if step else None}
+        if all(x.get("exposed_each_ms") for x in recs):
+            out[name].update(_each_step(recs))
     return out
+
+
+def _each_step(recs: list[dict]) -> dict:
+    """From each device's exposed time per step: the median step's (each device's median,
+    averaged over the devices) and the step that exposed the most, by rank, device and index
+    among the measured steps. A mean well above the median is one step's stall (a rank that
+    began it late), not the steady state."""
+    worst = max(((x["exposed_each_ms"][i], i, x) for x in recs for i in range(len(x["exposed_each_ms"]))),
+                key=lambda t: t[0])
+    return {"exposed_median_ms": statistics.fmean(statistics.median(x["exposed_each_ms"]) for x in recs),
+            "worst_step": {"exposed_ms": worst[0], "index": worst[1], "rank": worst[2]["rank"],
+                           "device": worst[2]["device"]}}
+
+
+def skewed(p: dict) -> bool:
+    """Whether the mean step's exposed time is driven by a few steps: over 1.5x the median
+    step's, by more than 1% of the step."""
+    median = p.get("exposed_median_ms")
+    return median is not None and p["exposed_ms"] > 1.5 * median and p["exposed_ms"] - median > 0.01 * p["step_ms"]
 
 
 def phase_times(ranges: Sequence[Range]) -> dict[str, float]:
@@ -184,8 +229,20 @@ def per_step_lines(per_step: dict[str, dict]) -> list[str]:
         devices = f"{p['devices']} device" + ("s" if p["devices"] != 1 else "")
         out.append(f"per {name}: {p['communication_ms']:.3f} ms of communication, {p['exposed_ms']:.3f} ms exposed "
                    f"(mean over {devices}, at most {p['exposed_max_ms']:.3f}) in a {p['step_ms']:.3f} ms step: "
-                   f"{share} of the step")
+                   f"{share} of the step" + (f"; the median step {p['exposed_median_ms']:.3f} ms exposed"
+                                             if "exposed_median_ms" in p else ""))
+        if skewed(p):
+            out.append(f"  {worst_text(name, p)}")
     return out
+
+
+def worst_text(name: str, p: dict) -> str:
+    """One sentence on a mean that one step drives (`skewed`)."""
+    w = p["worst_step"]
+    where = f"rank {w['rank']} (device {w['device']})" if w["rank"] is not None else f"device {w['device']}"
+    return (f"the mean {name} is driven by a few: measured {name} {w['index']} exposed {w['exposed_ms']:.3f} ms on "
+            f"{where}, the median one {p['exposed_median_ms']:.3f} ms: a stall or a rank that began the step late, "
+            "not the steady state")
 
 
 def format_overlap(analysis: dict) -> str:

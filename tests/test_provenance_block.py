@@ -16,7 +16,8 @@ def _folder(tmp_path: Path, readme_commit: str) -> Path:
     (folder / "runs").mkdir(parents=True)
     for i, (commit, device) in enumerate([(COMMIT, "NVIDIA H200"), (COMMIT + "-dirty", "NVIDIA H200")]):
         env = {"git_commit": commit, "gpu_name": device, "torch": "2.11.0", "driver": "580",
-               "command": f"python -m harness.run --backend torch --out /tmp/x/run{i}.json"}
+               "command": f"python -m harness.run --backend torch --out /tmp/x/run{i}.json"
+                          + (" --keep-profiles /tmp/k" if i else "")}
         (folder / "runs" / f"run{i}.json").write_text(json.dumps({"status": "ok", "env": env}))
     (folder / "README.md").write_text(f"# Q\n\nRan at `{readme_commit}`.\n\n<!-- generated: provenance -->\n"
                                       "<!-- end generated -->\n")
@@ -33,7 +34,7 @@ def test_the_block_says_what_the_documents_record(tmp_path, capsys) -> None:
     lines = block.splitlines()
     assert lines[0] == ("From the 2 documents here (environment records, counted): device NVIDIA H200; "
                         "torch 2.11.0; tree abcdef0 (1), abcdef0-dirty (1).")
-    # the machine's --out folder is no part of the command
+    # the machine's --out and --keep-profiles folders are no part of the command
     assert lines[1] == "Commands: `python -m harness.run --backend torch`."
     assert lines[2] == ("The runs record `abcdef0-dirty`: the tree had uncommitted changes, which the documents "
                         "do not name.")

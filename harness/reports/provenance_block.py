@@ -23,7 +23,7 @@ ENV_KEYS = ("env", "environment")
 OTHER_LIBS = ("triton",)  # beside the backends' libraries (`backends.libraries`): the attention tools' kernels
 HEX = re.compile(r"`([0-9a-f]{7,40})`")
 SHOWN_COMMANDS = 4  # distinct commands spelled out; the rest counted
-DROPPED_OPTIONS = ("--out", "--compile-cache")  # folders of the machine a run wrote to
+DROPPED_OPTIONS = ("--out", "--compile-cache", "--keep-profiles")  # folders of the machine a run wrote to
 
 
 def _documents(folder: Path) -> list[tuple[Path, dict]]:
@@ -60,8 +60,8 @@ def _flat(doc: dict, depth: int) -> list[dict]:
 
 
 def command(text: str) -> str:
-    """A recorded command without the folders it wrote to (`--out`, `--compile-cache`) and with
-    the machine's absolute paths as PATH."""
+    """A recorded command without the folders it wrote to (`--out`, `--compile-cache`,
+    `--keep-profiles`) and with the machine's absolute paths as PATH."""
     try:
         words = shlex.split(text)
     except ValueError:

@@ -5,15 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from harness.trace.analyses.intervals import covered_measure, union
 from harness.trace.analyses.overlap import (
-    covered_measure,
     format_overlap,
     overlap,
     per_step_exposure,
     per_step_lines,
     rank_analysis,
     rank_of,
-    union,
 )
 from harness.trace.kernels import Category, classify
 from harness.trace.profile import Kernel, KernelTable, Profile, ProfileError, Range

@@ -208,7 +208,8 @@ def per_step_table(summary: dict) -> list[str]:
         out += markdown_table(["backend", "step", "devices", "communication ms/step", "exposed ms/step",
                                "most exposed ms/step", "median step exposed ms", "step ms",
                                "exposed share of the step"], rows)
-        out += [""] + driven if driven else []
+        if driven:
+            out += ["", *driven]
     if mixed:
         out += ["", f"{', '.join(mixed)}: no per-step figures; this folder was made before they were kept, and its "
                 "totals sum the split and fused steps together (JAX) or do not say how many steps they cover."]

@@ -61,6 +61,20 @@ def _measured(kt: KernelTable, ranges: Sequence[Range]) -> np.ndarray:
     return (i >= 0) & (kt.end <= e[np.maximum(i, 0)])
 
 
+def hidden_communication(start: np.ndarray, end: np.ndarray, stream: np.ndarray,
+                         comm: np.ndarray) -> tuple[int, int]:
+    """(communication ns, hidden ns) of one device's kernels (`comm` marks the communication
+    ones, the rest compute): per communication stream, the union of its kernels, and the part
+    of it under compute kernels on the device's other streams."""
+    total = hidden = 0
+    for s in np.unique(stream[comm]):
+        mine, others = comm & (stream == s), ~comm & (stream != s)
+        c = union(start[mine], end[mine])
+        total += int(np.sum(c[1] - c[0]))
+        hidden += covered_measure(c, union(start[others], end[others]))
+    return total, hidden
+
+
 def device_timelines(kt: KernelTable, k: np.ndarray, comm: np.ndarray) -> tuple[int, float, float]:
     """(devices, busy ns, hidden communication ns) of the kernels `k` (indices; `comm`
     marks the communication ones), both summed over devices: busy is the union of all
@@ -70,9 +84,6 @@ def device_timelines(kt: KernelTable, k: np.ndarray, comm: np.ndarray) -> tuple[
     busy = hidden = 0
     for device in devices:
         on = k[kt.device[k] == device]
-        on_comm = comm[kt.device[k] == device]
         busy += int(np.sum(np.subtract(*union(kt.start[on], kt.end[on])[::-1])))
-        for stream in np.unique(kt.stream[on[on_comm]]):
-            mine, others = on[on_comm & (kt.stream[on] == stream)], on[~on_comm & (kt.stream[on] != stream)]
-            hidden += covered_measure(union(kt.start[mine], kt.end[mine]), union(kt.start[others], kt.end[others]))
+        hidden += hidden_communication(kt.start[on], kt.end[on], kt.stream[on], comm[kt.device[k] == device])[1]
     return max(len(devices), 1), float(busy), float(hidden)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.trace.analyses.intervals import _CATS, _categories, _measured, covered_measure, union
+from harness.trace.analyses.intervals import _CATS, _categories, _measured, hidden_communication
 from harness.trace.kernels import Category
 from harness.trace.profile import KERNEL, PHASES, STEP_RANGES, KernelTable, Profile, ProfileError, Range
 
@@ -31,19 +31,6 @@ if TYPE_CHECKING:
     from harness.trace.analyses.selection import Selection
 
 RANK_FILE = re.compile(r"\.rank(\d+)\.")
-
-
-def _hidden(start: np.ndarray, end: np.ndarray, stream: np.ndarray, comm: np.ndarray) -> tuple[int, int]:
-    """(communication ns, hidden ns) of one device's kernels (`comm` marks the communication
-    ones, the rest compute): per communication stream, the union of its kernels, and the part
-    of it under compute kernels on the device's other streams."""
-    total = hidden = 0
-    for s in np.unique(stream[comm]):
-        mine, others = comm & (stream == s), ~comm & (stream != s)
-        c = union(start[mine], end[mine])
-        total += int(np.sum(c[1] - c[0]))
-        hidden += covered_measure(c, union(start[others], end[others]))
-    return total, hidden
 
 
 def _step_of(kt: KernelTable, spans: Sequence[Range], kernels: np.ndarray) -> np.ndarray:
@@ -89,7 +76,7 @@ def overlap(kt: KernelTable, ranges: Sequence[Range] = (), selected: Selection |
     out = []
     for device in np.unique(kt.device[keep]):
         on = np.flatnonzero(keep & (kt.device == device))
-        total, hidden = _hidden(kt.start[on], kt.end[on], kt.stream[on], is_comm[on])
+        total, hidden = hidden_communication(kt.start[on], kt.end[on], kt.stream[on], is_comm[on])
         rec = {"device": int(device), "communication_ms": total / 1e6, "hidden_ms": hidden / 1e6,
                "exposed_ms": (total - hidden) / 1e6, "hidden_share": hidden / total if total else None}
         if kinds:
@@ -98,7 +85,7 @@ def overlap(kt: KernelTable, ranges: Sequence[Range] = (), selected: Selection |
                 mine = np.flatnonzero((step_of >= 0) & (kt.device == device))
                 mine = mine[np.argsort(step_of[mine], kind="stable")]
                 cuts = np.searchsorted(step_of[mine], np.arange(len(spans) + 1))
-                each = [_hidden(kt.start[k], kt.end[k], kt.stream[k], is_comm[k])
+                each = [hidden_communication(kt.start[k], kt.end[k], kt.stream[k], is_comm[k])
                         for k in (mine[a:b] for a, b in zip(cuts[:-1], cuts[1:]))]
                 comm, under = (sum(x) for x in zip(*each))
                 n = len(spans)

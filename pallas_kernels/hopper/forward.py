@@ -47,6 +47,12 @@ from pallas_kernels.hopper.pipeline import (
 )
 from pallas_kernels.hopper.tiles import BLOCK_K, BLOCK_Q, REGISTERS, MosaicBlockSizes
 
+# Experiment switches: key rows per forward step; one q buffer per consumer (no prefetch);
+# the (consumer, producer) registers.
+_BLOCK_K_FWD = BLOCK_K
+_Q_SINGLE = False
+_REGS = None
+
 
 def _num_sms(default: int = 132) -> int:
     """Streaming multiprocessors of the first device (the persistent grid's
@@ -135,8 +141,9 @@ def tile_cost(t: int, *, tile: int, block_k: int, num_k_blocks: int, padded_len:
 def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, blocks: MosaicBlockSizes):
     batch, padded_len, heads, head_dim = q.shape
     dtype = q.dtype
-    bq, bk, n_wg = BLOCK_Q, BLOCK_K, blocks.consumers
-    consumer_registers, producer_registers = REGISTERS[n_wg]
+    bq, bk, n_wg = BLOCK_Q, _BLOCK_K_FWD, blocks.consumers
+    consumer_registers, producer_registers = _REGS or REGISTERS[n_wg]
+    n_qbuf = 1 if _Q_SINGLE else 2
     tile = n_wg * bq
     # The last tile may reach past the sequence (192-row tiles over 1024 rows):
     # its consumers that would start past the end take the last block_q rows
@@ -167,7 +174,8 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     schedule = jnp.asarray(forward_schedule(batch, heads, num_tiles, n_programs, causal=causal,
                                             key_blocks=key_blocks, bytes_per_head=2 * padded_len * row,
                                             group_heads=blocks.group_heads))
-    stages = fit_stages("forward", blocks.num_stages, num_k_blocks, 2 * n_wg * bq * (row + 4), 2 * bk * row)
+    stages = fit_stages("forward", blocks.num_stages, num_k_blocks, n_qbuf * n_wg * bq * row + 2 * n_wg * bq * 4,
+                         2 * bk * row)
     qk_scale = sm_scale * LOG2_E
     transforms = smem_transforms(head_dim, dtype.itemsize)
     overlap = blocks.overlap
@@ -241,16 +249,20 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
 
             def run_tile(i, steps):
                 b, h, row0, n_blocks, n_free = my_rows(i)
-                buf = lax.rem(i, 2)
+                buf = 0 if _Q_SINGLE else lax.rem(i, 2)
+                if _Q_SINGLE:
+                    # The previous tile's output store must have read q's buffer.
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    load_q(i, 0)
 
-                @pl.when(i + 1 < n_items)
+                @pl.when((i + 1 < n_items) & (not _Q_SINGLE))
                 def _prefetch():
                     # The other buffer holds the previous tile's output:
                     # its store must have read it before q overwrites it.
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                     load_q(i + 1, 1 - buf)
 
-                q_tile, lse_tile = q_smem.at[buf * n_wg + wg], lse_smem.at[buf * n_wg + wg]
+                q_tile, lse_tile = q_smem.at[buf * n_wg + wg], lse_smem.at[lax.rem(i, 2) * n_wg + wg]
                 plgpu.barrier_wait(q_ready.at[buf * n_wg + wg])
 
                 def ring(j):
@@ -413,18 +425,19 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
 
             if pingpong:
                 when(wg == n_wg - 1, lambda: plgpu.barrier_arrive(turn.at[0]))
-            load_q(0, 0)
+            if not _Q_SINGLE:
+                load_q(0, 0)
             for_each_tile(run_tile, 0)
             # The stores must have read shared memory before the CTA exits
             # (their writes to global memory complete on their own).
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     scratch = (
-        plgpu.SMEM((2 * n_wg, bq, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((n_qbuf * n_wg, bq, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((2 * n_wg, bq), jnp.float32),
-        plgpu.Barrier(num_barriers=2 * n_wg),
+        plgpu.Barrier(num_barriers=n_qbuf * n_wg),
         plgpu.Barrier(num_barriers=stages),
         plgpu.Barrier(num_barriers=stages),
         plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),

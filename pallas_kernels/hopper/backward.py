@@ -68,6 +68,9 @@ from pallas_kernels.hopper.tiles import (
     MosaicBlockSizes,
 )
 
+# Experiment switch: the CTA's last wait covers only the stores' reads of shared memory.
+_WAIT_READ_ONLY = False
+
 
 def scores_and_dp(issue, probabilities, shape, prefetch=None):
     """Runs `issue(s_ref, dp_ref)`, which issues the backward's two score
@@ -167,7 +170,7 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
             q_smem.at[wg][...] = (dq * sm_scale).astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(q_smem.at[wg], dq_ref.at[b, rows, h])
-            plgpu.wait_smem_to_gmem(0)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=_WAIT_READ_ONLY)
 
     scratch = (
         plgpu.SMEM((2, bq, head_dim), dtype, transforms=transforms),
@@ -511,7 +514,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
             plgpu.copy_smem_to_gmem(k_smem.at[wg], dk_ref.at[b, keys, h], commit_group=False)
             plgpu.copy_smem_to_gmem(v_smem.at[wg], dv_ref.at[b, keys, h], commit_group=False)
             plgpu.commit_smem_to_gmem_group()
-            plgpu.wait_smem_to_gmem(0)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=_WAIT_READ_ONLY)
 
     scratch = (
         plgpu.SMEM((2, bk, head_dim), dtype, transforms=transforms),

@@ -289,7 +289,7 @@ def test_a_block_naming_a_missing_or_extra_folder_is_one_line_naming_the_page() 
     from harness.reports.doc_blocks import BlockError, render_page
 
     page = f"<!-- generated: exposed {EXPOSED}/ddp4 {EXPOSED}/nowhere -->\n<!-- end generated -->\n"
-    with pytest.raises(BlockError, match=r"^x/README\.md: block 'exposed .*nowhere is no compare folder"):
+    with pytest.raises(BlockError, match=r"^x/README\.md: block 'exposed .*nowhere holds no compare folder"):
         render_page(page, "x/README.md", RESULTS)
     page = f"<!-- generated: main-job {MAIN} {MAIN} -->\n<!-- end generated -->\n"
     with pytest.raises(BlockError, match=r"^x/README\.md: block 'main-job .*' names 2 folders; 'main-job' takes one$"):
@@ -335,3 +335,36 @@ def test_a_breakdown_of_an_unprofiled_compare_says_so_in_one_line() -> None:
     page = f"<!-- generated: breakdown {MAIN} -->\n<!-- end generated -->\n"
     with pytest.raises(BlockError, match=r"^x/README\.md: block 'breakdown .*has no kernels\.json: profile it "):
         render_page(page, "x/README.md", RESULTS)
+
+
+def test_hopper_targets_block_renders_the_verdicts_of_a_folder_of_runs(tmp_path) -> None:
+    """A page's `hopper-targets` block gives the Hopper targets' verdicts over the bench runs in a
+    folder, a cell in two runs taken from the later by name; a folder with none is one line."""
+    from harness.reports.doc_blocks import BlockError, render_page
+
+    def row(impl, seq, fwd, bwd, batch=1, heads=16):
+        return {"impl": impl, "dtype": "bfloat16", "head_dim": 64, "seq": seq, "causal": True, "status": "ok",
+                "batch": batch, "heads": heads, "fwd_ms": fwd, "bwd_ms": bwd, "fwd_bwd_ms": fwd + bwd}
+
+    runs = tmp_path / "att"
+    runs.mkdir()
+    (runs / "a.json").write_text(json.dumps({"environment": {}, "results": [
+        row("pallas_mosaic", 4096, 9.0, 9.0), row("jax_cudnn", 4096, 1.0, 1.0)]}))
+    (runs / "b.json").write_text(json.dumps({"environment": {}, "results": [  # replaces a.json's cell
+        row("pallas_mosaic", 4096, 1.0, 2.2), row("jax_cudnn", 4096, 1.1, 2.0),
+        row("pallas_mosaic", 16384, 1.0, 2.8, batch=16, heads=1), row("torch_sdpa_cudnn", 16384, 1.2, 2.8,
+                                                                        batch=16, heads=1)]}))
+    (runs / "notes.json").write_text(json.dumps({"not": "a run"}))
+    page = "# x\n<!-- generated: hopper-targets att -->\nstale\n<!-- end generated -->\n"
+    text = render_page(page, "x/README.md", tmp_path)
+    # 4096: fwd 1.1/1.0 meets, fwd+bwd 3.1/3.2 misses; leaderboard: fwd 1.2/1.0, fwd+bwd 4.0/3.8 meet.
+    assert "- forward and forward+backward each >= 1.0x the fastest reference: 3 of 4 cell-passes\n" in text
+    assert "- the backward alone >= 1.0x: 1 of 2 cells\n" in text  # 4096: 2.0/2.2; leaderboard 2.8/2.8
+    assert "forward+backward: 3.80 ms, 0.950x the time of the fastest reference (torch_sdpa_cudnn 4.00 ms); " \
+           "target <= 0.95x: met" in text
+    assert "- below: backward of 1x16x4096x64 (0.909x below); forward+backward of 1x16x4096x64 (0.969x below)" in text
+    assert "From `a.json`, `b.json`;" in text and "stale" not in text
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BlockError, match=r"^x/README\.md: block 'hopper-targets empty': .*empty holds no "
+                                         r"harness\.bench_attention runs"):
+        render_page("<!-- generated: hopper-targets empty -->\n<!-- end generated -->\n", "x/README.md", tmp_path)

@@ -5,9 +5,11 @@ Portable kernel (impl `pallas`), per cell and per pass (forward and backward sep
   1. at least as fast as JAX's own Pallas `mha` (`jax_pallas_mha`) at every shape;
   2. within 1.5x the time of the fastest PyTorch SDPA backend at seq >= 1024 in bfloat16.
 Hopper kernel (impl `pallas_mosaic`):
-  3. per cell and pass, at least the throughput of the fastest of every torch
-     SDPA backend and cuDNN through JAX;
-  4. the leaderboard shape (16 x 16384 x 64, causal) forward+backward under 5.36 ms.
+  3. per cell, forward and forward+backward each at least the throughput of the
+     fastest of every torch SDPA backend and cuDNN through JAX (the backward
+     alone is judged and counted too, apart from the target);
+  4. the leaderboard shape (16 x 16384 x 64, causal) forward+backward in at most
+     0.95x the fastest reference's time.
 `check` / `check_hopper` return the ratios as data; the render functions write them up.
 """
 
@@ -19,7 +21,9 @@ from harness.common.tables import markdown_table
 
 SDPA_BOUND, SDPA_MIN_SEQ = 1.5, 1024
 LEADERBOARD = {"batch": 16, "heads": 1, "seq": 16384, "head_dim": 64, "causal": True}
-LEADERBOARD_MS = 5.36
+LEADERBOARD_TIME_RATIO = 0.95
+# The passes whose every cell the Hopper target judges (the backward is counted apart).
+TARGET_PASSES = ("fwd", "fwd_bwd")
 
 
 def _cell_key(r: dict) -> tuple:
@@ -75,7 +79,7 @@ def check(rows: list[dict], impl: str = "pallas") -> list[dict]:
 
 def check_hopper(rows: list[dict], impl: str = "pallas_mosaic") -> list[dict]:
     """One record per cell x pass: `speedup` = fastest reference time / our time
-    (a throughput ratio; >= 1 meets target 3) and which reference was fastest."""
+    (a throughput ratio; `meets`: >= 1) and which reference was fastest."""
     out = []
     for (dtype, head_dim, seq, causal, batch, heads), impls in sorted(_cells(rows).items()):
         ours = impls.get(impl)
@@ -88,16 +92,19 @@ def check_hopper(rows: list[dict], impl: str = "pallas_mosaic") -> list[dict]:
                    "heads": heads, "pass": name, "status": ours["status"] if ours else "not run",
                    "ms": t, "best_ref": best, "best_ref_ms": best_t,
                    "speedup": best_t / t if t and best_t else None}
-            rec["meets"] = None if rec["speedup"] is None or name == "fwd_bwd" else rec["speedup"] >= 1.0
+            rec["meets"] = None if rec["speedup"] is None else rec["speedup"] >= 1.0
             out.append(rec)
     return out
 
 
 def leaderboard(records: list[dict]) -> dict | None:
-    """The leaderboard cell's forward+backward record, with `meets` = under LEADERBOARD_MS."""
+    """The leaderboard cell's forward+backward record with `time_ratio` (our time over the
+    fastest reference's) and `meets` = time_ratio <= LEADERBOARD_TIME_RATIO; None where the
+    cell, or a reference for it, was not measured."""
     for r in records:
-        if r["pass"] == "fwd_bwd" and all(r[k] == v for k, v in LEADERBOARD.items()) and r["ms"] is not None:
-            return {**r, "meets": r["ms"] < LEADERBOARD_MS}
+        if r["pass"] == "fwd_bwd" and all(r[k] == v for k, v in LEADERBOARD.items()) and r["speedup"]:
+            ratio = r["ms"] / r["best_ref_ms"]
+            return {**r, "time_ratio": ratio, "meets": ratio <= LEADERBOARD_TIME_RATIO}
     return None
 
 
@@ -113,27 +120,43 @@ def _fmt_pass(rec: dict) -> str:
     return _fmt(rec["speedup"])
 
 
+def hopper_answer(records: list[dict]) -> list[str]:
+    """The Hopper targets' verdicts as markdown bullets: the cell-passes that meet target 3,
+    the backward's count, the leaderboard shape against target 4, and the passes below."""
+    def count(passes) -> str:
+        judged = [r for r in records if r["pass"] in passes and r["meets"] is not None]
+        return f"{sum(r['meets'] for r in judged)} of {len(judged)}"
+
+    lines = [f"- forward and forward+backward each >= 1.0x the fastest reference: {count(TARGET_PASSES)} "
+             "cell-passes", f"- the backward alone >= 1.0x: {count(('bwd',))} cells"]
+    board = leaderboard(records)
+    if board:
+        lines.append(f"- leaderboard shape (16 x 16384 x 64, causal) forward+backward: {board['ms']:.2f} ms, "
+                     f"{board['time_ratio']:.3f}x the time of the fastest reference ({board['best_ref']} "
+                     f"{board['best_ref_ms']:.2f} ms); target <= {LEADERBOARD_TIME_RATIO}x: "
+                     f"{'met' if board['meets'] else 'not met'}")
+    names = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
+    below = [f"{names[r['pass']]} of {r['batch']}x{r['heads']}x{r['seq']}x{r['head_dim']}"
+             f"{'' if r['causal'] else ' non-causal'} ({_fmt_pass(r)})" for r in records if r["meets"] is False]
+    if below:
+        lines.append(f"- below: {'; '.join(below)}")
+    return lines
+
+
 def render_hopper_markdown(records: list[dict], sources: list[str], impl: str) -> str:
-    judged = [r for r in records if r["meets"] is not None]
     lines = [f"# `{impl}` against the Hopper targets", "",
              f"From {', '.join(f'`{s}`' for s in sources)}"
              f"{' (a cell in several: the last)' if len(sources) > 1 else ''}. Speed-up = time of the fastest of "
              f"{', '.join(BEST_REF_IMPLS)} / time of `{impl}` (>= 1: at least as fast), per cell and pass.", "",
-             f"- forward and backward each >= 1.0x the fastest reference: {sum(r['meets'] for r in judged)} of "
-             f"{len(judged)} cell-passes"]
-    board = leaderboard(records)
-    if board:
-        lines.append(f"- leaderboard shape (16 x 16384 x 64, causal) forward+backward: {board['ms']:.2f} ms "
-                     f"({'under' if board['meets'] else 'not under'} {LEADERBOARD_MS} ms); fastest reference "
-                     f"{board['best_ref']} {board['best_ref_ms']:.2f} ms")
-    lines += ["", "| B | H | seq | D | causal | fwd | bwd | fwd+bwd | fastest reference (fwd / bwd) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+             *hopper_answer(records), "",
+             "| B | H | seq | D | causal | fwd | bwd | fwd+bwd | fastest reference (fwd / bwd) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     by_cell: dict[tuple, dict[str, dict]] = {}
     for r in records:
         by_cell.setdefault((r["head_dim"], r["seq"], not r["causal"], r["batch"], r["heads"]), {})[r["pass"]] = r
     for (head_dim, seq, noncausal, batch, heads), p in sorted(by_cell.items()):
         lines.append(f"| {batch} | {heads} | {seq} | {head_dim} | {'no' if noncausal else 'yes'} | "
-                     f"{_fmt_pass(p['fwd'])} | {_fmt_pass(p['bwd'])} | {_fmt(p['fwd_bwd']['speedup'])} | "
+                     f"{_fmt_pass(p['fwd'])} | {_fmt_pass(p['bwd'])} | {_fmt_pass(p['fwd_bwd'])} | "
                      f"{p['fwd']['best_ref']} / {p['bwd']['best_ref']} |")
     return "\n".join(lines) + "\n"
 

@@ -13,7 +13,9 @@ summary.json the block is built from; for `exposed`, several such folders, space
 (data-parallel runs profiled under nsys: their exposed communication per step); for
 `breakdown`, compare folders profiled under nsys (where each step's GPU time goes); `provenance`
 takes none and renders, in a results folder's README.md, what that folder's documents record
-of their machine, versions, trees and commands (`provenance_block`). `render_page` gives the
+of their machine, versions, trees and commands (`provenance_block`); `hopper-targets` takes a
+folder of `harness.bench_attention` runs and renders the Hopper kernel's verdicts on them
+(`harness.attention.targets.hopper_answer`). `render_page` gives the
 page with every block rendered again; text outside the markers is left as it is.
 """
 
@@ -173,7 +175,23 @@ def breakdown(folders: list[Path], root: Path) -> str:
     return "\n".join(markdown_table(header, rows)) + "\n"
 
 
-RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job}
+def hopper_targets(folder: Path, root: Path) -> str:
+    """The Hopper kernel's verdicts (`hopper_answer`) over the `harness.bench_attention` runs in
+    `folder`, read in name order (a cell measured in several: the last), and the runs named."""
+    from harness.attention.targets import check_hopper, hopper_answer, latest_cells
+
+    runs = {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    runs = {name: doc["results"] for name, doc in runs.items() if isinstance(doc, dict) and "results" in doc}
+    if not runs:
+        raise ValueError(f"{folder} holds no harness.bench_attention run")
+    records = check_hopper(latest_cells(list(runs.values())))
+    return "\n".join([*hopper_answer(records), "", f"From {', '.join(f'`{n}`' for n in runs)}; the table per cell "
+                      "is `python -m harness.attention_targets --targets hopper` on them."]) + "\n"
+
+
+RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "hopper-targets": hopper_targets}
+# What a renderer's folder must hold (compare folders: their summary.json).
+HOLDS = {"hopper-targets": ("*.json", "harness.bench_attention runs")}
 # Renderers over several compare folders: the block names them all, space-separated.
 MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed, "breakdown": breakdown}
 
@@ -195,12 +213,13 @@ def render_page(text: str, name: str, root: Path) -> str:
             raise BlockError(f"{name}: block '{m['spec']}' names no compare folder under {root}")
         if kind in RENDERERS and len(folders) > 1:
             raise BlockError(f"{name}: block '{m['spec']}' names {len(folders)} folders; '{kind}' takes one")
-        if missing := [f for f in folders if not (f / "summary.json").is_file()]:
-            raise BlockError(f"{name}: block '{m['spec']}': {missing[0]} is no compare folder under {root}")
+        pattern, what = HOLDS.get(kind, ("summary.json", "compare folder"))
+        if missing := [f for f in folders if not any(f.glob(pattern))]:
+            raise BlockError(f"{name}: block '{m['spec']}': {missing[0]} holds no {what} under {root}")
         try:
             body = RENDERERS[kind](folders[0], root) if kind in RENDERERS else MULTI[kind](folders, root)
         except (KeyError, TypeError, ValueError) as exc:
-            raise BlockError(f"{name}: block '{m['spec']}': {', '.join(str(f / 'summary.json') for f in folders)} "
+            raise BlockError(f"{name}: block '{m['spec']}': {', '.join(str(f) for f in folders)} "
                              f"cannot be rendered ({type(exc).__name__}: {exc})") from None
         return m.group(1) + body + m.group(4)
 

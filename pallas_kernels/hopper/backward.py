@@ -33,6 +33,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from pallas_kernels.hopper.pipeline import (
@@ -67,6 +68,9 @@ from pallas_kernels.hopper.tiles import (
     REGISTERS,
     MosaicBlockSizes,
 )
+
+# Experiment switch: a persistent dK/dV (and fused) backward.
+_PERSISTENT_BWD = False
 
 
 def scores_and_dp(issue, probabilities, shape, prefetch=None):
@@ -222,7 +226,22 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     # block i - 2 are done, which with the stagger they finished a step earlier.
     lag = split and blocks.dq_lag
     ds_bufs = 2
-    fixed = 4 * bk * row + (2 * ds_bufs * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
+    # Persistent (an experiment): one program per SM walks a static list of
+    # (batch, head, key tile) items, longest first, with two K/V buffers so the
+    # next item's keys load during this one.
+    persistent = _PERSISTENT_BWD and not split
+    n_kv = 2 if persistent else 1
+    if persistent:
+        from pallas_kernels.hopper.forward import _num_sms, list_schedule
+
+        n_programs = min(num_tiles * batch * heads, _num_sms())
+        order = np.arange(heads * num_tiles * batch)  # code = (h * num_tiles + t) * batch + b: batch fastest
+        tiles_of = (order // batch) % num_tiles
+        costs = [num_q_blocks - (t * tile // bq if causal else 0) + 1 for t in tiles_of]
+        table = list_schedule(costs, n_programs)
+        table[:, 1:] = order[table[:, 1:]]
+        schedule = jnp.asarray(table)
+    fixed = 4 * n_kv * bk * row + (2 * ds_bufs * bk * bq * dtype.itemsize + 2 * bq * dq_cols * 4 if fused else 0)
     # The diagonal block's mask as a shared-memory tile per consumer.
     mask_tile = blocks.mask_tile and causal and bk == bq
     fixed += 2 * bk * bq * dtype.itemsize if mask_tile else 0
@@ -230,6 +249,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
                          bq * (2 * row + 8))
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs):
+        if persistent:
+            schedule_ref, *refs = refs
         if fused:
             dq_ref, *refs = refs
         (dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
@@ -237,43 +258,58 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         n_fused = (5 if lag else 4) if fused else 0
         fused_scratch, extra_scratch = extra_scratch[:n_fused], extra_scratch[n_fused:]
         tri_smem = extra_scratch[0] if mask_tile else None
-        b, h, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
-        t = lax.axis_index("tiles")
-        tile_start = t * tile
-        if causal:
-            # Query blocks before the tile never see its keys. Both consumers
-            # walk the same blocks; the first ones straddle the diagonal.
-            first = lax.div(tile_start, bq)
-            n_masked_end = jnp.minimum(lax.div(tile_start + tile + bq - 1, bq), num_q_blocks)
+        wg = lax.axis_index("wg")
+        if persistent:
+            program = lax.axis_index("programs")
+            n_items = schedule_ref[program, 0]
+
+            def coords(item):
+                code = schedule_ref[program, 1 + item]
+                bt = lax.div(code, batch)
+                return lax.rem(code, batch), lax.div(bt, num_tiles), lax.rem(bt, num_tiles)
         else:
-            first, n_masked_end = 0, 0
-        n_steps = num_q_blocks - first
+            n_items = 1
+
+            def coords(item):
+                return lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("tiles")
+
+        def tile_range(t):
+            tile_start = t * tile
+            if causal:
+                # Query blocks before the tile never see its keys. Both consumers
+                # walk the same blocks; the first ones straddle the diagonal.
+                first = lax.div(tile_start, bq)
+                n_masked_end = jnp.minimum(lax.div(tile_start + tile + bq - 1, bq), num_q_blocks)
+            else:
+                first, n_masked_end = 0, 0
+            return tile_start, first, n_masked_end, num_q_blocks - first
 
         @pl.when(wg == 2)
         def _producer():
             plgpu.set_max_registers(producer_registers, action="decrease")
 
-            def issue(step, slot, wait):
-                blk = first + step
-                rows = pl.ds(blk * bq, bq)
-                when(wait, lambda: plgpu.barrier_wait(q_free.at[slot]))
-                plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[slot], q_ready.at[slot])
-                plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[slot], q_ready.at[slot])
-                when(wait, lambda: plgpu.barrier_wait(do_free.at[slot]))
-                plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem.at[slot], do_ready.at[slot])
-                plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot])
+            def produce(item, ring0):
+                b, h, t = coords(item)
+                _, first, _, n_steps = tile_range(t)
 
-            drain(producer_loop(n_steps, stages, issue), stages, (q_free, do_free))
+                def issue(step, slot, wait):
+                    blk = first + step
+                    rows = pl.ds(blk * bq, bq)
+                    when(wait, lambda: plgpu.barrier_wait(q_free.at[slot]))
+                    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[slot], q_ready.at[slot])
+                    plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[slot], q_ready.at[slot])
+                    when(wait, lambda: plgpu.barrier_wait(do_free.at[slot]))
+                    plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem.at[slot], do_ready.at[slot])
+                    plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot])
+
+                return producer_loop(n_steps, stages, issue, start=ring0)
+
+            total = lax.fori_loop(0, n_items, produce, 0) if persistent else produce(0, 0)
+            drain(total, stages, (q_free, do_free))
 
         @pl.when(wg < 2)
         def _consumer():
             plgpu.set_max_registers(consumer_registers, action="increase")
-            key0 = tile_start + wg * bk
-            keys = pl.ds(key0, bk)
-            ready = kv_ready.at[wg]
-            plgpu.copy_gmem_to_smem(k_ref.at[b, keys, h], k_smem.at[wg], ready)
-            plgpu.copy_gmem_to_smem(v_ref.at[b, keys, h], v_smem.at[wg], ready)
-            plgpu.barrier_wait(ready)
             if mask_tile:
                 # The block on the diagonal (query block start == key0):
                 # keys [rows] see queries [cols] at or after them.
@@ -284,243 +320,284 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
 
             if fused:
                 ds_smem, dq_smem, ds_ready, ds_free, *stagger_bar = fused_scratch
-                if lag:
-                    # Consumer 1 starts once consumer 0's first S and dP
-                    # are done, so one computes its exponentials while the
-                    # other has the tensor cores.
-                    when((wg == 1) & (n_steps > 0), lambda: plgpu.barrier_wait(stagger_bar[0].at[0]))
 
-            def add_dq(dq, blk):
-                """Adds dQ of query block `blk` over this CTA's keys (this
-                consumer's columns of it with dq_split) to dq_acc:
-                registers -> shared memory -> TMA reduce-add."""
-                # The previous reduce-add must have read its source.
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                dq_smem.at[wg][...] = dq
-                plgpu.commit_smem()
-                dst = dq_ref.at[b, pl.ds(blk * bq, bq), h]
-                if split:
-                    dst = dst.at[:, pl.ds(wg * dq_cols, dq_cols)]
-                plgpu.copy_smem_to_gmem(dq_smem.at[wg], dst, reduction_op="add")
+            def load_kv(item, kb):
+                b, h, t = coords(item)
+                keys = pl.ds(t * tile + wg * bk, bk)
+                ready = kv_ready.at[kb * 2 + wg]
+                plgpu.copy_gmem_to_smem(k_ref.at[b, keys, h], k_smem.at[kb, wg], ready)
+                plgpu.copy_gmem_to_smem(v_ref.at[b, keys, h], v_smem.at[kb, wg], ready)
 
-            def dq_product(acc, buf, cols=slice(None)):
-                """dQ of the block in `buf` (or its columns): dS K over both consumers' keys."""
-                for c in range(2):
-                    plgpu.wgmma(acc, ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[c, :, cols])
-
-            def my_dq_product(acc, buf, reader):
-                if split:
-                    for half in range(2):
-                        when(wg == half, functools.partial(dq_product, acc, buf, pl.ds(half * dq_cols, dq_cols)))
+            def run_item(item, ring0):
+                b, h, t = coords(item)
+                tile_start, first, n_masked_end, n_steps = tile_range(t)
+                kb = lax.rem(item, 2) if persistent else 0
+                key0 = tile_start + wg * bk
+                keys = pl.ds(key0, bk)
+                if persistent:
+                    @pl.when(item + 1 < n_items)
+                    def _prefetch():
+                        # The other K/V buffer held the previous item's dK, dV:
+                        # their store must have read it.
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                        load_kv(item + 1, 1 - kb)
                 else:
-                    when(reader, functools.partial(dq_product, acc, buf))
+                    load_kv(item, kb)
+                plgpu.barrier_wait(kv_ready.at[kb * 2 + wg])
+                if fused:
+                    if lag:
+                        # Consumer 1 starts once consumer 0's first S and dP
+                        # are done, so one computes its exponentials while the
+                        # other has the tensor cores.
+                        when((wg == 1) & (n_steps > 0), lambda: plgpu.barrier_wait(stagger_bar[0].at[0]))
 
-            # Everything is computed transposed ([keys, queries]) so that dK
-            # and dV come out of wgmma with the keys as rows.
-            #
-            # Fused: both consumers put dS^T of query block i in shared memory
-            # (buffer i % 2); consumer i % 2, the block's owner, multiplies
-            # both by their keys, so each block's dQ over all 2 * bk keys is
-            # one tile and one reduce-add (half the traffic of one per
-            # consumer), and the owners alternate. The owner stores that tile
-            # and issues its reduce-add during block i + 1's S and dP
-            # products, so they overlap the tensor cores.
-            #
-            # dq_split: both consumers read both dS^T of every block, each
-            # for its half of dQ's columns, and add it as soon as it is
-            # computed: carrying it over the next S and dP would not fit in
-            # registers next to head_dim 128's dK and dV.
-            def step(i, carry, *, masked: bool | None, peeled: bool = False):
-                """Query block i; `peeled`: the tile's first, run on its own
-                with dq_lag so that the loop needs no branch
-                for what only the first step does."""
-                dk, dv, *dq_prev = carry  # fused: dQ of the previous block, if this consumer owned it
-                slot = lax.rem(i - first, stages)
-                plgpu.barrier_wait(q_ready.at[slot])
-                plgpu.barrier_wait(do_ready.at[slot])
-
-                def products(s_ref, dp_ref):
-                    plgpu.wgmma(s_ref, k_smem.at[wg], q_smem.at[slot].transpose((1, 0)))
-                    plgpu.wgmma(dp_ref, v_smem.at[wg], do_smem.at[slot].transpose((1, 0)))
-                    if fused and not split:
-                        when((i > first) & (lax.rem(i - 1, 2) == wg), lambda: add_dq(dq_prev[0], i - 1))
-
-                def mask(p_t):
-                    keep = key0 + iota((bk, bq), 0) <= i * bq + iota((bk, bq), 1)
-                    return jnp.where(keep, p_t, 0.0)
-
-                def masked_scores(x):
-                    """x = scaled S^T - lse with the causal mask as -inf, by
-                    the block's offset from the diagonal (mask_tile)."""
-                    d = i * bq - key0  # a multiple of bq: key0 is one
-                    branch = jnp.where(d < 0, 0, jnp.where(d == 0, 1, 2))  # before / on / after the diagonal
-                    if masked is None:  # one loop: only the blocks that cross the diagonal
-                        branch = jnp.where(i < n_masked_end, branch, 2)
-                    on_diagonal = lambda x: x + plgpu.load(tri_smem.at[wg], (), layout=plgpu.Layout.WGMMA).astype(
-                        jnp.float32)
-                    return lax.switch(branch, [lambda x: x - jnp.inf, on_diagonal, lambda x: x], x)
-
-                def load_lse():
-                    return plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
-
-                def probabilities(s_t, early_lse=None):
-                    lse2 = (load_lse() if early_lse is None else early_lse) * LOG2_E
-                    if mask_tile and masked is not False:
-                        return jnp.exp2(masked_scores(s_t * qk_scale - along_cols(lse2, s_t.shape)))
-                    p_t = jnp.exp2(s_t * qk_scale - along_cols(lse2, s_t.shape))
-                    if masked is None:  # one loop: only the blocks that cross the diagonal take the branch
-                        p_t = lax.cond(i < n_masked_end, mask, lambda x: x, p_t)
-                    elif masked:
-                        p_t = mask(p_t)
-                    return p_t
-
-                p_t, dp_t = scores_and_dp(products, probabilities, (bk, bq),
-                                          prefetch=load_lse if blocks.lse_early else None)
-                if lag and peeled:
-                    when(wg == 0, lambda: plgpu.barrier_arrive(stagger_bar[0].at[0]))
-                delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
-
-                def grad_scores():
-                    return (p_t * (dp_t - along_cols(delta, dp_t.shape))).astype(dtype)
-
-                def exchange(ds_t, buf, reader):
-                    """Puts this consumer's dS^T of the block in shared memory
-                    and, if it reads them in this step (not with dq_lag,
-                    which reads them in the next), waits for the other one's."""
-                    # The other consumer read this buffer ds_bufs blocks ago:
-                    # wait until its dQ product is done with it.
-                    reused = i - first >= ds_bufs
-                    when(reused if split else (~reader) & reused, lambda: plgpu.barrier_wait(ds_free.at[buf]))
-                    ds_smem.at[buf, wg][...] = ds_t
+                def add_dq(dq, blk):
+                    """Adds dQ of query block `blk` over this CTA's keys (this
+                    consumer's columns of it with dq_split) to dq_acc:
+                    registers -> shared memory -> TMA reduce-add."""
+                    # The previous reduce-add must have read its source.
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    dq_smem.at[wg][...] = dq
                     plgpu.commit_smem()
-                    plgpu.barrier_arrive(ds_ready.at[buf])
-                    if not lag:
-                        when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
+                    dst = dq_ref.at[b, pl.ds(blk * bq, bq), h]
+                    if split:
+                        dst = dst.at[:, pl.ds(wg * dq_cols, dq_cols)]
+                    plgpu.copy_smem_to_gmem(dq_smem.at[wg], dst, reduction_op="add")
 
-                def buffer():
-                    """The block's dS^T buffer, and whether this consumer
-                    multiplies its tiles: the owner, or both with dq_split."""
-                    buf = lax.rem(i, ds_bufs)
-                    return buf, True if split else buf == wg
+                def dq_product(acc, buf, cols=slice(None)):
+                    """dQ of the block in `buf` (or its columns): dS K over both consumers' keys."""
+                    for c in range(2):
+                        plgpu.wgmma(acc, ds_smem.at[buf, c].transpose((1, 0)), k_smem.at[kb, c, :, cols])
 
-                if split:
-                    buf, reader = buffer()
-                    # FA3's step: dV is on the tensor cores during dS and the
-                    # exchange, dK during the dQ store.
-                    # dq_lag: the dQ product is the previous block's, whose
-                    # dS^T the other consumer stored a step ago, so neither
-                    # waits here for the other's current block.
-                    # The peeled first step has no previous block.
-                    prev = lax.rem(i + ds_bufs - 1, ds_bufs)
+                def my_dq_product(acc, buf, reader):
+                    if split:
+                        for half in range(2):
+                            when(wg == half, functools.partial(dq_product, acc, buf, pl.ds(half * dq_cols, dq_cols)))
+                    else:
+                        when(reader, functools.partial(dq_product, acc, buf))
 
-                    def fa3_step(refs):
-                        dv_ref, dk_ref, dq_ref = refs
-                        plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
-                        ds_t = grad_scores()
-                        exchange(ds_t, buf, reader)
-                        if lag and not peeled:
-                            plgpu.barrier_wait(ds_ready.at[prev])
-                            my_dq_product(dq_ref, prev, True)
-                        elif not lag:
-                            my_dq_product(dq_ref, buf, reader)
-                        plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
-                        dq = plgpu.wgmma_accumulator_load(dq_ref, wait_n=1)  # dV and dQ done, dK in flight
-                        if lag and not peeled:
-                            plgpu.barrier_arrive(ds_free.at[prev])
-                            add_dq(dq, i - 1)
-                        elif not lag:
-                            plgpu.barrier_arrive(ds_free.at[buf])
-                            add_dq(dq, i)
+                # Everything is computed transposed ([keys, queries]) so that dK
+                # and dV come out of wgmma with the keys as rows.
+                #
+                # Fused: both consumers put dS^T of query block i in shared memory
+                # (buffer i % 2); consumer i % 2, the block's owner, multiplies
+                # both by their keys, so each block's dQ over all 2 * bk keys is
+                # one tile and one reduce-add (half the traffic of one per
+                # consumer), and the owners alternate. The owner stores that tile
+                # and issues its reduce-add during block i + 1's S and dP
+                # products, so they overlap the tensor cores.
+                #
+                # dq_split: both consumers read both dS^T of every block, each
+                # for its half of dQ's columns, and add it as soon as it is
+                # computed: carrying it over the next S and dP would not fit in
+                # registers next to head_dim 128's dK and dV.
+                def step(i, carry, *, masked: bool | None, peeled: bool = False):
+                    """Query block i; `peeled`: the tile's first, run on its own
+                    with dq_lag so that the loop needs no branch
+                    for what only the first step does."""
+                    dk, dv, *dq_prev = carry  # fused: dQ of the previous block, if this consumer owned it
+                    slot = lax.rem(ring0 + i - first, stages)
+                    plgpu.barrier_wait(q_ready.at[slot])
+                    plgpu.barrier_wait(do_ready.at[slot])
 
-                    dv, dk, _ = pl.run_state(fa3_step)(
-                        tuple(plgpu.ACC.init(x) for x in (dv, dk, zeros_f32((bq, dq_cols), plgpu.Layout.WGMMA))))
-                    dq = []
-                else:
-                    ds_t = grad_scores()
-                    if fused:
+                    def products(s_ref, dp_ref):
+                        plgpu.wgmma(s_ref, k_smem.at[kb, wg], q_smem.at[slot].transpose((1, 0)))
+                        plgpu.wgmma(dp_ref, v_smem.at[kb, wg], do_smem.at[slot].transpose((1, 0)))
+                        if fused and not split:
+                            when((i > first) & (lax.rem(i - 1, 2) == wg), lambda: add_dq(dq_prev[0], i - 1))
+
+                    def mask(p_t):
+                        keep = key0 + iota((bk, bq), 0) <= i * bq + iota((bk, bq), 1)
+                        return jnp.where(keep, p_t, 0.0)
+
+                    def masked_scores(x):
+                        """x = scaled S^T - lse with the causal mask as -inf, by
+                        the block's offset from the diagonal (mask_tile)."""
+                        d = i * bq - key0  # a multiple of bq: key0 is one
+                        branch = jnp.where(d < 0, 0, jnp.where(d == 0, 1, 2))  # before / on / after the diagonal
+                        if masked is None:  # one loop: only the blocks that cross the diagonal
+                            branch = jnp.where(i < n_masked_end, branch, 2)
+                        on_diagonal = lambda x: x + plgpu.load(tri_smem.at[wg], (), layout=plgpu.Layout.WGMMA).astype(
+                            jnp.float32)
+                        return lax.switch(branch, [lambda x: x - jnp.inf, on_diagonal, lambda x: x], x)
+
+                    def load_lse():
+                        return plgpu.load(lse_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+
+                    def probabilities(s_t, early_lse=None):
+                        lse2 = (load_lse() if early_lse is None else early_lse) * LOG2_E
+                        if mask_tile and masked is not False:
+                            return jnp.exp2(masked_scores(s_t * qk_scale - along_cols(lse2, s_t.shape)))
+                        p_t = jnp.exp2(s_t * qk_scale - along_cols(lse2, s_t.shape))
+                        if masked is None:  # one loop: only the blocks that cross the diagonal take the branch
+                            p_t = lax.cond(i < n_masked_end, mask, lambda x: x, p_t)
+                        elif masked:
+                            p_t = mask(p_t)
+                        return p_t
+
+                    p_t, dp_t = scores_and_dp(products, probabilities, (bk, bq),
+                                              prefetch=load_lse if blocks.lse_early else None)
+                    if lag and peeled:
+                        when(wg == 0, lambda: plgpu.barrier_arrive(stagger_bar[0].at[0]))
+                    delta = plgpu.load(delta_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+
+                    def grad_scores():
+                        return (p_t * (dp_t - along_cols(delta, dp_t.shape))).astype(dtype)
+
+                    def exchange(ds_t, buf, reader):
+                        """Puts this consumer's dS^T of the block in shared memory
+                        and, if it reads them in this step (not with dq_lag,
+                        which reads them in the next), waits for the other one's."""
+                        # The other consumer read this buffer ds_bufs blocks ago:
+                        # wait until its dQ product is done with it.
+                        reused = i - first >= ds_bufs
+                        when(reused if split else (~reader) & reused, lambda: plgpu.barrier_wait(ds_free.at[buf]))
+                        ds_smem.at[buf, wg][...] = ds_t
+                        plgpu.commit_smem()
+                        plgpu.barrier_arrive(ds_ready.at[buf])
+                        if not lag:
+                            when(reader, lambda: plgpu.barrier_wait(ds_ready.at[buf]))
+
+                    def buffer():
+                        """The block's dS^T buffer, and whether this consumer
+                        multiplies its tiles: the owner, or both with dq_split."""
+                        buf = lax.rem(i, ds_bufs)
+                        return buf, True if split else buf == wg
+
+                    if split:
                         buf, reader = buffer()
-                        exchange(ds_t, buf, reader)
+                        # FA3's step: dV is on the tensor cores during dS and the
+                        # exchange, dK during the dQ store.
+                        # dq_lag: the dQ product is the previous block's, whose
+                        # dS^T the other consumer stored a step ago, so neither
+                        # waits here for the other's current block.
+                        # The peeled first step has no previous block.
+                        prev = lax.rem(i + ds_bufs - 1, ds_bufs)
 
-                    def grads(refs):
-                        plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
-                        plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
+                        def fa3_step(refs):
+                            dv_ref, dk_ref, dq_ref = refs
+                            plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
+                            ds_t = grad_scores()
+                            exchange(ds_t, buf, reader)
+                            if lag and not peeled:
+                                plgpu.barrier_wait(ds_ready.at[prev])
+                                my_dq_product(dq_ref, prev, True)
+                            elif not lag:
+                                my_dq_product(dq_ref, buf, reader)
+                            plgpu.wgmma(dk_ref, ds_t, q_smem.at[slot])
+                            dq = plgpu.wgmma_accumulator_load(dq_ref, wait_n=1)  # dV and dQ done, dK in flight
+                            if lag and not peeled:
+                                plgpu.barrier_arrive(ds_free.at[prev])
+                                add_dq(dq, i - 1)
+                            elif not lag:
+                                plgpu.barrier_arrive(ds_free.at[buf])
+                                add_dq(dq, i)
+
+                        dv, dk, _ = pl.run_state(fa3_step)(
+                            tuple(plgpu.ACC.init(x) for x in (dv, dk, zeros_f32((bq, dq_cols), plgpu.Layout.WGMMA))))
+                        dq = []
+                    else:
+                        ds_t = grad_scores()
                         if fused:
-                            my_dq_product(refs[2], buf, reader)
+                            buf, reader = buffer()
+                            exchange(ds_t, buf, reader)
 
-                    # Fused: each block's dQ tile starts from zero; the owner
-                    # carries it into the next step, which adds it to dq_acc.
-                    dq = [zeros_f32((bq, dq_cols), plgpu.Layout.WGMMA)] if fused else []
-                    dv, dk, *dq = accumulate(grads, dv, dk, *dq)
-                    if fused:
-                        when(reader, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
-                # lse/delta were read with ordinary loads (generic proxy); the
-                # next TMA into this slot writes through the async proxy, so
-                # fence the two before releasing the slot.
+                        def grads(refs):
+                            plgpu.wgmma(refs[0], p_t.astype(dtype), do_smem.at[slot])
+                            plgpu.wgmma(refs[1], ds_t, q_smem.at[slot])
+                            if fused:
+                                my_dq_product(refs[2], buf, reader)
+
+                        # Fused: each block's dQ tile starts from zero; the owner
+                        # carries it into the next step, which adds it to dq_acc.
+                        dq = [zeros_f32((bq, dq_cols), plgpu.Layout.WGMMA)] if fused else []
+                        dv, dk, *dq = accumulate(grads, dv, dk, *dq)
+                        if fused:
+                            when(reader, lambda: plgpu.barrier_arrive(ds_free.at[buf]))
+                    # lse/delta were read with ordinary loads (generic proxy); the
+                    # next TMA into this slot writes through the async proxy, so
+                    # fence the two before releasing the slot.
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(q_free.at[slot])
+                    plgpu.barrier_arrive(do_free.at[slot])
+                    return dk, dv, *dq
+
+                carried_dq = [(bq, head_dim)] if fused and not split else []
+                shapes = ((bk, head_dim), (bk, head_dim), *carried_dq)
+                carry = tuple(zeros_f32(shape, plgpu.Layout.WGMMA) for shape in shapes)
+                # Causal: the blocks that cross the diagonal run in a loop of their
+                # own, masked, before the rest; with dq_split in one loop, the mask
+                # under a branch that only those blocks take (two loops hold two
+                # sets of loop invariants, which spilled there).
+                masked_loop = causal and not split
+                first_masked = True if masked_loop else (None if causal else False)
+                if lag:
+                    # A padded tile past the sequence has no step.
+                    carry = lax.cond(n_steps > 0, functools.partial(step, first, masked=first_masked, peeled=True),
+                                     lambda c: c, carry)
+                    first_step = first + 1
+                else:
+                    first_step = first
+                if masked_loop:
+                    carry = lax.fori_loop(first_step, n_masked_end, functools.partial(step, masked=True), carry)
+                    start, masked = jnp.maximum(n_masked_end, first_step), False
+                else:
+                    start, masked = first_step, first_masked
+                dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=masked), carry)
+                last_buf = lax.rem(num_q_blocks - 1, ds_bufs)
+                if lag:
+                    def last_dq():
+                        """The last block's dQ columns, which no next step multiplies."""
+                        plgpu.barrier_wait(ds_ready.at[last_buf])
+
+                        dq_last = accumulate(lambda refs: my_dq_product(refs[0], last_buf, True),
+                                              zeros_f32((bq, dq_cols), plgpu.Layout.WGMMA))
+                        plgpu.barrier_arrive(ds_free.at[last_buf])
+                        add_dq(dq_last, num_q_blocks - 1)
+
+                    when(n_steps > 0, last_dq)
+                if fused:
+                    # The last block's dQ, if carried (zeros if the tile saw no block).
+                    last_owner = lax.rem(num_q_blocks - 1, 2) == wg
+                    if not split:
+                        when(last_owner, lambda: add_dq(dq[0], num_q_blocks - 1))
+                    # dK overwrites this consumer's keys, which the other
+                    # consumer (the last block's owner, or either with dq_split)
+                    # multiplies in its dQ product: wait for that to finish.
+                    if persistent:
+                        # Every phase of the other consumer's release barrier is
+                        # observed before the next item (they alternate buffers
+                        # with the block's parity): it released this item's last
+                        # block of its own parity after its last dQ product.
+                        other = 1 - wg
+                        has_other = (n_steps >= 2) | ((n_steps == 1) & (lax.rem(first, 2) == other))
+                        when(has_other, lambda: plgpu.barrier_wait(ds_free.at[other]))
+                    else:
+                        readers_left = n_steps > 0 if split else (~last_owner) & (n_steps > 0)
+                        when(readers_left, lambda: plgpu.barrier_wait(ds_free.at[last_buf]))
+                k_smem.at[kb, wg][...] = (dk * sm_scale).astype(dtype)
+                v_smem.at[kb, wg][...] = dv.astype(dtype)
                 plgpu.commit_smem()
-                plgpu.barrier_arrive(q_free.at[slot])
-                plgpu.barrier_arrive(do_free.at[slot])
-                return dk, dv, *dq
+                plgpu.copy_smem_to_gmem(k_smem.at[kb, wg], dk_ref.at[b, keys, h], commit_group=False)
+                plgpu.copy_smem_to_gmem(v_smem.at[kb, wg], dv_ref.at[b, keys, h], commit_group=False)
+                plgpu.commit_smem_to_gmem_group()
+                return ring0 + n_steps
 
-            carried_dq = [(bq, head_dim)] if fused and not split else []
-            shapes = ((bk, head_dim), (bk, head_dim), *carried_dq)
-            carry = tuple(zeros_f32(shape, plgpu.Layout.WGMMA) for shape in shapes)
-            # Causal: the blocks that cross the diagonal run in a loop of their
-            # own, masked, before the rest; with dq_split in one loop, the mask
-            # under a branch that only those blocks take (two loops hold two
-            # sets of loop invariants, which spilled there).
-            masked_loop = causal and not split
-            first_masked = True if masked_loop else (None if causal else False)
-            if lag:
-                # A padded tile past the sequence has no step.
-                carry = lax.cond(n_steps > 0, functools.partial(step, first, masked=first_masked, peeled=True),
-                                 lambda c: c, carry)
-                first_step = first + 1
+            if persistent:
+                load_kv(0, 0)
+                lax.fori_loop(0, n_items, run_item, 0)
             else:
-                first_step = first
-            if masked_loop:
-                carry = lax.fori_loop(first_step, n_masked_end, functools.partial(step, masked=True), carry)
-                start, masked = jnp.maximum(n_masked_end, first_step), False
-            else:
-                start, masked = first_step, first_masked
-            dk, dv, *dq = lax.fori_loop(start, num_q_blocks, functools.partial(step, masked=masked), carry)
-            last_buf = lax.rem(num_q_blocks - 1, ds_bufs)
-            if lag:
-                def last_dq():
-                    """The last block's dQ columns, which no next step multiplies."""
-                    plgpu.barrier_wait(ds_ready.at[last_buf])
-
-                    dq_last = accumulate(lambda refs: my_dq_product(refs[0], last_buf, True),
-                                          zeros_f32((bq, dq_cols), plgpu.Layout.WGMMA))
-                    plgpu.barrier_arrive(ds_free.at[last_buf])
-                    add_dq(dq_last, num_q_blocks - 1)
-
-                when(n_steps > 0, last_dq)
-            if fused:
-                # The last block's dQ, if carried (zeros if the tile saw no block).
-                last_owner = lax.rem(num_q_blocks - 1, 2) == wg
-                if not split:
-                    when(last_owner, lambda: add_dq(dq[0], num_q_blocks - 1))
-                # dK overwrites this consumer's keys, which the other
-                # consumer (the last block's owner, or either with dq_split)
-                # multiplies in its dQ product: wait for that to finish.
-                readers_left = n_steps > 0 if split else (~last_owner) & (n_steps > 0)
-                when(readers_left, lambda: plgpu.barrier_wait(ds_free.at[last_buf]))
-            k_smem.at[wg][...] = (dk * sm_scale).astype(dtype)
-            v_smem.at[wg][...] = dv.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(k_smem.at[wg], dk_ref.at[b, keys, h], commit_group=False)
-            plgpu.copy_smem_to_gmem(v_smem.at[wg], dv_ref.at[b, keys, h], commit_group=False)
-            plgpu.commit_smem_to_gmem_group()
+                run_item(0, 0)
             plgpu.wait_smem_to_gmem(0)
 
     scratch = (
-        plgpu.SMEM((2, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((2, bk, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((n_kv, 2, bk, head_dim), dtype, transforms=transforms),
+        plgpu.SMEM((n_kv, 2, bk, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((stages, bq, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((stages, bq, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((stages, bq), jnp.float32),
         plgpu.SMEM((stages, bq), jnp.float32),
-        plgpu.Barrier(num_arrivals=2, num_barriers=2),
+        plgpu.Barrier(num_arrivals=2, num_barriers=2 * n_kv),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
@@ -539,6 +616,10 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         scratch += (plgpu.SMEM((2, bk, bq), dtype, transforms=transforms),)
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
+    if persistent:
+        call = launch(body, (grad, grad), scratch, (n_programs,), name, auto_barriers=False, mutable=fused,
+                      grid_names=("programs",))
+        return call(q, k, v, do, lse, delta, schedule, *((dq_acc,) if fused else ()))
     call = launch(body, (grad, grad), scratch, tile_grid(heads, num_tiles, batch), name, auto_barriers=False,
                   mutable=fused)
     return call(q, k, v, do, lse, delta, *((dq_acc,) if fused else ()))

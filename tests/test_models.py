@@ -116,6 +116,21 @@ def test_conversion_round_trip_is_exact():
         assert torch.equal(a, b), k
 
 
+def test_conversion_into_a_model_of_shapes_alone_is_exact():
+    """The JAX session builds its model under nnx.eval_shape when torch's weights are copied
+    in (no initialisation of its own to throw away): every parameter comes out concrete and
+    equal to torch's, in the dtype the model declares."""
+    torch.manual_seed(4)
+    t = torch_impl.TransformerLM(CFG)
+    j = nnx.eval_shape(lambda: jax_impl.TransformerLM(CFG, rngs=nnx.Rngs(0)))
+    torch_to_jax(t, j)
+    got = jax_param_dict(j)
+    assert got.keys() == t.state_dict().keys()
+    for k, v in t.state_dict().items():
+        assert isinstance(got[k], jax.Array) and got[k].dtype == jnp.float32, k
+        np.testing.assert_array_equal(np.asarray(got[k]), v.numpy(), err_msg=k)
+
+
 def test_converted_jax_parameters_do_not_alias_torch_memory():
     """On CPU JAX may wrap an aligned NumPy buffer without copying; torch's in-place
     optimizer must not be able to change the converted JAX model (this once made parity

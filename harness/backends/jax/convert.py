@@ -27,7 +27,8 @@ def _check_same_keys(src: dict, dst: dict, direction: str) -> None:
 
 
 def torch_to_jax(torch_model: torch.nn.Module, jax_model: nnx.Module) -> None:
-    """Copy every parameter of `torch_model` into `jax_model` (in place)."""
+    """Copy every parameter of `torch_model` into `jax_model` (in place); `jax_model` may
+    hold shapes alone (built under `nnx.eval_shape`), which the copy makes concrete."""
     # Copies: on CPU, JAX may alias a suitably aligned NumPy buffer instead of copying it,
     # and torch's in-place optimizer would then change the JAX parameters too.
     src = {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in torch_model.state_dict().items()}
@@ -36,10 +37,10 @@ def torch_to_jax(torch_model: torch.nn.Module, jax_model: nnx.Module) -> None:
     dst = {".".join(str(k) for k in path): var for path, var in flat}
     _check_same_keys(src, dst, "torch_to_jax")
     for name, var in dst.items():
-        value = src[name]
-        if value.shape != var[...].shape:
-            raise ValueError(f"torch_to_jax: {name} has shape {value.shape} in torch, {var[...].shape} in jax")
-        var[...] = jnp.array(value, dtype=var[...].dtype, copy=True)
+        value, like = src[name], var.get_raw_value()  # an array, or its shape alone (nnx.eval_shape)
+        if value.shape != like.shape:
+            raise ValueError(f"torch_to_jax: {name} has shape {value.shape} in torch, {like.shape} in jax")
+        var.set_value(jnp.array(value, dtype=like.dtype, copy=True))
     nnx.update(jax_model, state)
 
 

@@ -112,8 +112,12 @@ class JaxSession:
         devices = jax.devices("gpu" if device == "cuda" else "cpu")
         self.device = devices[0]
         params_at = batch_at = self.device
-        model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(seed))
-        if weights is not None:
+        if weights is None:
+            model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(seed))
+        else:
+            # Shapes only: Flax's own initialisation, run op by op outside any jit, would be
+            # overwritten by the copy.
+            model = nnx.eval_shape(lambda: jax_impl.TransformerLM(config, rngs=nnx.Rngs(seed)))
             torch_to_jax(weights, model)
         self.graphdef, params = nnx.split(model, nnx.Param)
         # The jitted phases take the parameters as a plain dict of arrays, not an nnx.State:

@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 from harness.config import ModelConfig
+from pallas_kernels.rmsnorm import add_rms_norm
 
 
 def trunc_normal(key: jax.Array, shape: tuple[int, ...], std: float) -> jax.Array:
@@ -52,11 +53,12 @@ class RMSNorm(nnx.Module):
         self.eps = eps
         self.weight = nnx.Param(jnp.ones((d_model,), jnp.float32))
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        # Computed in float32 whatever the input dtype, then cast back.
-        x32 = x.astype(jnp.float32)
-        rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (x32 * rms * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+    def __call__(self, x: jax.Array, delta: jax.Array | None = None, *,
+                 out_dtype: jnp.dtype | None = None) -> tuple[jax.Array, jax.Array]:
+        """(x + delta, the sum normalized): the residual add done with the norm, so that on a GPU
+        one kernel reads the float32 stream once each way (`pallas_kernels.rmsnorm`). Computed
+        in float32 whatever the input dtype; the result in out_dtype (x's by default)."""
+        return add_rms_norm(x, delta, self.weight[...], eps=self.eps, out_dtype=out_dtype)
 
 
 def rope_tables(seq_len: int, d_head: int, theta: float) -> tuple[jax.Array, jax.Array]:
@@ -157,19 +159,21 @@ class TransformerBlock(nnx.Module):
         self.ln2 = RMSNorm(config.d_model, config.norm_eps)
         self.ffn = SwiGLU(config.d_model, config.layer_d_ff(index), rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, delta: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+        """x: the residual stream; delta: the previous block's output, not yet added (None in the
+        first block). Returns the stream after attention and the FFN's output: the next norm adds
+        it, as ln2 adds attention's."""
         # Named scopes label the HLO ops' metadata (op_name) and nothing else; a profile's
         # kernels are joined to layers through them (harness.trace.analyses.hlo_join).
         with jax.named_scope("ln1"):
-            a = self.ln1(x)
+            x, a = self.ln1(x, delta, out_dtype=self.attn.q_proj.weight[...].dtype)
         with jax.named_scope("attn"):
             a = self.attn(a)
-        h = x + a
         with jax.named_scope("ln2"):
-            f = self.ln2(h)
+            h, f = self.ln2(x, a, out_dtype=self.ffn.w1.weight[...].dtype)
         with jax.named_scope("ffn"):
             f = self.ffn(f)
-        return h + f
+        return h, f
 
 
 class TransformerLM(nnx.Module):
@@ -184,11 +188,12 @@ class TransformerLM(nnx.Module):
         """tokens (B, T) int -> logits (B, T, vocab)."""
         with jax.named_scope("token_embeddings"):
             x = self.token_embeddings(tokens)
+        delta = None
         for i, layer in enumerate(self.layers):
             with jax.named_scope(f"layers.{i}"):
-                x = layer(x)
+                x, delta = layer(x, delta)
         with jax.named_scope("ln_final"):
-            x = self.ln_final(x)
+            _, x = self.ln_final(x, delta, out_dtype=self.lm_head.weight[...].dtype)
         with jax.named_scope("lm_head"):
             return self.lm_head(x)
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["mha_reference", "reference_lse"]
+__all__ = ["add_rms_norm_reference", "mha_reference", "reference_lse"]
 
 
 def _reference_scores(q: jax.Array, k: jax.Array, causal: bool, sm_scale: float | None) -> jax.Array:
@@ -33,3 +33,13 @@ def reference_lse(q: jax.Array, k: jax.Array, *, causal: bool = True,
                   sm_scale: float | None = None) -> jax.Array:
     """Row log-sum-exp of the scaled scores in float32; [batch, heads, seq]."""
     return jax.nn.logsumexp(_reference_scores(q, k, causal, sm_scale), axis=-1)
+
+
+def add_rms_norm_reference(x: jax.Array, delta: jax.Array | None, w: jax.Array, *, eps: float,
+                           out_dtype: jnp.dtype | None = None) -> tuple[jax.Array, jax.Array]:
+    """(h, y): h = x + delta in x's dtype (x when delta is None), y = h * rsqrt(mean(h^2) + eps) * w
+    computed in float32, cast to out_dtype (x's dtype if None)."""
+    h = x if delta is None else (x.astype(jnp.float32) + delta.astype(jnp.float32)).astype(x.dtype)
+    h32 = h.astype(jnp.float32)
+    rstd = lax.rsqrt(jnp.mean(h32 * h32, axis=-1, keepdims=True) + eps)
+    return h, (h32 * rstd * w.astype(jnp.float32)).astype(out_dtype or x.dtype)

@@ -332,7 +332,8 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, *, eps: fl
     Differentiable in x, delta and w. The statistics are float32 whatever the dtypes.
     """
     if x.ndim < 2 or w.shape != x.shape[-1:] or (delta is not None and delta.shape != x.shape):
-        raise ValueError(f"add_rms_norm takes x [..., T, width], delta like x and w [width]; got "
+        raise ValueError(f"add_rms_norm takes x [..., T, width] (at least two dims), delta shaped like x "
+                         f"and w [width]; got "
                          f"x {x.shape}, delta {None if delta is None else delta.shape}, w {w.shape}")
     if implementation is None:
         implementation = "pallas" if jax.default_backend() == "gpu" else "xla"

@@ -1,0 +1,195 @@
+"""The fused residual-add + RMSNorm kernels against the jnp reference: values and gradients in
+the Pallas interpreter on CPU, the row partitioning on two host devices, the lowering for a GPU.
+
+Both sides compute in float32 and differ only in the order of their sums: the row's sum of
+squares and the backward's row dot product over `width` terms, the weight's gradient over the
+N rows. A float32 sum of n terms is off by at most n * eps / 2 of the sum of magnitudes, so
+the gradients are compared with atol (width + N) * eps times the largest reference entry. A
+result rounded to bfloat16 may round the other way: one bfloat16 ulp, 2^-7 relative."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jax_impl
+from harness.config import get_config
+from pallas_kernels import rmsnorm
+from pallas_kernels.reference import add_rms_norm_reference
+from pallas_kernels.rmsnorm import NormBlocks, add_rms_norm
+
+ROOT = Path(__file__).resolve().parent.parent
+EPS32 = float(np.finfo(np.float32).eps)
+BF16_ULP = 2.0 ** -7
+# Two rows per group and two groups per backward program, so short inputs still take several
+# programs and the loop over row groups.
+SMALL = NormBlocks(rows_fwd=2, rows_bwd=2, steps_bwd=2)
+
+
+def _inputs(shape, delta_dtype, seed=0):
+    k = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(k[0], shape, jnp.float32)
+    delta = None if delta_dtype is None else jax.random.normal(k[1], shape, jnp.float32).astype(delta_dtype)
+    w = 1 + 0.1 * jax.random.normal(k[2], shape[-1:], jnp.float32)
+    return x, delta, w
+
+
+def _vjp(fn, x, delta, w, out_dtype, seed=1):
+    """(h, y) and the gradients of x, delta and w for random cotangents of h and y."""
+    k = jax.random.split(jax.random.key(seed), 2)
+    ch = jax.random.normal(k[0], x.shape, jnp.float32)
+    cy = jax.random.normal(k[1], x.shape, jnp.float32).astype(out_dtype)
+    (h, y), pullback = jax.vjp(lambda x, delta, w: fn(x, delta, w), x, delta, w)
+    return h, y, pullback((ch, cy))
+
+
+def _close(got, want, *, rtol, sums):
+    want = np.asarray(want, np.float64)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=rtol,
+                               atol=sums * EPS32 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 80), (1, 7, 100), (3, 8, 128)], ids=str)
+@pytest.mark.parametrize("delta_dtype", [jnp.bfloat16, jnp.float32, None], ids=["bf16", "fp32", "none"])
+@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "fp32"])
+def test_kernels_match_the_reference(shape, delta_dtype, out_dtype):
+    x, delta, w = _inputs(shape, delta_dtype)
+    kernel = functools.partial(add_rms_norm, eps=1e-5, out_dtype=out_dtype, implementation="pallas",
+                               blocks=SMALL, interpret=True)
+    reference = functools.partial(add_rms_norm_reference, eps=1e-5, out_dtype=out_dtype)
+    h, y, grads = jax.jit(lambda x, d, w: _vjp(kernel, x, d, w, out_dtype))(x, delta, w)
+    h_ref, y_ref, grads_ref = jax.jit(lambda x, d, w: _vjp(reference, x, d, w, out_dtype))(x, delta, w)
+
+    width, rows = shape[-1], int(np.prod(shape[:-1]))
+    rounding = BF16_ULP if out_dtype == jnp.bfloat16 else 0.0
+    np.testing.assert_array_equal(np.asarray(h), np.asarray(h_ref))  # the same add, rounded alike
+    assert h.dtype == x.dtype and y.dtype == jnp.dtype(out_dtype)
+    _close(y.astype(jnp.float32), y_ref.astype(jnp.float32), rtol=rounding, sums=width)
+    dx, ddelta, dw = grads
+    dx_ref, ddelta_ref, dw_ref = grads_ref
+    _close(dx, dx_ref, rtol=0.0, sums=width)
+    _close(dw, dw_ref, rtol=0.0, sums=width + rows)
+    if delta is None:
+        assert ddelta is None
+    else:
+        assert ddelta.dtype == delta.dtype
+        _close(ddelta.astype(jnp.float32), ddelta_ref.astype(jnp.float32),
+               rtol=BF16_ULP if delta.dtype == jnp.bfloat16 else 0.0, sums=width)
+
+
+def test_chunks_cover_any_width_in_powers_of_two():
+    assert rmsnorm._chunks(1280) == ((0, 1024), (1024, 256))
+    assert rmsnorm._chunks(100) == ((0, 64), (64, 32), (96, 4))
+    for width in range(1, 300):
+        chunks = rmsnorm._chunks(width)
+        assert sum(size for _, size in chunks) == width
+        assert all(size & (size - 1) == 0 for _, size in chunks)
+        assert [start for start, _ in chunks] == list(np.cumsum([0] + [s for _, s in chunks[:-1]]))
+
+
+def test_kernels_lower_for_a_gpu_at_the_large_models_width():
+    """The Triton lowering takes only power-of-two tiles: the large model's rows (1280 wide)
+    in both directions, lowered for CUDA without a GPU."""
+    config = get_config("large")
+    rows = jax.ShapeDtypeStruct((2, 64, config.d_model), jnp.float32)
+    half = jax.ShapeDtypeStruct(rows.shape, jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((config.d_model,), jnp.float32)
+    stats = jax.ShapeDtypeStruct(rows.shape[:-1], jnp.float32)
+    blocks = NormBlocks()
+    fwd = functools.partial(rmsnorm._forward, eps=1e-5, out_dtype=jnp.bfloat16, blocks=blocks, interpret=False)
+    bwd = functools.partial(rmsnorm._backward, delta_dtype=jnp.bfloat16, blocks=blocks, interpret=False)
+    for fn, args in ((fwd, (rows, half, w)), (bwd, (rows, stats, w, half, rows))):
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        assert "__gpu$xla.gpu.triton" in text or "triton_kernel_call" in text
+
+
+def test_model_on_the_kernels_matches_the_model_on_xla(monkeypatch):
+    """The tiny model's loss and gradients with its norms on the kernels (as on a GPU) against
+    the same model on the reference: the first block's norm has no delta, the final norm's
+    sum is unused."""
+    config = get_config("tiny")
+    model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+    tokens = jax.random.randint(jax.random.key(2), (2, 17), 0, config.vocab_size)
+
+    def loss(params):
+        logits = nnx.merge(graphdef, params)(tokens[:, :-1])
+        return jax_impl.cross_entropy_loss(logits, tokens[:, 1:])
+
+    want, want_grads = jax.value_and_grad(loss)(params)
+    monkeypatch.setattr(jax_impl.model, "add_rms_norm",
+                        functools.partial(add_rms_norm, implementation="pallas", blocks=SMALL, interpret=True))
+    got, got_grads = jax.value_and_grad(loss)(params)
+    np.testing.assert_allclose(float(got), float(want), rtol=64 * EPS32)
+    for (path, g), w_ in zip(jax.tree_util.tree_leaves_with_path(got_grads), jax.tree_util.tree_leaves(want_grads)):
+        # a gradient passes through both blocks' norms: width terms per row sum, tokens per column
+        _close(g, w_, rtol=0.0, sums=4 * (config.d_model + tokens.size))
+
+
+_SHARDED = """
+import json, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from pallas_kernels.rmsnorm import NormBlocks, add_rms_norm
+k = jax.random.split(jax.random.key(0), 3)
+x = jax.random.normal(k[0], (4, 8, 96), jnp.float32)
+d = jax.random.normal(k[1], (4, 8, 96), jnp.float32).astype(jnp.bfloat16)
+w = 1 + 0.1 * jax.random.normal(k[2], (96,), jnp.float32)
+def loss(x, d, w):
+    h, y = add_rms_norm(x, d, w, eps=1e-5, out_dtype=jnp.bfloat16, implementation="pallas",
+                        blocks=NormBlocks(rows_fwd=2, rows_bwd=2, steps_bwd=2), interpret=True)
+    return jnp.sum(h * h) + jnp.sum(jnp.sin(y.astype(jnp.float32))), y
+step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+rows = NamedSharding(mesh, P("data"))
+(l1, y1), g1 = step(x, d, w)
+xs, ds = jax.device_put(x, rows), jax.device_put(d, rows)
+(l2, y2), g2 = step(xs, ds, w)
+hlo = step.lower(xs, ds, w).compile().as_text()
+print(json.dumps({"devices": len(jax.devices()), "rows_axis": [y2.sharding.spec[0], g2[0].sharding.spec[0], g2[1].sharding.spec[0]],
+                  "all_gather": "all-gather" in hlo, "all_reduce": "all-reduce" in hlo,
+                  "loss": [float(l1), float(l2)], "y": float(jnp.max(jnp.abs(y1.astype(jnp.float32) - y2.astype(jnp.float32)))),
+                  "grads": [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))) / jnp.max(jnp.abs(a.astype(jnp.float32))))
+                            for a, b in zip(g1, g2)]}))
+"""
+
+
+def test_kernels_run_on_each_devices_rows():
+    """Batch-sharded inputs on two host devices: each device normalizes its own rows (no
+    all-gather), XLA sums the weight's gradient (an all-reduce), and the numbers are the
+    one-device numbers up to the order of that sum."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", _SHARDED], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["devices"] == 2
+    assert got["rows_axis"] == ["data"] * 3  # y, dx and d delta stay split by rows
+    assert not got["all_gather"] and got["all_reduce"]
+    assert got["y"] == 0.0  # rows are normalized alike wherever they run
+    # the loss and the weight's gradient are summed in another order across devices: 32 rows
+    np.testing.assert_allclose(got["loss"][1], got["loss"][0], rtol=64 * EPS32)
+    assert max(got["grads"]) <= (96 + 32) * EPS32
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x, w: add_rms_norm(x, None, w[:-1], eps=1e-5), "w [width]"),
+    (lambda x, w: add_rms_norm(x[0, 0], None, w, eps=1e-5), "at least"),
+    (lambda x, w: add_rms_norm(x, x[:1], w, eps=1e-5), "delta shaped like x"),
+    (lambda x, w: add_rms_norm(x, None, w, eps=1e-5, implementation="cuda"), "implementation='cuda'"),
+])
+def test_bad_arguments_name_what_is_wrong(call, message):
+    x, _, w = _inputs((2, 4, 16), None)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        call(x, w)

@@ -15,6 +15,10 @@ PUBLIC = {
     "triton_softmax_2": Category.SOFTMAX,
     "loop_multiply_fusion": Category.ELEMENTWISE,
     "input_reduce_fusion": Category.REDUCTION,
+    # our Pallas norm kernels as an H200 profile named them (XLA numbers repeated launches)
+    "add_rms_norm_fwd": Category.NORM,
+    "add_rms_norm_bwd__2": Category.NORM,
+    "rms_norm_fwd": Category.NORM,
     "fmha_cutlassF_f32_aligned_64x64_rf_sm80": Category.ATTENTION,
     "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1_kernel0_0": Category.ATTENTION,
     "RedzoneAllocatorKernelImpl": Category.AUTOTUNING,

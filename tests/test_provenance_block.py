@@ -46,3 +46,26 @@ def test_a_readme_naming_the_recorded_tree_gets_no_remark(tmp_path, capsys) -> N
     folder = _folder(tmp_path, "abcdef0")
     assert regenerate.main(["--root", str(tmp_path / "results")]) == 0
     assert "The text above names" not in (folder / "README.md").read_text()
+
+
+def test_a_named_commit_whose_source_ran_dirty_is_matched_by_its_digest(tmp_path) -> None:
+    """Runs from a copy whose git metadata lagged record an older commit "-dirty"; the commit the
+    README names is matched to them by the source digest git gives for it (this repository's
+    own `bc4e42f` and its parent), and the runs' dirty files are named where nothing matches."""
+    from harness.common.provenance import commit_digest
+    from harness.reports.provenance_block import provenance
+
+    folder = tmp_path / "q"
+    folder.mkdir()
+    matched = {"git_commit": "02c0891-dirty", "source_sha256": commit_digest("bc4e42f"), "dirty_files": ["a.py"]}
+    other = {"git_commit": "02c0891-dirty", "source_sha256": "0" * 64, "dirty_files": ["b.py", "a.py"]}
+    (folder / "one.json").write_text(json.dumps({"status": "ok", "env": matched}))
+    text = provenance(folder, "Ran at `bc4e42f`.")
+    assert text.splitlines()[1:] == ["The text above names `bc4e42f`: the source of the environment records here "
+                                     "recorded as `02c0891-dirty` (1) is its tree's (their `source_sha256`)."]
+    (folder / "two.json").write_text(json.dumps({"status": "ok", "env": other}))
+    lines = provenance(folder, "Ran at `bc4e42f` and `02c0891`.").splitlines()
+    assert lines[1] == "The runs record `02c0891-dirty`: uncommitted changes to `a.py`, `b.py`."
+    assert len(lines) == 3 and "names `bc4e42f`" in lines[2]  # 02c0891 is a recorded tree: no remark
+    # the parent of bc4e42f has another source: not matched
+    assert "which no document here records" in provenance(folder, "Ran at `02c0891`'s child `9999999`.")

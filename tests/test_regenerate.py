@@ -308,7 +308,7 @@ def test_the_breakdown_block_is_each_profile_s_kernels_summed_by_category() -> N
 
     folders = sorted((RESULTS / PROFILED).glob("*/*-profiled"))
     lines = breakdown(folders, RESULTS).splitlines()
-    assert len(folders) == 2 and len(lines) == 4
+    assert len(folders) == 3 and len(lines) == 5
     for folder, line in zip(folders, lines[2:]):
         cells = [c.strip(" `") for c in line.strip("|").split("|")]
         (entry,) = json.loads((folder / "kernels.json").read_text())
@@ -368,3 +368,25 @@ def test_hopper_targets_block_renders_the_verdicts_of_a_folder_of_runs(tmp_path)
     with pytest.raises(BlockError, match=r"^x/README\.md: block 'hopper-targets empty': .*empty holds no "
                                          r"harness\.bench_attention runs"):
         render_page("<!-- generated: hopper-targets empty -->\n<!-- end generated -->\n", "x/README.md", tmp_path)
+
+
+def test_runs_block_gives_one_row_per_run_document(tmp_path) -> None:
+    """A page's `runs` block: one row per harness.run document of a folder (a real run of the
+    fused step at batch 32 on an H200, and the same run as a failure), other JSON left out."""
+    from harness.reports.doc_blocks import BlockError, render_page
+
+    runs = tmp_path / "r"
+    runs.mkdir()
+    real = json.loads((RESULTS / "mfu/h200/fused-norm-before-after/runs/new-1.json").read_text())
+    (runs / "a.json").write_text(json.dumps(real))
+    failed = {**real, "status": "oom", "error": {"phase": "fused_step", "message": "out of memory"}, "phases": {}}
+    (runs / "b.json").write_text(json.dumps(failed))
+    (runs / "notes.json").write_text(json.dumps({"not": "a run"}))
+    text = render_page("# x\n<!-- generated: runs r -->\nstale\n<!-- end generated -->\n", "x/README.md", tmp_path)
+    # the document's fused step: median 399.227 ms, p10 387.935, p90 405.469, MFU 0.5232, peak 75,017 MiB
+    assert "| `a.json` | jax | 32 | fused_step | 399.2 | 387.9-405.5 | 10 | 52.3% | 73.3 |" in text
+    assert "| `b.json` | jax | 32 | oom: out of memory | - | - | - | - | - |" in text
+    assert "notes.json" not in text and "stale" not in text
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BlockError, match=r"^x/README\.md: block 'runs empty': .*empty holds no harness\.run documents"):
+        render_page("<!-- generated: runs empty -->\n<!-- end generated -->\n", "x/README.md", tmp_path)

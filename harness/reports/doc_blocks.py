@@ -15,7 +15,8 @@ summary.json the block is built from; for `exposed`, several such folders, space
 takes none and renders, in a results folder's README.md, what that folder's documents record
 of their machine, versions, trees and commands (`provenance_block`); `hopper-targets` takes a
 folder of `harness.bench_attention` runs and renders the Hopper kernel's verdicts on them
-(`harness.attention.targets.hopper_answer`). `render_page` gives the
+(`harness.attention.targets.hopper_answer`); `runs` takes a folder of `harness.run` documents
+and renders one row per run (`run_table`). `render_page` gives the
 page with every block rendered again; text outside the markers is left as it is.
 """
 
@@ -189,9 +190,36 @@ def hopper_targets(folder: Path, root: Path) -> str:
                       "is `python -m harness.attention_targets --targets hopper` on them."]) + "\n"
 
 
-RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "hopper-targets": hopper_targets}
+def run_table(folder: Path, root: Path) -> str:
+    """One row per `harness.run` document in `folder`, in name order: backend, batch, the step
+    timed (JAX's fused step where the run has one), its median and p10-p90 over the measured
+    steps, MFU and peak device memory; a failed run with its reason."""
+    docs = {}
+    for path in sorted(folder.glob("*.json")):
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and "status" in doc and "options" in doc:
+            docs[path.name] = RunDocument.from_dict(doc, str(path))
+    if not docs:
+        raise ValueError(f"{folder} holds no harness.run document")
+    header = ["run", "backend", "batch", "step", "median (ms)", "p10-p90 (ms)", "measured steps", "MFU",
+              "peak memory (GiB)"]
+    rows = []
+    for name, run in docs.items():
+        label = [f"`{name}`", str(run.backend), str(run.options.get("batch", "-"))]
+        if not run.ok:
+            rows.append([*label, f"{run.status.value}: {run.message}", "-", "-", "-", "-", "-"])
+            continue
+        step = "fused_step" if "fused_step" in run.phases else "step"
+        p = run.phases[step]
+        peak = p.get("peak_memory_bytes")
+        rows.append([*label, step, *_step_row("", p, None)[1:5], f"{peak / 2**30:.1f}" if peak else "-"])
+    return "\n".join(markdown_table(header, rows)) + "\n"
+
+
+RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "hopper-targets": hopper_targets,
+                                                     "runs": run_table}
 # What a renderer's folder must hold (compare folders: their summary.json).
-HOLDS = {"hopper-targets": ("*.json", "harness.bench_attention runs")}
+HOLDS = {"hopper-targets": ("*.json", "harness.bench_attention runs"), "runs": ("*.json", "harness.run documents")}
 # Renderers over several compare folders: the block names them all, space-separated.
 MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed, "breakdown": breakdown}
 

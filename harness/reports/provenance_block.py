@@ -7,6 +7,10 @@ words where a tree is "-dirty" or where the README's prose names a commit no doc
     <!-- end generated -->
 
 Nothing is typed: a README that says which tree ran is checked against what its documents say.
+A commit the prose names that no document records as its tree is looked up in git: where its
+source digest (`harness.common.provenance.commit_digest`) is the `source_sha256` documents
+recorded, the paragraph says which documents ran exactly that commit's code (a copy of the
+tree whose git metadata lagged behind it records an older commit, "-dirty").
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 from collections import Counter
 from pathlib import Path
 
 from harness import backends
+from harness.common.provenance import commit_digest
 
 ENV_KEYS = ("env", "environment")
 OTHER_LIBS = ("triton",)  # beside the backends' libraries (`backends.libraries`): the attention tools' kernels
@@ -104,10 +110,38 @@ def provenance(folder: Path, prose: str) -> str:
         rest = len(commands) - len(shown)
         lines.append(f"Commands: {'; '.join(shown)}" + (f"; and {rest} more, each in its document's environment."
                                                           if rest else "."))
-    for tree in sorted(t for t in trees if t.endswith("-dirty")):
-        lines.append(f"The runs record `{tree}`: the tree had uncommitted changes, which the documents do not name.")
     recorded = {t.removesuffix("-dirty") for t in trees}
-    for named in sorted(set(HEX.findall(prose))):
-        if not any(named.startswith(t) or t.startswith(named) for t in recorded):
+    unrecorded = [n for n in sorted(set(HEX.findall(prose)))
+                  if not any(n.startswith(t) or t.startswith(n) for t in recorded)]
+    sources = {n: _ran(n, envs) for n in unrecorded}
+    explained = {id(e) for matched in sources.values() for e in matched}
+    for tree in sorted(t for t in trees if t.endswith("-dirty")):
+        of_tree = [e for _, e in envs if _tree(str(e.get("git_commit"))) == tree]
+        if all(id(e) in explained for e in of_tree):
+            continue
+        files = sorted({str(f) for e in of_tree for f in e.get("dirty_files") or ()})
+        changes = (f"uncommitted changes to {', '.join(f'`{f}`' for f in files)}." if files else
+                   "the tree had uncommitted changes, which the documents do not name.")
+        lines.append(f"The runs record `{tree}`: {changes}")
+    for named in unrecorded:
+        ran = Counter(_tree(str(e.get("git_commit"))) for e in sources[named])
+        if ran:
+            lines.append(f"The text above names `{named}`: the source of the environment records here recorded as "
+                         f"{_counted_as(ran)} is its tree's (their `source_sha256`).")
+        else:
             lines.append(f"The text above names `{named}`, which no document here records as its tree.")
     return "\n".join(lines) + "\n"
+
+
+def _ran(commit: str, envs: list[tuple[Path, dict]]) -> list[dict]:
+    """The environment records whose `source_sha256` is `commit`'s source digest (none where git
+    does not know the commit)."""
+    try:
+        digest = commit_digest(commit)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [e for _, e in envs if e.get("source_sha256") == digest]
+
+
+def _counted_as(trees: Counter) -> str:
+    return ", ".join(f"`{t}` ({n})" for t, n in trees.most_common())

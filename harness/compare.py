@@ -194,7 +194,7 @@ def check(args: argparse.Namespace) -> Comparison:
     if problem := backends.attention_problem_of(args.backend, args.attention):
         raise UsageError(problem)
     if problem := fit_problem(args.model, args.ctx, args.batch, args.dtype, args.attention, args.mode, args.device,
-                              args.data_parallel):
+                              args.data_parallel, backend_names=args.backend):
         raise UsageError(problem)
     if args.data_parallel > 1:
         from harness.backends.parallel import parallel_problem

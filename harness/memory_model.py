@@ -26,6 +26,7 @@ import re
 import sys
 from collections.abc import Sequence
 
+from harness import backends
 from harness.cli.dialect import (
     add_attention,
     add_batch,
@@ -166,12 +167,21 @@ def step_need(config, batch: int, ctx: int, dtype: str, mode: str) -> int:
 
 
 def fit_problem(model: str, ctx: int, batch: int, dtype: str, attention: str, mode: str, device: str,
-                data_parallel: int = 1, memory: tuple[int, str] | None = None) -> str | None:
+                data_parallel: int = 1, memory: tuple[int, str] | None = None,
+                backend_names: Sequence[str] = ()) -> str | None:
     """Why a run of these sizes would run out of memory on this machine (one line naming
     --batch and the largest batch that fits), or None: refused before any work, where the
-    memory model's prediction (below JAX's measured peaks, a lower bound for fused attention)
-    exceeds the memory of a device (`memory`, default `machine_memory`; on CPU the ranks of
-    --data-parallel share the host's RAM)."""
+    memory model's prediction (a lower bound for fused attention) exceeds the memory of a
+    device (`memory`, default `machine_memory`; on CPU the ranks of --data-parallel share the
+    host's RAM).
+
+    The model is of torch's autograd graph. On a GPU it guards runs with a torch backend
+    among `backend_names` (none named: any run); JAX's programs keep what XLA plans, which can
+    be far less (its fused norm saves one float32 copy of the stream per norm, not two), and
+    a JAX run out of device memory says so itself. On the CPU every run is guarded: the host's
+    RAM runs out for the whole machine."""
+    if device != "cpu" and backend_names and not any(backends.get(n).framework == "torch" for n in backend_names):
+        return None
     memory = memory or machine_memory(device)
     if memory is None:
         return None

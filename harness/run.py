@@ -142,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError as exc:
                 raise UsageError(f"--wide-layer: {exc}") from None
         if not args.allow_oom and (problem := fit_problem(args.model, args.ctx, args.batch, args.dtype, args.attention,
-                                                          args.mode, args.device, args.data_parallel)):
+                                                          args.mode, args.device, args.data_parallel,
+                                                          backend_names=[args.backend])):
             raise UsageError(problem)
         if args.fail_in is not None and args.fail_in not in FAULT_PHASES:
             raise UsageError(f"--fail-in {args.fail_in!r}: choose {', '.join(FAULT_PHASES)}")

@@ -5,6 +5,7 @@ result left behind. Each case plants its input; the work itself (`compare.compar
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -143,6 +144,20 @@ def test_a_batch_beyond_the_machine_memory_is_refused(module, argv, tmp_path, ca
     assert not out.exists()
     with pytest.raises(Reached):  # the largest batch that fits runs
         module.main([*argv, "--batch", str(fits), "--out", str(out)])
+
+
+def test_the_torch_graph_guards_torch_runs_on_a_gpu_and_every_run_on_the_cpu(monkeypatch) -> None:
+    """The prediction is of torch's autograd graph: a JAX-only run on a GPU is left to XLA's own
+    plan (a run out of memory says so itself); one with a torch backend, and any on the CPU, is
+    refused past the planted 1 GiB."""
+    from harness import memory_model
+
+    monkeypatch.setattr(memory_model, "machine_memory", lambda device: (GIB, "a planted 1.0 GiB"), raising=False)
+    batch = _largest_batch(GIB) + 1
+    problem = functools.partial(memory_model.fit_problem, "tiny", 16, batch, "fp32", "naive", "train")
+    assert problem("cuda", backend_names=["jax"]) is None
+    for device, names in (("cuda", ["jax", "torch-compile"]), ("cuda", ()), ("cpu", ["jax"])):
+        assert problem(device, backend_names=names).startswith(f"--batch {batch}: the step would need about")
 
 
 def test_a_huge_batch_is_refused_against_the_real_host_memory(tmp_path, capsys) -> None:

@@ -51,14 +51,16 @@ class NormBlocks:
       num_warps_fwd, num_warps_bwd: warps per program.
       num_stages_bwd: Triton's software pipelining of the backward's loop over row groups.
 
-    Rows per program shrink to the largest power of two that divides the row count.
+    Rows per program shrink to the largest power of two that divides the row count. The
+    defaults give each row one warp: its sums are then warp shuffles, with no shared-memory
+    round trip and no barrier between the warps of a program.
     """
 
-    rows_fwd: int = 4
-    rows_bwd: int = 2
+    rows_fwd: int = 1
+    rows_bwd: int = 1
     steps_bwd: int = 32
-    num_warps_fwd: int = 4
-    num_warps_bwd: int = 4
+    num_warps_fwd: int = 1
+    num_warps_bwd: int = 1
     num_stages_bwd: int = 1
 
 

@@ -137,8 +137,8 @@ def test_model_on_the_kernels_matches_the_model_on_xla(monkeypatch):
         _close(g, w_, rtol=0.0, sums=4 * (config.d_model + tokens.size))
 
 
-_SHARDED = """
-import json, jax, jax.numpy as jnp, numpy as np
+_SHARDED = r"""
+import json, re, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from pallas_kernels.rmsnorm import NormBlocks, add_rms_norm
 k = jax.random.split(jax.random.key(0), 3)
@@ -156,7 +156,11 @@ rows = NamedSharding(mesh, P("data"))
 xs, ds = jax.device_put(x, rows), jax.device_put(d, rows)
 (l2, y2), g2 = step(xs, ds, w)
 hlo = step.lower(xs, ds, w).compile().as_text()
-print(json.dumps({"devices": len(jax.devices()), "rows_axis": [y2.sharding.spec[0], g2[0].sharding.spec[0], g2[1].sharding.spec[0]],
+# the weight split too, as --parallel fsdp splits the parameters: what gets gathered
+ws = jax.device_put(w, rows)
+fsdp = step.lower(xs, ds, ws).compile().as_text()
+print(json.dumps({"gathered_under_fsdp": re.findall(r"= (\S+) all-gather\(", fsdp),
+                  "devices": len(jax.devices()), "rows_axis": [y2.sharding.spec[0], g2[0].sharding.spec[0], g2[1].sharding.spec[0]],
                   "all_gather": "all-gather" in hlo, "all_reduce": "all-reduce" in hlo,
                   "loss": [float(l1), float(l2)], "y": float(jnp.max(jnp.abs(y1.astype(jnp.float32) - y2.astype(jnp.float32)))),
                   "grads": [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))) / jnp.max(jnp.abs(a.astype(jnp.float32))))
@@ -166,8 +170,9 @@ print(json.dumps({"devices": len(jax.devices()), "rows_axis": [y2.sharding.spec[
 
 def test_kernels_run_on_each_devices_rows():
     """Batch-sharded inputs on two host devices: each device normalizes its own rows (no
-    all-gather), XLA sums the weight's gradient (an all-reduce), and the numbers are the
-    one-device numbers up to the order of that sum."""
+    all-gather; with the weight split as under FSDP, the weight alone is gathered), XLA sums
+    the weight's gradient (an all-reduce), and the numbers are the one-device numbers up to
+    the order of that sum."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
@@ -178,6 +183,7 @@ def test_kernels_run_on_each_devices_rows():
     assert got["devices"] == 2
     assert got["rows_axis"] == ["data"] * 3  # y, dx and d delta stay split by rows
     assert not got["all_gather"] and got["all_reduce"]
+    assert got["gathered_under_fsdp"] == ["f32[96]{0}"]  # a split weight is gathered, never the rows
     assert got["y"] == 0.0  # rows are normalized alike wherever they run
     # the loss and the weight's gradient are summed in another order across devices: 32 rows
     np.testing.assert_allclose(got["loss"][1], got["loss"][0], rtol=64 * EPS32)

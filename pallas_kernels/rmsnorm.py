@@ -13,7 +13,8 @@ row of the stream is read from memory once per direction.
 
 Rows are independent, so under a sharded `jit` the kernels are partitioned by rows
 (`custom_partitioning`): each device runs them on its own rows, and XLA sums the weight's
-gradient over devices. They are written against Pallas's Triton lowering, whose tiles have
+gradient over devices (a mesh of automatic axes, as `jax.sharding.Mesh` makes; Pallas refuses
+explicit ones). They are written against Pallas's Triton lowering, whose tiles have
 power-of-two sizes; a row of any width is held as a few power-of-two column chunks
 (1280 = 1024 + 256).
 """

@@ -288,6 +288,12 @@ def _launch_bwd(*arrays):
 
 # -- differentiation ------------------------------------------------------------------------
 
+def _explicitly_sharded(a: jax.Array) -> bool:
+    """Whether `a`'s type carries a split over a mesh's explicit axes (`jax.make_mesh`'s
+    default), which a Pallas call refuses."""
+    return any(p is not None for p in jax.typeof(a).sharding.spec)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _add_rms_norm(x, delta, w, config):
     return _add_rms_norm_fwd(x, delta, w, config)[0]
@@ -328,7 +334,8 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, *, eps: fl
       eps: added to the mean of squares.
       out_dtype: y's dtype (the next matmul's); x's dtype if None.
       implementation: "pallas" (the kernels), "xla" (the jnp reference, left to XLA's
-        fusion), or None: the kernels on a GPU, the reference elsewhere.
+        fusion), or None: the kernels on a GPU, the reference elsewhere and for arrays split
+        over a mesh's explicit axes.
       blocks: rows per program and launch parameters; `NormBlocks()` if None.
       interpret: run the kernels in the Pallas interpreter (works on CPU).
 
@@ -338,10 +345,14 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, *, eps: fl
         raise ValueError(f"add_rms_norm takes x [..., T, width] (at least two dims), delta shaped like x "
                          f"and w [width]; got "
                          f"x {x.shape}, delta {None if delta is None else delta.shape}, w {w.shape}")
+    explicit = [tuple(jax.typeof(a).sharding.spec) for a in (x, delta) if a is not None and _explicitly_sharded(a)]
     if implementation is None:
-        implementation = "pallas" if jax.default_backend() == "gpu" else "xla"
+        implementation = "pallas" if jax.default_backend() == "gpu" and not explicit else "xla"
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"{implementation=} is not one of {IMPLEMENTATIONS}")
+    if implementation == "pallas" and explicit:
+        raise ValueError(f"implementation='pallas' takes arrays on no mesh or a mesh of automatic axes; these are "
+                         f"split over explicit axes {explicit[0]}: use implementation='xla' (or None)")
     out_dtype = jnp.dtype(out_dtype or x.dtype)
     if implementation == "xla":
         return add_rms_norm_reference(x, delta, w, eps=eps, out_dtype=out_dtype)

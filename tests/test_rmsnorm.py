@@ -200,3 +200,40 @@ def test_bad_arguments_name_what_is_wrong(call, message):
     x, _, w = _inputs((2, 4, 16), None)
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         call(x, w)
+
+
+_EXPLICIT = r"""
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from pallas_kernels import rmsnorm
+jax.default_backend = lambda: "gpu"  # the choice a GPU makes; nothing here runs a kernel
+mesh = jax.make_mesh((2,), ("data",))  # explicit axes
+x = jax.device_put(jnp.ones((2, 4, 16)), NamedSharding(mesh, P("data")))
+w = jnp.ones((16,))
+norm = lambda x, **kw: rmsnorm.add_rms_norm(x, None, w, eps=1e-5, **kw)
+print("pallas_call" in str(jax.make_jaxpr(norm)(jnp.ones((2, 4, 16)))))
+print("pallas_call" in str(jax.make_jaxpr(norm)(x)), float(jax.jit(norm)(x)[1].sum()))
+try:
+    jax.make_jaxpr(lambda x: norm(x, implementation="pallas"))(x)
+except ValueError as e:
+    print(e)
+"""
+
+
+def test_arrays_split_over_explicit_axes_take_the_reference():
+    """Pallas refuses arrays split over a mesh's explicit axes: the default choice on a GPU
+    takes the reference for them (the kernels for unsplit arrays), and asking for the kernels
+    is one line naming the fix."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", _EXPLICIT], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == "True"  # unsplit: the kernels
+    used_kernels, total = lines[1].split()
+    assert used_kernels == "False"  # split: the reference; its 2 x 4 x 16 ones each normalized to 1/sqrt(1 + eps)
+    np.testing.assert_allclose(float(total), 128 / np.sqrt(1 + 1e-5), rtol=128 * EPS32)
+    assert lines[2] == ("implementation='pallas' takes arrays on no mesh or a mesh of automatic axes; these are "
+                        "split over explicit axes ('data', None, None): use implementation='xla' (or None)")

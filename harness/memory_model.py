@@ -175,12 +175,12 @@ def fit_problem(model: str, ctx: int, batch: int, dtype: str, attention: str, mo
     device (`memory`, default `machine_memory`; on CPU the ranks of --data-parallel share the
     host's RAM).
 
-    The model is of torch's autograd graph. On a GPU it guards runs with a torch backend
-    among `backend_names` (none named: any run); JAX's programs keep what XLA plans, which can
-    be far less (its fused norm saves one float32 copy of the stream per norm, not two), and
-    a JAX run out of device memory says so itself. On the CPU every run is guarded: the host's
-    RAM runs out for the whole machine."""
-    if device != "cpu" and backend_names and not any(backends.get(n).framework == "torch" for n in backend_names):
+    The model is of torch's autograd graph. On a GPU it guards runs with a backend it applies
+    to (`Backend.memory_model`: torch's) among `backend_names` (none named: any run). JAX's
+    programs keep what XLA plans, which can be far less (its fused norm saves one float32 copy
+    of the stream per norm, not two), and a JAX run out of device memory says so itself. On
+    the CPU every run is guarded: the host's RAM runs out for the whole machine."""
+    if device != "cpu" and backend_names and not any(backends.get(n).memory_model for n in backend_names):
         return None
     memory = memory or machine_memory(device)
     if memory is None:

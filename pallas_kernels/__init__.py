@@ -1,8 +1,10 @@
-"""Pallas attention kernels for the profiling workbench.
+"""Pallas kernels for the profiling workbench.
 
 `flash_attention` (differentiable) and `flash_attention_with_lse` (forward
 only) dispatch to the portable FlashAttention-2 kernels (`triton`) or the
 Hopper kernels (`hopper`); `mha_reference` is the float32 jnp reference.
+`add_rms_norm` is the residual add with RMSNorm (`rmsnorm`), beside its
+reference `add_rms_norm_reference`.
 """
 
 from pallas_kernels.attention import (
@@ -13,7 +15,8 @@ from pallas_kernels.attention import (
     resolve_backend,
 )
 from pallas_kernels.hopper import MosaicBlockSizes
-from pallas_kernels.reference import mha_reference, reference_lse
+from pallas_kernels.reference import add_rms_norm_reference, mha_reference, reference_lse
+from pallas_kernels.rmsnorm import NormBlocks, add_rms_norm
 from pallas_kernels.triton import MAX_HEAD_DIM, BlockSizes
 
 __all__ = [
@@ -21,6 +24,9 @@ __all__ = [
     "MAX_HEAD_DIM",
     "BlockSizes",
     "MosaicBlockSizes",
+    "NormBlocks",
+    "add_rms_norm",
+    "add_rms_norm_reference",
     "default_block_sizes",
     "flash_attention",
     "flash_attention_with_lse",

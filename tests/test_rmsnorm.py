@@ -59,9 +59,15 @@ def _close(got, want, *, rtol, sums):
                                atol=sums * EPS32 * float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("shape", [(2, 16, 80), (1, 7, 100), (3, 8, 128)], ids=str)
-@pytest.mark.parametrize("delta_dtype", [jnp.bfloat16, jnp.float32, None], ids=["bf16", "fp32", "none"])
-@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "fp32"])
+# Every pair of delta and output dtype once; each width (two chunks, three chunks with an odd
+# row count, one chunk) with two deltas. The first is the model's case on a GPU.
+CASES = [((2, 16, 80), jnp.bfloat16, jnp.bfloat16), ((2, 16, 80), None, jnp.float32),
+         ((1, 7, 100), jnp.float32, jnp.float32), ((1, 7, 100), jnp.bfloat16, jnp.float32),
+         ((3, 8, 128), None, jnp.bfloat16), ((3, 8, 128), jnp.float32, jnp.bfloat16)]
+
+
+@pytest.mark.parametrize("shape, delta_dtype, out_dtype", CASES,
+                         ids=[f"{s}-{getattr(d, '__name__', d)}-{o.__name__}" for s, d, o in CASES])
 def test_kernels_match_the_reference(shape, delta_dtype, out_dtype):
     x, delta, w = _inputs(shape, delta_dtype)
     kernel = functools.partial(add_rms_norm, eps=1e-5, out_dtype=out_dtype, implementation="pallas",
@@ -126,10 +132,10 @@ def test_model_on_the_kernels_matches_the_model_on_xla(monkeypatch):
         logits = nnx.merge(graphdef, params)(tokens[:, :-1])
         return jax_impl.cross_entropy_loss(logits, tokens[:, 1:])
 
-    want, want_grads = jax.value_and_grad(loss)(params)
+    want, want_grads = jax.jit(jax.value_and_grad(loss))(params)
     monkeypatch.setattr(jax_impl.model, "add_rms_norm",
                         functools.partial(add_rms_norm, implementation="pallas", blocks=SMALL, interpret=True))
-    got, got_grads = jax.value_and_grad(loss)(params)
+    got, got_grads = jax.jit(jax.value_and_grad(loss))(params)
     np.testing.assert_allclose(float(got), float(want), rtol=64 * EPS32)
     assert jax.tree.structure(got_grads) == jax.tree.structure(want_grads)
     for g, w_ in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):

@@ -1,4 +1,5 @@
-"""Plain-jnp attention (float32 throughout): the reference for tests and benchmarks."""
+"""Plain-jnp attention (float32 throughout) and residual add + RMSNorm: the references for
+tests and benchmarks."""
 
 from __future__ import annotations
 

@@ -110,10 +110,8 @@ def _fwd_kernel(*refs, eps: float, has_delta: bool):
         y_ref[:, cols] = (h * rstd[:, None] * w[None, :]).astype(y_ref.dtype)
 
 
-def _bwd_kernel(*refs, rows: int, steps: int, has_dh: bool, has_ddelta: bool):
-    h_ref, rstd_ref, w_ref, dy_ref, *rest = refs
-    dh_ref = rest.pop(0) if has_dh else None
-    dx_ref = rest.pop(0)
+def _bwd_kernel(*refs, rows: int, steps: int, has_ddelta: bool):
+    h_ref, rstd_ref, w_ref, dy_ref, dh_ref, dx_ref, *rest = refs
     ddelta_ref = rest.pop(0) if has_ddelta else None
     (dw_ref,) = rest
     width = h_ref.shape[-1]
@@ -137,9 +135,7 @@ def _bwd_kernel(*refs, rows: int, steps: int, has_dh: bool, has_ddelta: bool):
         for (start, size), n, g in zip(chunks, normed, scaled):
             cols = pl.ds(start, size)
             # d/dh of h * rstd: rstd * (g - n * mean(g * n)), g the gradient times the weight
-            dh = rstd * (g - n * mean_dot)
-            if has_dh:
-                dh = dh + dh_ref[r, cols].astype(jnp.float32)
+            dh = rstd * (g - n * mean_dot) + dh_ref[r, cols].astype(jnp.float32)
             dx_ref[r, cols] = dh.astype(dx_ref.dtype)
             if has_ddelta:
                 ddelta_ref[r, cols] = dh.astype(ddelta_ref.dtype)
@@ -186,26 +182,23 @@ def _bwd_rows(x_shape, blocks) -> tuple[int, int]:
     return rows, _dividing_power_of_two(seq // rows, blocks.steps_bwd)
 
 
-def _backward(h, rstd, w, dy, dh, *, delta_dtype, blocks, interpret):
-    """(dx, ddelta, dw_partial): dw_partial [..., T // (rows * steps), width] sums to dw."""
+def _backward(h, rstd, w, dy, dh, *, ddelta_dtype, blocks, interpret):
+    """(dx, d delta, dw_partial), d delta only where `ddelta_dtype` asks for a copy of dx in
+    another dtype; dw_partial [..., T // (rows * steps), width] sums to dw."""
     width = h.shape[-1]
     n = h.size // width
     rows, steps = _bwd_rows(h.shape, blocks)
     per_program = rows * steps
     row_block = pl.BlockSpec((per_program, width), lambda i: (i, 0))
     stat_block = pl.BlockSpec((per_program,), lambda i: (i,))
-    has_dh, has_ddelta = dh is not None, delta_dtype is not None and delta_dtype != h.dtype
-    inputs = [h.reshape(n, width), rstd.reshape(n), w, dy.reshape(n, width)]
-    in_specs = [row_block, stat_block, pl.BlockSpec((width,), lambda i: (0,)), row_block]
-    if has_dh:
-        inputs.append(dh.reshape(n, width))
-        in_specs.append(row_block)
+    inputs = [h.reshape(n, width), rstd.reshape(n), w, dy.reshape(n, width), dh.reshape(n, width)]
+    in_specs = [row_block, stat_block, pl.BlockSpec((width,), lambda i: (0,)), row_block, row_block]
     out_shape = [jax.ShapeDtypeStruct((n, width), h.dtype)]
-    if has_ddelta:
-        out_shape.append(jax.ShapeDtypeStruct((n, width), delta_dtype))
+    if ddelta_dtype is not None:
+        out_shape.append(jax.ShapeDtypeStruct((n, width), ddelta_dtype))
     out_shape.append(jax.ShapeDtypeStruct((n // per_program, width), jnp.float32))
     outs = pl.pallas_call(
-        functools.partial(_bwd_kernel, rows=rows, steps=steps, has_dh=has_dh, has_ddelta=has_ddelta),
+        functools.partial(_bwd_kernel, rows=rows, steps=steps, has_ddelta=ddelta_dtype is not None),
         grid=(n // per_program,),
         in_specs=in_specs,
         out_specs=[row_block] * (len(out_shape) - 1) + [pl.BlockSpec((None, width), lambda i: (i, 0))],
@@ -214,11 +207,7 @@ def _backward(h, rstd, w, dy, dh, *, delta_dtype, blocks, interpret):
         interpret=interpret,
         name="add_rms_norm_bwd",
     )(*inputs)
-    dx, dw_partial = outs[0], outs[-1]
-    ddelta = outs[1] if has_ddelta else (dx if delta_dtype is not None else None)
-    partial_shape = (*h.shape[:-2], -1, width)
-    return (dx.reshape(h.shape), None if ddelta is None else ddelta.reshape(h.shape),
-            dw_partial.reshape(partial_shape))
+    return (*(o.reshape(h.shape) for o in outs[:-1]), outs[-1].reshape(*h.shape[:-2], -1, width))
 
 
 # -- partitioning by rows -------------------------------------------------------------------
@@ -264,7 +253,8 @@ def _by_rows(launch, ins: str, outs: str):
 class _Config:
     eps: float
     out_dtype: jnp.dtype
-    delta_dtype: jnp.dtype | None
+    has_delta: bool
+    ddelta_dtype: jnp.dtype | None  # delta's dtype where it is not the stream's: its gradient a copy
     blocks: NormBlocks
     interpret: bool
 
@@ -277,13 +267,9 @@ def _launch_fwd(*arrays):
     return (h, y, rstd) if delta is not None else (y, rstd)
 
 
-def _launch_bwd(*arrays):
-    *arrays, config = arrays
-    h, rstd, w, dy, *dh = arrays
-    dx, ddelta, dw_partial = _backward(h, rstd, w, dy, dh[0] if dh else None, delta_dtype=config.delta_dtype,
-                                       blocks=config.blocks, interpret=config.interpret)
-    separate = config.delta_dtype is not None and config.delta_dtype != h.dtype
-    return (dx, ddelta, dw_partial) if separate else (dx, dw_partial)
+def _launch_bwd(h, rstd, w, dy, dh, config):
+    return _backward(h, rstd, w, dy, dh, ddelta_dtype=config.ddelta_dtype, blocks=config.blocks,
+                     interpret=config.interpret)
 
 
 # -- differentiation ------------------------------------------------------------------------
@@ -311,10 +297,10 @@ def _add_rms_norm_fwd(x, delta, w, config):
 def _add_rms_norm_bwd(config, residuals, cotangents):
     h, rstd, w = residuals
     dh, dy = cotangents
-    separate = config.delta_dtype is not None and config.delta_dtype != h.dtype
+    separate = config.ddelta_dtype is not None
     outs = _by_rows(_launch_bwd, "rswrr", "rrp" if separate else "rp")(h, rstd, w, dy, dh, config)
     dx, dw_partial = outs[0], outs[-1]
-    ddelta = outs[1] if separate else (dx if config.delta_dtype is not None else None)
+    ddelta = outs[1] if separate else (dx if config.has_delta else None)
     dw = jnp.sum(dw_partial, axis=tuple(range(dw_partial.ndim - 1))).astype(w.dtype)
     return dx, ddelta, dw
 
@@ -356,6 +342,7 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, *, eps: fl
     out_dtype = jnp.dtype(out_dtype or x.dtype)
     if implementation == "xla":
         return add_rms_norm_reference(x, delta, w, eps=eps, out_dtype=out_dtype)
-    config = _Config(float(eps), out_dtype, None if delta is None else jnp.dtype(delta.dtype),
+    separate = delta is not None and jnp.dtype(delta.dtype) != jnp.dtype(x.dtype)
+    config = _Config(float(eps), out_dtype, delta is not None, jnp.dtype(delta.dtype) if separate else None,
                      blocks or NormBlocks(), bool(interpret))
     return _add_rms_norm(x, delta, w, config)

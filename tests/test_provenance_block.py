@@ -61,8 +61,8 @@ def test_a_named_commit_whose_source_ran_dirty_is_matched_by_its_digest(tmp_path
     other = {"git_commit": "02c0891-dirty", "source_sha256": "0" * 64, "dirty_files": ["b.py", "a.py"]}
     (folder / "one.json").write_text(json.dumps({"status": "ok", "env": matched}))
     text = provenance(folder, "Ran at `bc4e42f`.")
-    assert text.splitlines()[1:] == ["The text above names `bc4e42f`: the source of the environment records here "
-                                     "recorded as `02c0891-dirty` (1) is its tree's (their `source_sha256`)."]
+    assert text.splitlines()[1:] == ["The text above names `bc4e42f`: the source of 1 environment record here, "
+                                     "recorded as `02c0891-dirty`, is its tree's (their `source_sha256`)."]
     (folder / "two.json").write_text(json.dumps({"status": "ok", "env": other}))
     lines = provenance(folder, "Ran at `bc4e42f` and `02c0891`.").splitlines()
     assert lines[1] == "The runs record `02c0891-dirty`: uncommitted changes to `a.py`, `b.py`."

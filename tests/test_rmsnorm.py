@@ -113,7 +113,7 @@ def test_kernels_lower_for_a_gpu_at_the_large_models_width():
     stats = jax.ShapeDtypeStruct(rows.shape[:-1], jnp.float32)
     blocks = NormBlocks()
     fwd = functools.partial(rmsnorm._forward, eps=1e-5, out_dtype=jnp.bfloat16, blocks=blocks, interpret=False)
-    bwd = functools.partial(rmsnorm._backward, delta_dtype=jnp.bfloat16, blocks=blocks, interpret=False)
+    bwd = functools.partial(rmsnorm._backward, ddelta_dtype=jnp.bfloat16, blocks=blocks, interpret=False)
     for fn, args in ((fwd, (rows, half, w)), (bwd, (rows, stats, w, half, rows))):
         text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert "__gpu$xla.gpu.triton" in text or "triton_kernel_call" in text

@@ -15,6 +15,7 @@ tree whose git metadata lagged behind it records an older commit, "-dirty").
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -124,10 +125,11 @@ def provenance(folder: Path, prose: str) -> str:
                    "the tree had uncommitted changes, which the documents do not name.")
         lines.append(f"The runs record `{tree}`: {changes}")
     for named in unrecorded:
-        ran = Counter(_tree(str(e.get("git_commit"))) for e in sources[named])
+        ran = Counter(f"`{_tree(str(e.get('git_commit')))}`" for e in sources[named])
         if ran:
-            lines.append(f"The text above names `{named}`: the source of the environment records here recorded as "
-                         f"{_counted_as(ran)} is its tree's (their `source_sha256`).")
+            n = sum(ran.values())
+            lines.append(f"The text above names `{named}`: the source of {n} environment record{'s' if n > 1 else ''} "
+                         f"here, recorded as {_counted(ran)}, is its tree's (their `source_sha256`).")
         else:
             lines.append(f"The text above names `{named}`, which no document here records as its tree.")
     return "\n".join(lines) + "\n"
@@ -136,12 +138,14 @@ def provenance(folder: Path, prose: str) -> str:
 def _ran(commit: str, envs: list[tuple[Path, dict]]) -> list[dict]:
     """The environment records whose `source_sha256` is `commit`'s source digest (none where git
     does not know the commit)."""
+    digest = _digest_of(commit)
+    return [e for _, e in envs if digest and e.get("source_sha256") == digest]
+
+
+@functools.cache
+def _digest_of(commit: str) -> str | None:
+    """`commit_digest`, once per commit however many pages name it; None where git cannot tell."""
     try:
-        digest = commit_digest(commit)
+        return commit_digest(commit)
     except (OSError, subprocess.SubprocessError):
-        return []
-    return [e for _, e in envs if e.get("source_sha256") == digest]
-
-
-def _counted_as(trees: Counter) -> str:
-    return ", ".join(f"`{t}` ({n})" for t, n in trees.most_common())
+        return None

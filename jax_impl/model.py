@@ -110,8 +110,11 @@ class CausalSelfAttention(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         B, T, D = x.shape
-        # (B, T, D) -> (B, T, nh, hd)
-        q, k, v = (p(x).reshape(B, T, self.num_heads, self.d_head) for p in (self.q_proj, self.k_proj, self.v_proj))
+        # q, k and v from one matmul over their three weights stacked: one GEMM three times as
+        # wide, and in the backward one GEMM for x's gradient where three would be summed.
+        w = jnp.concatenate([p.weight[...] for p in (self.q_proj, self.k_proj, self.v_proj)])
+        # (B, T, 3D) -> three (B, T, nh, hd); a split, whose gradient is one concatenation
+        q, k, v = (y.reshape(B, T, self.num_heads, self.d_head) for y in jnp.split(linear(x, w), 3, axis=-1))
         cos, sin = rope_tables(T, self.d_head, self.rope_theta)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         scale = 1.0 / math.sqrt(self.d_head)
@@ -139,17 +142,21 @@ class SwiGLU(nnx.Module):
         self.w3 = Linear(d_model, d_ff, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        # w1 and w3 stacked, as q, k and v are: one GEMM for both, one for x's gradient.
         # Under remat keeping only the matmuls' outputs, the backward gets w1(x) and w3(x)
         # and recomputes silu and the product from them, where plain autodiff keeps six
         # [B, T, d_ff] arrays per layer (silu's intermediates, the product). Recomputing is
-        # elementwise work on inputs the backward reads anyway.
+        # elementwise work on inputs the backward reads anyway. The weights are stacked
+        # outside the remat, which would otherwise stack them again in the backward.
         keep_matmuls = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-        return jax.checkpoint(swiglu, policy=keep_matmuls)(x, self.w1.weight[...], self.w2.weight[...],
-                                                           self.w3.weight[...])
+        w13 = jnp.concatenate([self.w1.weight[...], self.w3.weight[...]])
+        return jax.checkpoint(swiglu, policy=keep_matmuls)(x, w13, self.w2.weight[...])
 
 
-def swiglu(x: jax.Array, w1: jax.Array, w2: jax.Array, w3: jax.Array) -> jax.Array:
-    return linear(jax.nn.silu(linear(x, w1)) * linear(x, w3), w2)
+def swiglu(x: jax.Array, w13: jax.Array, w2: jax.Array) -> jax.Array:
+    """silu(x W1^T) * (x W3^T), projected by W2; w13 is W1 over W3 ([2 d_ff, d_model])."""
+    a, b = jnp.split(linear(x, w13), 2, axis=-1)
+    return linear(jax.nn.silu(a) * b, w2)
 
 
 class TransformerBlock(nnx.Module):

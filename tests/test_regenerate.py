@@ -18,6 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from harness import regenerate
@@ -327,6 +328,53 @@ def test_the_breakdown_block_is_each_profile_s_kernels_summed_by_category() -> N
         # the GPU's busy time is the union of its kernels' intervals: no more than their sum
         assert p["busy_ns_per_step"] <= p["gpu_ns_per_step"] * (1 + 1e-9)
         assert cells[4] == f"{100 * p['busy_ns_per_step'] / p['range_ns_per_step']:.1f}%"
+
+
+def test_the_mfu_points_block_splits_each_profiled_step_into_its_mfu_and_what_costs_it() -> None:
+    """Each row of the mfu-points block against the folder's kernels.json summed here kernel by
+    kernel and the FLOPs of `large` at batch 32, ctx 1024 counted from its shapes: the MFU is
+    the step's FLOPs at the H200's dense bf16 peak over the profiled step; GEMMs and attention
+    lose their time beyond their own FLOPs at the peak (the attention products, full T x T,
+    to the fused kernels); every other kernel loses all of its time; so does the GPU's idle
+    time. The points sum to 100, up to each cell's rounding."""
+    from harness.reports.doc_blocks import mfu_points_table
+
+    folders = sorted((RESULTS / PROFILED).glob("*/*-profiled"))
+    lines = mfu_points_table(folders, RESULTS).splitlines()
+    assert len(lines) == 2 + len(folders) == 5
+    d, f, layers, vocab, batch, ctx, peak = 1280, 5120, 36, 10_000, 32, 1024, 989.4e12
+    gemm_flops = 3 * 2 * batch * ctx * (layers * (4 * d * d + 3 * d * f) + d * vocab)
+    attention_flops = 3 * layers * 2 * (2 * batch * ctx * ctx * d)
+    for folder, line in zip(folders, lines[2:]):
+        cells = [c.strip(" `") for c in line.strip("|").split("|")]
+        (entry,) = json.loads((folder / "kernels.json").read_text())
+        step = "fused_step" if "fused_step" in entry["phases"] else "step"
+        p = entry["phases"][step]
+        assert cells[:3] == [f"{folder.parent.name}/{folder.name}", entry["label"], step]
+        per_category: dict[str, float] = {}
+        for k in p["kernels"]:
+            per_category[k["category"]] = per_category.get(k["category"], 0.0) + k["ns_per_step"]
+        step_s, gemm_s, attention_s = (p["range_ns_per_step"] / 1e9, per_category["gemm"] / 1e9,
+                                       per_category["fused_attention"] / 1e9)
+        other_s = sum(per_category.values()) / 1e9 - gemm_s - attention_s
+        want = [(gemm_flops + attention_flops) / peak / step_s, (gemm_s - gemm_flops / peak) / step_s,
+                (attention_s - attention_flops / peak) / step_s, other_s / step_s,
+                (p["range_ns_per_step"] - p["busy_ns_per_step"]) / 1e9 / step_s]
+        got = [float(c) for c in cells[3:]]
+        np.testing.assert_allclose(got[:5], [100 * w for w in want], atol=0.05 + 1e-9)
+        assert abs(sum(got) - 100) <= 0.05 * len(got)
+    # JAX's fused step after the fused norm: fewer points in kernels other than GEMMs and attention
+    other = {line.split("|")[1].strip(" `").split("/")[0]: float(line.split("|")[7]) for line in lines[2:]}
+    assert other["jax-fused-norm"] < other["jax"]
+
+
+def test_an_mfu_points_block_of_a_report_without_busy_time_says_so() -> None:
+    from harness.reports.doc_blocks import BlockError, render_page
+
+    page = "<!-- generated: mfu-points ctx1024/large-ctx1024-bf16-fused-h100-80gb-hbm3-profiled -->\n<!-- end generated -->\n"
+    with pytest.raises(BlockError, match=r"has no GPU busy time per step \(written before reports kept it\): "
+                                         r"profile the step again"):
+        render_page(page, "x/README.md", RESULTS)
 
 
 def test_a_breakdown_of_an_unprofiled_compare_says_so_in_one_line() -> None:

@@ -1,6 +1,7 @@
 """GEMM TFLOP/s against the dtype's dense peak and the optimizer's GB/s against HBM, per
 side of a diff: the FLOPs and bytes the harness counts for one device's --batch rows
-over that device's kernel time (figures of the diff are per device)."""
+over that device's kernel time (figures of the diff are per device). `mfu_points` splits
+a profiled step's time into its MFU and the points each kind of work costs it."""
 
 from __future__ import annotations
 
@@ -61,6 +62,27 @@ def gemm_flops(config: ModelConfig, batch: int, ctx: int, phase: str, fused_atte
     passes = total / phase_flops(config, batch, ctx)["forward"]
     attention = passes * config.num_layers * 4 * batch * ctx * ctx * config.d_model
     return total - attention if fused_attention else total
+
+
+# The parts of `mfu_points`, in the order they are listed.
+MFU_PARTS = ("MFU", "GEMMs below peak", "attention below peak", "other kernels", "GPU idle", "kernels overlapping")
+
+
+def mfu_points(categories: dict[str, float], gpu_ns: float, busy_ns: float, range_ns: float, flops: float,
+               flops_gemm: float, peak: float) -> dict[str, float]:
+    """A profiled step's time as points of 100, by what it was spent on: the MFU (the step's
+    FLOPs at the dense peak `peak` TFLOP/s), the GEMM kernels' time beyond their FLOPs
+    (`flops_gemm`) at the peak, the attention kernels' beyond the rest of the FLOPs (the
+    attention products a fused kernel ran), every other kernel's, memcpy's and memset's time
+    (no counted FLOPs: elementwise work, norms, the optimizer, copies), the step's time with
+    no kernel running, and less the time kernels ran at once (`busy_ns` under `gpu_ns`, the
+    sum of their times). `categories`: kernel ns per category; all figures per step. The
+    points sum to 100: the MFU plus what each part costs it."""
+    at_peak = lambda f: f / (peak * 1e3)  # noqa: E731  ns at the peak (TFLOP/s = 1e3 FLOP/ns)
+    gemm, attention = categories.get(Category.GEMM.value, 0.0), categories.get(Category.ATTENTION.value, 0.0)
+    parts = (at_peak(flops), gemm - at_peak(flops_gemm), attention - at_peak(flops - flops_gemm),
+             gpu_ns - gemm - attention, range_ns - busy_ns, busy_ns - gpu_ns)
+    return {name: 100 * ns / range_ns for name, ns in zip(MFU_PARTS, parts)}
 
 
 def _gemm_flops(run: Run, phase: str, p: PhaseProfile) -> float | None:

@@ -11,7 +11,8 @@ The first word after "generated:" names the renderer (`RENDERERS`), the rest its
 `main-job`, a compare folder under the results root (its path below the root), whose
 summary.json the block is built from; for `exposed`, several such folders, space-separated
 (data-parallel runs profiled under nsys: their exposed communication per step); for
-`breakdown`, compare folders profiled under nsys (where each step's GPU time goes); `provenance`
+`breakdown`, compare folders profiled under nsys (where each step's GPU time goes), and for
+`mfu-points` the same (each step's MFU and the points each kind of time costs it); `provenance`
 takes none and renders, in a results folder's README.md, what that folder's documents record
 of their machine, versions, trees and commands (`provenance_block`); `hopper-targets` takes a
 folder of `harness.bench_attention` runs and renders the Hopper kernel's verdicts on them
@@ -33,9 +34,10 @@ from harness.common.documents import CompareDocument, RunDocument
 from harness.common.hardware import peak_tflops
 from harness.common.tables import markdown_table
 from harness.config import config_from_document
-from harness.diffs.throughput import gemm_flops
+from harness.diffs.throughput import MFU_PARTS, gemm_flops, mfu_points
 from harness.reports.compare_answer import compare_findings
 from harness.reports.provenance_block import provenance
+from harness.timing.flops import phase_flops
 from harness.trace.kernels import Category
 
 # Markers stand at the start of their own line (a marker quoted in prose or a code span is none).
@@ -136,15 +138,11 @@ BREAKDOWN_COLUMNS = {
 }
 
 
-def breakdown(folders: list[Path], root: Path) -> str:
-    """Where each profiled step's GPU time goes, side by side: per compare folder profiled under
-    nsys (its kernels.json) and backend, the step timed (JAX's fused step where it has one) under
-    the profiler (the mean over the measured steps, as the kernel report's per-step figures are),
-    the share of it the GPU computes, the kernel time per step of each category
-    group (its share of the GPU time), and the GEMMs' TFLOP/s: the matmul FLOPs the harness
-    counts for the step, less the attention products a fused-attention kernel ran, over the
-    GEMM kernels' time, against the device's dense peak for the dtype."""
-    rows = []
+def _profiled_steps(folders: list[Path]):
+    """Per compare folder profiled under nsys and backend: (the folder's name in a table, the
+    backend's label, the step timed (JAX's fused step where it has one), its kernel
+    figures per step from kernels.json, its category ns, the step's matmul FLOPs run as
+    GEMM kernels, all its FLOPs, the device's dense peak TFLOP/s for the dtype or None)."""
     unique = len({f.name for f in folders}) == len(folders)  # else each folder by its parent too
     for folder in folders:
         if not (folder / "kernels.json").is_file():
@@ -155,24 +153,56 @@ def breakdown(folders: list[Path], root: Path) -> str:
             label, phases = entry["label"], entry["phases"]
             phase = "fused_step" if "fused_step" in phases else "step"
             p, run = phases[phase], runs[label]
-            cats, gpu = p["categories"], p["gpu_ns_per_step"]
-            cells = []
-            for names in BREAKDOWN_COLUMNS.values():
-                ns = sum(cats.get(n.value, 0.0) for n in names)
-                cells.append(f"{ns / 1e6:.1f} ({100 * ns / gpu:.1f}%)" if ns else "-")
-            rest = gpu - sum(cats.get(n.value, 0.0) for names in BREAKDOWN_COLUMNS.values() for n in names)
+            cats = p["categories"]
             o, device = run.get("options") or {}, (run.get("env") or {}).get("device")
             config = config_from_document(run.get("config"))[0]
             flops = gemm_flops(config, o["batch"], o["ctx"], phase, bool(cats.get(Category.ATTENTION.value)))
-            tflops = flops / cats[Category.GEMM.value] / 1e3 if cats.get(Category.GEMM.value) else None
-            peak = peak_tflops(device, o.get("dtype"))
-            gemm = "-" if tflops is None else f"{tflops:.0f}" + (f" ({100 * tflops / peak:.0f}%)" if peak else "")
             name = folder.name if unique else f"{folder.parent.name}/{folder.name}"
-            rows.append([f"`{name}`", label, phase, f"{p['range_ns_per_step'] / 1e6:.1f}",
-                         f"{100 * p['busy_ns_per_step'] / p['range_ns_per_step']:.1f}%", *cells,
-                         f"{rest / 1e6:.1f}" if rest > 0.05 * 1e6 else "-", gemm])
+            yield (name, label, phase, p, cats, flops, phase_flops(config, o["batch"], o["ctx"])[phase],
+                   peak_tflops(device, o.get("dtype")))
+
+
+def breakdown(folders: list[Path], root: Path) -> str:
+    """Where each profiled step's GPU time goes, side by side: per compare folder profiled under
+    nsys (its kernels.json) and backend, the step timed (JAX's fused step where it has one) under
+    the profiler (the mean over the measured steps, as the kernel report's per-step figures are),
+    the share of it the GPU computes, the kernel time per step of each category
+    group (its share of the GPU time), and the GEMMs' TFLOP/s: the matmul FLOPs the harness
+    counts for the step, less the attention products a fused-attention kernel ran, over the
+    GEMM kernels' time, against the device's dense peak for the dtype."""
+    rows = []
+    for name, label, phase, p, cats, flops, _, peak in _profiled_steps(folders):
+        gpu = p["gpu_ns_per_step"]
+        cells = []
+        for names in BREAKDOWN_COLUMNS.values():
+            ns = sum(cats.get(n.value, 0.0) for n in names)
+            cells.append(f"{ns / 1e6:.1f} ({100 * ns / gpu:.1f}%)" if ns else "-")
+        rest = gpu - sum(cats.get(n.value, 0.0) for names in BREAKDOWN_COLUMNS.values() for n in names)
+        tflops = flops / cats[Category.GEMM.value] / 1e3 if cats.get(Category.GEMM.value) else None
+        gemm = "-" if tflops is None else f"{tflops:.0f}" + (f" ({100 * tflops / peak:.0f}%)" if peak else "")
+        rows.append([f"`{name}`", label, phase, f"{p['range_ns_per_step'] / 1e6:.1f}",
+                     f"{100 * p['busy_ns_per_step'] / p['range_ns_per_step']:.1f}%", *cells,
+                     f"{rest / 1e6:.1f}" if rest > 0.05 * 1e6 else "-", gemm])
     header = ["folder", "backend", "step", "step ms (mean, profiled)", "GPU busy",
               *(f"{c} ms" for c in BREAKDOWN_COLUMNS), "other ms", "GEMM TFLOP/s (of peak)"]
+    return "\n".join(markdown_table(header, rows)) + "\n"
+
+
+def mfu_points_table(folders: list[Path], root: Path) -> str:
+    """Where each profiled step's MFU points go (`mfu_points`), side by side: per compare folder
+    profiled under nsys and backend, the step's MFU over its profiled time (the mean step) and
+    the points of 100 that each kind of time costs it, which sum to 100 with the MFU."""
+    rows = []
+    for name, label, phase, p, cats, flops_gemm, flops, peak in _profiled_steps(folders):
+        if not peak:
+            raise ValueError(f"{name}: no dense peak is known for its device and dtype: no MFU to split")
+        if "busy_ns_per_step" not in p:
+            raise ValueError(f"{name}: its kernels.json has no GPU busy time per step (written before reports "
+                             f"kept it): profile the step again")
+        pts = mfu_points(cats, p["gpu_ns_per_step"], p["busy_ns_per_step"], p["range_ns_per_step"], flops,
+                         flops_gemm, peak)
+        rows.append([f"`{name}`", label, phase, *(f"{round(pts[k], 1) + 0.0:.1f}" for k in MFU_PARTS)])  # no -0.0
+    header = ["folder", "backend", "step", "MFU % (profiled step)", *(f"{k} (points)" for k in MFU_PARTS[1:])]
     return "\n".join(markdown_table(header, rows)) + "\n"
 
 
@@ -221,7 +251,8 @@ RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "hopp
 # What a renderer's folder must hold (compare folders: their summary.json).
 HOLDS = {"hopper-targets": ("*.json", "harness.bench_attention runs"), "runs": ("*.json", "harness.run documents")}
 # Renderers over several compare folders: the block names them all, space-separated.
-MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed, "breakdown": breakdown}
+MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed, "breakdown": breakdown,
+                                                        "mfu-points": mfu_points_table}
 
 
 def render_page(text: str, name: str, root: Path) -> str:

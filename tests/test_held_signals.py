@@ -25,8 +25,11 @@ def _other_thread() -> threading.Event:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_in_the_block_arrives_after_it(signum) -> None:
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGTERM, _terminated)  # as a started tool has it
+    # Python's own Ctrl-C handler, which it leaves unset where the process was started with
+    # SIGINT ignored (a background job of a shell without job control)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     stop = _other_thread()
     finished = []
     try:
@@ -40,7 +43,8 @@ def test_a_signal_in_the_block_arrives_after_it(signum) -> None:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         stop.set()
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
 
 
 def test_nothing_held_nothing_raised_and_an_ignored_signal_stays_ignored() -> None:

@@ -206,3 +206,37 @@ def test_the_terminal_says_the_answer_before_the_table(capsys) -> None:
     fastest = min(steps, key=steps.get)
     assert lines[1].startswith(f"- {fastest} is fastest: {steps[fastest]:.1f} ms per step")
     assert lines.index("") < next(i for i, line in enumerate(lines) if line.startswith("phase "))
+
+
+PROFILED_B32 = Path(__file__).resolve().parent.parent / "results" / "mfu" / "h200" / "profiled-b32"
+
+
+def test_a_profiled_compare_answers_where_its_step_went_in_points_of_mfu() -> None:
+    """A compare under nsys records each backend's step as points of MFU (from its kernels and
+    its document) and its answer says them: the figures of the mfu-points page block for the
+    same profile, summing to 100 with the MFU. A run that failed, or a profile without the
+    figures, gets none."""
+    from harness.diffs.throughput import MFU_PARTS
+    from harness.reports.compare_answer import compare_findings
+    from harness.reports.compare_folder import attach_mfu_points
+    from harness.reports.doc_blocks import mfu_points_table
+
+    folder = PROFILED_B32 / "jax-fused-norm" / "large-ctx1024-bf16-fused-h200-profiled"
+    summary = json.loads((folder / "summary.json").read_text())
+    entries = json.loads((folder / "kernels.json").read_text())
+    assert not any("points of 100" in f.text for f in compare_findings(summary))
+    attach_mfu_points(summary, entries)
+    points = summary["runs"]["jax"]["mfu_points"]
+    assert points["phase"] == "fused_step" and abs(sum(points[k] for k in MFU_PARTS) - 100) < 1e-9
+    (line,) = [f.text for f in compare_findings(summary) if "points of 100" in f.text]
+    row = mfu_points_table([folder], folder.parents[3]).splitlines()[2].split("|")[4:9]
+    assert line == ("the profiled step in points of 100: jax MFU {}, GEMMs below peak {}, attention below peak {}, "
+                    "other kernels {}, GPU idle {}").format(*(c.strip() for c in row))
+    failed = copy.deepcopy(json.loads((folder / "summary.json").read_text()))
+    failed["runs"]["jax"]["status"] = "failed"
+    attach_mfu_points(failed, entries)
+    no_busy = [{**e, "phases": {k: {x: v for x, v in p.items() if x != "busy_ns_per_step"}
+                                for k, p in e["phases"].items()}} for e in entries]
+    old = json.loads((folder / "summary.json").read_text())
+    attach_mfu_points(old, no_busy)
+    assert "mfu_points" not in failed["runs"]["jax"] and "mfu_points" not in old["runs"]["jax"]

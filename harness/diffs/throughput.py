@@ -85,6 +85,25 @@ def mfu_points(categories: dict[str, float], gpu_ns: float, busy_ns: float, rang
     return {name: 100 * ns / range_ns for name, ns in zip(MFU_PARTS, parts)}
 
 
+def profiled_mfu_points(entry: dict, run: dict) -> dict[str, object] | None:
+    """`mfu_points` of one backend's profiled step: `entry` its kernel breakdown as kernels.json
+    holds it, `run` the run document it profiled. {"phase": the step (JAX's fused step where it
+    ran one), each part's points}; None where the run records no model, batch, context or
+    device with a known dense peak, or the profile has no step or no busy time."""
+    phases = entry.get("phases") or {}
+    phase = "fused_step" if "fused_step" in phases else "step"
+    p, options = phases.get(phase), run.get("options") or {}
+    config = config_from_document(run["config"])[0] if isinstance(run.get("config"), dict) else None
+    peak = peak_tflops((run.get("env") or {}).get("device"), options.get("dtype"))
+    if not (p and "busy_ns_per_step" in p and config and options.get("batch") and options.get("ctx") and peak):
+        return None
+    batch, ctx, cats = options["batch"], options["ctx"], p["categories"]
+    points = mfu_points(cats, p["gpu_ns_per_step"], p["busy_ns_per_step"], p["range_ns_per_step"],
+                        phase_flops(config, batch, ctx)[phase],
+                        gemm_flops(config, batch, ctx, phase, bool(cats.get(Category.ATTENTION.value))), peak)
+    return {"phase": phase, **points}
+
+
 def _gemm_flops(run: Run, phase: str, p: PhaseProfile) -> float | None:
     config, batch, ctx = _config(run), doc_field(run.doc, ("options", "batch")), doc_field(run.doc, ("options", "ctx"))
     if config is None or not batch or not ctx:

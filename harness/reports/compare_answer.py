@@ -1,5 +1,6 @@
 """The answer of a compare report, from its summary: which backend is fastest per step and
-by how much, against the noise; how near each comes to the device's peak; parity; and what
+by how much, against the noise; how near each comes to the device's peak, and under a
+profiler where the rest of its step went in points of MFU; parity; and what
 makes the figures doubtful (failed runs, noisy timings). The parity and noise verdicts the
 report's sections print live here too."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 from harness.common.answer import NOISE_WORDS, Finding, overlap, speed
 from harness.common.documents import runs_of
 from harness.common.stats import NOISY_SPREAD
+from harness.diffs.throughput import MFU_PARTS
 
 RULES = ("each backend's step is its median step time (JAX's fused step against the torch backends' step); "
          "beyond the noise where the two p10-p90 step ranges do not overlap; MFU against the device's dense peak "
@@ -82,6 +84,10 @@ def compare_findings(summary: dict) -> list[Finding]:
         if mfu := [(b, p["mfu"]) for b, p in steps.items() if p.get("mfu")]:
             out.append(Finding("peak", "MFU per step: " + ", ".join(f"{b} {m:.1%}" for b, m in
                                                                     sorted(mfu, key=lambda x: -x[1])), "the table"))
+    if points := {b: r.get("mfu_points") for b, r in runs.items() if r.ok and r.get("mfu_points")}:
+        out.append(Finding("peak", "the profiled step in points of 100: " + "; ".join(
+            f"{b} MFU {p['MFU']:.1f}, " + ", ".join(f"{k} {p[k]:.1f}" for k in MFU_PARTS[1:] if round(p[k], 1))
+            for b, p in points.items()), "Kernel breakdown"))
     out.append(Finding("parity", f"parity: {parity_verdict(summary.get('parity'))}", "Parity"))
     if noisy := noise_warnings(summary):
         out.append(Finding("doubt", f"noisy timings: {noisy[0]}" + (f" (and {len(noisy) - 2} more)"

@@ -19,6 +19,19 @@ def _free_name(root: str, name: str) -> str:
     return next(c for c in candidates if not os.path.exists(os.path.join(root, c)))
 
 
+def attach_mfu_points(summary: dict, entries: list[dict]) -> None:
+    """Each profiled backend's step as points of MFU (`profiled_mfu_points`), into its run's
+    record in `summary` ("mfu_points"), where its profile and document give them: the
+    comparison's answer says them (`compare_findings`)."""
+    from harness.diffs.throughput import profiled_mfu_points
+
+    runs = summary.get("runs") or {}
+    for entry in entries:
+        run = runs.get(entry.get("label"))
+        if isinstance(run, dict) and run.get("status") == "ok" and (points := profiled_mfu_points(entry, run)):
+            run["mfu_points"] = points
+
+
 def write_results(summary: dict, results_root: str, name: str, kernels: KernelBreakdown | None = None,
                   overwrite: bool = False, runs: dict[str, dict] | None = None) -> str:
     """Write summary.json, report.md, report.html, phases.png (the kernels.* breakdown, and `runs` as
@@ -43,12 +56,13 @@ def write_results(summary: dict, results_root: str, name: str, kernels: KernelBr
         kernels_md = None
         if kernels:
             from harness.common.answer import answer_markdown
-            from harness.reports.breakdown import breakdown_markdown, write_report
+            from harness.reports.breakdown import breakdown_document, breakdown_markdown, write_report
             from harness.trace.analyses.findings import report_findings
 
             write_report(tmp, kernels.breakdowns, kernels.answers, stem="kernels",
                          lead=answer_markdown(report_findings(kernels.breakdowns)))
             kernels_md = breakdown_markdown(kernels.breakdowns, kernels.answers)
+            attach_mfu_points(summary, breakdown_document(kernels.breakdowns, kernels.answers))
         if plot_phases(summary, os.path.join(tmp, "phases.png")):
             summary["plot"] = "phases.png"
         with open(os.path.join(tmp, "summary.json"), "w") as f:

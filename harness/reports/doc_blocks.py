@@ -34,10 +34,9 @@ from harness.common.documents import CompareDocument, RunDocument
 from harness.common.hardware import peak_tflops
 from harness.common.tables import markdown_table
 from harness.config import config_from_document
-from harness.diffs.throughput import MFU_PARTS, gemm_flops, mfu_points
+from harness.diffs.throughput import MFU_PARTS, gemm_flops, profiled_mfu_points
 from harness.reports.compare_answer import compare_findings
 from harness.reports.provenance_block import provenance
-from harness.timing.flops import phase_flops
 from harness.trace.kernels import Category
 
 # Markers stand at the start of their own line (a marker quoted in prose or a code span is none).
@@ -140,9 +139,8 @@ BREAKDOWN_COLUMNS = {
 
 def _profiled_steps(folders: list[Path]):
     """Per compare folder profiled under nsys and backend: (the folder's name in a table, the
-    backend's label, the step timed (JAX's fused step where it has one), its kernel
-    figures per step from kernels.json, its category ns, the step's matmul FLOPs run as
-    GEMM kernels, all its FLOPs, the device's dense peak TFLOP/s for the dtype or None)."""
+    backend's label, the step timed (JAX's fused step where it has one), its kernel figures
+    per step from kernels.json, the kernels.json entry and the run document it profiled)."""
     unique = len({f.name for f in folders}) == len(folders)  # else each folder by its parent too
     for folder in folders:
         if not (folder / "kernels.json").is_file():
@@ -152,14 +150,8 @@ def _profiled_steps(folders: list[Path]):
         for entry in json.loads((folder / "kernels.json").read_text()):
             label, phases = entry["label"], entry["phases"]
             phase = "fused_step" if "fused_step" in phases else "step"
-            p, run = phases[phase], runs[label]
-            cats = p["categories"]
-            o, device = run.get("options") or {}, (run.get("env") or {}).get("device")
-            config = config_from_document(run.get("config"))[0]
-            flops = gemm_flops(config, o["batch"], o["ctx"], phase, bool(cats.get(Category.ATTENTION.value)))
             name = folder.name if unique else f"{folder.parent.name}/{folder.name}"
-            yield (name, label, phase, p, cats, flops, phase_flops(config, o["batch"], o["ctx"])[phase],
-                   peak_tflops(device, o.get("dtype")))
+            yield name, label, phase, phases[phase], entry, runs[label]
 
 
 def breakdown(folders: list[Path], root: Path) -> str:
@@ -171,8 +163,12 @@ def breakdown(folders: list[Path], root: Path) -> str:
     counts for the step, less the attention products a fused-attention kernel ran, over the
     GEMM kernels' time, against the device's dense peak for the dtype."""
     rows = []
-    for name, label, phase, p, cats, flops, _, peak in _profiled_steps(folders):
-        gpu = p["gpu_ns_per_step"]
+    for name, label, phase, p, _, run in _profiled_steps(folders):
+        gpu, cats = p["gpu_ns_per_step"], p["categories"]
+        o, device = run.get("options") or {}, (run.get("env") or {}).get("device")
+        config = config_from_document(run.get("config"))[0]
+        flops = gemm_flops(config, o["batch"], o["ctx"], phase, bool(cats.get(Category.ATTENTION.value)))
+        peak = peak_tflops(device, o.get("dtype"))
         cells = []
         for names in BREAKDOWN_COLUMNS.values():
             ns = sum(cats.get(n.value, 0.0) for n in names)
@@ -193,14 +189,13 @@ def mfu_points_table(folders: list[Path], root: Path) -> str:
     profiled under nsys and backend, the step's MFU over its profiled time (the mean step) and
     the points of 100 that each kind of time costs it, which sum to 100 with the MFU."""
     rows = []
-    for name, label, phase, p, cats, flops_gemm, flops, peak in _profiled_steps(folders):
-        if not peak:
-            raise ValueError(f"{name}: no dense peak is known for its device and dtype: no MFU to split")
+    for name, label, phase, p, entry, run in _profiled_steps(folders):
         if "busy_ns_per_step" not in p:
             raise ValueError(f"{name}: its kernels.json has no GPU busy time per step (written before reports "
                              f"kept it): profile the step again")
-        pts = mfu_points(cats, p["gpu_ns_per_step"], p["busy_ns_per_step"], p["range_ns_per_step"], flops,
-                         flops_gemm, peak)
+        if not (pts := profiled_mfu_points(entry, run)):
+            raise ValueError(f"{name}: its {label} run records no model, batch or device with a known dense peak: "
+                             f"no MFU to split")
         rows.append([f"`{name}`", label, phase, *(f"{round(pts[k], 1) + 0.0:.1f}" for k in MFU_PARTS)])  # no -0.0
     header = ["folder", "backend", "step", "MFU % (profiled step)", *(f"{k} (points)" for k in MFU_PARTS[1:])]
     return "\n".join(markdown_table(header, rows)) + "\n"

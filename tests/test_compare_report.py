@@ -222,21 +222,27 @@ def test_a_profiled_compare_answers_where_its_step_went_in_points_of_mfu() -> No
     from harness.reports.doc_blocks import mfu_points_table
 
     folder = PROFILED_B32 / "jax-fused-norm" / "large-ctx1024-bf16-fused-h200-profiled"
-    summary = json.loads((folder / "summary.json").read_text())
+    committed = json.loads((folder / "summary.json").read_text())
+    summary = copy.deepcopy(committed)
+    del summary["runs"]["jax"]["mfu_points"]  # as compare has it before the breakdown
     entries = json.loads((folder / "kernels.json").read_text())
     assert not any("points of 100" in f.text for f in compare_findings(summary))
     attach_mfu_points(summary, entries)
     points = summary["runs"]["jax"]["mfu_points"]
+    assert points == committed["runs"]["jax"]["mfu_points"]  # what regenerate recorded from the same files
     assert points["phase"] == "fused_step" and abs(sum(points[k] for k in MFU_PARTS) - 100) < 1e-9
     (line,) = [f.text for f in compare_findings(summary) if "points of 100" in f.text]
     row = mfu_points_table([folder], folder.parents[3]).splitlines()[2].split("|")[4:9]
     assert line == ("the profiled step in points of 100: jax MFU {}, GEMMs below peak {}, attention below peak {}, "
                     "other kernels {}, GPU idle {}").format(*(c.strip() for c in row))
-    failed = copy.deepcopy(json.loads((folder / "summary.json").read_text()))
+    failed, old, several = (copy.deepcopy(summary) for _ in range(3))
+    for doc in (failed, old, several):
+        del doc["runs"]["jax"]["mfu_points"]
     failed["runs"]["jax"]["status"] = "failed"
     attach_mfu_points(failed, entries)
     no_busy = [{**e, "phases": {k: {x: v for x, v in p.items() if x != "busy_ns_per_step"}
                                 for k, p in e["phases"].items()}} for e in entries]
-    old = json.loads((folder / "summary.json").read_text())
     attach_mfu_points(old, no_busy)
-    assert "mfu_points" not in failed["runs"]["jax"] and "mfu_points" not in old["runs"]["jax"]
+    several["data_parallel"] = {"n": 4, "parallel": "fsdp"}  # communication beside compute: not split
+    attach_mfu_points(several, entries)
+    assert not any("mfu_points" in doc["runs"]["jax"] for doc in (failed, old, several))

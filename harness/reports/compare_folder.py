@@ -22,9 +22,12 @@ def _free_name(root: str, name: str) -> str:
 def attach_mfu_points(summary: dict, entries: list[dict]) -> None:
     """Each profiled backend's step as points of MFU (`profiled_mfu_points`), into its run's
     record in `summary` ("mfu_points"), where its profile and document give them: the
-    comparison's answer says them (`compare_findings`)."""
+    comparison's answer says them (`compare_findings`). One device's runs only: on several,
+    the communication kernels run beside the compute, which these parts do not split."""
     from harness.diffs.throughput import profiled_mfu_points
 
+    if (summary.get("data_parallel") or {}).get("n", 1) > 1:
+        return
     runs = summary.get("runs") or {}
     for entry in entries:
         run = runs.get(entry.get("label"))

@@ -224,6 +224,11 @@ def rerender(folder: str, figures: bool = True) -> list[str]:
         if breakdowns:
             kernels_md, lead = _kernels_markdown(breakdowns)
             breakdowns = breakdowns if kernels_md else None
+        if breakdowns:  # the profiled steps in points of MFU, as compare records them
+            from harness.reports.compare_folder import attach_mfu_points
+
+            with open(os.path.join(folder, "kernels.json")) as f:
+                attach_mfu_points(summary, json.load(f))
         if not breakdowns and os.path.exists(kernels):
             with open(kernels) as f:
                 kernels_md = f.read()

@@ -195,7 +195,8 @@ def shape_problem(summary: dict) -> str | None:
 def rerender(folder: str, figures: bool = True) -> list[str]:
     """Write report.md, report.html and phases.png of a compare folder from its summary.json (upgraded
     first when it is old, the original kept as `ORIGINAL`); the kernel breakdown is taken
-    from the folder's kernels.md. Without `figures`, the text alone (report.md, summary.json):
+    from the folder's kernels.json where it is today's (and its steps recorded in points of
+    MFU, `attach_mfu_points`), else from its kernels.md. Without `figures`, the text alone (report.md, summary.json):
     no plot is drawn and no report.html written, the report naming phases.png as a render with
     figures would. Returns the paths written; bad folders raise RenderError."""
     from harness.common.html import svg_of, with_link, write_html
@@ -225,10 +226,10 @@ def rerender(folder: str, figures: bool = True) -> list[str]:
             kernels_md, lead = _kernels_markdown(breakdowns)
             breakdowns = breakdowns if kernels_md else None
         if breakdowns:  # the profiled steps in points of MFU, as compare records them
+            from harness.reports.breakdown import breakdown_document
             from harness.reports.compare_folder import attach_mfu_points
 
-            with open(os.path.join(folder, "kernels.json")) as f:
-                attach_mfu_points(summary, json.load(f))
+            attach_mfu_points(summary, breakdown_document(*breakdowns))
         if not breakdowns and os.path.exists(kernels):
             with open(kernels) as f:
                 kernels_md = f.read()

@@ -17,6 +17,7 @@ from flax import nnx
 
 from harness.config import ModelConfig
 from pallas_kernels.rmsnorm import add_rms_norm
+from pallas_kernels.swiglu import gated_silu
 
 
 def trunc_normal(key: jax.Array, shape: tuple[int, ...], std: float) -> jax.Array:
@@ -139,17 +140,21 @@ class SwiGLU(nnx.Module):
         self.w3 = Linear(d_model, d_ff, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        # Under remat keeping only the matmuls' outputs, the backward gets w1(x) and w3(x)
-        # and recomputes silu and the product from them, where plain autodiff keeps six
+        # w1 and w3 stacked ([2 d_ff, d_model], stacked outside the remat, which would stack
+        # them again in the backward): one matmul gives [w1(x) | w3(x)], and x's gradient is
+        # one matmul, not two summed. `gated_silu` writes the stacked gradient in one pass.
+        # Under remat keeping only the matmuls' outputs, the backward gets [w1(x) | w3(x)]
+        # and recomputes silu and the product from it, where plain autodiff keeps six
         # [B, T, d_ff] arrays per layer (silu's intermediates, the product). Recomputing is
         # elementwise work on inputs the backward reads anyway.
         keep_matmuls = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-        return jax.checkpoint(swiglu, policy=keep_matmuls)(x, self.w1.weight[...], self.w2.weight[...],
-                                                           self.w3.weight[...])
+        w13 = jnp.concatenate([self.w1.weight[...], self.w3.weight[...]])
+        return jax.checkpoint(swiglu, policy=keep_matmuls)(x, w13, self.w2.weight[...])
 
 
-def swiglu(x: jax.Array, w1: jax.Array, w2: jax.Array, w3: jax.Array) -> jax.Array:
-    return linear(jax.nn.silu(linear(x, w1)) * linear(x, w3), w2)
+def swiglu(x: jax.Array, w13: jax.Array, w2: jax.Array) -> jax.Array:
+    """W2 (silu(x W1^T) * x W3^T), with w13 = W1 over W3."""
+    return linear(gated_silu(linear(x, w13)), w2)
 
 
 class TransformerBlock(nnx.Module):

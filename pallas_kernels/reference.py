@@ -1,5 +1,5 @@
-"""Plain-jnp attention (float32 throughout) and residual add + RMSNorm: the references for
-tests and benchmarks."""
+"""Plain-jnp attention (float32 throughout), residual add + RMSNorm and SwiGLU's gate: the
+references for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["add_rms_norm_reference", "mha_reference", "reference_lse"]
+__all__ = ["add_rms_norm_reference", "gated_silu_reference", "mha_reference", "reference_lse"]
 
 
 def _reference_scores(q: jax.Array, k: jax.Array, causal: bool, sm_scale: float | None) -> jax.Array:
@@ -44,3 +44,10 @@ def add_rms_norm_reference(x: jax.Array, delta: jax.Array | None, w: jax.Array, 
     h32 = h.astype(jnp.float32)
     rstd = lax.rsqrt(jnp.mean(h32 * h32, axis=-1, keepdims=True) + eps)
     return h, (h32 * rstd * w.astype(jnp.float32)).astype(out_dtype or x.dtype)
+
+
+def gated_silu_reference(h: jax.Array) -> jax.Array:
+    """silu(a) * b for h = [a | b] split in halves along the last axis, computed in float32 and
+    cast to h's dtype."""
+    a, b = jnp.split(h.astype(jnp.float32), 2, axis=-1)
+    return (jax.nn.silu(a) * b).astype(h.dtype)

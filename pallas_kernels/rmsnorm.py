@@ -28,16 +28,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.custom_partitioning import custom_partitioning
 from jax.experimental.pallas import triton as plgpu
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from pallas_kernels.reference import add_rms_norm_reference
+from pallas_kernels.rows import by_rows, choose_implementation, dividing_power_of_two
 
 __all__ = ["NormBlocks", "add_rms_norm"]
-
-IMPLEMENTATIONS = ("pallas", "xla")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,13 +70,6 @@ def _chunks(width: int) -> tuple[tuple[int, int], ...]:
             start += 1 << bit
     return tuple(chunks)
 
-
-def _dividing_power_of_two(n: int, cap: int) -> int:
-    """The largest power of two <= cap that divides n."""
-    p = 1
-    while p * 2 <= cap and n % (p * 2) == 0:
-        p *= 2
-    return p
 
 
 # -- kernels --------------------------------------------------------------------------------
@@ -153,7 +142,7 @@ def _forward(x, delta, w, *, eps, out_dtype, blocks, interpret):
     """(h, y, rstd) for rows [..., width]; h is x itself when there is no delta."""
     lead, width = x.shape[:-1], x.shape[-1]
     n = x.size // width
-    rows = _dividing_power_of_two(n, blocks.rows_fwd)
+    rows = dividing_power_of_two(n, blocks.rows_fwd)
     row_block = pl.BlockSpec((rows, width), lambda i: (i, 0))
     stat_block = pl.BlockSpec((rows,), lambda i: (i,))
     whole_w = pl.BlockSpec((width,), lambda i: (0,))
@@ -178,8 +167,8 @@ def _forward(x, delta, w, *, eps, out_dtype, blocks, interpret):
 def _bwd_rows(x_shape, blocks) -> tuple[int, int]:
     """(rows, steps) of a backward program: its rows lie in one [..., T, width] slab's T."""
     seq = x_shape[-2] if len(x_shape) >= 2 else 1
-    rows = _dividing_power_of_two(seq, blocks.rows_bwd)
-    return rows, _dividing_power_of_two(seq // rows, blocks.steps_bwd)
+    rows = dividing_power_of_two(seq, blocks.rows_bwd)
+    return rows, dividing_power_of_two(seq // rows, blocks.steps_bwd)
 
 
 def _backward(h, rstd, w, dy, dh, *, ddelta_dtype, blocks, interpret):
@@ -214,39 +203,12 @@ def _backward(h, rstd, w, dy, dh, *, ddelta_dtype, blocks, interpret):
 
 # What each argument or result of a launch is, as a sharding rule's factors: rows [..., T, width],
 # per-row stats [..., T], the weight [width], the weight's partial sums [..., T / block, width].
+# T stays whole: a backward program's rows lie in one slab's T (`_bwd_rows`).
 _FACTORS = {"r": "... t d", "s": "... t", "w": "d", "p": "... b d"}
 
 
-def _layout_shardings(mesh, x_sharding, ndim: int, kinds: str) -> list[NamedSharding]:
-    """Shardings for `kinds`: x's sharding of the dims before [T, width], T and width whole."""
-    spec = (tuple(x_sharding.spec) + (None,) * ndim)[:ndim - 2]
-    full = {"r": P(*spec, None, None), "s": P(*spec, None), "w": P(), "p": P(*spec, None, None)}
-    return [NamedSharding(mesh, full[k]) for k in kinds]
-
-
-@functools.cache
 def _by_rows(launch, ins: str, outs: str):
-    """`launch(*arrays, config)` as an op that XLA partitions by rows: each device runs it on
-    its own rows, T and width whole on every device."""
-    op = custom_partitioning(launch, static_argnums=(len(ins),))
-
-    def shardings(mesh, arg_shapes, kinds):
-        x = arg_shapes[0]
-        return _layout_shardings(mesh, x.sharding, len(x.shape), kinds)
-
-    def infer(config, mesh, arg_shapes, result_shape):
-        out = shardings(mesh, arg_shapes, outs)
-        return out[0] if len(out) == 1 else tuple(out)
-
-    def partition(config, mesh, arg_shapes, result_shape):
-        out = shardings(mesh, arg_shapes, outs)
-        return (mesh, lambda *arrays: launch(*arrays, config), out[0] if len(out) == 1 else tuple(out),
-                tuple(shardings(mesh, arg_shapes, ins)))
-
-    rule = ", ".join(_FACTORS[k] for k in ins) + " -> " + ", ".join(_FACTORS[k] for k in outs)
-    op.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                     need_replication_factors=("t", "d", "b") if "p" in outs else ("t", "d"))
-    return op
+    return by_rows(launch, tuple(_FACTORS[k] for k in ins), tuple(_FACTORS[k] for k in outs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,12 +235,6 @@ def _launch_bwd(h, rstd, w, dy, dh, config):
 
 
 # -- differentiation ------------------------------------------------------------------------
-
-def _explicitly_sharded(a: jax.Array) -> bool:
-    """Whether `a`'s type carries a split over a mesh's explicit axes (`jax.make_mesh`'s
-    default), which a Pallas call refuses."""
-    return any(p is not None for p in jax.typeof(a).sharding.spec)
-
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _add_rms_norm(x, delta, w, config):
@@ -331,14 +287,7 @@ def add_rms_norm(x: jax.Array, delta: jax.Array | None, w: jax.Array, *, eps: fl
         raise ValueError(f"add_rms_norm takes x [..., T, width] (at least two dims), delta shaped like x "
                          f"and w [width]; got "
                          f"x {x.shape}, delta {None if delta is None else delta.shape}, w {w.shape}")
-    explicit = [tuple(jax.typeof(a).sharding.spec) for a in (x, delta) if a is not None and _explicitly_sharded(a)]
-    if implementation is None:
-        implementation = "pallas" if jax.default_backend() == "gpu" and not explicit else "xla"
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"{implementation=} is not one of {IMPLEMENTATIONS}")
-    if implementation == "pallas" and explicit:
-        raise ValueError(f"implementation='pallas' takes arrays on no mesh or a mesh of automatic axes; these are "
-                         f"split over explicit axes {explicit[0]}: use implementation='xla' (or None)")
+    implementation = choose_implementation(implementation, x, delta)
     out_dtype = jnp.dtype(out_dtype or x.dtype)
     if implementation == "xla":
         return add_rms_norm_reference(x, delta, w, eps=eps, out_dtype=out_dtype)

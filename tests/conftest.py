@@ -1,4 +1,7 @@
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 # Tests run on the CPU unless a test asks for the GPU explicitly.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -43,6 +46,19 @@ def _quiet_progress(monkeypatch):
     from harness.common import progress
 
     monkeypatch.setattr(progress, "AFTER_S", 3600.0)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def on_host_devices(script: str, devices: int = 2) -> subprocess.CompletedProcess:
+    """`script` run by a fresh Python on a CPU-only JAX with `devices` host devices (the
+    count is fixed when JAX starts), the project on its path."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
 
 
 class FakeClock:

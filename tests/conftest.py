@@ -61,6 +61,27 @@ def on_host_devices(script: str, devices: int = 2) -> subprocess.CompletedProces
                           timeout=600)
 
 
+def tiny_jax_loss():
+    """The tiny JAX model's loss over one fixed batch of 2 x 16 next-token pairs, as a function
+    of its parameters: (config, loss, params, tokens), for tests that swap a kernel into the
+    model and compare its loss and gradients."""
+    import jax
+    from flax import nnx
+
+    import jax_impl
+    from harness.config import get_config
+
+    config = get_config("tiny")
+    graphdef, params = nnx.split(jax_impl.TransformerLM(config, rngs=nnx.Rngs(0)), nnx.Param)
+    tokens = jax.random.randint(jax.random.key(2), (2, 17), 0, config.vocab_size)
+
+    def loss(params):
+        logits = nnx.merge(graphdef, params)(tokens[:, :-1])
+        return jax_impl.cross_entropy_loss(logits, tokens[:, 1:])
+
+    return config, loss, params, tokens
+
+
 class FakeClock:
     """time.perf_counter for code under test, advanced only by `sleep`: work that takes its
     time on it gives exact figures, however busy the machine is."""

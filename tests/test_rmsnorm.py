@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import on_host_devices
-from flax import nnx
+from conftest import on_host_devices, tiny_jax_loss
 
 import jax_impl
 from harness.config import get_config
@@ -119,15 +118,7 @@ def test_model_on_the_kernels_matches_the_model_on_xla(monkeypatch):
     """The tiny model's loss and gradients with its norms on the kernels (as on a GPU) against
     the same model on the reference: the first block's norm has no delta, the final norm's
     sum is unused."""
-    config = get_config("tiny")
-    model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model, nnx.Param)
-    tokens = jax.random.randint(jax.random.key(2), (2, 17), 0, config.vocab_size)
-
-    def loss(params):
-        logits = nnx.merge(graphdef, params)(tokens[:, :-1])
-        return jax_impl.cross_entropy_loss(logits, tokens[:, 1:])
-
+    config, loss, params, tokens = tiny_jax_loss()
     want, want_grads = jax.jit(jax.value_and_grad(loss))(params)
     monkeypatch.setattr(jax_impl.model, "add_rms_norm",
                         functools.partial(add_rms_norm, implementation="pallas", blocks=SMALL, interpret=True))

@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import on_host_devices
-from flax import nnx
+from conftest import on_host_devices, tiny_jax_loss
 
 import jax_impl
 from harness.config import get_config
@@ -84,15 +83,7 @@ def test_kernel_lowers_for_a_gpu_at_the_large_models_width():
 def test_model_on_the_kernel_matches_the_model_on_xla(monkeypatch):
     """The tiny model's loss and gradients with its FFN gates on the kernel (as on a GPU)
     against the same model on the reference."""
-    config = get_config("tiny")
-    model = jax_impl.TransformerLM(config, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model, nnx.Param)
-    tokens = jax.random.randint(jax.random.key(2), (2, 17), 0, config.vocab_size)
-
-    def loss(params):
-        logits = nnx.merge(graphdef, params)(tokens[:, :-1])
-        return jax_impl.cross_entropy_loss(logits, tokens[:, 1:])
-
+    config, loss, params, tokens = tiny_jax_loss()
     want, want_grads = jax.jit(jax.value_and_grad(loss))(params)
     monkeypatch.setattr(jax_impl.model, "gated_silu",
                         functools.partial(gated_silu, implementation="pallas", blocks=SMALL, interpret=True))

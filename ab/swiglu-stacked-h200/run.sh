@@ -9,7 +9,7 @@
 pip install -q --no-index --no-deps --target /tmp/pydeps .gpu/wheels/*.whl >/dev/null 2>&1
 mkdir -p $OUT/runs $OUT/logs
 ROOT=$PWD
-OLD=${OLD_COMMIT:?set OLD_COMMIT to main's commit}
+OLD=${OLD_COMMIT:?set OLD_COMMIT to the commit of main}
 for name in ${@:-old-1 new-1 new-2 old-2 new-3 old-3}; do
   if [ ${name%-*} = old ]; then dir=$ROOT/.gpu/old; commit=$OLD; else dir=$ROOT; commit=; fi
   (cd $dir && XFPROF_GIT_COMMIT=$commit PYTHONPATH=$dir:/tmp/pydeps XLA_PYTHON_CLIENT_MEM_FRACTION=0.94 timeout 160 \

@@ -17,6 +17,9 @@ class Gpu:
     # dense f16/bf16 tensor-core FLOPs per SM per cycle: the datasheet peak / (SMs x boost
     # clock), e.g. H100 SXM 989.4e12 / (132 x 1.83e9) = 4096; None where not worked out
     sm_tensor_flops: int | None = None
+    # the SM clock (MHz) of the datasheet's dense peak, where the peak is SMs x sm_tensor_flops
+    # x this clock (MFU at the clock a run held scales the peak by it); None where not worked out
+    boost_mhz: float | None = None
 
 
 # From NVIDIA's datasheets. fp32 = plain FP32 on CUDA cores (what torch uses with TF32 off),
@@ -27,13 +30,13 @@ class Gpu:
 _HOPPER = {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9}  # H100 SXM5 and H200
 _A100 = {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}
 GPUS: tuple[Gpu, ...] = (
-    Gpu("H200", _HOPPER, 4.8, 143771, "9.0", 4096),  # 141 GB HBM3e
+    Gpu("H200", _HOPPER, 4.8, 143771, "9.0", 4096, 1830),  # 141 GB HBM3e
     Gpu("H100 PCIe", {"bf16": 756.0, "tf32": 378.0, "fp32": 51.2}, 2.0, 81559, "9.0", 4096),
     Gpu("H100 NVL", {"bf16": 835.5, "tf32": 417.5, "fp32": 59.8}, 3.9, 95830, "9.0", 4096),  # 94 GB
-    Gpu("H100", _HOPPER, 3.35, 81559, "9.0", 4096),  # SXM5, 80 GB
-    Gpu("A100-SXM4-80GB", _A100, 2.0, 81920, "8.0", 2048),
-    Gpu("A100 80GB", _A100, 2.0, 81920, "8.0", 2048),
-    Gpu("A100", _A100, 1.56, 40960, "8.0", 2048),  # 40 GB
+    Gpu("H100", _HOPPER, 3.35, 81559, "9.0", 4096, 1830),  # SXM5, 80 GB
+    Gpu("A100-SXM4-80GB", _A100, 2.0, 81920, "8.0", 2048, 1410),
+    Gpu("A100 80GB", _A100, 2.0, 81920, "8.0", 2048, 1410),
+    Gpu("A100", _A100, 1.56, 40960, "8.0", 2048, 1410),  # 40 GB
     Gpu("L40S", {"bf16": 362.0, "tf32": 183.0, "fp32": 91.6}, 0.864, 46068, "8.9"),  # 48 GB
     Gpu("L4", {"bf16": 121.0, "tf32": 60.0, "fp32": 30.3}, 0.3, 23034, "8.9"),  # 24 GB
     Gpu("A10", {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2}, 0.6, 23028, "8.6"),  # 24 GB
@@ -63,6 +66,12 @@ def memory_mib(device_name: str | None) -> int | None:
     """Datasheet device memory in MiB for this device, or None when it is not in the table."""
     row = gpu(device_name)
     return row.memory_mib if row else None
+
+
+def boost_mhz(device_name: str | None) -> float | None:
+    """The SM clock of this device's datasheet peak in MHz, or None where it is not worked out."""
+    row = gpu(device_name)
+    return row.boost_mhz if row else None
 
 
 def sm_tensor_flops(compute_capability: str) -> int | None:

@@ -10,6 +10,7 @@ from harness.common.answer import NOISE_WORDS, Finding, overlap, speed
 from harness.common.documents import runs_of
 from harness.common.stats import NOISY_SPREAD
 from harness.diffs.throughput import MFU_PARTS
+from harness.reports.run import clock_text
 
 RULES = ("each backend's step is its median step time (JAX's fused step against the torch backends' step); "
          "beyond the noise where the two p10-p90 step ranges do not overlap; MFU against the device's dense peak "
@@ -69,6 +70,19 @@ def _steps(summary: dict) -> dict[str, dict]:
     return out
 
 
+def clock_texts(summary: dict) -> dict[str, str]:
+    """Per finished backend whose step's GPU clock was sampled, that clock in words
+    (`harness.reports.run.clock_text`, of the fused step where it ran one)."""
+    out = {}
+    for backend, r in runs_of(summary).items():
+        clocks = (r.get("gpu_clocks") or {}) if r.ok else {}
+        phases = clocks.get("phases") or {}
+        rec = phases.get("fused_step") or phases.get("step")
+        if rec and (text := clock_text(rec, clocks.get("boost_mhz"))):
+            out[backend] = text
+    return out
+
+
 def compare_findings(summary: dict) -> list[Finding]:
     runs = runs_of(summary)
     out = [Finding("failed", f"{b} FAILED: {r.message}", "Failed runs") for b, r in runs.items() if not r.ok]
@@ -88,6 +102,9 @@ def compare_findings(summary: dict) -> list[Finding]:
         out.append(Finding("peak", "the profiled step in points of 100: " + "; ".join(
             f"{b} MFU {p['MFU']:.1f}, " + ", ".join(f"{k} {p[k]:.1f}" for k in MFU_PARTS[1:] if round(p[k], 1))
             for b, p in points.items()), "Kernel breakdown"))
+    if clocks := clock_texts(summary):
+        out.append(Finding("peak", "GPU clock over the measured steps: " + "; ".join(
+            f"{b} {text}" for b, text in clocks.items()), "the table"))
     out.append(Finding("parity", f"parity: {parity_verdict(summary.get('parity'))}", "Parity"))
     if noisy := noise_warnings(summary):
         out.append(Finding("doubt", f"noisy timings: {noisy[0]}" + (f" (and {len(noisy) - 2} more)"

@@ -108,6 +108,25 @@ def _overlap_sentence(d: Diff) -> str | None:
     return text + "."
 
 
+CLOCK_SAME = 0.01  # clocks within this share of each other count as the same
+
+
+def clock_sentence(d: Diff) -> str | None:
+    """Each side's GPU clock over the compared step, where both sampled it: a GPU-bound step's
+    time moves with its clock, so a gap of identical code can be the clock's."""
+    if not d.clocks:
+        return None
+    a, b = d.clocks["a"]["mhz"], d.clocks["b"]["mhz"]
+    several = len(d.clocks["a"]["runs"]) > 1
+    text = (f"GPU clock over the compared steps: B's median {b:.0f} MHz against A's {a:.0f} MHz"
+            + (" (the median of each side's runs' medians)" if several else ""))
+    if abs(b - a) <= CLOCK_SAME * a:
+        return text + f": the same within {CLOCK_SAME:.0%}, so the gap is not the clock's."
+    slower = b < a
+    return (text + f": B's {abs(b - a) / a:.1%} {'lower' if slower else 'higher'}; a step bound by the GPU's clock "
+            f"takes about that much {'longer' if slower else 'less time'} with the same code.")
+
+
 def sentences(d: Diff) -> list[str]:
     """The headline of the step, its three largest causes and, for data-parallel runs, the
     exposed share of each side's communication."""
@@ -121,6 +140,8 @@ def sentences(d: Diff) -> list[str]:
     out += [(c := _cause(p, name))[0].upper() + c[1:] for name in causes]
     out += [f"{line[0].upper()}{line[1:]}." for t in p.throughput if t.what not in causes and (line := _bound(t))]
     if line := _overlap_sentence(d):
+        out.append(line)
+    if line := clock_sentence(d):
         out.append(line)
     if p.residual_ms is not None:
         gap = p.decomposed_gap_ms

@@ -27,6 +27,7 @@ def format_result(doc: dict) -> str:
         mem = f"{p['peak_memory_bytes'] / 2**20:.0f}" if p["peak_memory_bytes"] else "-"
         lines.append(f"{name:<11} {cell(p):>26} {tf:>8} {mfu:>6} {mem:>9}")
     lines += outlier_lines(doc)
+    lines += clock_lines(doc)
     first = doc.get("first_step")
     if first:
         step_ms = first["time_to_first_step_ms"] - first["setup_ms"]
@@ -42,6 +43,41 @@ def format_result(doc: dict) -> str:
                      + (f": {layers['flag']}" if layers.get("flag") else ""))
     lines += [f"warning: {w}" for w in other_warnings(doc)]
     return "\n".join(lines)
+
+
+def clock_text(rec: dict, boost_mhz: float | None) -> str | None:
+    """A phase's GPU clock record (`harness.timing.clocks`) in words, None where it holds no sample:
+    "1710 MHz median (1650-1980), 690 W, at the power cap in 85% of samples; MFU at that clock 56.1%
+    (the datasheet peak's clock: 1830 MHz)"."""
+    if not rec.get("samples"):
+        return None
+    mhz, watts = rec["sm_mhz"], rec.get("power_w")
+    text = f"{mhz['median']:.0f} MHz median ({mhz['min']}-{mhz['max']})"
+    text += f", {watts['median']:.0f} W" if watts else ""
+    causes = [f"at the power cap in {rec['power_capped']:.0%}" if rec.get("power_capped") else "",
+              f"in a thermal slowdown in {rec['thermal']:.0%}" if rec.get("thermal") else ""]
+    text += f", {' and '.join(c for c in causes if c)} of samples" if any(causes) else ""
+    if rec.get("mfu_at_clock"):
+        text += f"; MFU at that clock {rec['mfu_at_clock']:.1%} (the datasheet peak's clock: {boost_mhz:.0f} MHz)"
+    return text
+
+
+def clock_lines(doc: dict) -> list[str]:
+    """The GPU clock over the measured steps (the split and the fused step), or why it was not
+    sampled; nothing for a CPU run."""
+    clocks = doc.get("gpu_clocks")
+    if not clocks:
+        return []
+    if reason := clocks.get("not_sampled"):
+        return [f"GPU clock: {reason}"]
+    lines = []
+    for name in ("step", "fused_step"):
+        rec = clocks["phases"].get(name)
+        if rec is not None:
+            text = clock_text(rec, clocks.get("boost_mhz"))
+            lines.append(f"GPU clock over the measured {name} calls: "
+                         + (text or "no sample (each call shorter than the sampling period)"))
+    return lines
 
 
 def other_warnings(doc: dict) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,10 +21,12 @@ from harness.backends import Backend
 from harness.backends.session import Session
 from harness.common.documents import RUN_SCHEMA, Status
 from harness.common.errors import UsageError, describe_failure, is_oom
-from harness.common.hardware import peak_tflops
-from harness.common.results import environment
+from harness.common.hardware import boost_mhz, peak_tflops
+from harness.common.results import environment, visible_gpu_ids
 from harness.common.stats import summarize
 from harness.config import ModelConfig, get_config
+from harness.timing.clocks import ClockSampler, open_sampler, peak_at_clock
+from harness.timing.clocks import summarize as clock_summary
 from harness.timing.events import EventLog
 from harness.timing.flops import FORMULA, optimizer_bytes, phase_flops
 from harness.timing.layer_ranges import LayerRanges
@@ -88,7 +91,9 @@ def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> di
     phase = "setup"
     backend = backends.get(opts.backend)
     fault = (lambda name: backend.simulated_oom() if name == opts.fail_in else None)
-    with EventLog(backend.compile_events) as events:
+    clocks = _clock_sampler(opts, backend)  # a sampler, the reason there is none, or None on a CPU run
+    with EventLog(backend.compile_events) as events, \
+            (clocks if isinstance(clocks, ClockSampler) else contextlib.nullcontext()):
         try:
             t0 = time.perf_counter()
             session = make_session(opts, config)
@@ -158,6 +163,10 @@ def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> di
         memory_note=backend.memory_note,
         env=environment({"device": device_name or "cpu", **session.versions(), **_compiler_options(session)}),
     )
+    if isinstance(clocks, ClockSampler):
+        result["gpu_clocks"] = _clock_record(clocks, timer, phases, peak_tf, device_name)
+    elif clocks:
+        result["gpu_clocks"] = {"not_sampled": clocks}
     if opts.data_parallel > 1:  # time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for a host's ranks
         result["intervals_ns"] = {name: [[int(a * 1e9), int(b * 1e9)] for a, b in spans]
                                   for name, spans in timer.intervals.items()}
@@ -214,6 +223,32 @@ def _instrumented(opts: RunSpec, backend: Backend):
             use_framework_annotations(backend.annotation())
             stack.enter_context(backend.profiler(opts.framework_profile))
         yield
+
+
+def _clock_sampler(opts: RunSpec, backend: Backend) -> ClockSampler | str | None:
+    """The sampler of the GPUs this process computes on (`harness.timing.clocks`): a rank of a
+    backend with a process per device its LOCAL_RANK's, a one-process run its first
+    --data-parallel devices; the reason it cannot sample; None on a CPU run."""
+    if opts.device != "cuda":
+        return None
+    if opts.data_parallel > 1 and not backend.one_process:
+        devices = [int(os.environ.get("LOCAL_RANK", "0"))]
+    else:
+        devices = list(range(opts.data_parallel))
+    return open_sampler(devices, visible_gpu_ids())
+
+
+def _clock_record(sampler: ClockSampler, timer: Timer, phases: dict, peak_tf: float | None,
+                  device_name: str | None) -> dict:
+    """`clocks.summarize` of the measured calls, with each phase's MFU against the peak at its
+    median clock (`mfu_at_clock`) where the datasheet's boost clock is known."""
+    record = clock_summary(sampler.samples, timer.intervals)
+    record["boost_mhz"] = boost_mhz(device_name)
+    for name, rec in record["phases"].items():
+        tflops = (phases.get(name) or {}).get("tflops")
+        peak = peak_at_clock(peak_tf, record["boost_mhz"], (rec.get("sm_mhz") or {}).get("median"))
+        rec["mfu_at_clock"] = tflops / peak if tflops and peak else None
+    return record
 
 
 def _failed(result: dict, phase: str, exc: BaseException, opts: RunSpec) -> dict:

@@ -3,9 +3,12 @@ figures per phase, the sampler's thread against a stand-in NVML, and why there i
 
 from __future__ import annotations
 
+import json
+import statistics
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +125,104 @@ def test_a_cpu_run_records_no_clock() -> None:
     doc = run(RunSpec(backend="torch", model="tiny", ctx=16, batch=1, device="cpu", warmup=1, steps=1))
     assert doc["status"] == "ok" and "gpu_clocks" not in doc
     assert clocks.SOURCE.startswith("NVML")
+
+
+GPU = Path(__file__).parent / "data" / "gpu_clocks"  # harness.run of the small model on one H200
+GALLERY = Path(__file__).parents[1] / "results" / "mfu" / "h200" / "clock"  # the large model's step, batch 32
+
+
+def _doc(name: str) -> dict:
+    return json.loads(next(p for p in (GPU / f"{name}.json", GALLERY / f"{name}.json") if p.exists()).read_text())
+
+
+def test_a_real_run_s_clock_lines_hold_its_own_figures() -> None:
+    """JAX's fused step at batch 32 on one H200: at its power cap throughout, its clock well below
+    the datasheet peak's; each figure of the line from the document's own fields."""
+    from harness.reports.run import format_result
+
+    doc = _doc("jax-b32")
+    clock, phase = doc["gpu_clocks"]["phases"]["fused_step"], doc["phases"]["fused_step"]
+    mhz = clock["sm_mhz"]
+    assert clock["samples"] > len(phase["times_ms"])  # a 400 ms step holds many 20 ms samples
+    assert len(clock["call_mhz"]) == len(phase["times_ms"])
+    assert all(mhz["min"] <= m <= mhz["max"] for m in clock["call_mhz"])
+    # MFU at the clock held: the document's MFU with the peak scaled from 1830 MHz to it.
+    assert clock["mfu_at_clock"] == pytest.approx(phase["mfu"] * 1830 / mhz["median"], rel=1e-9)
+    assert clock["mfu_at_clock"] > phase["mfu"] * 1.1 and clock["power_capped"] == 1.0
+    r = statistics.correlation(phase["times_ms"], clock["call_mhz"])
+    assert r < -0.7  # the slower steps ran at the lower clocks
+    (line,) = [x for x in format_result(doc).splitlines() if x.startswith("GPU clock over the measured fused_step")]
+    assert line == (f"GPU clock over the measured fused_step calls: {mhz['median']:.0f} MHz median ({mhz['min']}-"
+                    f"{mhz['max']}), {clock['power_w']['median']:.0f} W, at the power cap in 100% of samples; MFU at "
+                    f"that clock {clock['mfu_at_clock']:.1%} (the datasheet peak's clock: 1830 MHz); its calls' spread "
+                    f"follows the clock (r = {r:.2f} between time and clock over 10 calls)")
+
+
+def test_a_small_step_at_a_steady_clock_gives_no_correlation() -> None:
+    from harness.reports.run import format_result
+
+    doc = _doc("torch-small-1")
+    clock = doc["gpu_clocks"]["phases"]["step"]
+    assert clock["sm_mhz"]["min"] == clock["sm_mhz"]["max"] and not clock["power_capped"]
+    text = format_result(doc)
+    assert "GPU clock over the measured step calls: 1980 MHz median (1980-1980)" in text and "r = " not in text
+
+
+def test_a_failed_or_unsampled_run_says_why() -> None:
+    from harness.reports.run import clock_lines
+
+    assert clock_lines({"gpu_clocks": {"not_sampled": "not sampled: NVML did not start (x)"}}) == [
+        "GPU clock: not sampled: NVML did not start (x)"]
+    assert clock_lines({"phases": {}}) == []
+
+
+def test_the_compare_answer_gives_each_backend_s_clock() -> None:
+    from harness.reports.compare_answer import compare_findings
+
+    summary = {"runs": {"jax": _doc("jax-b32"), "torch-compile": _doc("torch-compile-b32")}}
+    (line,) = [f.text for f in compare_findings(summary) if f.text.startswith("GPU clock")]
+    jax, tc = (summary["runs"][b]["gpu_clocks"]["phases"][p]["sm_mhz"]["median"]
+               for b, p in (("jax", "fused_step"), ("torch-compile", "step")))
+    assert line.startswith(f"GPU clock over the measured steps: jax {jax:.0f} MHz median")
+    assert f"; torch-compile {tc:.0f} MHz median" in line
+    summary["runs"]["jax"].update(status="error", error={"phase": "fused_step", "message": "planted"})
+    (line,) = [f.text for f in compare_findings(summary) if f.text.startswith("GPU clock")]
+    assert "jax" not in line
+
+
+def test_the_diff_sets_the_two_sides_clocks_side_by_side(tmp_path) -> None:
+    from harness.diffs.decompose import diff_runs
+    from harness.diffs.inputs import resolve_one
+    from harness.reports.diff import sentences
+
+    a, b = GPU / "torch-small-1.json", GPU / "torch-small-2.json"
+    same = diff_runs(resolve_one(a), resolve_one(b))
+    assert same.clocks == {"a": {"mhz": 1980, "runs": [1980]}, "b": {"mhz": 1980, "runs": [1980]}}
+    assert ("GPU clock over the compared steps: B's median 1980 MHz against A's 1980 MHz: the same within 1%, so the "
+            "gap is not the clock's.") in sentences(same)
+    doc = json.loads(b.read_text())
+    doc["gpu_clocks"]["phases"]["step"]["sm_mhz"]["median"] = 1881  # 5% lower
+    lower = tmp_path / "lower.json"
+    lower.write_text(json.dumps(doc))
+    (line,) = [s for s in sentences(diff_runs(resolve_one(a), resolve_one(lower))) if s.startswith("GPU clock")]
+    assert line.endswith("B's 5.0% lower; a step bound by the GPU's clock takes about that much longer with the "
+                         "same code.")
+    del doc["gpu_clocks"]
+    lower.write_text(json.dumps(doc))
+    assert diff_runs(resolve_one(a), resolve_one(lower)).clocks == {}  # one side without: no sentence
+
+
+def test_the_gallery_table_holds_each_run_s_figures() -> None:
+    from harness.reports.doc_blocks import clock_table
+
+    lines = clock_table(GALLERY, GALLERY.parents[2]).splitlines()
+    assert len(lines) == 4  # header, rule, one row per run
+    for line, name, step in ((lines[2], "jax-b32", "fused_step"), (lines[3], "torch-compile-b32", "step")):
+        doc = _doc(name)
+        clock, phase = doc["gpu_clocks"]["phases"][step], doc["phases"][step]
+        mhz = clock["sm_mhz"]
+        r = statistics.correlation(phase["times_ms"], clock["call_mhz"])
+        assert [c.strip() for c in line.split("|")[1:-1]] == [
+            f"`{name}.json`", doc["options"]["backend"], "32", step, f"{phase['median_ms']:.1f}", f"{phase['mfu']:.1%}",
+            f"{mhz['median']:.0f} ({mhz['min']}-{mhz['max']})", f"{clock['power_w']['median']:.0f}",
+            f"{clock['power_capped']:.0%}", f"{phase['mfu'] * 1830 / mhz['median']:.1%}", f"{r:.2f}"]

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from harness import backends
 from harness.common.documents import DIFF_SCHEMA
+from harness.diffs.clocks import step_clocks
 from harness.diffs.inputs import PhaseProfile, Run
 from harness.diffs.layers import LayerPhase, diff_layers
 from harness.diffs.throughput import Throughput, config_problems, throughput
@@ -157,9 +158,7 @@ class Diff:
     different_work: list[str] = field(default_factory=list)
     # side -> the registered analyses' results of its profile (`harness.trace.analyses.registry`), where profiled
     analyses: dict[str, dict] = field(default_factory=dict)
-    # side -> {"mhz": the median SM clock over the compared step's measured calls (the median of
-    # the runs' where a side has several), "runs": each run's}; only where both sides sampled it
-    clocks: dict[str, dict] = field(default_factory=dict)
+    clocks: dict[str, dict] = field(default_factory=dict)  # `harness.diffs.clocks.step_clocks`
 
     def phase(self, name: str) -> PhaseDiff | None:
         return next((p for p in self.phases if p.phase == name), None)
@@ -352,10 +351,8 @@ def _phase_diff(a: Run, b: Run, pair: tuple[str, str, str]) -> PhaseDiff:
 
 
 def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
-    """The per-phase decomposition of B's time minus A's (see the module docstring).
-
-    Raises `MismatchError` for runs of different model, shape, dtype, mode or GPU unless
-    `force`."""
+    """The per-phase decomposition of B's time minus A's (see the module docstring). Raises
+    `MismatchError` for runs of different model, shape, dtype, mode or GPU unless `force`."""
     if force:
         fields = {label: (_get(a.doc, path), _get(b.doc, path)) for label, path in MATCH_FIELDS}
     else:
@@ -383,29 +380,8 @@ def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
     d.different_work = different_work(a, b, (step.phase, step.a_phase, step.b_phase) if step else None, fields)
     d.analyses = {side: {name: jsonable(r) for name, r in run.analyses.items()}
                   for side, run in (("a", a), ("b", b)) if run.analyses}
-    d.clocks = step_clocks(d, [a], [b])
+    d.clocks = step_clocks((step.a_phase, step.b_phase) if step else None, [a], [b])
     return d
-
-
-def step_clock(run: Run, phase: str | None) -> float | None:
-    """The median SM clock (MHz) over a run's measured calls of `phase`, where its document
-    sampled the GPU's clock (`harness.timing.clocks`); else None."""
-    rec = (((run.doc or {}).get("gpu_clocks") or {}).get("phases") or {}).get(phase) or {}
-    return (rec.get("sm_mhz") or {}).get("median")
-
-
-def step_clocks(d: Diff, a: list[Run], b: list[Run]) -> dict[str, dict]:
-    """`Diff.clocks` of the compared step over each side's runs; empty where a run has no clock."""
-    step = d.step
-    if step is None:
-        return {}
-    out = {}
-    for side, runs in (("a", a), ("b", b)):
-        mhz = [step_clock(r, getattr(step, f"{side}_phase")) for r in runs]
-        if any(m is None for m in mhz):
-            return {}
-        out[side] = {"mhz": statistics.median(mhz), "runs": mhz}
-    return out
 
 
 def regression(diff: Diff, pct: float) -> str | None:

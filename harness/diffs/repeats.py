@@ -20,7 +20,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.diffs.decompose import Diff, step_clocks, timing
+from harness.diffs.clocks import step_clocks
+from harness.diffs.decompose import Diff, timing
 from harness.diffs.inputs import InputError, Run
 
 STEP_PHASES = ("fused_step", "step")  # the whole step, JAX's fused one first where a run has both
@@ -97,7 +98,7 @@ def with_repeats(d: Diff, a: Sequence[Run], b: Sequence[Run]) -> Diff:
             apart = ra.hi_ms < rb.lo_ms or rb.hi_ms < ra.lo_ms
             p.in_noise = (not apart) or (None if parting_chance(len(a), len(b)) > BEYOND_CHANCE else False)
             p.whole = f"harness timer, median of {len(ra.medians_ms)} and {len(rb.medians_ms)} runs' medians"
-    d.clocks = step_clocks(d, list(a), list(b))
+    d.clocks = step_clocks((d.step.a_phase, d.step.b_phase) if d.step else None, list(a), list(b))
     for side, runs in (("A", a), ("B", b)):
         d.notes.append(f"{side}: {len(runs)} runs; the parts and tables below are of the run nearest their median, "
                        f"{representative(runs).source}")

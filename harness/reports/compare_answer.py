@@ -77,8 +77,9 @@ def clock_texts(summary: dict) -> dict[str, str]:
     for backend, r in runs_of(summary).items():
         clocks = (r.get("gpu_clocks") or {}) if r.ok else {}
         phases = clocks.get("phases") or {}
-        rec = phases.get("fused_step") or phases.get("step")
-        if rec and (text := clock_text(rec, clocks.get("boost_mhz"))):
+        name = "fused_step" if "fused_step" in phases else "step"
+        times = (r.phases.get(name) or {}).get("times_ms") if r.ok else None
+        if (rec := phases.get(name)) and (text := clock_text(rec, clocks.get("boost_mhz"), times)):
             out[backend] = text
     return out
 

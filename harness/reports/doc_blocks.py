@@ -17,7 +17,8 @@ takes none and renders, in a results folder's README.md, what that folder's docu
 of their machine, versions, trees and commands (`provenance_block`); `hopper-targets` takes a
 folder of `harness.bench_attention` runs and renders the Hopper kernel's verdicts on them
 (`harness.attention.targets.hopper_answer`); `runs` takes a folder of `harness.run` documents
-and renders one row per run (`run_table`). `render_page` gives the
+and renders one row per run (`run_table`), and `clocks` the same folder as the GPU clock each
+run held over its step (`clock_table`). `render_page` gives the
 page with every block rendered again; text outside the markers is left as it is.
 """
 
@@ -37,6 +38,7 @@ from harness.config import config_from_document
 from harness.diffs.throughput import MFU_PARTS, gemm_flops, profiled_mfu_points
 from harness.reports.compare_answer import compare_findings
 from harness.reports.provenance_block import provenance
+from harness.timing.clocks import time_clock_r
 from harness.trace.kernels import Category
 
 # Markers stand at the start of their own line (a marker quoted in prose or a code span is none).
@@ -215,10 +217,8 @@ def hopper_targets(folder: Path, root: Path) -> str:
                       "is `python -m harness.attention_targets --targets hopper` on them."]) + "\n"
 
 
-def run_table(folder: Path, root: Path) -> str:
-    """One row per `harness.run` document in `folder`, in name order: backend, batch, the step
-    timed (JAX's fused step where the run has one), its median and p10-p90 over the measured
-    steps, MFU and peak device memory; a failed run with its reason."""
+def _run_documents(folder: Path) -> dict[str, RunDocument]:
+    """The `harness.run` documents in `folder` by file name, in name order; ValueError for none."""
     docs = {}
     for path in sorted(folder.glob("*.json")):
         doc = json.loads(path.read_text())
@@ -226,6 +226,14 @@ def run_table(folder: Path, root: Path) -> str:
             docs[path.name] = RunDocument.from_dict(doc, str(path))
     if not docs:
         raise ValueError(f"{folder} holds no harness.run document")
+    return docs
+
+
+def run_table(folder: Path, root: Path) -> str:
+    """One row per `harness.run` document in `folder`, in name order: backend, batch, the step
+    timed (JAX's fused step where the run has one), its median and p10-p90 over the measured
+    steps, MFU and peak device memory; a failed run with its reason."""
+    docs = _run_documents(folder)
     header = ["run", "backend", "batch", "step", "median (ms)", "p10-p90 (ms)", "measured steps", "MFU",
               "peak memory (GiB)"]
     rows = []
@@ -241,10 +249,38 @@ def run_table(folder: Path, root: Path) -> str:
     return "\n".join(markdown_table(header, rows)) + "\n"
 
 
+def clock_table(folder: Path, root: Path) -> str:
+    """One row per `harness.run` document in `folder` that sampled its GPU's clock, in name
+    order: backend, batch, the step (JAX's fused step where the run has one), its median and
+    MFU, the SM clock over its measured calls (median, min-max), the median power, the share
+    of samples at the power cap, MFU against the peak at the median clock, and Pearson's r
+    between the calls' times and mean clocks (`harness.timing.clocks`)."""
+    header = ["run", "backend", "batch", "step", "median (ms)", "MFU", "SM clock MHz: median (min-max)",
+              "power W", "at the power cap", "MFU at that clock", "r (time, clock)"]
+    rows = []
+    for name, run in _run_documents(folder).items():
+        clocks = run.get("gpu_clocks") or {}
+        step = "fused_step" if "fused_step" in run.phases else "step"
+        rec = (clocks.get("phases") or {}).get(step) or {}
+        if not run.ok or not rec.get("samples"):
+            continue
+        p, mhz, watts = run.phases[step], rec["sm_mhz"], rec.get("power_w")
+        r = time_clock_r(p.get("times_ms") or [], rec["call_mhz"])
+        rows.append([f"`{name}`", str(run.backend), str(run.options.get("batch", "-")), step,
+                     f"{p['median_ms']:.1f}", f"{p['mfu']:.1%}" if p.get("mfu") else "-",
+                     f"{mhz['median']:.0f} ({mhz['min']}-{mhz['max']})", f"{watts['median']:.0f}" if watts else "-",
+                     f"{rec['power_capped']:.0%}", f"{rec['mfu_at_clock']:.1%}" if rec.get("mfu_at_clock") else "-",
+                     "-" if r is None else f"{r:.2f}"])
+    if not rows:
+        raise ValueError(f"{folder} holds no finished harness.run document with a sampled GPU clock")
+    return "\n".join(markdown_table(header, rows)) + "\n"
+
+
 RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "hopper-targets": hopper_targets,
-                                                     "runs": run_table}
+                                                     "runs": run_table, "clocks": clock_table}
 # What a renderer's folder must hold (compare folders: their summary.json).
-HOLDS = {"hopper-targets": ("*.json", "harness.bench_attention runs"), "runs": ("*.json", "harness.run documents")}
+HOLDS = {"hopper-targets": ("*.json", "harness.bench_attention runs"), "runs": ("*.json", "harness.run documents"),
+         "clocks": ("*.json", "harness.run documents")}
 # Renderers over several compare folders: the block names them all, space-separated.
 MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed, "breakdown": breakdown,
                                                         "mfu-points": mfu_points_table}

@@ -6,6 +6,7 @@ from harness import backends
 from harness.backends.parallel import parallel_label
 from harness.common.documents import RunDocument
 from harness.common.stats import cell, figure, times_the_median
+from harness.timing.clocks import time_clock_r
 
 
 def format_result(doc: dict) -> str:
@@ -45,10 +46,14 @@ def format_result(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def clock_text(rec: dict, boost_mhz: float | None) -> str | None:
+FOLLOWS_CLOCK = -0.7  # a correlation of call time with clock at or below this: the spread is the clock's
+
+
+def clock_text(rec: dict, boost_mhz: float | None, times_ms: list[float] | None = None) -> str | None:
     """A phase's GPU clock record (`harness.timing.clocks`) in words, None where it holds no sample:
     "1710 MHz median (1650-1980), 690 W, at the power cap in 85% of samples; MFU at that clock 56.1%
-    (the datasheet peak's clock: 1830 MHz)"."""
+    (the datasheet peak's clock: 1830 MHz); its calls' times follow the clock (r = -0.93 ...)",
+    the last part where the phase's call times `times_ms` are given and correlate."""
     if not rec.get("samples"):
         return None
     mhz, watts = rec["sm_mhz"], rec.get("power_w")
@@ -59,6 +64,10 @@ def clock_text(rec: dict, boost_mhz: float | None) -> str | None:
     text += f", {' and '.join(c for c in causes if c)} of samples" if any(causes) else ""
     if rec.get("mfu_at_clock"):
         text += f"; MFU at that clock {rec['mfu_at_clock']:.1%} (the datasheet peak's clock: {boost_mhz:.0f} MHz)"
+    if (r := time_clock_r(times_ms or [], rec.get("call_mhz") or [])) is not None:
+        calls = sum(m is not None for m in rec["call_mhz"])
+        text += (f"; its calls' spread follows the clock (r = {r:.2f} between time and clock over {calls} calls)"
+                 if r <= FOLLOWS_CLOCK else f"; r = {r:.2f} between its calls' time and clock ({calls} calls)")
     return text
 
 
@@ -74,7 +83,7 @@ def clock_lines(doc: dict) -> list[str]:
     for name in ("step", "fused_step"):
         rec = clocks["phases"].get(name)
         if rec is not None:
-            text = clock_text(rec, clocks.get("boost_mhz"))
+            text = clock_text(rec, clocks.get("boost_mhz"), (doc["phases"].get(name) or {}).get("times_ms"))
             lines.append(f"GPU clock over the measured {name} calls: "
                          + (text or "no sample (each call shorter than the sampling period)"))
     return lines

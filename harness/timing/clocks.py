@@ -137,6 +137,22 @@ def summarize(samples: list[Sample], intervals: dict[str, list[tuple[float, floa
     return {"source": SOURCE, "devices": len({s.device for s in samples}), "phases": phases}
 
 
+MIN_CALLS_R = 5  # fewer calls with a clock give no correlation
+
+
+def time_clock_r(times_ms: list[float], call_mhz: list[float | None]) -> float | None:
+    """Pearson's r between the measured calls' times and their mean clocks, over the calls
+    that hold a sample; None for fewer than `MIN_CALLS_R` or where either is constant. Near -1:
+    the calls' spread is the clock's (a call at a lower clock took longer)."""
+    pairs = [(t, m) for t, m in zip(times_ms, call_mhz) if m is not None]
+    if len(pairs) < MIN_CALLS_R:
+        return None
+    try:
+        return statistics.correlation([t for t, _ in pairs], [m for _, m in pairs])
+    except statistics.StatisticsError:  # a constant series
+        return None
+
+
 def peak_at_clock(peak_tflops: float | None, boost_mhz: float | None, mhz: float | None) -> float | None:
     """The dense peak scaled from the datasheet's boost clock to `mhz` (tensor-core work per
     cycle is fixed), or None where a figure is missing."""

@@ -1,0 +1,31 @@
+"""Each side's GPU clock over the compared step, for `Diff.clocks`: a GPU-bound step's time moves
+with the clock it ran at, so a gap between runs of the same code can be the clock's
+(`harness.timing.clocks` samples it; `docs/results.md`)."""
+
+from __future__ import annotations
+
+import statistics
+
+from harness.diffs.inputs import Run
+
+
+def step_clock(run: Run, phase: str | None) -> float | None:
+    """The median SM clock (MHz) over a run's measured calls of `phase`, where its document
+    sampled the GPU's clock (`harness.timing.clocks`); else None."""
+    rec = (((run.doc or {}).get("gpu_clocks") or {}).get("phases") or {}).get(phase) or {}
+    return (rec.get("sm_mhz") or {}).get("median")
+
+
+def step_clocks(phases: tuple[str, str] | None, a: list[Run], b: list[Run]) -> dict[str, dict]:
+    """`Diff.clocks`: per side ("a", "b"), the median clock over its runs of the compared step
+    (`phases`: A's phase and B's) and each run's; empty where a run has no clock."""
+    if phases is None:
+        return {}
+    out = {}
+    for side, runs, phase in (("a", a, phases[0]), ("b", b, phases[1])):
+        mhz = [step_clock(r, phase) for r in runs]
+        if any(m is None for m in mhz):
+            return {}
+        out[side] = {"mhz": statistics.median(mhz), "runs": mhz}
+    return out
+

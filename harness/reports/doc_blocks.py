@@ -250,15 +250,16 @@ def run_table(folder: Path, root: Path) -> str:
 
 
 def clock_table(folder: Path, root: Path) -> str:
-    """One row per `harness.run` document in `folder` that sampled its GPU's clock, in name
-    order: backend, batch, the step (JAX's fused step where the run has one), its median and
+    """One row per `harness.run` document in `folder` that sampled its GPU's clock, by backend
+    and batch: backend, batch, the step (JAX's fused step where the run has one), its median and
     MFU, the SM clock over its measured calls (median, min-max), the median power, the share
     of samples at the power cap, MFU against the peak at the median clock, and Pearson's r
     between the calls' times and mean clocks (`harness.timing.clocks`)."""
     header = ["run", "backend", "batch", "step", "median (ms)", "MFU", "SM clock MHz: median (min-max)",
               "power W", "at the power cap", "MFU at that clock", "r (time, clock)"]
     rows = []
-    for name, run in _run_documents(folder).items():
+    docs = _run_documents(folder)
+    for name, run in sorted(docs.items(), key=lambda kv: (str(kv[1].backend), kv[1].options.get("batch", 0), kv[0])):
         clocks = run.get("gpu_clocks") or {}
         step = "fused_step" if "fused_step" in run.phases else "step"
         rec = (clocks.get("phases") or {}).get(step) or {}

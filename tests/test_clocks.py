@@ -233,3 +233,40 @@ def test_the_gallery_table_holds_each_run_s_figures() -> None:
             f"{phase['mfu'] * 1830 / mhz['median']:.1%}", f"{r:.2f}"]
         order.append((doc["options"]["backend"], batch, f"`{name}.json`"))
     assert list(rows) == [name for *_, name in sorted(order)]  # by backend, then batch
+
+
+def test_a_sweep_s_best_cell_says_its_clock(tmp_path) -> None:
+    """A sweep over batch whose cells sampled their clocks (the gallery's JAX runs as its
+    cells): the best cell's row and the answer give the clock and the MFU at that clock; every
+    cell's clock is in cells.csv."""
+    import csv
+
+    from harness import sweep
+
+    out = tmp_path / "s"
+    out.mkdir()
+    sweep_doc = json.loads((GALLERY.parent / "jax" / "sweep.json").read_text())
+    sweep_doc["options"]["batch"] = 8
+    sweep_doc["axes"]["batches"] = [8, 16, 32]
+    (out / "sweep.json").write_text(json.dumps(sweep_doc))
+    docs = {b: _doc(f"jax-b{b}") for b in (8, 16, 32)}
+    with open(out / "cells.jsonl", "w") as f:
+        for b, doc in docs.items():
+            f.write(json.dumps({"schema": "harness.sweep.cell/1", "key": "large:1024:jax:bf16" + ("" if b == 8 else f":b{b}"),
+                                "cell": {"model": "large", "ctx": 1024, "backend": "jax", "dtype": "bf16", "warmup": None,
+                                         "batch": None if b == 8 else b, "data_parallel": None},
+                                "status": "ok", "reason": None, "exit_code": 0, "wall_s": 1.0, "log": "x.log",
+                                "profile": None, "gpu": None, "result": doc}) + "\n")
+    assert sweep.main(["--render", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    best = docs[32]["gpu_clocks"]["phases"]["fused_step"]
+    mfu = docs[32]["phases"]["fused_step"]["mfu"]
+    assert (f"best whole-step MFU per device: jax bf16 {mfu:.1%} (at {best['sm_mhz']['median']:.0f} MHz: "
+            f"{best['mfu_at_clock']:.1%} at that clock)") in report
+    assert f"| {100 * mfu:.1f}% |" in report and f"| {best['sm_mhz']['median']:.0f} | {100 * best['mfu_at_clock']:.1f}% |" in report
+    with open(out / "cells.csv") as f:
+        rows = {int(r["batch"]): r for r in csv.DictReader(f)}
+    for b, doc in docs.items():
+        clock = doc["gpu_clocks"]["phases"]["fused_step"]
+        assert float(rows[b]["fused_step_sm_mhz"]) == clock["sm_mhz"]["median"]
+        assert float(rows[b]["fused_step_mfu_at_clock"]) == pytest.approx(clock["mfu_at_clock"], rel=1e-12)

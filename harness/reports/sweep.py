@@ -153,11 +153,19 @@ def section_best(data: dict) -> list[str]:
            "Per backend and dtype, the cell whose whole training step (AdamW included; JAX: its fused step where "
            "that is faster) reaches the highest MFU per device (TFLOP/s per device where no peak is known), over "
            "every model, context, batch and device count N of the sweep; tokens/s is the whole job's.", ""]
+    clocked = any(b.get("sm_mhz") for b in data["best"])  # runs that sampled the GPU's clock
     rows = [[b["backend"], b["dtype"], b["model"], str(b["ctx"]), str(b["batch"]), str(b["data_parallel"]),
              b["phase"], _pct(b["mfu"]) if b["mfu"] is not None else "-", figure(b["tflops"]),
-             f"{b['tokens_per_s']:,.0f}" if b["tokens_per_s"] else "-"] for b in data["best"]]
+             f"{b['tokens_per_s']:,.0f}" if b["tokens_per_s"] else "-",
+             *([f"{b['sm_mhz']:.0f}" if b.get("sm_mhz") else "-",
+                _pct(b["mfu_at_clock"]) if b.get("mfu_at_clock") else "-"] if clocked else [])]
+            for b in data["best"]]
+    if clocked:
+        out += ["SM clock: the median over the step's measured calls; MFU at that clock: against the dense peak scaled "
+                "to it from the datasheet's clock (`docs/results.md`).", ""]
     return out + _table(["backend", "dtype", "model", "ctx", "batch/device", "N", "step range", "MFU per device",
-                         "TFLOP/s per device", "tokens/s (job)"], rows)
+                         "TFLOP/s per device", "tokens/s (job)",
+                         *(["SM clock MHz", "MFU at that clock"] if clocked else [])], rows)
 
 
 def section_scaling(data: dict) -> list[str]:
@@ -314,8 +322,8 @@ def csv_rows(data: dict) -> list[dict]:
         row["reason"] = r["reason"] or ""
         for p in PHASE_ORDER:
             ph = r[p] or {}
-            for field in ("median_ms", "std_ms", "tflops", "mfu", "peak_memory_bytes"):
-                row[f"{p}_{field}"] = ph.get(field, "")
+            for field in ("median_ms", "std_ms", "tflops", "mfu", "peak_memory_bytes", "sm_mhz", "mfu_at_clock"):
+                row[f"{p}_{field}"] = "" if ph.get(field) is None else ph[field]
         row["bwd_over_fwd"] = r["bwd_over_fwd"] if r["bwd_over_fwd"] is not None else ""
         m = memory[r["key"]]
         for p in ("forward", "backward", "optimizer", "step"):

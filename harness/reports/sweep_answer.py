@@ -32,8 +32,10 @@ def sweep_findings(data: dict) -> list[Finding]:
             out.append(Finding("speed", f"{dtype}: {over}'s step takes {_spread(ratios)} the time of {under}'s; "
                                f"{over} is faster in {faster} of {len(ratios)}", "Phase times"))
     if data["best"]:
-        best = ", ".join(f"{b['backend']} {b['dtype']} {b['mfu']:.1%}" if b["mfu"] is not None else
-                         f"{b['backend']} {b['dtype']} {b['tflops']:.2f} TFLOP/s" for b in data["best"])
+        best = ", ".join((f"{b['backend']} {b['dtype']} {b['mfu']:.1%}" if b["mfu"] is not None else
+                          f"{b['backend']} {b['dtype']} {b['tflops']:.2f} TFLOP/s")
+                         + (f" (at {b['sm_mhz']:.0f} MHz: {b['mfu_at_clock']:.1%} at that clock)"
+                            if b.get("sm_mhz") and b.get("mfu_at_clock") else "") for b in data["best"])
         out.append(Finding("peak", f"best whole-step MFU per device: {best}", "Best MFU per backend"))
     by_backend: dict[tuple[str, str], list[float]] = {}
     for r in data["speedups"]:

@@ -54,7 +54,16 @@ def sweep_cells(sweep: dict, records: list[dict]) -> list[dict]:
 
 
 def _phase(rec: dict, name: str) -> dict | None:
-    return (rec.get("result") or {}).get("phases", {}).get(name) if rec["status"] == Status.OK else None
+    """A finished cell's phase record, with the median SM clock over its measured calls and the
+    MFU at that clock (`sm_mhz`, `mfu_at_clock`) where the run sampled its GPU's clock."""
+    if rec["status"] != Status.OK:
+        return None
+    result = rec.get("result") or {}
+    p = result.get("phases", {}).get(name)
+    clock = ((result.get("gpu_clocks") or {}).get("phases") or {}).get(name) or {}
+    if p is not None and clock.get("samples"):
+        p = {**p, "sm_mhz": clock["sm_mhz"]["median"], "mfu_at_clock": clock.get("mfu_at_clock")}
+    return p
 
 
 def phase_rows(cells: list[dict]) -> list[dict]:
@@ -247,7 +256,7 @@ def best_rows(rows: list[dict]) -> list[dict]:
             cand = {"backend": r["backend"], "dtype": r["dtype"], "model": r["model"], "ctx": r["ctx"],
                     "batch": r["batch"], "data_parallel": r["data_parallel"], "phase": phase, "tflops": p["tflops"],
                     "mfu": p.get("mfu"), "tokens_per_s": p.get("tokens_per_s"), "median_ms": p["median_ms"],
-                    "key": r["key"]}
+                    "key": r["key"], "sm_mhz": p.get("sm_mhz"), "mfu_at_clock": p.get("mfu_at_clock")}
             if key not in best or rank(cand) > rank(best[key]):
                 best[key] = cand
     return sorted(best.values(), key=lambda b: (_index(backends.names(), b["backend"]), _index(DTYPES, b["dtype"])))

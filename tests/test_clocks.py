@@ -158,6 +158,15 @@ def test_a_real_run_s_clock_lines_hold_its_own_figures() -> None:
                     f"follows the clock (r = {r:.2f} between time and clock over 10 calls)")
 
 
+def test_a_run_of_one_process_per_device_names_rank_0_s_gpu() -> None:
+    from harness.reports.run import clock_lines
+
+    doc = _doc("torch-small-1")
+    doc["ranks"] = [{"rank": 0, "gpu_clocks": doc["gpu_clocks"]}, {"rank": 1, "gpu_clocks": doc["gpu_clocks"]}]
+    (line,) = clock_lines(doc)
+    assert line.startswith("rank 0's GPU clock over the measured step calls: 1980 MHz median")
+
+
 def test_a_small_step_at_a_steady_clock_gives_no_correlation() -> None:
     from harness.reports.run import format_result
 

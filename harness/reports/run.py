@@ -73,18 +73,19 @@ def clock_text(rec: dict, boost_mhz: float | None, times_ms: list[float] | None 
 
 def clock_lines(doc: dict) -> list[str]:
     """The GPU clock over the measured steps (the split and the fused step), or why it was not
-    sampled; nothing for a CPU run."""
+    sampled; nothing for a CPU run. A run of one process per device shows rank 0's."""
     clocks = doc.get("gpu_clocks")
     if not clocks:
         return []
     if reason := clocks.get("not_sampled"):
         return [f"GPU clock: {reason}"]
     lines = []
+    whose = "rank 0's GPU" if len(doc.get("ranks") or ()) > 1 else "GPU"  # each rank's is in `ranks`
     for name in ("step", "fused_step"):
         rec = clocks["phases"].get(name)
         if rec is not None:
             text = clock_text(rec, clocks.get("boost_mhz"), (doc["phases"].get(name) or {}).get("times_ms"))
-            lines.append(f"GPU clock over the measured {name} calls: "
+            lines.append(f"{whose} clock over the measured {name} calls: "
                          + (text or "no sample (each call shorter than the sampling period)"))
     return lines
 

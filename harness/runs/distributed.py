@@ -296,7 +296,8 @@ def run_data_parallel(opts, progress: Callable[[str], None] = lambda m: None, qu
         [_medians(d) for d in docs], opts, "one process per device; each rank's phases timed by its own timer")
     merged["data_parallel"]["environment"] = docs[0]["environment_seen"]
     merged["ranks"] = [{"rank": d["rank"], "phases": d["phases"], "loss": d["loss"],
-                        "intervals_ns": d.get("intervals_ns"), "overhead": d.get("overhead")} for d in docs]
+                        "intervals_ns": d.get("intervals_ns"), "overhead": d.get("overhead"),
+                        "gpu_clocks": d.get("gpu_clocks")} for d in docs]
     merged["data_parallel"]["link"] = docs[0].get("link")
     merged["data_parallel"]["host_split"] = host_split(merged)
     return merged

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from harness.common.hardware import boost_mhz, peak_tflops
-from harness.timing import clocks
 from harness.timing.clocks import POWER_CAP, ClockSampler, Sample, open_sampler, peak_at_clock, summarize
 
 
@@ -124,7 +123,25 @@ def test_a_cpu_run_records_no_clock() -> None:
 
     doc = run(RunSpec(backend="torch", model="tiny", ctx=16, batch=1, device="cpu", warmup=1, steps=1))
     assert doc["status"] == "ok" and "gpu_clocks" not in doc
-    assert clocks.SOURCE.startswith("NVML")
+
+
+def test_each_process_samples_the_gpus_it_computes_on(monkeypatch) -> None:
+    """A one-process run samples its first --data-parallel devices; a rank of a backend with a
+    process per device its LOCAL_RANK's; a CPU run none."""
+    from harness import backends
+    from harness.timing import runner
+    from harness.timing.spec import RunSpec
+
+    asked = []
+    monkeypatch.setattr(runner, "open_sampler", lambda devices, visible: asked.append(devices) or "stand-in")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    jax, torch = backends.get("jax"), backends.get("torch")
+    assert jax.one_process and not torch.one_process
+    assert runner._clock_sampler(RunSpec(backend="jax", model="tiny", ctx=16, device="cuda", data_parallel=2), jax) == "stand-in"
+    runner._clock_sampler(RunSpec(backend="torch", model="tiny", ctx=16, device="cuda", data_parallel=4), torch)
+    runner._clock_sampler(RunSpec(backend="torch", model="tiny", ctx=16, device="cuda"), torch)
+    assert asked == [[0, 1], [3], [0]]
+    assert runner._clock_sampler(RunSpec(backend="torch", model="tiny", ctx=16, device="cpu"), torch) is None
 
 
 GPU = Path(__file__).parent / "data" / "gpu_clocks"  # harness.run of the small model on one H200

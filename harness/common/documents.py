@@ -185,6 +185,12 @@ class RunDocument(_Document):
         return self.extra.get("phases") or {}
 
 
+def whole_step(phases: Mapping[str, Any]) -> str:
+    """The phase that times a whole training step: JAX's fused step where `phases` (a run's, or
+    a profile's, keyed by phase name) hold one, else the split step."""
+    return "fused_step" if "fused_step" in phases else "step"
+
+
 @dataclass(frozen=True, kw_only=True)
 class CompareDocument(_Document):
     """A comparison's summary.json: whether it passed, its options and one run per backend."""

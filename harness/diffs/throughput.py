@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.common.documents import whole_step
 from harness.common.hardware import hbm_tbps, peak_tflops
 from harness.config import ModelConfig, config_from_document
 from harness.diffs.inputs import PhaseProfile, Run
@@ -91,7 +92,7 @@ def profiled_mfu_points(entry: dict, run: dict) -> dict[str, object] | None:
     ran one), each part's points}; None where the run records no model, batch, context or
     device with a known dense peak, or the profile has no step or no busy time."""
     phases = entry.get("phases") or {}
-    phase = "fused_step" if "fused_step" in phases else "step"
+    phase = whole_step(phases)
     p, options = phases.get(phase), run.get("options") or {}
     config = config_from_document(run["config"])[0] if isinstance(run.get("config"), dict) else None
     peak = peak_tflops((run.get("env") or {}).get("device"), options.get("dtype"))

@@ -7,7 +7,7 @@ report's sections print live here too."""
 from __future__ import annotations
 
 from harness.common.answer import NOISE_WORDS, Finding, overlap, speed
-from harness.common.documents import runs_of
+from harness.common.documents import runs_of, whole_step
 from harness.common.stats import NOISY_SPREAD
 from harness.diffs.throughput import MFU_PARTS
 from harness.reports.run import clock_text
@@ -77,7 +77,7 @@ def clock_texts(summary: dict) -> dict[str, str]:
     for backend, r in runs_of(summary).items():
         clocks = (r.get("gpu_clocks") or {}) if r.ok else {}
         phases = clocks.get("phases") or {}
-        name = "fused_step" if "fused_step" in phases else "step"
+        name = whole_step(phases)
         times = (r.phases.get(name) or {}).get("times_ms") if r.ok else None
         if (rec := phases.get(name)) and (text := clock_text(rec, clocks.get("boost_mhz"), times)):
             out[backend] = text

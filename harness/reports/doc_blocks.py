@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import backends
-from harness.common.documents import CompareDocument, RunDocument
+from harness.common.documents import CompareDocument, RunDocument, whole_step
 from harness.common.hardware import peak_tflops
 from harness.common.tables import markdown_table
 from harness.config import config_from_document
@@ -119,7 +119,7 @@ def exposed(folders: list[Path], root: Path) -> str:
         for backend, per in (summary.get("overlap") or {}).items():
             env = (runs[backend].get("env") or {}) if backend in runs else {}
             flags = (env.get("settings") or {}).get("XLA_FLAGS", "")
-            step = "fused_step" if "fused_step" in per.get("per_step", {}) else "step"
+            step = whole_step(per.get("per_step", {}))
             p = per["per_step"][step]
             rows.append([f"`{folder.name}`", backend, (summary.get("data_parallel") or {}).get("parallel", "-"),
                          f"`{flags}`" if flags else "-", str(env.get("git_commit", "-"))[:12], step,
@@ -151,7 +151,7 @@ def _profiled_steps(folders: list[Path]):
         runs = CompareDocument.from_dict(summary, str(folder / "summary.json")).runs
         for entry in json.loads((folder / "kernels.json").read_text()):
             label, phases = entry["label"], entry["phases"]
-            phase = "fused_step" if "fused_step" in phases else "step"
+            phase = whole_step(phases)
             name = folder.name if unique else f"{folder.parent.name}/{folder.name}"
             yield name, label, phase, phases[phase], entry, runs[label]
 
@@ -242,7 +242,7 @@ def run_table(folder: Path, root: Path) -> str:
         if not run.ok:
             rows.append([*label, f"{run.status.value}: {run.message}", "-", "-", "-", "-", "-"])
             continue
-        step = "fused_step" if "fused_step" in run.phases else "step"
+        step = whole_step(run.phases)
         p = run.phases[step]
         peak = p.get("peak_memory_bytes")
         rows.append([*label, step, *_step_row("", p, None)[1:5], f"{peak / 2**30:.1f}" if peak else "-"])
@@ -261,7 +261,7 @@ def clock_table(folder: Path, root: Path) -> str:
     docs = _run_documents(folder)
     for name, run in sorted(docs.items(), key=lambda kv: (str(kv[1].backend), kv[1].options.get("batch", 0), kv[0])):
         clocks = run.get("gpu_clocks") or {}
-        step = "fused_step" if "fused_step" in run.phases else "step"
+        step = whole_step(run.phases)
         rec = (clocks.get("phases") or {}).get(step) or {}
         if not run.ok or not rec.get("samples"):
             continue

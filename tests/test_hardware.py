@@ -34,8 +34,10 @@ def test_settings_made_through_the_environment_are_recorded(monkeypatch) -> None
     assert "settings" not in results.environment()
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=false")
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.94")
+    monkeypatch.setenv("ENABLE_PERSISTENT_TMA_MATMUL", "1")
     monkeypatch.setenv("HOME_NOT_A_SETTING", "x")
-    assert results.environment()["settings"] == {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false",
+    assert results.environment()["settings"] == {"ENABLE_PERSISTENT_TMA_MATMUL": "1",
+                                                 "XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false",
                                                  "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.94"}
 
 

@@ -262,7 +262,8 @@ def nvidia_smi() -> dict[str, str]:
 
 # Environment variables that change what a run measures (compiler flags, memory pools).
 SETTINGS_PREFIXES = ("XLA_", "JAX_", "TORCHINDUCTOR_", "TORCH_COMPILE", "PYTORCH_CUDA_ALLOC_CONF", "NCCL_",
-                     "TORCH_NCCL_", "CUDA_DEVICE_MAX_CONNECTIONS")
+                     "TORCH_NCCL_", "CUDA_DEVICE_MAX_CONNECTIONS",
+                     "ENABLE_PERSISTENT_TMA_MATMUL")  # Inductor's Hopper GEMM templates under max-autotune
 
 
 def settings() -> dict[str, str]:

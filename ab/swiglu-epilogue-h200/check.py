@@ -1,0 +1,165 @@
+"""The SwiGLU epilogue kernels on the GPU: correctness against the references, and time against
+XLA at the step's FFN shape (large, 32 x 1024 tokens)."""
+
+import json
+import statistics
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import swiglu as sw
+from pallas_kernels.hopper import gated
+
+
+def timed(fn, *args, calls=20, repeats=7):
+    jax.block_until_ready(fn(*args))
+    t_end = time.perf_counter() + 0.3
+    while time.perf_counter() < t_end:
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return dict(us=round(statistics.median(times), 1), us_min=round(min(times), 1), us_max=round(max(times), 1))
+
+
+def emit(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def err(a, b):
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-30))
+
+
+def inputs(M, D, F, seed=0):
+    k = jax.random.split(jax.random.key(seed), 5)
+    x = jax.random.normal(k[0], (M, D), jnp.float32).astype(jnp.bfloat16)
+    w1 = (jax.random.normal(k[1], (F, D)) / D**0.5).astype(jnp.bfloat16)
+    w3 = (jax.random.normal(k[2], (F, D)) / D**0.5).astype(jnp.bfloat16)
+    w2 = (jax.random.normal(k[3], (D, F)) / F**0.5).astype(jnp.bfloat16)
+    dy = jax.random.normal(k[4], (M, D), jnp.float32).astype(jnp.bfloat16)
+    return x, w1, w2, w3, dy
+
+
+for M, D, F in ((256, 128, 256), (32768, 1280, 5120)):
+    x, w1, w2, w3, dy = inputs(M, D, F)
+    try:
+        got = gated.gate_up(x, w1, w3)
+        ref = sw.gate_up_reference(x, w1, w3)
+        emit(check="gate_up", shape=[M, D, F], rel_err=[err(a, b) for a, b in zip(got, ref)])
+    except Exception as e:
+        emit(check="gate_up", shape=[M, D, F], error=f"{type(e).__name__}: {str(e)[:1500]}")
+        traceback.print_exc()
+    h1, h3, _ = sw.gate_up_reference(x, w1, w3)
+    try:
+        got = gated.gate_down(dy, w2, h1, h3)
+        ref = sw.gate_down_reference(dy, w2, h1, h3)
+        emit(check="gate_down", shape=[M, D, F], rel_err=[err(a, b) for a, b in zip(got, ref)])
+    except Exception as e:
+        emit(check="gate_down", shape=[M, D, F], error=f"{type(e).__name__}: {str(e)[:1500]}")
+        traceback.print_exc()
+
+M, D, F = 32768, 1280, 5120
+x, w1, w2, w3, dy = inputs(M, D, F)
+h1, h3, _ = sw.gate_up_reference(x, w1, w3)
+lin = lambda a, w: jnp.einsum("...i,oi->...o", a, w)
+
+
+def xla_up(x, w1, w3):
+    a, b = lin(x, w1), lin(x, w3)
+    return a, b, jax.nn.silu(a) * b
+
+
+def xla_down(dy, w2, h1, h3):
+    dg = jnp.einsum("md,df->mf", dy, w2)
+    _, vjp = jax.vjp(lambda a, b: jax.nn.silu(a) * b, h1, h3)
+    return (*vjp(dg), jax.nn.silu(h1) * h3)
+
+
+def plain_ffn(x, w1, w2, w3):
+    f = lambda x, w1, w2, w3: lin(jax.nn.silu(lin(x, w1)) * lin(x, w3), w2)
+    return jax.checkpoint(f, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)(x, w1, w2, w3)
+
+
+def step(ffn):
+    # The output too, as a training step needs it (without it XLA drops the forward's last GEMM).
+    def run(x, w1, w2, w3, dy):
+        y, vjp = jax.vjp(ffn, x, w1, w2, w3)
+        return (y, *vjp(dy))
+
+    return jax.jit(run)
+
+
+rows = {}
+for name, fn, args in (
+    ("up xla", jax.jit(xla_up), (x, w1, w3)),
+    ("up mosaic", gated.gate_up, (x, w1, w3)),
+    ("down xla", jax.jit(xla_down), (dy, w2, h1, h3)),
+    ("down mosaic", gated.gate_down, (dy, w2, h1, h3)),
+    ("ffn fwd+bwd xla", step(plain_ffn), (x, w1, w2, w3, dy)),
+    ("ffn fwd+bwd mosaic", step(lambda *a: sw.swiglu_ffn(*a, backend="mosaic")), (x, w1, w2, w3, dy)),
+):
+    try:
+        rows[name] = timed(fn, *args)
+        emit(time=name, **rows[name])
+    except Exception as e:
+        emit(time=name, error=f"{type(e).__name__}: {str(e)[:300]}")
+try:
+    ga = step(plain_ffn)(x, w1, w2, w3, dy)
+    gb = step(lambda *a: sw.swiglu_ffn(*a, backend="mosaic"))(x, w1, w2, w3, dy)
+    emit(check="ffn y, grads mosaic vs plain xla", rel_err=[err(a, b) for a, b in zip(gb, ga)])
+    gr = step(lambda *a: sw.swiglu_ffn(*a, backend="reference"))(x, w1, w2, w3, dy)
+    emit(check="ffn y, grads reference vs plain xla", rel_err=[err(a, b) for a, b in zip(gr, ga)])
+except Exception as e:
+    emit(check="ffn grads", error=f"{type(e).__name__}: {str(e)[:300]}")
+VARIANTS = {
+    "up": [(64, 128, 3, 2, 64), (64, 64, 2, 2, 128), (64, 64, 3, 2, 128)],
+    "down": [(64, 128, 4, 2, 64), (64, 128, 2, 2, 128), (64, 64, 3, 2, 128), (64, 64, 4, 2, 128)],
+}
+
+
+def variant(kind, t):
+    tiles = gated.GemmTiles(*t)
+    if kind == "up":
+        return jax.jit(
+            lambda x, w1, w3: gated._gemm_call(
+                x, (w1, w3), transpose_b=True, n_out=3, epilogue=gated._up_epilogue, name="u", tiles=tiles
+            )
+        ), (x, w1, w3)
+    return jax.jit(
+        lambda dy, w2, h1, h3: gated._gemm_call(
+            dy,
+            (w2,),
+            transpose_b=False,
+            n_out=3,
+            epilogue=gated._down_epilogue,
+            epi_inputs=(h1, h3),
+            name="d",
+            tiles=tiles,
+        )
+    ), (dy, w2, h1, h3)
+
+
+refs = {"up": sw.gate_up_reference(x, w1, w3), "down": sw.gate_down_reference(dy, w2, h1, h3)}
+for rnd in range(2):
+    for kind in ("up", "down"):
+        for t in VARIANTS[kind]:
+            try:
+                fn, args = variant(kind, t)
+                e = [err(a, b) for a, b in zip(fn(*args), refs[kind])] if rnd == 0 else None
+                emit(time=f"{kind} rows,tile_n,stages,bufs,tile_k={t}", rel_err=e, **timed(fn, *args))
+            except Exception as ex:
+                emit(time=f"{kind} {t}", error=f"{type(ex).__name__}: {str(ex)[:300]}")
+        emit(
+            time=f"{kind} xla",
+            **timed(
+                jax.jit(xla_up) if kind == "up" else jax.jit(xla_down),
+                *((x, w1, w3) if kind == "up" else (dy, w2, h1, h3)),
+            ),
+        )

@@ -119,8 +119,9 @@ try:
 except Exception as e:
     emit(check="ffn grads", error=f"{type(e).__name__}: {str(e)[:300]}")
 VARIANTS = {
-    "up": [(64, 128, 3, 2, 64), (64, 64, 2, 2, 128), (64, 64, 3, 2, 128)],
-    "down": [(64, 128, 4, 2, 64), (64, 128, 2, 2, 128), (64, 64, 3, 2, 128), (64, 64, 4, 2, 128)],
+    # (rows, tile_n, stages, bufs, tile_k, in_flight), gated.GemmTiles's fields in order
+    "up": [(64, 128, 3, 2, 64, False), (64, 128, 3, 2, 64, True)],
+    "down": [(64, 128, 4, 2, 64, False), (64, 128, 4, 2, 64, True), (64, 128, 3, 2, 64, True)],
 }
 
 
@@ -153,7 +154,7 @@ for rnd in range(2):
             try:
                 fn, args = variant(kind, t)
                 e = [err(a, b) for a, b in zip(fn(*args), refs[kind])] if rnd == 0 else None
-                emit(time=f"{kind} rows,tile_n,stages,bufs,tile_k={t}", rel_err=e, **timed(fn, *args))
+                emit(time=f"{kind} rows,tile_n,stages,bufs,tile_k,in_flight={t}", rel_err=e, **timed(fn, *args))
             except Exception as ex:
                 emit(time=f"{kind} {t}", error=f"{type(ex).__name__}: {str(ex)[:300]}")
         emit(

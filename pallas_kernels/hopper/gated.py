@@ -23,6 +23,7 @@ runs. The references are `pallas_kernels.swiglu.gate_up_reference` and
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -48,13 +49,15 @@ CONSUMERS = 2
 class GemmTiles:
     """rows: of a tile per consumer warpgroup; tile_n: columns of a tile (per B operand);
     stages: K blocks in the ring; bufs: epilogue buffers per consumer; tile_k: the K block
-    (each consumer waits for its products once per block)."""
+    (each consumer waits for its products once per block, or with in_flight for the previous
+    block's once this one's are issued, releasing that block's ring slot then)."""
 
     rows: int = 64
     tile_n: int = 128
     stages: int = 3
     bufs: int = 2
     tile_k: int = 64
+    in_flight: bool = False  # a K block's products stay in flight while the next block's are issued
 
 
 UP_TILES = GemmTiles()
@@ -148,24 +151,39 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
                 for j, in_ref in enumerate(in_refs):
                     plgpu.copy_gmem_to_smem(in_ref.at[rows, cols], bufs.at[wg, j], in_ready.at[wg * n_in + j])
 
-                def k_step(kk, accs):
-                    slot = lax.rem(i * n_k + kk, STAGES)
+                def ring(kk):
+                    return lax.rem(i * n_k + kk, STAGES)
+
+                def products(kk, acc_refs):
+                    """Waits for K block kk and issues its products into acc_refs."""
+                    slot = ring(kk)
                     plgpu.barrier_wait(a_ready.at[slot * CONSUMERS + wg])
                     for j in range(n_b):
                         plgpu.barrier_wait(b_ready.at[slot * n_b + j])
-                    a_tile = a_smem.at[slot, wg]
-
-                    def products(acc_refs):
-                        for j, acc_ref in enumerate(acc_refs):
-                            b = b_smem.at[slot, j]
-                            plgpu.wgmma(acc_ref, a_tile, b.transpose((1, 0)) if transpose_b else b)
-
-                    out = accumulate(products, *accs)
-                    plgpu.barrier_arrive(free.at[slot])
-                    return out if n_b > 1 else (out,)
+                    for j, acc_ref in enumerate(acc_refs):
+                        b = b_smem.at[slot, j]
+                        plgpu.wgmma(acc_ref, a_smem.at[slot, wg], b.transpose((1, 0)) if transpose_b else b)
 
                 zeros = zeros_f32((ROWS, TILE_N), plgpu.Layout.WGMMA)
-                accs = lax.fori_loop(0, n_k, k_step, (zeros,) * n_b)
+                if tiles.in_flight:
+                    def k_loop(acc_refs):
+                        def k_step(kk, _):
+                            products(kk, acc_refs)
+                            plgpu.wgmma_wait(n_b)  # block kk - 1's products are done
+                            pl.when(kk > 0)(lambda: plgpu.barrier_arrive(free.at[ring(kk - 1)]))
+
+                        lax.fori_loop(0, n_k, k_step, None)
+                        plgpu.wgmma_wait(0)
+                        plgpu.barrier_arrive(free.at[ring(n_k - 1)])
+
+                    accs = pl.run_state(k_loop)(tuple(plgpu.ACC.init(zeros) for _ in range(n_b)))
+                else:
+                    def k_step(kk, accs):
+                        out = accumulate(functools.partial(products, kk), *accs)
+                        plgpu.barrier_arrive(free.at[ring(kk)])
+                        return out if n_b > 1 else (out,)
+
+                    accs = lax.fori_loop(0, n_k, k_step, (zeros,) * n_b)
                 for j in range(n_in):
                     plgpu.barrier_wait(in_ready.at[wg * n_in + j])
                 epilogue(accs, wg, rows, cols, out_refs, bufs)

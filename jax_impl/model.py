@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 from harness.config import ModelConfig
+from pallas_kernels import swiglu as swiglu_kernels
 from pallas_kernels.rmsnorm import add_rms_norm
 
 
@@ -139,6 +140,11 @@ class SwiGLU(nnx.Module):
         self.w3 = Linear(d_model, d_ff, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        w1, w2, w3 = self.w1.weight[...], self.w2.weight[...], self.w3.weight[...]
+        x = x.astype(w1.dtype)
+        if swiglu_kernels.unsupported_reason(x, w1) is None:
+            # On a Hopper GPU in bf16: the gate and its backward in the GEMMs' epilogues.
+            return swiglu_kernels.swiglu_ffn(x, w1, w2, w3, backend="mosaic")
         # Under remat keeping only the matmuls' outputs, the backward gets w1(x) and w3(x)
         # and recomputes silu and the product from them, where plain autodiff keeps six
         # [B, T, d_ff] arrays per layer (silu's intermediates, the product). Recomputing is

@@ -121,7 +121,12 @@ except Exception as e:
 VARIANTS = {
     # (rows, tile_n, stages, bufs, tile_k, in_flight), gated.GemmTiles's fields in order
     "up": [(64, 128, 3, 2, 64, False), (64, 128, 3, 2, 64, True)],
-    "down": [(64, 128, 4, 2, 64, False), (64, 128, 4, 2, 64, True), (64, 128, 3, 2, 64, True)],
+    "down": [
+        (64, 128, 4, 2, 64, False),
+        (64, 128, 4, 2, 64, True),
+        (128, 128, 3, 2, 64, False),
+        (128, 128, 3, 2, 64, True),
+    ],
 }
 
 

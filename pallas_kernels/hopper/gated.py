@@ -43,6 +43,7 @@ from pallas_kernels.hopper.pipeline import (
 from pallas_kernels.hopper.tiles import REGISTERS
 
 CONSUMERS = 2
+EPI_ROWS = 64  # rows of a tile's epilogue at a time (its buffers' height)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,9 +88,11 @@ def _sigmoid(a: jax.Array) -> jax.Array:
 
 def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(), name: str, tiles: GemmTiles):
     """Persistent GEMM of a [M, K] against each B in `bs` ([N, K] if transpose_b, else
-    [K, N]), one float32 accumulator per B. `epilogue(accs, wg, rows, cols, refs, bufs)`
-    stores a tile's outputs; `epi_inputs` are [M, N] arrays it reads (fetched into
-    `bufs` by TMA while the tile's K loop runs)."""
+    [K, N]), one float32 accumulator per B. `epilogue(accs, io)` stores a tile's outputs,
+    EPI_ROWS rows at a time (`io`: the tile's place, its buffers, and `io.inputs(chunk)`, the
+    tiles of `epi_inputs` ([M, N] arrays) for a chunk, in `bufs`; the first chunk's are fetched
+    by TMA while the tile's K loop runs, later ones once the previous chunk's stores have read
+    the buffers)."""
     ROWS, TILE_N, TILE_K, STAGES = tiles.rows, tiles.tile_n, tiles.tile_k, tiles.stages  # noqa: N806
     TILE_M = ROWS * CONSUMERS  # noqa: N806
     m, k = a.shape
@@ -145,11 +148,25 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
 
             def run_tile(i, _):
                 tm, tn = coords(i)
-                rows, cols = pl.ds(tm * TILE_M + wg * ROWS, ROWS), pl.ds(tn * TILE_N, TILE_N)
-                if n_in:  # the previous tile's stores must have read the buffers before they are refilled
+                row0, cols = tm * TILE_M + wg * ROWS, pl.ds(tn * TILE_N, TILE_N)
+
+                def fetch(chunk):
+                    # The previous stores must have read the buffers before they are refilled.
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                for j, in_ref in enumerate(in_refs):
-                    plgpu.copy_gmem_to_smem(in_ref.at[rows, cols], bufs.at[wg, j], in_ready.at[wg * n_in + j])
+                    for j, in_ref in enumerate(in_refs):
+                        plgpu.copy_gmem_to_smem(in_ref.at[pl.ds(row0 + chunk * EPI_ROWS, EPI_ROWS), cols],
+                                                bufs.at[wg, j], in_ready.at[wg * n_in + j])
+
+                def inputs(chunk):
+                    if chunk > 0:
+                        fetch(chunk)
+                    for j in range(n_in):
+                        plgpu.barrier_wait(in_ready.at[wg * n_in + j])
+                    return [plgpu.load(bufs.at[wg, j], (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+                            for j in range(n_in)]
+
+                if n_in:
+                    fetch(0)
 
                 def ring(kk):
                     return lax.rem(i * n_k + kk, STAGES)
@@ -184,9 +201,10 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
                         return out if n_b > 1 else (out,)
 
                     accs = lax.fori_loop(0, n_k, k_step, (zeros,) * n_b)
-                for j in range(n_in):
-                    plgpu.barrier_wait(in_ready.at[wg * n_in + j])
-                epilogue(accs, wg, rows, cols, out_refs, bufs)
+                io = EpilogueIO(wg, row0, cols, out_refs, bufs, inputs)
+                for chunk in range(ROWS // EPI_ROWS):
+                    part = slice(chunk * EPI_ROWS, (chunk + 1) * EPI_ROWS)
+                    epilogue(tuple(acc[part] if ROWS > EPI_ROWS else acc for acc in accs), io, chunk)
                 return 0
 
             lax.fori_loop(0, n_items, run_tile, 0)
@@ -196,7 +214,7 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
     scratch = (
         plgpu.SMEM((STAGES, CONSUMERS, ROWS, TILE_K), dtype, transforms=a_tf),
         plgpu.SMEM((STAGES, n_b, *b_tile), dtype, transforms=b_tf),
-        plgpu.SMEM((CONSUMERS, n_bufs, ROWS, TILE_N), dtype, transforms=out_tf),
+        plgpu.SMEM((CONSUMERS, n_bufs, EPI_ROWS, TILE_N), dtype, transforms=out_tf),
         plgpu.Barrier(num_barriers=STAGES * CONSUMERS),
         plgpu.Barrier(num_barriers=STAGES * n_b),
         plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=STAGES),
@@ -208,9 +226,26 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
     return call(a, *bs, *epi_inputs)
 
 
+@dataclasses.dataclass(frozen=True)
+class EpilogueIO:
+    """What an epilogue needs of its tile: the consumer, its first row and the columns, the
+    outputs, the buffers, and `inputs(chunk)` (see _gemm_call)."""
+
+    wg: object
+    row0: object
+    cols: object
+    outs: tuple
+    bufs: object
+    inputs: object
+
+    def store(self, idx: int, value, out: int, chunk: int) -> None:
+        rows = pl.ds(self.row0 + chunk * EPI_ROWS, EPI_ROWS)
+        _store(self.bufs, self.wg, idx, value, self.outs[out].at[rows, self.cols])
+
+
 def _store(bufs, wg, idx: int, value, ref) -> None:
-    """Stores the `idx`th output of a tile through the consumer's buffers, each refilled
-    once its previous store has read it (at 0: once the previous tile's stores have)."""
+    """Stores the `idx`th output of a chunk through the consumer's buffers, each refilled
+    once its previous store has read it (at 0: once the previous chunk's stores have)."""
     n_bufs = bufs.shape[1]
     buf = bufs.at[wg, idx % n_bufs]
     if idx == 0 or idx >= n_bufs:
@@ -220,30 +255,28 @@ def _store(bufs, wg, idx: int, value, ref) -> None:
     plgpu.copy_smem_to_gmem(buf, ref)
 
 
-def _up_epilogue(accs, wg, rows, cols, out_refs, bufs):
+def _up_epilogue(accs, io: EpilogueIO, chunk: int):
     # h1 and h3 go out before g is computed, so that the accumulators are dead by then.
-    dtype = out_refs[0].dtype
-    h1_ref, h3_ref, g_ref = out_refs
+    dtype = io.outs[0].dtype
     h1 = accs[0].astype(dtype)
-    _store(bufs, wg, 0, h1, h1_ref.at[rows, cols])
+    io.store(0, h1, 0, chunk)
     h3 = accs[1].astype(dtype)
-    _store(bufs, wg, 1, h3, h3_ref.at[rows, cols])
+    io.store(1, h3, 1, chunk)
     a = h1.astype(jnp.float32)
-    _store(bufs, wg, 2, (a * _sigmoid(a) * h3.astype(jnp.float32)).astype(dtype), g_ref.at[rows, cols])
+    io.store(2, (a * _sigmoid(a) * h3.astype(jnp.float32)).astype(dtype), 2, chunk)
 
 
-def _down_epilogue(accs, wg, rows, cols, out_refs, bufs):
+def _down_epilogue(accs, io: EpilogueIO, chunk: int):
     (dg,) = accs
-    h1 = plgpu.load(bufs.at[wg, 0], (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
-    h3 = plgpu.load(bufs.at[wg, 1], (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+    h1, h3 = io.inputs(chunk)
     sig = _sigmoid(h1)
     silu = h1 * sig
-    dtype = out_refs[0].dtype
+    dtype = io.outs[0].dtype
     dh1 = (dg * h3 * sig * (1.0 + h1 * (1.0 - sig))).astype(dtype)
     dh3 = (dg * silu).astype(dtype)
     g = (silu * h3).astype(dtype)
-    for idx, (value, ref) in enumerate(((dh1, out_refs[0]), (dh3, out_refs[1]), (g, out_refs[2]))):
-        _store(bufs, wg, idx, value, ref.at[rows, cols])
+    for idx, value in enumerate((dh1, dh3, g)):
+        io.store(idx, value, idx, chunk)
 
 
 @jax.jit

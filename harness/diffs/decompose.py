@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from harness import backends
 from harness.common.documents import DIFF_SCHEMA
+from harness.diffs.changes import run_changes
 from harness.diffs.clocks import step_clocks
 from harness.diffs.inputs import PhaseProfile, Run
 from harness.diffs.layers import LayerPhase, diff_layers
@@ -151,14 +152,12 @@ class Diff:
     notes: list[str]
     schema: str = DIFF_SCHEMA
     layers: list[LayerPhase] = field(default_factory=list)  # per phase, where both runs recorded layers
-    # side ("a", "b") -> communication, hidden, exposed ms over the measured steps and the
-    # exposed share of the communication; only where both runs have overlap figures
-    overlap: dict[str, dict] = field(default_factory=dict)
+    overlap: dict[str, dict] = field(default_factory=dict)  # side -> communication, hidden, exposed ms, exposed share
     # what shows that the two sides did different work (`harness.diffs.work`), one clause each
     different_work: list[str] = field(default_factory=list)
-    # side -> the registered analyses' results of its profile (`harness.trace.analyses.registry`), where profiled
-    analyses: dict[str, dict] = field(default_factory=dict)
+    analyses: dict[str, dict] = field(default_factory=dict)  # side -> its profile's registered analyses' results
     clocks: dict[str, dict] = field(default_factory=dict)  # `harness.diffs.clocks.step_clocks`
+    changes: list[dict] | None = None  # `harness.diffs.changes.run_changes`: what the sides were run with differently
 
     def phase(self, name: str) -> PhaseDiff | None:
         return next((p for p in self.phases if p.phase == name), None)
@@ -381,6 +380,7 @@ def diff_runs(a: Run, b: Run, force: bool = False) -> Diff:
     d.analyses = {side: {name: jsonable(r) for name, r in run.analyses.items()}
                   for side, run in (("a", a), ("b", b)) if run.analyses}
     d.clocks = step_clocks((step.a_phase, step.b_phase) if step else None, [a], [b])
+    d.changes = run_changes([a], [b])
     return d
 
 

@@ -20,6 +20,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from harness.diffs.changes import run_changes
 from harness.diffs.clocks import step_clocks
 from harness.diffs.decompose import Diff, timing
 from harness.diffs.inputs import InputError, Run
@@ -99,6 +100,7 @@ def with_repeats(d: Diff, a: Sequence[Run], b: Sequence[Run]) -> Diff:
             p.in_noise = (not apart) or (None if parting_chance(len(a), len(b)) > BEYOND_CHANCE else False)
             p.whole = f"harness timer, median of {len(ra.medians_ms)} and {len(rb.medians_ms)} runs' medians"
     d.clocks = step_clocks((d.step.a_phase, d.step.b_phase) if d.step else None, list(a), list(b))
+    d.changes = run_changes(a, b)
     for side, runs in (("A", a), ("B", b)):
         d.notes.append(f"{side}: {len(runs)} runs; the parts and tables below are of the run nearest their median, "
                        f"{representative(runs).source}")

@@ -11,6 +11,7 @@ from harness.common.answer import NOISE_WORDS, Finding, answer_markdown, speed
 from harness.common.html import with_link
 from harness.common.results import atomic_path, write_text
 from harness.common.tables import markdown_table
+from harness.diffs.changes import changes_sentence
 from harness.diffs.decompose import HOST, Diff, PhaseDiff, Throughput, phase_words
 from harness.diffs.layers import LayerPhase, layer_sentences
 from harness.diffs.repeats import BEYOND_CHANCE, parting_chance
@@ -135,7 +136,7 @@ def sentences(d: Diff) -> list[str]:
         return ["The runs have no phase in common.", *layer_sentences(d.layers)]
     unlike = ([f"A and B did different work ({'; '.join(d.different_work)}): the times below are of unlike runs, "
                "and their ratio is no speed-up of one over the other."] if d.different_work else [])
-    out = [*unlike, _headline(d, p), *filter(None, [step_choice(d)])]
+    out = [*unlike, _headline(d, p), *filter(None, [changes_sentence(d.changes), step_choice(d)])]
     causes = [part.name for part in sorted(p.parts, key=lambda x: -abs(x.delta_ms))[:CAUSES]]
     out += [(c := _cause(p, name))[0].upper() + c[1:] for name in causes]
     out += [f"{line[0].upper()}{line[1:]}." for t in p.throughput if t.what not in causes and (line := _bound(t))]

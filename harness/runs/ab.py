@@ -1,0 +1,120 @@
+"""The processes of `harness.ab`: the base commit's tree unpacked from git, and `harness.run`
+of one cell from it (A) and from the working tree (B), in turns, each run's document kept where
+it completed, so that an A/B stopped part way goes on where it stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from harness import child_process
+from harness.common.provenance import EXTRA, PACKAGES, ROOT
+
+TREES = ROOT / ".ab-trees"  # the base commits' trees, one folder each, unpacked once (git-ignored)
+
+
+def resolve_base(ref: str) -> str:
+    """The full commit `ref` names; ValueError (one line naming --base) if it names none here."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ValueError(f"--base {ref}: git could not be run here ({exc}); harness.ab needs a git checkout") from None
+    if out.returncode != 0 or not out.stdout.strip():
+        raise ValueError(f"--base {ref}: names no commit of the repository at {ROOT}; give a commit, branch or tag "
+                         "(git log --oneline lists them)")
+    return out.stdout.strip()
+
+
+def unpack_tree(commit: str, trees: Path) -> Path:
+    """The shipped files of `commit`, unpacked once into `trees`/<commit>: into a folder of this
+    process's own, then renamed into place whole, so that A/Bs started at once never run from
+    a half-written tree."""
+    tree = trees / commit
+    if tree.is_dir():
+        return tree
+    archive = subprocess.run(["git", "archive", "--format=tar", commit, *PACKAGES, *EXTRA], cwd=ROOT,
+                             capture_output=True, timeout=120, check=True).stdout
+    partial = trees / f".{commit}.{os.getpid()}"
+    partial.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        try:
+            tar.extractall(partial, filter="data")
+        except TypeError:  # Python before 3.11.4 has no filter; the archive is git's own
+            tar.extractall(partial)  # noqa: S202
+    try:
+        partial.rename(tree)
+    except OSError:  # another process put the same tree in place first
+        shutil.rmtree(partial, ignore_errors=True)
+    return tree
+
+
+def order(runs: int) -> list[str]:
+    """The names of the runs in the order they go: a-1 b-1 b-2 a-2 a-3 b-3 ..."""
+    names = []
+    for i in range(1, runs + 1):
+        names += [f"a-{i}", f"b-{i}"] if i % 2 else [f"b-{i}", f"a-{i}"]
+    return names
+
+
+def finished(doc_path: Path) -> bool:
+    """Whether a run's document is there and says the run completed."""
+    try:
+        return json.loads(doc_path.read_text()).get("status") == "ok"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def run_one(name: str, run_args: Sequence[str], out: Path, base: tuple[str, Path], timeout: int | None) -> str | None:
+    """`harness.run` of one side into runs/<name>.json; None once it completed, else why not."""
+    commit, tree = base
+    cwd = tree if name.startswith("a-") else ROOT
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(cwd), os.environ.get("PYTHONPATH")])))
+    if name.startswith("a-"):
+        env["XFPROF_GIT_COMMIT"] = commit
+    doc = out / "runs" / f"{name}.json"
+    cmd = [sys.executable, "-m", "harness.run", *run_args, "--out", str(doc.resolve())]
+    with open(out / "logs" / f"{name}.log", "w") as log, \
+            child_process(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT) as proc:
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            proc.wait()
+            return f"{name} ran past --timeout {timeout} s and was stopped"
+    if code == 0 and finished(doc):
+        return None
+    error = ""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        error = f": {json.loads(doc.read_text()).get('error')}"
+    return f"{name} failed (exit {code}){error}; its log: {out / 'logs' / f'{name}.log'}"
+
+
+def finished_count(out: Path, runs: int) -> int:
+    return sum(finished(out / "runs" / f"{name}.json") for name in order(runs))
+
+
+def run_sides(base: tuple[str, Path], run_args: Sequence[str], out: Path, runs: int, timeout: int | None,
+              progress: Callable[[str], None]) -> str | None:
+    """Every run of `order(runs)` not yet finished, in turn: None once all are, else the first
+    failure's line. Ctrl-C and the stop signals end it (KeyboardInterrupt) with the running
+    child stopped and the finished runs' documents in place."""
+    for sub in ("runs", "logs"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    names = order(runs)
+    for k, name in enumerate(names, 1):
+        if finished(out / "runs" / f"{name}.json"):
+            progress(f"[{k}/{len(names)}] {name}: kept (its document is there)")
+            continue
+        progress(f"[{k}/{len(names)}] {name}: {'A ' + base[0][:7] if name[0] == 'a' else 'B the working tree'}")
+        if problem := run_one(name, run_args, out, base, timeout):
+            return problem
+    return None

@@ -1,0 +1,148 @@
+"""harness.ab: one cell timed from a commit's tree (A) and the working tree (B), interleaved,
+then diffed; bad input refused before any run; a stopped A/B goes on where it stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+from harness import ab
+from harness.common.provenance import ROOT, commit_digest, source_digest
+from harness.runs import ab as runs
+
+CELL = ["--backend", "torch", "--model", "tiny", "--ctx", "32", "--steps", "2", "--warmup", "1", "--device", "cpu",
+        "--quiet"]
+
+
+def _head() -> str | None:
+    try:
+        return runs.resolve_base("HEAD")
+    except ValueError:
+        return None
+
+
+needs_git = pytest.mark.skipif(_head() is None, reason="not a git checkout with a commit")
+
+
+def test_the_sides_take_turns() -> None:
+    assert runs.order(3) == ["a-1", "b-1", "b-2", "a-2", "a-3", "b-3"]
+
+
+def _fake_runs(monkeypatch, code: int, doc: dict) -> dict:
+    """harness.run replaced by a stand-in that writes `doc` and exits with `code`; returns
+    what each call was started with, by its working directory."""
+    seen = {}
+
+    @contextlib.contextmanager
+    def child(cmd, **popen):
+        seen[popen["cwd"]] = (cmd, popen["env"])
+        with open(cmd[-1], "w") as f:
+            json.dump(doc, f)
+        yield types.SimpleNamespace(wait=lambda timeout=None: code)
+
+    monkeypatch.setattr(runs, "child_process", child)
+    return seen
+
+
+def test_side_a_runs_from_the_commit_s_tree_and_b_from_the_working_tree(tmp_path, monkeypatch) -> None:
+    seen = _fake_runs(monkeypatch, 0, {"status": "ok"})
+    tree = tmp_path / "trees" / "c0ffee"
+    for sub in ("runs", "logs"):
+        (tmp_path / sub).mkdir()
+    assert runs.run_one("a-1", CELL, tmp_path, ("c0ffee", tree), None) is None
+    assert runs.run_one("b-1", CELL, tmp_path, ("c0ffee", tree), None) is None
+    (cmd_a, env_a), (cmd_b, env_b) = seen[tree], seen[ROOT]
+    assert env_a["XFPROF_GIT_COMMIT"] == "c0ffee" and env_a["PYTHONPATH"].split(os.pathsep)[0] == str(tree)
+    assert env_b.get("XFPROF_GIT_COMMIT") == os.environ.get("XFPROF_GIT_COMMIT")
+    assert env_b["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+    assert cmd_a[1:3] == ["-m", "harness.run"] and cmd_a[3:-2] == CELL
+    assert cmd_a[-2:] == ["--out", str((tmp_path / "runs" / "a-1.json").resolve())]
+    assert cmd_b[3:] == [*CELL, "--out", str((tmp_path / "runs" / "b-1.json").resolve())]
+
+
+def test_a_failed_run_says_so_and_where_its_log_is(tmp_path, monkeypatch) -> None:
+    _fake_runs(monkeypatch, 3, {"status": "failed", "error": "out of memory"})
+    for sub in ("runs", "logs"):
+        (tmp_path / sub).mkdir()
+    problem = runs.run_one("b-2", CELL, tmp_path, ("c0ffee", tmp_path), None)
+    assert problem == f"b-2 failed (exit 3): out of memory; its log: {tmp_path / 'logs' / 'b-2.log'}"
+
+
+@needs_git
+def test_the_base_tree_is_exactly_the_commit_s_shipped_files(tmp_path) -> None:
+    head = _head()
+    assert source_digest(runs.unpack_tree(head, tmp_path)) == commit_digest(head)
+
+
+def _exit_code(argv: list[str]) -> int:
+    """ab.main's exit code, also where a parser ends the program itself (SystemExit)."""
+    try:
+        return ab.main(argv)
+    except SystemExit as exc:
+        return int(exc.code)
+
+
+@needs_git
+@pytest.mark.parametrize(("own", "run", "says"), [
+    (["--base", "no-such-ref"], CELL, "--base no-such-ref: names no commit"),
+    (["--base", "HEAD"], ["--model", "nope"], "argument --model: unknown model 'nope'"),
+    (["--base", "HEAD"], [*CELL, "--out", "x.json"], "RUN_ARGS: --out is set by harness.ab"),
+    (["--base", "HEAD", "--model", "tiny"], [], "harness.run's options go after --"),
+])
+def test_bad_input_is_one_line_before_any_run(tmp_path, capsys, own, run, says) -> None:
+    out = tmp_path / "ab"
+    assert _exit_code([*own, "--out", str(out), "--", *run]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@needs_git
+def test_a_commit_against_the_working_tree(tmp_path, capsys) -> None:
+    out = tmp_path / "ab"
+    argv = ["--base", "HEAD", "--runs", "1", "--out", str(out), "--", *CELL]
+    assert ab.main(argv) == 0
+    a = json.loads((out / "runs" / "a-1.json").read_text())
+    head = _head()
+    # A ran from the commit's own tree: its document names the commit and digests exactly its files.
+    assert a["env"]["git_commit"] == head and a["env"]["source_sha256"] == commit_digest(head)
+    assert json.loads((out / "runs" / "b-1.json").read_text())["status"] == "ok"
+    answer = capsys.readouterr().out
+    assert answer.startswith("the answer:") and "B (b-1) takes" in answer
+    diff = json.loads((out / "diff.json").read_text())
+    assert (diff["a_label"], diff["b_label"]) == ("a-1", "b-1") and diff["changes"] is not None
+    # Given again, every run is kept and only the diff is written anew.
+    assert ab.main(argv) == 0
+    assert capsys.readouterr().err.count("kept (its document is there)") == 2
+
+
+@pytest.mark.slow
+@needs_git
+def test_a_stopped_ab_keeps_its_runs_and_goes_on(tmp_path, capsys) -> None:
+    out = tmp_path / "ab"
+    argv = ["--base", "HEAD", "--runs", "2", "--out", str(out), "--", *CELL]
+    proc = subprocess.Popen([sys.executable, "-m", "harness.ab", *argv], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    first = out / "runs" / "a-1.json"
+    deadline = time.monotonic() + 120
+    while not runs.finished(first) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: stopped by SIGTERM: ") and "give the same command again to go on" in line
+    kept = sorted(p.name for p in (out / "runs").glob("*.json") if runs.finished(p))
+    assert "a-1.json" in kept
+    assert ab.main(argv) == 0
+    assert capsys.readouterr().err.count("kept (its document is there)") == len(kept)
+    assert all(runs.finished(out / "runs" / f"{n}.json") for n in runs.order(2))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from harness import started, stopped_by
 from harness.cli.dialect import add_out, fail, make_parser, parse_args, positive_int
-from harness.runs.ab import TREES, finished_count, order, resolve_base, run_sides, unpack_tree
+from harness.runs.ab import finished_count, order, resolve_base, run_sides, unpack_tree
 
 
 def build_parser():
@@ -37,8 +37,12 @@ def build_parser():
                         "gap against the spread between runs")
     p.add_argument("--timeout", type=positive_int, default=None, metavar="S",
                    help="seconds one run may take before it is stopped and the A/B with it")
+    p.add_argument("--unpack-only", action="store_true",
+                   help="unpack --base's tree into .ab-trees/ and stop: a copy of the working tree carried with "
+                        "it to a machine without the repository's history runs --base <that full commit> there")
     add_out(p, "folder for runs/, logs/, diff.md and diff.json", default="ab", metavar="DIR")
-    p.usage = f"{p.prog} --base REF [--runs N] [--timeout S] [--out DIR] -- RUN_ARGS (harness.run's, all but --out)"
+    p.usage = (f"{p.prog} --base REF [--runs N] [--timeout S] [--out DIR] -- RUN_ARGS (harness.run's, all but --out)"
+               f"\n       {p.prog} --base REF --unpack-only")
     return p
 
 
@@ -83,13 +87,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"(see {parser.prog} --help)")
     try:
         commit = resolve_base(args.base)
+        if args.unpack_only:
+            print(f"{unpack_tree(commit)}: the tree of {commit}; elsewhere, --base {commit}")
+            return 0
         check_run_args(run_args)
     except ValueError as exc:
         return fail(str(exc))
     out = Path(args.out)
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        tree = unpack_tree(commit, TREES)
+        tree = unpack_tree(commit)
         problem = run_sides((commit, tree), run_args, out, args.runs, args.timeout, progress)
     except KeyboardInterrupt as exc:
         return fail(f"stopped by {stopped_by(exc)}: {finished_count(out, args.runs)} of {len(order(args.runs))} runs "

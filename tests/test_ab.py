@@ -82,6 +82,26 @@ def test_the_base_tree_is_exactly_the_commit_s_shipped_files(tmp_path) -> None:
     assert source_digest(runs.unpack_tree(head, tmp_path)) == commit_digest(head)
 
 
+def test_a_carried_tree_runs_without_git(tmp_path, monkeypatch) -> None:
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setattr(runs, "TREES", tmp_path / "trees")
+    monkeypatch.setattr(runs, "ROOT", tmp_path / "a-copy-without-git")
+    with pytest.raises(ValueError, match=f"--base {sha}: git could not be run here"):
+        runs.resolve_base(sha)
+    (tmp_path / "trees" / sha).mkdir(parents=True)
+    assert runs.resolve_base(sha) == sha
+
+
+@needs_git
+def test_unpack_only_puts_the_tree_in_place_and_stops(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(runs, "TREES", tmp_path / "trees")
+    assert ab.main(["--base", "HEAD", "--unpack-only", "--out", str(tmp_path / "ab")]) == 0
+    head = _head()
+    assert (tmp_path / "trees" / head / "harness" / "run.py").is_file()
+    assert capsys.readouterr().out.strip().endswith(f"elsewhere, --base {head}")
+    assert not (tmp_path / "ab").exists()
+
+
 def _exit_code(argv: list[str]) -> int:
     """ab.main's exit code, also where a parser ends the program itself (SystemExit)."""
     try:

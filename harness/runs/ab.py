@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,11 @@ TREES = ROOT / ".ab-trees"  # the base commits' trees, one folder each, unpacked
 
 
 def resolve_base(ref: str) -> str:
-    """The full commit `ref` names; ValueError (one line naming --base) if it names none here."""
+    """The full commit `ref` names; ValueError (one line naming --base) if it names none here.
+    A full commit whose tree is already unpacked needs no git: a copy of the working tree
+    carried to another machine, with `.ab-trees/` and without the history, runs it as it is."""
+    if re.fullmatch(r"[0-9a-f]{40}", ref) and (TREES / ref).is_dir():
+        return ref
     try:
         out = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=ROOT,
                              capture_output=True, text=True, timeout=20)
@@ -34,16 +39,16 @@ def resolve_base(ref: str) -> str:
     return out.stdout.strip()
 
 
-def unpack_tree(commit: str, trees: Path) -> Path:
-    """The shipped files of `commit`, unpacked once into `trees`/<commit>: into a folder of this
-    process's own, then renamed into place whole, so that A/Bs started at once never run from
-    a half-written tree."""
-    tree = trees / commit
+def unpack_tree(commit: str, trees: Path | None = None) -> Path:
+    """The shipped files of `commit`, unpacked once into `trees`/<commit> (TREES by default):
+    into a folder of this process's own, then renamed into place whole, so that A/Bs started at
+    once never run from a half-written tree."""
+    tree = (TREES if trees is None else trees) / commit
     if tree.is_dir():
         return tree
     archive = subprocess.run(["git", "archive", "--format=tar", commit, *PACKAGES, *EXTRA], cwd=ROOT,
                              capture_output=True, timeout=120, check=True).stdout
-    partial = trees / f".{commit}.{os.getpid()}"
+    partial = tree.parent / f".{commit}.{os.getpid()}"
     partial.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         try:

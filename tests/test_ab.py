@@ -76,6 +76,25 @@ def test_a_failed_run_says_so_and_where_its_log_is(tmp_path, monkeypatch) -> Non
     assert problem == f"b-2 failed (exit 3): out of memory; its log: {tmp_path / 'logs' / 'b-2.log'}"
 
 
+def test_a_failed_run_is_run_again_from_scratch(tmp_path, monkeypatch) -> None:
+    # harness.run refuses to replace a document: the failed attempt's goes first.
+    for sub in ("runs", "logs"):
+        (tmp_path / sub).mkdir()
+    stale = tmp_path / "runs" / "a-1.json"
+    stale.write_text(json.dumps({"status": "failed", "error": "interrupted by SIGTERM"}))
+    seen = {}
+
+    @contextlib.contextmanager
+    def child(cmd, **popen):
+        seen["existed"] = stale.exists()
+        yield types.SimpleNamespace(wait=lambda timeout=None: 1)
+
+    monkeypatch.setattr(runs, "child_process", child)
+    problem = runs.run_one("a-1", CELL, tmp_path, ("c0ffee", tmp_path), None)
+    assert seen["existed"] is False
+    assert problem == f"a-1 failed (exit 1); its log: {tmp_path / 'logs' / 'a-1.log'}"
+
+
 @needs_git
 def test_the_base_tree_is_exactly_the_commit_s_shipped_files(tmp_path) -> None:
     head = _head()

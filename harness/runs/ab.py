@@ -86,6 +86,7 @@ def run_one(name: str, run_args: Sequence[str], out: Path, base: tuple[str, Path
     if name.startswith("a-"):
         env["XFPROF_GIT_COMMIT"] = commit
     doc = out / "runs" / f"{name}.json"
+    doc.unlink(missing_ok=True)  # an earlier attempt's document of a failed or stopped run
     cmd = [sys.executable, "-m", "harness.run", *run_args, "--out", str(doc.resolve())]
     with open(out / "logs" / f"{name}.log", "w") as log, \
             child_process(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT) as proc:
@@ -97,10 +98,10 @@ def run_one(name: str, run_args: Sequence[str], out: Path, base: tuple[str, Path
             return f"{name} ran past --timeout {timeout} s and was stopped"
     if code == 0 and finished(doc):
         return None
-    error = ""
+    error = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        error = f": {json.loads(doc.read_text()).get('error')}"
-    return f"{name} failed (exit {code}){error}; its log: {out / 'logs' / f'{name}.log'}"
+        error = json.loads(doc.read_text()).get("error")
+    return f"{name} failed (exit {code}){f': {error}' if error else ''}; its log: {out / 'logs' / f'{name}.log'}"
 
 
 def finished_count(out: Path, runs: int) -> int:

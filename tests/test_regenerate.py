@@ -300,6 +300,22 @@ def test_a_block_naming_a_missing_or_extra_folder_is_one_line_naming_the_page() 
 PROFILED = "mfu/h200/profiled-b32"
 
 
+def _profiled_rows(folders, lines):
+    """Per profiled folder and its row of a generated table: the row's cells (its first three
+    checked: folder, backend, step), the step's phase in kernels.json, and that phase's kernel
+    time summed here by category."""
+    for folder, line in zip(folders, lines[2:], strict=True):
+        cells = [c.strip(" `") for c in line.strip("|").split("|")]
+        (entry,) = json.loads((folder / "kernels.json").read_text())
+        step = "fused_step" if "fused_step" in entry["phases"] else "step"
+        p = entry["phases"][step]
+        assert cells[:3] == [f"{folder.parent.name}/{folder.name}", entry["label"], step]
+        per_category: dict[str, float] = {}
+        for k in p["kernels"]:
+            per_category[k["category"]] = per_category.get(k["category"], 0.0) + k["ns_per_step"]
+        yield cells, p, per_category
+
+
 def test_the_breakdown_block_is_each_profile_s_kernels_summed_by_category() -> None:
     """Each row of the breakdown block against the folder's kernels.json, summed here kernel by
     kernel, and its GEMM throughput against the matmul FLOPs of `large` counted from its shapes:
@@ -310,15 +326,7 @@ def test_the_breakdown_block_is_each_profile_s_kernels_summed_by_category() -> N
     folders = sorted((RESULTS / PROFILED).glob("*/*-profiled"))
     lines = breakdown(folders, RESULTS).splitlines()
     assert len(folders) == 3 and len(lines) == 5
-    for folder, line in zip(folders, lines[2:]):
-        cells = [c.strip(" `") for c in line.strip("|").split("|")]
-        (entry,) = json.loads((folder / "kernels.json").read_text())
-        step = "fused_step" if "fused_step" in entry["phases"] else "step"
-        p = entry["phases"][step]
-        assert cells[:3] == [f"{folder.parent.name}/{folder.name}", entry["label"], step]
-        per_category: dict[str, float] = {}
-        for k in p["kernels"]:
-            per_category[k["category"]] = per_category.get(k["category"], 0.0) + k["ns_per_step"]
+    for cells, p, per_category in _profiled_rows(folders, lines):
         gemm = per_category["gemm"]
         assert cells[5] == f"{gemm / 1e6:.1f} ({100 * gemm / p['gpu_ns_per_step']:.1f}%)"
         assert cells[6].startswith(f"{per_category['fused_attention'] / 1e6:.1f} (")
@@ -345,15 +353,7 @@ def test_the_mfu_points_block_splits_each_profiled_step_into_its_mfu_and_what_co
     d, f, layers, vocab, batch, ctx, peak = 1280, 5120, 36, 10_000, 32, 1024, 989.4e12
     gemm_flops = 3 * 2 * batch * ctx * (layers * (4 * d * d + 3 * d * f) + d * vocab)
     attention_flops = 3 * layers * 2 * (2 * batch * ctx * ctx * d)
-    for folder, line in zip(folders, lines[2:]):
-        cells = [c.strip(" `") for c in line.strip("|").split("|")]
-        (entry,) = json.loads((folder / "kernels.json").read_text())
-        step = "fused_step" if "fused_step" in entry["phases"] else "step"
-        p = entry["phases"][step]
-        assert cells[:3] == [f"{folder.parent.name}/{folder.name}", entry["label"], step]
-        per_category: dict[str, float] = {}
-        for k in p["kernels"]:
-            per_category[k["category"]] = per_category.get(k["category"], 0.0) + k["ns_per_step"]
+    for cells, p, per_category in _profiled_rows(folders, lines):
         step_s, gemm_s, attention_s = (p["range_ns_per_step"] / 1e9, per_category["gemm"] / 1e9,
                                        per_category["fused_attention"] / 1e9)
         other_s = sum(per_category.values()) / 1e9 - gemm_s - attention_s

@@ -5,14 +5,15 @@ machine, then `harness.diff` of the two sides.
         --ctx 1024 --batch 32 --dtype bf16 --attention fused --device cuda
 
 A is the tree of --base (its shipped packages and pyproject.toml, unpacked from git once into
-.ab-trees/<commit> at the repository's root), B the working tree as it is now, uncommitted changes included. The runs go
-A B B A A B ..., so that what drifts over a session (the GPU's clock under its power cap, the
-host's load) falls on both sides alike, and each writes DIR/runs/{a,b}-N.json with its log in
-DIR/logs/. A run whose document is already there is kept: a command stopped by a signal or a
-machine's time limit goes on where it stopped when given again. Once every run is done, DIR
-holds `harness.diff`'s diff.md and diff.json of the two sides (judged by the spread between runs
-from three a side; `docs/diff.md`), rendered again by `harness.regenerate` from the documents
-beside them. Everything after `--` goes to `harness.run` as it is, checked before any run starts.
+.ab-trees/<commit> at the repository's root), B the working tree as it is now, uncommitted
+changes included. The runs go A B B A A B ..., so that what drifts over a session (the GPU's
+clock under its power cap, the host's load) falls on both sides alike, and each writes
+DIR/runs/{a,b}-N.json with its log in DIR/logs/. A run whose document is already there is
+kept: a command stopped by a signal or a machine's time limit goes on where it stopped when
+given again. Once every run is done, DIR holds `harness.diff`'s diff.md and diff.json of the
+two sides (judged by the spread between runs from three a side; `docs/diff.md`), rendered again
+by `harness.regenerate` from the documents beside them. Everything after `--` goes to
+`harness.run` as it is, checked before any run starts.
 """
 
 from __future__ import annotations

@@ -40,6 +40,23 @@ def test_an_option_a_setting_and_the_tree_are_named_with_both_sides_values() -> 
     ]
 
 
+def test_the_tree_is_told_apart_by_what_ran_not_only_by_its_commit() -> None:
+    a, b = _doc(1), _doc(1)
+    for doc, commit in ((a, "509c2650" + "0" * 32), (b, "8cd22d10" + "0" * 32)):
+        doc["env"]["git_commit"] = commit
+    b["env"]["source_sha256"] = "f" * 64
+    assert run_changes([_run(a)], [_run(b)]) == [{"what": "source tree", "a": "509c265", "b": "8cd22d1"}]
+    # One commit for two trees (a copy whose git metadata lagged): the digests tell them apart.
+    b["env"]["git_commit"] = a["env"]["git_commit"]
+    assert run_changes([_run(a)], [_run(b)]) == [
+        {"what": "source tree", "a": "509c265 (source e813bfa)", "b": "509c265 (source fffffff)"}]
+    del b["env"]["git_commit"]
+    assert run_changes([_run(a)], [_run(b)])[0]["b"] == "no commit (source fffffff)"
+    del b["env"]["source_sha256"]  # an older document without a digest
+    assert run_changes([_run(a)], [_run(b)]) == [
+        {"what": "source tree", "a": "509c265", "b": "unset"}]
+
+
 def test_a_version_counts_only_where_both_sides_record_it() -> None:
     b = _doc(1)
     b["env"]["torch"] = "2.12.0+cu130"

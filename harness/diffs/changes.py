@@ -16,17 +16,29 @@ from harness.diffs.inputs import Run
 NOT_COMPARED = frozenset({"command", "host_platform", "device", "gpu_name", "gpu_memory", "git_commit",
                           "source_sha256", "diff_sha256", "dirty_files", "settings"})
 UNSET = "unset"
+SOURCE_SEP = "\0"
 
 
 def _source(env: dict) -> str | None:
-    """The tree, as its commit names it, with the digest of its source where the commit
-    alone does not tell two trees apart (uncommitted changes)."""
+    """The tree as its commit names it (with -dirty where it had uncommitted changes), and the
+    digest of the source that ran, joined by SOURCE_SEP (`_shown` writes them out)."""
     digest = env.get("source_sha256")
     if digest is None:
         return None
-    commit = str(env.get("git_commit") or "no commit")
-    label = commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
-    return f"{label} (source {digest[:7]})" if label.endswith("-dirty") or commit == "no commit" else label
+    commit = env.get("git_commit")
+    label = "no commit" if not commit else commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
+    return f"{label}{SOURCE_SEP}{digest[:7]}"
+
+
+def _shown(values: list[str], other: list[str]) -> list[str]:
+    """Source values as the answer writes them: the commit alone where the commits tell the
+    sides' trees apart; with the digest too where a tree was dirty, a side has no commit, or
+    one commit stands for two trees (metadata older than the copy that ran)."""
+    labels = {v.split(SOURCE_SEP)[0] for v in (*values, *other)}
+    plain = len(labels) == len({*values, *other}) and not any(x == "no commit" or x.endswith("-dirty")
+                                                              for x in labels)
+    return [v.split(SOURCE_SEP)[0] if plain or SOURCE_SEP not in v else v.replace(SOURCE_SEP, " (source ") + ")"
+            for v in values]
 
 
 def _record(doc: dict) -> dict[str, str]:
@@ -75,6 +87,8 @@ def run_changes(a: Sequence[Run], b: Sequence[Run]) -> list[dict[str, str]] | No
         if _kind(label, settings) == 3 and UNSET in {*values[0], *values[1]}:
             continue  # a library one side does not load (another framework's) is no change
         if set(values[0]) != set(values[1]):
+            if label == "source tree":
+                values = [_shown(values[0], values[1]), _shown(values[1], values[0])]
             out.append({"what": label, "a": _side(values[0]), "b": _side(values[1])})
     return out
 

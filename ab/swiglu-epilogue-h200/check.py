@@ -119,13 +119,18 @@ try:
 except Exception as e:
     emit(check="ffn grads", error=f"{type(e).__name__}: {str(e)[:300]}")
 VARIANTS = {
-    # (rows, tile_n, stages, bufs, tile_k, in_flight), gated.GemmTiles's fields in order
-    "up": [(64, 128, 3, 2, 64, False), (64, 128, 3, 2, 64, True)],
+    # (rows, tile_n, stages, bufs, tile_k, in_flight, pingpong), gated.GemmTiles's fields in order
+    "up": [
+        (64, 128, 3, 2, 64, False, False),
+        (128, 64, 4, 2, 64, False, True),
+        (128, 64, 4, 2, 64, True, True),
+        (64, 128, 4, 2, 64, False, True),
+    ],
     "down": [
-        (64, 128, 4, 2, 64, False),
-        (64, 128, 4, 2, 64, True),
-        (128, 128, 3, 2, 64, False),
-        (128, 128, 3, 2, 64, True),
+        (128, 128, 3, 2, 64, False, False),
+        (128, 128, 4, 2, 64, False, True),
+        (128, 128, 4, 2, 64, True, True),
+        (64, 128, 4, 2, 64, False, True),
     ],
 }
 
@@ -159,7 +164,8 @@ for rnd in range(2):
             try:
                 fn, args = variant(kind, t)
                 e = [err(a, b) for a, b in zip(fn(*args), refs[kind])] if rnd == 0 else None
-                emit(time=f"{kind} rows,tile_n,stages,bufs,tile_k,in_flight={t}", rel_err=e, **timed(fn, *args))
+                label = "rows,tile_n,stages,bufs,tile_k,in_flight,pingpong"
+                emit(time=f"{kind} {label}={t}", rel_err=e, **timed(fn, *args))
             except Exception as ex:
                 emit(time=f"{kind} {t}", error=f"{type(ex).__name__}: {str(ex)[:300]}")
         emit(
@@ -169,3 +175,34 @@ for rnd in range(2):
                 *((x, w1, w3) if kind == "up" else (dy, w2, h1, h3)),
             ),
         )
+
+
+def with_tiles(up, down):
+    """The FFN through swiglu_ffn with the kernels on the given tiles."""
+    gated.gate_up = jax.jit(lambda x, w1, w3: gated._gemm_call(
+        x, (w1, w3), transpose_b=True, n_out=3, epilogue=gated._up_epilogue, name="u", tiles=gated.GemmTiles(*up)))
+    gated.gate_down = jax.jit(lambda dy, w2, h1, h3: gated._gemm_call(
+        dy, (w2,), transpose_b=False, n_out=3, epilogue=gated._down_epilogue, epi_inputs=(h1, h3), name="d",
+        tiles=gated.GemmTiles(*down)))
+    return step(lambda *a: sw.swiglu_ffn(*a, backend="mosaic"))
+
+
+FFN_TILES = {
+    "cooperative": (VARIANTS["up"][0], VARIANTS["down"][0]),
+    "pingpong": (VARIANTS["up"][1], VARIANTS["down"][1]),
+    "pingpong in_flight": (VARIANTS["up"][2], VARIANTS["down"][2]),
+}
+ffns = {name: with_tiles(*t) for name, t in FFN_TILES.items()}
+ga = step(plain_ffn)(x, w1, w2, w3, dy)
+for name, fn in ffns.items():
+    try:
+        got = fn(x, w1, w2, w3, dy)
+        emit(check=f"ffn y, grads mosaic {name} vs plain xla", rel_err=[err(a, b) for a, b in zip(got, ga)])
+    except Exception as ex:
+        emit(check=f"ffn {name}", error=f"{type(ex).__name__}: {str(ex)[:300]}")
+for _ in range(2):
+    for name, fn in (("xla", step(plain_ffn)), *ffns.items()):
+        try:
+            emit(time=f"ffn fwd+bwd {name}", **timed(fn, x, w1, w2, w3, dy))
+        except Exception as ex:
+            emit(time=f"ffn fwd+bwd {name}", error=f"{type(ex).__name__}: {str(ex)[:300]}")

@@ -59,6 +59,7 @@ class GemmTiles:
     bufs: int = 2
     tile_k: int = 64
     in_flight: bool = False  # a K block's products stay in flight while the next block's are issued
+    pingpong: bool = False  # each consumer owns whole tiles (`rows` high), alternating with the other
 
 
 UP_TILES = GemmTiles()
@@ -94,7 +95,11 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
     by TMA while the tile's K loop runs, later ones once the previous chunk's stores have read
     the buffers)."""
     ROWS, TILE_N, TILE_K, STAGES = tiles.rows, tiles.tile_n, tiles.tile_k, tiles.stages  # noqa: N806
-    TILE_M = ROWS * CONSUMERS  # noqa: N806
+    # Ping-pong: consumer c takes the program's items c, c + 2, ...; the ring holds their K blocks
+    # in item order, so one consumer's K loop starts as the other's ends and its epilogue runs
+    # under the other's K loop. Otherwise both consumers split each tile by rows.
+    A_PARTS = 1 if tiles.pingpong else CONSUMERS  # noqa: N806
+    TILE_M = ROWS * A_PARTS  # noqa: N806
     m, k = a.shape
     n = bs[0].shape[0] if transpose_b else bs[0].shape[1]
     dtype = a.dtype
@@ -130,9 +135,9 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
                 kk = lax.rem(step, n_k)
                 if wait:  # producer_loop passes a Python bool when it starts at step 0
                     plgpu.barrier_wait(free.at[slot])
-                for c in range(CONSUMERS):
+                for c in range(A_PARTS):
                     plgpu.copy_gmem_to_smem(a_ref.at[pl.ds(tm * TILE_M + c * ROWS, ROWS), pl.ds(kk * TILE_K, TILE_K)],
-                                            a_smem.at[slot, c], a_ready.at[slot * CONSUMERS + c])
+                                            a_smem.at[slot, c], a_ready.at[slot * A_PARTS + c])
                 for j, b_ref in enumerate(b_refs):
                     src = (b_ref.at[pl.ds(tn * TILE_N, TILE_N), pl.ds(kk * TILE_K, TILE_K)] if transpose_b
                            else b_ref.at[pl.ds(kk * TILE_K, TILE_K), pl.ds(tn * TILE_N, TILE_N)])
@@ -146,9 +151,12 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
         def _consumer():
             plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
 
-            def run_tile(i, _):
+            a_part = 0 if tiles.pingpong else wg
+
+            def run_tile(j, _):
+                i = j * CONSUMERS + wg if tiles.pingpong else j
                 tm, tn = coords(i)
-                row0, cols = tm * TILE_M + wg * ROWS, pl.ds(tn * TILE_N, TILE_N)
+                row0, cols = tm * TILE_M + a_part * ROWS, pl.ds(tn * TILE_N, TILE_N)
 
                 def fetch(chunk):
                     # The previous stores must have read the buffers before they are refilled.
@@ -174,12 +182,12 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
                 def products(kk, acc_refs):
                     """Waits for K block kk and issues its products into acc_refs."""
                     slot = ring(kk)
-                    plgpu.barrier_wait(a_ready.at[slot * CONSUMERS + wg])
+                    plgpu.barrier_wait(a_ready.at[slot * A_PARTS + a_part])
                     for j in range(n_b):
                         plgpu.barrier_wait(b_ready.at[slot * n_b + j])
                     for j, acc_ref in enumerate(acc_refs):
                         b = b_smem.at[slot, j]
-                        plgpu.wgmma(acc_ref, a_smem.at[slot, wg], b.transpose((1, 0)) if transpose_b else b)
+                        plgpu.wgmma(acc_ref, a_smem.at[slot, a_part], b.transpose((1, 0)) if transpose_b else b)
 
                 zeros = zeros_f32((ROWS, TILE_N), plgpu.Layout.WGMMA)
                 if tiles.in_flight:
@@ -207,17 +215,18 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
                     epilogue(tuple(acc[part] if ROWS > EPI_ROWS else acc for acc in accs), io, chunk)
                 return 0
 
-            lax.fori_loop(0, n_items, run_tile, 0)
+            mine = lax.div(n_items - wg + CONSUMERS - 1, CONSUMERS) if tiles.pingpong else n_items
+            lax.fori_loop(0, mine, run_tile, 0)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     n_bufs = max(tiles.bufs, n_in)
     scratch = (
-        plgpu.SMEM((STAGES, CONSUMERS, ROWS, TILE_K), dtype, transforms=a_tf),
+        plgpu.SMEM((STAGES, A_PARTS, ROWS, TILE_K), dtype, transforms=a_tf),
         plgpu.SMEM((STAGES, n_b, *b_tile), dtype, transforms=b_tf),
         plgpu.SMEM((CONSUMERS, n_bufs, EPI_ROWS, TILE_N), dtype, transforms=out_tf),
-        plgpu.Barrier(num_barriers=STAGES * CONSUMERS),
+        plgpu.Barrier(num_barriers=STAGES * A_PARTS),
         plgpu.Barrier(num_barriers=STAGES * n_b),
-        plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=STAGES),
+        plgpu.Barrier(num_arrivals=A_PARTS, num_barriers=STAGES),
         plgpu.Barrier(num_barriers=max(1, CONSUMERS * n_in)),
     )
     out_type = tuple(jax.ShapeDtypeStruct((m, n), dtype) for _ in range(n_out))

@@ -98,7 +98,10 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
     # Ping-pong: consumer c takes the program's items c, c + 2, ...; the ring holds their K blocks
     # in item order, so one consumer's K loop starts as the other's ends and its epilogue runs
     # under the other's K loop. Otherwise both consumers split each tile by rows.
+    # Each consumer waits for every phase of the ready barriers it uses (a waiter tracks their
+    # phase by counting its own waits), so under ping-pong each owner has its own.
     A_PARTS = 1 if tiles.pingpong else CONSUMERS  # noqa: N806
+    OWNERS = CONSUMERS if tiles.pingpong else 1  # noqa: N806
     TILE_M = ROWS * A_PARTS  # noqa: N806
     m, k = a.shape
     n = bs[0].shape[0] if transpose_b else bs[0].shape[1]
@@ -131,17 +134,19 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
             plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
 
             def issue(step, slot, wait):
-                tm, tn = coords(lax.div(step, n_k))
+                item = lax.div(step, n_k)
+                tm, tn = coords(item)
                 kk = lax.rem(step, n_k)
+                owner = lax.rem(item, CONSUMERS) if tiles.pingpong else 0
                 if wait:  # producer_loop passes a Python bool when it starts at step 0
                     plgpu.barrier_wait(free.at[slot])
                 for c in range(A_PARTS):
                     plgpu.copy_gmem_to_smem(a_ref.at[pl.ds(tm * TILE_M + c * ROWS, ROWS), pl.ds(kk * TILE_K, TILE_K)],
-                                            a_smem.at[slot, c], a_ready.at[slot * A_PARTS + c])
+                                            a_smem.at[slot, c], a_ready.at[(slot * OWNERS + owner) * A_PARTS + c])
                 for j, b_ref in enumerate(b_refs):
                     src = (b_ref.at[pl.ds(tn * TILE_N, TILE_N), pl.ds(kk * TILE_K, TILE_K)] if transpose_b
                            else b_ref.at[pl.ds(kk * TILE_K, TILE_K), pl.ds(tn * TILE_N, TILE_N)])
-                    plgpu.copy_gmem_to_smem(src, b_smem.at[slot, j], b_ready.at[slot * n_b + j])
+                    plgpu.copy_gmem_to_smem(src, b_smem.at[slot, j], b_ready.at[(slot * OWNERS + owner) * n_b + j])
 
             n_steps = n_items * n_k
             producer_loop(n_steps, STAGES, issue)
@@ -151,7 +156,7 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
         def _consumer():
             plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
 
-            a_part = 0 if tiles.pingpong else wg
+            a_part, owner = (0, wg) if tiles.pingpong else (wg, 0)
 
             def run_tile(j, _):
                 i = j * CONSUMERS + wg if tiles.pingpong else j
@@ -182,9 +187,9 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
                 def products(kk, acc_refs):
                     """Waits for K block kk and issues its products into acc_refs."""
                     slot = ring(kk)
-                    plgpu.barrier_wait(a_ready.at[slot * A_PARTS + a_part])
+                    plgpu.barrier_wait(a_ready.at[(slot * OWNERS + owner) * A_PARTS + a_part])
                     for j in range(n_b):
-                        plgpu.barrier_wait(b_ready.at[slot * n_b + j])
+                        plgpu.barrier_wait(b_ready.at[(slot * OWNERS + owner) * n_b + j])
                     for j, acc_ref in enumerate(acc_refs):
                         b = b_smem.at[slot, j]
                         plgpu.wgmma(acc_ref, a_smem.at[slot, a_part], b.transpose((1, 0)) if transpose_b else b)
@@ -224,8 +229,8 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
         plgpu.SMEM((STAGES, A_PARTS, ROWS, TILE_K), dtype, transforms=a_tf),
         plgpu.SMEM((STAGES, n_b, *b_tile), dtype, transforms=b_tf),
         plgpu.SMEM((CONSUMERS, n_bufs, EPI_ROWS, TILE_N), dtype, transforms=out_tf),
-        plgpu.Barrier(num_barriers=STAGES * A_PARTS),
-        plgpu.Barrier(num_barriers=STAGES * n_b),
+        plgpu.Barrier(num_barriers=STAGES * OWNERS * A_PARTS),
+        plgpu.Barrier(num_barriers=STAGES * OWNERS * n_b),
         plgpu.Barrier(num_arrivals=A_PARTS, num_barriers=STAGES),
         plgpu.Barrier(num_barriers=max(1, CONSUMERS * n_in)),
     )

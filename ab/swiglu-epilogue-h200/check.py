@@ -1,19 +1,13 @@
 """The SwiGLU epilogue kernels on the GPU: correctness against the references, and time against
 XLA at the step's FFN shape (large, 32 x 1024 tokens)."""
 
-import json
 import traceback
 
 import jax
-from check_common import err, inputs, lin, timed, xla_down, xla_up
+from check_common import emit, err, inputs, plain_ffn, step, timed, xla_down, xla_up
 
 from pallas_kernels import swiglu as sw
 from pallas_kernels.hopper import gated
-
-
-def emit(**kw):
-    print(json.dumps(kw), flush=True)
-
 
 for M, D, F in ((256, 128, 256), (32768, 1280, 5120)):
     x, w1, w2, w3, dy = inputs(M, D, F)
@@ -36,20 +30,6 @@ for M, D, F in ((256, 128, 256), (32768, 1280, 5120)):
 M, D, F = 32768, 1280, 5120
 x, w1, w2, w3, dy = inputs(M, D, F)
 h1, h3, _ = sw.gate_up_reference(x, w1, w3)
-def plain_ffn(x, w1, w2, w3):
-    f = lambda x, w1, w2, w3: lin(jax.nn.silu(lin(x, w1)) * lin(x, w3), w2)
-    return jax.checkpoint(f, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)(x, w1, w2, w3)
-
-
-def step(ffn):
-    # The output too, as a training step needs it (without it XLA drops the forward's last GEMM).
-    def run(x, w1, w2, w3, dy):
-        y, vjp = jax.vjp(ffn, x, w1, w2, w3)
-        return (y, *vjp(dy))
-
-    return jax.jit(run)
-
-
 rows = {}
 for name, fn, args in (
     ("up xla", jax.jit(xla_up), (x, w1, w3)),
@@ -130,33 +110,3 @@ for rnd in range(2):
             ),
         )
 
-
-def with_tiles(up, down):
-    """The FFN through swiglu_ffn with the kernels on the given tiles."""
-    gated.gate_up = jax.jit(lambda x, w1, w3: gated._gemm_call(
-        x, (w1, w3), transpose_b=True, n_out=3, epilogue=gated._up_epilogue, name="u", tiles=gated.GemmTiles(*up)))
-    gated.gate_down = jax.jit(lambda dy, w2, h1, h3: gated._gemm_call(
-        dy, (w2,), transpose_b=False, n_out=3, epilogue=gated._down_epilogue, epi_inputs=(h1, h3), name="d",
-        tiles=gated.GemmTiles(*down)))
-    return step(lambda *a: sw.swiglu_ffn(*a, backend="mosaic"))
-
-
-FFN_TILES = {
-    "cooperative": (VARIANTS["up"][0], VARIANTS["down"][0]),
-    "pingpong": (VARIANTS["up"][1], VARIANTS["down"][1]),
-    "pingpong in_flight": (VARIANTS["up"][2], VARIANTS["down"][2]),
-}
-ffns = {name: with_tiles(*t) for name, t in FFN_TILES.items()}
-ga = step(plain_ffn)(x, w1, w2, w3, dy)
-for name, fn in ffns.items():
-    try:
-        got = fn(x, w1, w2, w3, dy)
-        emit(check=f"ffn y, grads mosaic {name} vs plain xla", rel_err=[err(a, b) for a, b in zip(got, ga)])
-    except Exception as ex:
-        emit(check=f"ffn {name}", error=f"{type(ex).__name__}: {str(ex)[:300]}")
-for _ in range(2):
-    for name, fn in (("xla", step(plain_ffn)), *ffns.items()):
-        try:
-            emit(time=f"ffn fwd+bwd {name}", **timed(fn, x, w1, w2, w3, dy))
-        except Exception as ex:
-            emit(time=f"ffn fwd+bwd {name}", error=f"{type(ex).__name__}: {str(ex)[:300]}")

@@ -60,6 +60,7 @@ class GemmTiles:
     tile_k: int = 64
     in_flight: bool = False  # a K block's products stay in flight while the next block's are issued
     pingpong: bool = False  # each consumer owns whole tiles (`rows` high), alternating with the other
+    joint: bool = False  # the Bs ([N, K]) share one accumulator, tile_n // len(bs) columns each
 
 
 UP_TILES = GemmTiles()
@@ -106,14 +107,17 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
     m, k = a.shape
     n = bs[0].shape[0] if transpose_b else bs[0].shape[1]
     dtype = a.dtype
-    n_m, n_n, n_k = m // TILE_M, n // TILE_N, k // TILE_K
+    n_b, n_in = len(bs), len(epi_inputs)
+    assert transpose_b or not tiles.joint
+    n_acc = 1 if tiles.joint else n_b
+    OUT_N = TILE_N // n_b if tiles.joint else TILE_N  # noqa: N806  (columns of each output's tile)
+    n_m, n_n, n_k = m // TILE_M, n // OUT_N, k // TILE_K
     n_tiles = n_m * n_n
     n_programs = min(n_tiles, _num_sms())
     a_tf = smem_transforms(TILE_K, dtype.itemsize)
     b_tf = smem_transforms(TILE_K if transpose_b else TILE_N, dtype.itemsize)
-    out_tf = smem_transforms(TILE_N, dtype.itemsize)
+    out_tf = smem_transforms(OUT_N, dtype.itemsize)
     b_tile = (TILE_N, TILE_K) if transpose_b else (TILE_K, TILE_N)
-    n_b, n_in = len(bs), len(epi_inputs)
 
     def body(*refs):
         a_ref, b_refs = refs[0], refs[1:1 + n_b]
@@ -144,9 +148,10 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
                     plgpu.copy_gmem_to_smem(a_ref.at[pl.ds(tm * TILE_M + c * ROWS, ROWS), pl.ds(kk * TILE_K, TILE_K)],
                                             a_smem.at[slot, c], a_ready.at[(slot * OWNERS + owner) * A_PARTS + c])
                 for j, b_ref in enumerate(b_refs):
-                    src = (b_ref.at[pl.ds(tn * TILE_N, TILE_N), pl.ds(kk * TILE_K, TILE_K)] if transpose_b
+                    src = (b_ref.at[pl.ds(tn * OUT_N, OUT_N), pl.ds(kk * TILE_K, TILE_K)] if transpose_b
                            else b_ref.at[pl.ds(kk * TILE_K, TILE_K), pl.ds(tn * TILE_N, TILE_N)])
-                    plgpu.copy_gmem_to_smem(src, b_smem.at[slot, j], b_ready.at[(slot * OWNERS + owner) * n_b + j])
+                    dst = b_smem.at[slot, 0, pl.ds(j * OUT_N, OUT_N)] if tiles.joint else b_smem.at[slot, j]
+                    plgpu.copy_gmem_to_smem(src, dst, b_ready.at[(slot * OWNERS + owner) * n_b + j])
 
             n_steps = n_items * n_k
             producer_loop(n_steps, STAGES, issue)
@@ -161,7 +166,7 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
             def run_tile(j, _):
                 i = j * CONSUMERS + wg if tiles.pingpong else j
                 tm, tn = coords(i)
-                row0, cols = tm * TILE_M + a_part * ROWS, pl.ds(tn * TILE_N, TILE_N)
+                row0, cols = tm * TILE_M + a_part * ROWS, pl.ds(tn * OUT_N, OUT_N)
 
                 def fetch(chunk):
                     # The previous stores must have read the buffers before they are refilled.
@@ -199,21 +204,23 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
                     def k_loop(acc_refs):
                         def k_step(kk, _):
                             products(kk, acc_refs)
-                            plgpu.wgmma_wait(n_b)  # block kk - 1's products are done
+                            plgpu.wgmma_wait(n_acc)  # block kk - 1's products are done
                             pl.when(kk > 0)(lambda: plgpu.barrier_arrive(free.at[ring(kk - 1)]))
 
                         lax.fori_loop(0, n_k, k_step, None)
                         plgpu.wgmma_wait(0)
                         plgpu.barrier_arrive(free.at[ring(n_k - 1)])
 
-                    accs = pl.run_state(k_loop)(tuple(plgpu.ACC.init(zeros) for _ in range(n_b)))
+                    accs = pl.run_state(k_loop)(tuple(plgpu.ACC.init(zeros) for _ in range(n_acc)))
                 else:
                     def k_step(kk, accs):
                         out = accumulate(functools.partial(products, kk), *accs)
                         plgpu.barrier_arrive(free.at[ring(kk)])
-                        return out if n_b > 1 else (out,)
+                        return out if n_acc > 1 else (out,)
 
-                    accs = lax.fori_loop(0, n_k, k_step, (zeros,) * n_b)
+                    accs = lax.fori_loop(0, n_k, k_step, (zeros,) * n_acc)
+                if tiles.joint:
+                    accs = tuple(accs[0][:, j * OUT_N:(j + 1) * OUT_N] for j in range(n_b))
                 io = EpilogueIO(wg, row0, cols, out_refs, bufs, inputs)
                 for chunk in range(ROWS // EPI_ROWS):
                     part = slice(chunk * EPI_ROWS, (chunk + 1) * EPI_ROWS)
@@ -227,8 +234,8 @@ def _gemm_call(a, bs, *, transpose_b: bool, n_out: int, epilogue, epi_inputs=(),
     n_bufs = max(tiles.bufs, n_in)
     scratch = (
         plgpu.SMEM((STAGES, A_PARTS, ROWS, TILE_K), dtype, transforms=a_tf),
-        plgpu.SMEM((STAGES, n_b, *b_tile), dtype, transforms=b_tf),
-        plgpu.SMEM((CONSUMERS, n_bufs, EPI_ROWS, TILE_N), dtype, transforms=out_tf),
+        plgpu.SMEM((STAGES, n_acc, *b_tile), dtype, transforms=b_tf),
+        plgpu.SMEM((CONSUMERS, n_bufs, EPI_ROWS, OUT_N), dtype, transforms=out_tf),
         plgpu.Barrier(num_barriers=STAGES * OWNERS * A_PARTS),
         plgpu.Barrier(num_barriers=STAGES * OWNERS * n_b),
         plgpu.Barrier(num_arrivals=A_PARTS, num_barriers=STAGES),

@@ -60,11 +60,18 @@ for name, fn in ffns.items():
     path = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0]
     prof = jax.profiler.ProfileData.from_file(path)
     kernels = collections.Counter()
+    spans = []
     for plane in prof.planes:
         if plane.name.startswith("/device:GPU:0"):
             for line in plane.lines:
                 for ev in line.events:
                     kernels[f"{line.name}: {ev.name}"] += ev.duration_ns / 3e3
+                    if line.name.startswith("Stream"):
+                        spans.append((ev.start_ns, ev.start_ns + ev.duration_ns, ev.name))
+    spans.sort()
+    gaps = sorted(((b[0] - a[1]) / 1e3, a[2][:40], b[2][:40]) for a, b in zip(spans, spans[1:]))[::-1]
+    emit(gaps=name, span_us=round((spans[-1][1] - spans[0][0]) / 3e3, 1), busy_us=round(
+        sum(e - s for s, e, _ in spans) / 3e3, 1), largest=[(round(g, 1), a, b) for g, a, b in gaps[:12]])
     emit(profile=name,
          kernels={k[:110]: round(v, 1) for k, v in kernels.most_common(40)})
     sys.stdout.flush()

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -126,6 +127,17 @@ class JaxSession:
         # array (the AdamW update of `large` takes 1,309), where a dict's are handled in
         # C++. nnx.merge takes the dict.
         params = params.to_pure_dict()
+        # On one device the parameters are one float32 array, and so is each AdamW moment:
+        # a jitted call's host work grows with the arrays it takes and returns (the fused step
+        # of `large` took and returned 984 and 982 of them, and its GPU idled about 10 ms
+        # each step before its first kernel, in a loop as in synchronized steps). Inside the
+        # programs `jax.flatten_util.ravel_pytree`'s unravel splits the array back into the
+        # model's parameters (each split fused into the cast that reads it), and autodiff
+        # concatenates their gradients; AdamW is then one elementwise pass. Sharded
+        # parameters stay one array each, split the way `shard_params` splits them.
+        self._unravel = None
+        if data_parallel == 1:
+            params, self._unravel = ravel_pytree(params)
         if data_parallel > 1:
             mesh = Mesh(np.array(devices[:data_parallel]), ("data",))
             batch_at = NamedSharding(mesh, P("data"))
@@ -165,8 +177,12 @@ class JaxSession:
         self._update = jit(self._apply_update, donate_argnums=donate, **_out(keep, "update"))
         self._fused = jit(self._fused_step, donate_argnums=donate, **_out(keep, "fused"))
 
+    def _tree(self, params):
+        """The parameters (or their gradients) as the model's dict of arrays."""
+        return self._unravel(params) if self._unravel is not None else params
+
     def _loss_fn(self, params, inputs, targets):
-        model = nnx.merge(self.graphdef, compute_params(params, self.dtype))
+        model = nnx.merge(self.graphdef, compute_params(self._tree(params), self.dtype))
         logits = model(inputs)
         with jax.named_scope("loss"):
             return jax_impl.cross_entropy_loss(logits, targets)
@@ -269,7 +285,7 @@ class JaxSession:
 
     # -- values for parity ----------------------------------------------------------
     def logits(self) -> np.ndarray:
-        fn = self._jit(lambda p, x: nnx.merge(self.graphdef, compute_params(p, self.dtype))(x))
+        fn = self._jit(lambda p, x: nnx.merge(self.graphdef, compute_params(self._tree(p), self.dtype))(x))
         return np.asarray(fn(self.state, self.inputs), dtype=np.float32)
 
     def loss_and_grads(self) -> tuple[float, dict[str, np.ndarray]]:
@@ -277,10 +293,10 @@ class JaxSession:
         # persistent compilation cache filled by a timed run serves them without compiling.
         loss, vjp = self._fwd(self.state, self.inputs, self.targets)
         grads = self._bwd(vjp)
-        return float(loss), {k: np.asarray(v, np.float32) for k, v in _flat(grads).items()}
+        return float(loss), {k: np.asarray(v, np.float32) for k, v in _flat(self._tree(grads)).items()}
 
     def params(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v, np.float32) for k, v in _flat(self.state).items()}
+        return {k: np.asarray(v, np.float32) for k, v in _flat(self._tree(self.state)).items()}
 
     def device_name(self) -> str | None:
         return getattr(self.device, "device_kind", None) if self.device.platform == "gpu" else None

@@ -13,9 +13,11 @@ whether it fits. The sweep report sets the same predictions beside measured peak
 
 --compiled (one model, one context) compiles JAX's programs for --device from abstract
 arguments, runs nothing, and prints per program what XLA's memory analysis says: arguments,
-outputs, temporaries, outputs aliased to donated arguments, and the peak. The forward of the
-split step hands its outputs, `jax.vjp`'s residuals, to the backward, a second program; the
-fused step keeps what the backward needs inside one program, so the two differ most here.
+outputs, temporaries, outputs aliased to donated arguments, and the peak (on the CPU, whose
+XLA reports a peak without the temporaries, the upper bound that adds them, said as such).
+The forward of the split step hands its outputs, `jax.vjp`'s residuals, to the backward, a
+second program; the fused step keeps what the backward needs inside one program, so the two
+differ most here.
 """
 
 from __future__ import annotations
@@ -88,9 +90,15 @@ def format_compiled(sizes: dict) -> str:
             for phase, s in sizes.items()]
     table = markdown_table(["program", "arguments GiB", "outputs GiB", "temporaries GiB", "aliased GiB",
                             "peak GiB"], rows)
+    fused = sizes["fused_step"]
+    at_most = "no more than " if fused.get("peak_bound") else ""
     answer = (f"the split step's forward hands its backward {sizes['forward']['output'] / GIB:.3f} GiB of residuals; "
-              f"the fused step peaks at {sizes['fused_step']['peak'] / GIB:.3f} GiB")
-    return "\n".join([answer, "", *table])
+              f"the fused step peaks at {at_most}{fused['peak'] / GIB:.3f} GiB")
+    bound = [phase for phase, s in sizes.items() if s.get("peak_bound")]
+    which = "every program's peak" if len(bound) == len(sizes) else f"the peak of {', '.join(bound)}"
+    note = ([f"{which}: arguments + outputs + temporaries - aliased, an upper bound (XLA reported no peak that "
+             "counts the program's temporaries)"] if bound else [])
+    return "\n".join([answer, "", *table, *([""] + note if note else [])])
 
 
 def format_prediction(pred: dict) -> str:

@@ -238,14 +238,20 @@ class JaxSession:
     def memory_analysis(self) -> dict[str, dict[str, int]]:
         """XLA's own account of each jitted phase's device memory, by phase name, in bytes:
         its arguments, its outputs (the forward's are the residuals it hands the backward),
-        its temporaries, the outputs that reuse donated arguments, and its peak (where the
-        backend reports none: arguments + outputs + temporaries - aliased). Compiled, not run."""
+        its temporaries, the outputs that reuse donated arguments, and its peak. `peak_bound`
+        is 1 where that peak is the upper bound arguments + outputs + temporaries - aliased:
+        on the CPU, whose XLA reports as the peak about the arguments and outputs alone, and
+        wherever the reported peak is missing or below the program's own temporaries (one
+        allocation, live while it runs). Compiled, not run."""
         out = {}
         for phase, low in self._lowered().items():
             m = low.compile().memory_analysis()
             sizes = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
-            peak = getattr(m, "peak_memory_in_bytes", 0)
-            sizes["peak"] = int(peak) or sizes["argument"] + sizes["output"] + sizes["temp"] - sizes["alias"]
+            peak = int(getattr(m, "peak_memory_in_bytes", 0) or 0)
+            sizes["peak_bound"] = int(self.device.platform == "cpu" or peak < max(sizes["temp"], 1))
+            if sizes["peak_bound"]:
+                peak = sizes["argument"] + sizes["output"] + sizes["temp"] - sizes["alias"]
+            sizes["peak"] = peak
             out[phase] = sizes
         return out
 

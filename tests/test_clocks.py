@@ -223,16 +223,26 @@ def test_the_diff_sets_the_two_sides_clocks_side_by_side(tmp_path) -> None:
 
     a, b = GPU / "torch-small-1.json", GPU / "torch-small-2.json"
     same = diff_runs(resolve_one(a), resolve_one(b))
-    assert same.clocks == {"a": {"mhz": 1980, "runs": [1980]}, "b": {"mhz": 1980, "runs": [1980]}}
-    assert ("GPU clock over the compared steps: B's median 1980 MHz against A's 1980 MHz: the same within 1%, so the "
-            "gap is not the clock's.") in sentences(same)
+    watts = [json.loads(p.read_text())["gpu_clocks"]["phases"]["step"]["power_w"]["median"] for p in (a, b)]
+    assert same.clocks == {"a": {"mhz": 1980, "runs": [1980], "watts": watts[0], "capped": 0.0},
+                           "b": {"mhz": 1980, "runs": [1980], "watts": watts[1], "capped": 0.0}}
+    assert (f"GPU clock over the compared steps: B's median 1980 MHz ({watts[1]:.0f} W, at the power cap in 0% of "
+            f"samples) against A's 1980 MHz ({watts[0]:.0f} W, at the power cap in 0% of samples): the same within "
+            "1%, so the gap is not the clock's.") in sentences(same)
     doc = json.loads(b.read_text())
     doc["gpu_clocks"]["phases"]["step"]["sm_mhz"]["median"] = 1881  # 5% lower
+    doc["gpu_clocks"]["phases"]["step"].update(power_w={"median": 699.6, "max": 712.0}, power_capped=0.96)
     lower = tmp_path / "lower.json"
     lower.write_text(json.dumps(doc))
     (line,) = [s for s in sentences(diff_runs(resolve_one(a), resolve_one(lower))) if s.startswith("GPU clock")]
+    assert line.startswith("GPU clock over the compared steps: B's median 1881 MHz (700 W, at the power cap in 96% of "
+                           "samples) against A's 1980 MHz")
     assert line.endswith("B's 5.0% lower; a step bound by the GPU's clock takes about that much longer with the "
                          "same code.")
+    del doc["gpu_clocks"]["phases"]["step"]["power_w"]  # a run that read no power: its clock alone
+    lower.write_text(json.dumps(doc))
+    (line,) = [s for s in sentences(diff_runs(resolve_one(a), resolve_one(lower))) if s.startswith("GPU clock")]
+    assert line.startswith("GPU clock over the compared steps: B's median 1881 MHz against A's 1980 MHz (")
     del doc["gpu_clocks"]
     lower.write_text(json.dumps(doc))
     assert diff_runs(resolve_one(a), resolve_one(lower)).clocks == {}  # one side without: no sentence

@@ -9,16 +9,25 @@ import statistics
 from harness.diffs.inputs import Run
 
 
+def _record(run: Run, phase: str | None) -> dict:
+    return (((run.doc or {}).get("gpu_clocks") or {}).get("phases") or {}).get(phase) or {}
+
+
 def step_clock(run: Run, phase: str | None) -> float | None:
     """The median SM clock (MHz) over a run's measured calls of `phase`, where its document
     sampled the GPU's clock (`harness.timing.clocks`); else None."""
-    rec = (((run.doc or {}).get("gpu_clocks") or {}).get("phases") or {}).get(phase) or {}
-    return (rec.get("sm_mhz") or {}).get("median")
+    return (_record(run, phase).get("sm_mhz") or {}).get("median")
+
+
+def _median_or_none(values: list) -> float | None:
+    return None if not values or any(v is None for v in values) else statistics.median(values)
 
 
 def step_clocks(phases: tuple[str, str] | None, a: list[Run], b: list[Run]) -> dict[str, dict]:
     """`Diff.clocks`: per side ("a", "b"), the median clock over its runs of the compared step
-    (`phases`: A's phase and B's) and each run's; empty where a run has no clock."""
+    (`phases`: A's phase and B's) and each run's, with the median of the runs' power draws
+    (`watts`) and of their shares of samples at the power cap (`capped`), each None where a
+    run did not read it; empty where a run has no clock."""
     if phases is None:
         return {}
     out = {}
@@ -26,6 +35,9 @@ def step_clocks(phases: tuple[str, str] | None, a: list[Run], b: list[Run]) -> d
         mhz = [step_clock(r, phase) for r in runs]
         if any(m is None for m in mhz):
             return {}
-        out[side] = {"mhz": statistics.median(mhz), "runs": mhz}
+        records = [_record(r, phase) for r in runs]
+        out[side] = {"mhz": statistics.median(mhz), "runs": mhz,
+                     "watts": _median_or_none([(rec.get("power_w") or {}).get("median") for rec in records]),
+                     "capped": _median_or_none([rec.get("power_capped") for rec in records])}
     return out
 

@@ -112,6 +112,14 @@ def _overlap_sentence(d: Diff) -> str | None:
 CLOCK_SAME = 0.01  # clocks within this share of each other count as the same
 
 
+def _power(side: dict) -> str:
+    """What the GPU drew while it held that clock, and how often at its power cap, where sampled."""
+    watts, capped = side.get("watts"), side.get("capped")
+    if watts is None:
+        return ""
+    return f" ({watts:.0f} W" + (f", at the power cap in {capped:.0%} of samples)" if capped is not None else ")")
+
+
 def clock_sentence(d: Diff) -> str | None:
     """Each side's GPU clock over the compared step, where both sampled it: a GPU-bound step's
     time moves with its clock, so a gap of identical code can be the clock's."""
@@ -119,8 +127,8 @@ def clock_sentence(d: Diff) -> str | None:
         return None
     a, b = d.clocks["a"]["mhz"], d.clocks["b"]["mhz"]
     several = len(d.clocks["a"]["runs"]) > 1
-    text = (f"GPU clock over the compared steps: B's median {b:.0f} MHz against A's {a:.0f} MHz"
-            + (" (the median of each side's runs' medians)" if several else ""))
+    text = (f"GPU clock over the compared steps: B's median {b:.0f} MHz{_power(d.clocks['b'])} against A's "
+            f"{a:.0f} MHz{_power(d.clocks['a'])}" + (" (the median of each side's runs' medians)" if several else ""))
     if abs(b - a) <= CLOCK_SAME * a:
         return text + f": the same within {CLOCK_SAME:.0%}, so the gap is not the clock's."
     slower = b < a

@@ -1,8 +1,8 @@
 """The parameters, and each AdamW moment, as a few arrays laid out like the parameters.
 
-A jitted call's host work grows with the arrays it takes and returns: the fused step of
-`large` takes 984 and returns 982, and a synchronized step waits for that work before its
-first kernel. `FlatLayout` concatenates the parameters (all one dtype) in their tree's
+A jitted call's host work grows with the arrays it takes and returns: on the model's arrays
+the fused step of `large` takes 984 and returns 982, and a synchronized step waits for that
+work before its first kernel. `FlatLayout` concatenates the parameters (all one dtype) in their tree's
 order into a few one-dimensional arrays, each of at most `MAX_LEAVES` consecutive
 parameters, and splits such arrays back; the session's fused step on one device takes
 its state that way (`JaxSession.fused_step`). Inside a jitted program the split is a set

@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_impl
 from harness.backends.jax.convert import torch_to_jax
+from harness.backends.jax.flat import FlatLayout
 from harness.config import ModelConfig
 
 LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, always on: the step runs the same "
@@ -108,6 +109,7 @@ class JaxSession:
                  layer_ranges: bool = False) -> None:
         set_matmul_precision(dtype)
         self.dtype = dtype
+        self._flat = None  # (parameters, AdamW state) as one array each, while the fused step holds them
         self.layer_ranges = layer_ranges
         devices = jax.devices("gpu" if device == "cuda" else "cpu")
         self.device = devices[0]
@@ -164,6 +166,49 @@ class JaxSession:
         self._bwd = jit(lambda vjp: vjp(jnp.ones((), jnp.float32))[0], **_out(keep, "bwd"))
         self._update = jit(self._apply_update, donate_argnums=donate, **_out(keep, "update"))
         self._fused = jit(self._fused_step, donate_argnums=donate, **_out(keep, "fused"))
+        # On one device the fused step takes the parameters and each AdamW moment as one array
+        # (`harness.backends.jax.flat`): 3 arrays and the batch where the dict takes 984. The
+        # split step's programs keep the model's arrays. The state moves between the two
+        # layouts when the other step runs next (in a loop's warm-up, untimed).
+        self._layout = FlatLayout.of(self._state) if data_parallel == 1 else None
+        if self._layout is not None:
+            self._fused_flat = jit(self._fused_flat_step, donate_argnums=donate)
+            self._to_flat = jit(lambda p, o: (self._layout.ravel(p), self._layout.ravel_all(o)), donate_argnums=donate)
+            self._from_flat = jit(lambda p, o: (self._layout.unravel(p), self._layout.unravel_all(o)),
+                                  donate_argnums=donate)
+
+    # -- the state, in the layout the step about to run takes --------------------------
+    @property
+    def state(self):
+        """The parameters as the model's dict of arrays."""
+        self._unflatten()
+        return self._state
+
+    @state.setter
+    def state(self, value) -> None:
+        self._unflatten()
+        self._state = value
+
+    @property
+    def opt_state(self):
+        """AdamW's state, its moments laid out like `state`."""
+        self._unflatten()
+        return self._opt_state
+
+    @opt_state.setter
+    def opt_state(self, value) -> None:
+        self._unflatten()
+        self._opt_state = value
+
+    def _unflatten(self) -> None:
+        if self._flat is not None:
+            (self._state, self._opt_state), self._flat = self._from_flat(*self._flat), None
+
+    def _flatten(self) -> tuple:
+        if self._flat is None:
+            self._flat = self._to_flat(self._state, self._opt_state)
+            self._state = self._opt_state = None
+        return self._flat
 
     def _loss_fn(self, params, inputs, targets):
         model = nnx.merge(self.graphdef, compute_params(params, self.dtype))
@@ -180,9 +225,16 @@ class JaxSession:
         params, opt_state = self._apply_update(params, opt_state, grads)
         return params, opt_state, loss
 
+    def _fused_flat_step(self, flat, opt_state, inputs, targets):
+        """The fused step on the one-array layout: the split into the model's parameters is
+        inside the program, and so is the concatenation of their gradients."""
+        loss, grads = jax.value_and_grad(lambda p: self._loss_fn(self._layout.unravel(p), inputs, targets))(flat)
+        flat, opt_state = self._apply_update(flat, opt_state, grads)
+        return flat, opt_state, loss
+
     def sync(self, value: object = None) -> None:
         """Wait for `value` (default: the parameters) to be computed."""
-        jax.block_until_ready(value if value is not None else self.state)
+        jax.block_until_ready(value if value is not None else (self._flat or self._state))
 
     # -- phases ---------------------------------------------------------------------
     def forward(self, *, grad: bool = True) -> jax.Array:
@@ -204,7 +256,11 @@ class JaxSession:
         self._grads = self._vjp = None
 
     def fused_step(self) -> jax.Array:
-        self.state, self.opt_state, loss = self._fused(self.state, self.opt_state, self.inputs, self.targets)
+        if self._layout is None:
+            self.state, self.opt_state, loss = self._fused(self.state, self.opt_state, self.inputs, self.targets)
+            return loss
+        params, opt_state, loss = self._fused_flat(*self._flatten(), self.inputs, self.targets)
+        self._flat = (params, opt_state)
         return loss
 
     def plain_step(self) -> jax.Array:
@@ -226,7 +282,11 @@ class JaxSession:
             "forward": self._fwd.lower(*args),
             "backward": self._bwd.lower(vjp),
             "optimizer": self._update.lower(spec(self.state), spec(self.opt_state), spec(self.state)),
-            "fused_step": self._fused.lower(spec(self.state), spec(self.opt_state), self.inputs, self.targets),
+            "fused_step": (self._fused.lower(spec(self.state), spec(self.opt_state), self.inputs, self.targets)
+                           if self._layout is None else
+                           self._fused_flat.lower(self._layout.spec(), jax.eval_shape(self._layout.ravel_all,
+                                                                                      spec(self.opt_state)),
+                                                  self.inputs, self.targets)),
         }
 
     def optimized_hlo(self) -> dict[str, str]:

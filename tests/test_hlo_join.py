@@ -353,7 +353,8 @@ def test_jax_run_with_layer_ranges_writes_the_hlo_beside_its_result(tmp_path) ->
 def test_the_second_step_compiles_nothing() -> None:
     """Each phase compiles on its first call only: the split step's second run, and a fused
     step after split steps, hand every program inputs it has seen (the optimizer state's
-    leaves all committed to the device, as each update returns them)."""
+    leaves all committed to the device, as each update returns them), and so do the moves
+    of the state between the fused step's one-array layout and the split step's arrays."""
     from harness.timing.events import EventLog
 
     s = _session()
@@ -365,7 +366,9 @@ def test_the_second_step_compiles_nothing() -> None:
 
     split_step()
     s.sync(s.fused_step())
+    split_step()
     with EventLog("jax.monitoring") as log:
+        s.sync(s.fused_step())
         split_step()
         s.sync(s.fused_step())
     assert [e.detail for e in log.events if e.kind == "compile"] == []

@@ -173,9 +173,8 @@ class JaxSession:
         self._layout = FlatLayout.of(self._state) if data_parallel == 1 else None
         if self._layout is not None:
             self._fused_flat = jit(self._fused_flat_step, donate_argnums=donate)
-            self._to_flat = jit(lambda p, o: (self._layout.ravel(p), self._layout.ravel_all(o)), donate_argnums=donate)
-            self._from_flat = jit(lambda p, o: (self._layout.unravel(p), self._layout.unravel_all(o)),
-                                  donate_argnums=donate)
+            self._to_flat = jit(self._ravel_state, donate_argnums=donate)
+            self._from_flat = jit(self._unravel_state, donate_argnums=donate)
 
     # -- the state, in the layout the step about to run takes --------------------------
     @property
@@ -203,6 +202,12 @@ class JaxSession:
     def _unflatten(self) -> None:
         if self._flat is not None:
             (self._state, self._opt_state), self._flat = self._from_flat(*self._flat), None
+
+    def _ravel_state(self, params, opt_state) -> tuple:
+        return self._layout.ravel(params), self._layout.ravel_all(opt_state)
+
+    def _unravel_state(self, flat, opt_state) -> tuple:
+        return self._layout.unravel(flat), self._layout.unravel_all(opt_state)
 
     def _flatten(self) -> tuple:
         if self._flat is None:

@@ -3,6 +3,7 @@
 # (two a side). harness.ab keeps finished runs, so after a command's time limit the same
 # command goes on. The output is packed into one file ($OUT/fused-flat.tgz).
 # Needs .ab-trees/<main's commit> beside the tree (`python -m harness.ab --base main --unpack-only`).
+# And the project's dependencies importable there, nvtx among them (its wheel, where pip has no index).
 set -u
 base=${BASE:?set BASE to the full commit harness.ab --unpack-only printed}
 out=${OUT:-/tmp/out}

@@ -1,4 +1,4 @@
-"""The fused step on one device takes the parameters and AdamW's moments as one array each
+"""The fused step on one device takes the parameters and AdamW's moments as a few arrays each
 (`harness.backends.jax.flat`): the layout's round trip, and the steps against the split
 step's programs, which keep the model's arrays."""
 
@@ -28,25 +28,32 @@ def _split_step(s) -> float:
     return loss
 
 
-def test_the_layout_round_trips_the_parameters_and_adamw_state_exactly() -> None:
+@pytest.mark.parametrize("max_leaves", [64, 5])
+def test_the_layout_round_trips_the_parameters_and_adamw_state_exactly(max_leaves) -> None:
     from harness.backends.jax.flat import FlatLayout
 
     s = _session()
     params, opt = s.state, s.opt_state
-    layout = FlatLayout.of(params)
-    flat = layout.ravel(params)
+    layout = FlatLayout.of(params, max_leaves)
+    flats = layout.ravel(params)
     leaves = jax.tree.leaves(params)
-    assert flat.shape == (sum(a.size for a in leaves),) == (layout.size,)
-    np.testing.assert_array_equal(flat[:leaves[0].size], np.ravel(leaves[0]))
-    for a, b in zip(leaves, jax.tree.leaves(layout.unravel(flat)), strict=True):
-        np.testing.assert_array_equal(a, b)
-    # AdamW's moments become one array each; its step count stays the scalar it is.
+    # Consecutive parameters, at most max_leaves to an array, every one of them once.
+    groups = -(-len(leaves) // max_leaves)
+    assert len(flats) == len(layout.groups) == groups and (groups > 1) == (max_leaves == 5)
+    assert [f.shape for f in flats] == [(sum(x.size for x in leaves[a:b]),) for a, b in layout.groups]
+    assert sum(f.size for f in flats) == layout.size == sum(x.size for x in leaves)
+    a, b = layout.groups[-1]
+    np.testing.assert_array_equal(flats[-1][:leaves[a].size], np.ravel(leaves[a]))
+    np.testing.assert_array_equal(flats[-1][-leaves[b - 1].size:], np.ravel(leaves[b - 1]))
+    for x, y in zip(leaves, jax.tree.leaves(layout.unravel(flats)), strict=True):
+        np.testing.assert_array_equal(x, y)
+    # AdamW's moments become the same arrays; its step count stays the scalar it is.
     flat_opt = layout.ravel_all(opt)
-    assert [tuple(a.shape) for a in jax.tree.leaves(flat_opt)] == [(), (layout.size,), (layout.size,)]
+    assert [tuple(x.shape) for x in jax.tree.leaves(flat_opt)] == [()] + 2 * [f.shape for f in flats]
     back = layout.unravel_all(flat_opt)
     assert jax.tree.structure(back) == jax.tree.structure(opt)
-    for a, b in zip(jax.tree.leaves(opt), jax.tree.leaves(back), strict=True):
-        np.testing.assert_array_equal(a, b)
+    for x, y in zip(jax.tree.leaves(opt), jax.tree.leaves(back), strict=True):
+        np.testing.assert_array_equal(x, y)
 
 
 def test_the_layout_refuses_what_one_array_cannot_hold() -> None:
@@ -58,14 +65,20 @@ def test_the_layout_refuses_what_one_array_cannot_hold() -> None:
         FlatLayout.of({"a": jnp.zeros(2)}).ravel({"b": jnp.zeros(2)})
 
 
-def test_fused_steps_on_one_array_match_the_split_steps() -> None:
+@pytest.mark.parametrize("max_leaves", [64, 5])
+def test_fused_steps_on_the_flat_layout_match_the_split_steps(max_leaves, monkeypatch) -> None:
     """Fused, split and fused again against three split steps: the same losses and parameters
     to float32 rounding (both are the same arithmetic in different programs), with the state
-    moved between the layouts in between."""
+    moved between the layouts in between; in one array each, and in several."""
+    from harness.backends.jax import flat as flat_module
+
+    monkeypatch.setattr(flat_module, "MAX_LEAVES", max_leaves)
     flat, split = _session(), _session()
     losses = [float(flat.fused_step())]
-    # The fused step holds the step count and the two moments beside the parameters: four arrays.
-    assert len(jax.tree.leaves(flat._flat)) == 4 and flat._state is None
+    # The fused step holds the step count, and the parameters and two moments in `groups` arrays each.
+    groups = len(flat._layout.groups)
+    assert groups == (1 if max_leaves == 64 else 5)
+    assert len(jax.tree.leaves(flat._flat)) == 1 + 3 * groups and flat._state is None
     losses.append(_split_step(flat))
     assert flat._flat is None
     losses.append(float(flat.fused_step()))

@@ -109,7 +109,7 @@ class JaxSession:
                  layer_ranges: bool = False) -> None:
         set_matmul_precision(dtype)
         self.dtype = dtype
-        self._flat = None  # (parameters, AdamW state) as one array each, while the fused step holds them
+        self._flat = None  # (parameters, AdamW state) in the few arrays of `_layout`, while the fused step holds them
         self.layer_ranges = layer_ranges
         devices = jax.devices("gpu" if device == "cuda" else "cpu")
         self.device = devices[0]
@@ -166,8 +166,8 @@ class JaxSession:
         self._bwd = jit(lambda vjp: vjp(jnp.ones((), jnp.float32))[0], **_out(keep, "bwd"))
         self._update = jit(self._apply_update, donate_argnums=donate, **_out(keep, "update"))
         self._fused = jit(self._fused_step, donate_argnums=donate, **_out(keep, "fused"))
-        # On one device the fused step takes the parameters and each AdamW moment as one array
-        # (`harness.backends.jax.flat`): 3 arrays and the batch where the dict takes 984. The
+        # On one device the fused step takes the parameters and each AdamW moment as a few
+        # arrays (`harness.backends.jax.flat`): 18 for `large` where the dict takes 984. The
         # split step's programs keep the model's arrays. The state moves between the two
         # layouts when the other step runs next (in a loop's warm-up, untimed).
         self._layout = FlatLayout.of(self._state) if data_parallel == 1 else None
@@ -231,7 +231,7 @@ class JaxSession:
         return params, opt_state, loss
 
     def _fused_flat_step(self, flat, opt_state, inputs, targets):
-        """The fused step on the one-array layout: the split into the model's parameters is
+        """The fused step on the flat layout: the split into the model's parameters is
         inside the program, and so is the concatenation of their gradients."""
         loss, grads = jax.value_and_grad(lambda p: self._loss_fn(self._layout.unravel(p), inputs, targets))(flat)
         flat, opt_state = self._apply_update(flat, opt_state, grads)

@@ -68,6 +68,31 @@ def test_side_a_runs_from_the_commit_s_tree_and_b_from_the_working_tree(tmp_path
     assert cmd_b[3:] == [*CELL, "--out", str((tmp_path / "runs" / "b-1.json").resolve())]
 
 
+def test_without_a_base_both_sides_run_the_working_tree_each_with_its_settings(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XLA_FLAGS", "--from-the-shell")
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    seen = []
+
+    @contextlib.contextmanager
+    def child(cmd, **popen):
+        seen.append((popen["cwd"], popen["env"]))
+        with open(cmd[-1], "w") as f:
+            json.dump({"status": "ok"}, f)
+        yield types.SimpleNamespace(wait=lambda timeout=None: 0)
+
+    monkeypatch.setattr(runs, "child_process", child)
+    lines = []
+    settings = {"a": {}, "b": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=", "NCCL_ALGO": ""}}
+    assert runs.run_sides(None, CELL, tmp_path, 1, None, lines.append, settings) is None
+    (cwd_a, env_a), (cwd_b, env_b) = seen
+    assert cwd_a == cwd_b == ROOT and env_a.get("XFPROF_GIT_COMMIT") == os.environ.get("XFPROF_GIT_COMMIT")
+    # A keeps the shell's settings; B's replace them, and an empty value removes one.
+    assert (env_a["XLA_FLAGS"], env_a["NCCL_ALGO"]) == ("--from-the-shell", "Ring")
+    assert env_b["XLA_FLAGS"] == "--xla_gpu_enable_command_buffer=" and "NCCL_ALGO" not in env_b
+    assert lines == ["[1/2] a-1: A the working tree",
+                     "[2/2] b-1: B the working tree, XLA_FLAGS=--xla_gpu_enable_command_buffer=, NCCL_ALGO unset"]
+
+
 def test_a_failed_run_says_so_and_where_its_log_is(tmp_path, monkeypatch) -> None:
     _fake_runs(monkeypatch, 3, {"status": "failed", "error": "out of memory"})
     for sub in ("runs", "logs"):
@@ -135,6 +160,11 @@ def _exit_code(argv: list[str]) -> int:
     (["--base", "HEAD"], ["--model", "nope"], "argument --model: unknown model 'nope'"),
     (["--base", "HEAD"], [*CELL, "--out", "x.json"], "RUN_ARGS: --out is set by harness.ab"),
     (["--base", "HEAD", "--model", "tiny"], [], "harness.run's options go after --"),
+    ([], CELL, "the two sides would run the same: give --base REF"),
+    (["--env-a", "XLA_FLAGS=x", "--env-b", "XLA_FLAGS=x"], CELL, "the two sides would run the same"),
+    (["--env-b", "XLA_FLAGS"], CELL, "--env-b 'XLA_FLAGS': give NAME=VALUE"),
+    (["--env-a", "FOO=1"], CELL, "the run documents record only the settings named XLA_*"),
+    (["--unpack-only"], [], "--unpack-only unpacks --base's tree: give --base REF"),
 ])
 def test_bad_input_is_one_line_before_any_run(tmp_path, capsys, own, run, says) -> None:
     out = tmp_path / "ab"
@@ -185,3 +215,18 @@ def test_a_stopped_ab_keeps_its_runs_and_goes_on(tmp_path, capsys) -> None:
     assert ab.main(argv) == 0
     assert capsys.readouterr().err.count("kept (its document is there)") == len(kept)
     assert all(runs.finished(out / "runs" / f"{n}.json") for n in runs.order(2))
+
+
+@pytest.mark.slow
+def test_a_setting_against_none_on_the_working_tree(tmp_path, capsys) -> None:
+    """No --base: both sides run the working tree, B with a setting, and the diff names it as
+    what the sides differ in."""
+    out = tmp_path / "ab"
+    assert ab.main(["--env-b", "TORCHINDUCTOR_FX_GRAPH_CACHE=0", "--runs", "1", "--out", str(out), "--", *CELL]) == 0
+    a, b = (json.loads((out / "runs" / f"{side}-1.json").read_text()) for side in "ab")
+    assert a["env"]["source_sha256"] == b["env"]["source_sha256"] == source_digest()
+    assert "TORCHINDUCTOR_FX_GRAPH_CACHE" not in (a["env"].get("settings") or {})
+    assert b["env"]["settings"]["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "0"
+    changes = json.loads((out / "diff.json").read_text())["changes"]
+    assert {"what": "TORCHINDUCTOR_FX_GRAPH_CACHE", "a": "unset", "b": "0"} in changes
+    assert "TORCHINDUCTOR_FX_GRAPH_CACHE unset -> 0" in capsys.readouterr().out

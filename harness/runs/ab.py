@@ -1,6 +1,7 @@
 """The processes of `harness.ab`: the base commit's tree unpacked from git, and `harness.run`
-of one cell from it (A) and from the working tree (B), in turns, each run's document kept where
-it completed, so that an A/B stopped part way goes on where it stopped."""
+of one cell from it (A) and from the working tree (B), or from the working tree on both sides,
+each side with its own environment settings, in turns, each run's document kept where it
+completed, so that an A/B stopped part way goes on where it stopped."""
 
 from __future__ import annotations
 
@@ -78,13 +79,46 @@ def finished(doc_path: Path) -> bool:
         return False
 
 
-def run_one(name: str, run_args: Sequence[str], out: Path, base: tuple[str, Path], timeout: int | None) -> str | None:
-    """`harness.run` of one side into runs/<name>.json; None once it completed, else why not."""
-    commit, tree = base
-    cwd = tree if name.startswith("a-") else ROOT
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(cwd), os.environ.get("PYTHONPATH")])))
-    if name.startswith("a-"):
-        env["XFPROF_GIT_COMMIT"] = commit
+def parse_setting(option: str, text: str) -> tuple[str, str]:
+    """(NAME, VALUE) of `--env-a`/`--env-b NAME=VALUE`; ValueError (one line naming the option)
+    for a malformed one, or a NAME the run documents do not record (`results.settings`), which
+    the diff could then not tell apart."""
+    from harness.common.results import SETTINGS_PREFIXES
+
+    name, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"{option} {text!r}: give NAME=VALUE, "
+                         f"e.g. {option} XLA_FLAGS=--xla_gpu_enable_triton_gemm=false")
+    if not name.startswith(SETTINGS_PREFIXES):
+        named = ", ".join(p + "*" if p.endswith("_") else p for p in SETTINGS_PREFIXES)
+        raise ValueError(f"{option} {text!r}: the run documents record only the settings named {named}, "
+                         f"so the diff could not tell the sides apart by {name}")
+    return name, value
+
+
+def side_env(settings: dict[str, str]) -> dict[str, str]:
+    """This process's environment with one side's settings: each NAME set to its VALUE (in
+    place of this process's own), or removed where the VALUE is empty."""
+    env = dict(os.environ)
+    for name, value in settings.items():
+        if value:
+            env[name] = value
+        else:
+            env.pop(name, None)
+    return env
+
+
+def run_one(name: str, run_args: Sequence[str], out: Path, base: tuple[str, Path] | None, timeout: int | None,
+            settings: dict[str, str] | None = None) -> str | None:
+    """`harness.run` of one side into runs/<name>.json, A from `base`'s tree (the working tree
+    where there is none), with `settings` in its environment (`side_env`); None once it
+    completed, else why not."""
+    from_base = base is not None and name.startswith("a-")
+    cwd = base[1] if from_base else ROOT
+    env = side_env(settings or {})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH")]))
+    if from_base:
+        env["XFPROF_GIT_COMMIT"] = base[0]
     doc = out / "runs" / f"{name}.json"
     doc.unlink(missing_ok=True)  # an earlier attempt's document of a failed or stopped run
     cmd = [sys.executable, "-m", "harness.run", *run_args, "--out", str(doc.resolve())]
@@ -108,11 +142,19 @@ def finished_count(out: Path, runs: int) -> int:
     return sum(finished(out / "runs" / f"{name}.json") for name in order(runs))
 
 
-def run_sides(base: tuple[str, Path], run_args: Sequence[str], out: Path, runs: int, timeout: int | None,
-              progress: Callable[[str], None]) -> str | None:
+def describe_side(side: str, base: tuple[str, Path] | None, settings: dict[str, str]) -> str:
+    """What one side runs, for the progress lines: its tree and its own settings."""
+    tree = f"A {base[0][:7]}" if side == "a" and base is not None else f"{side.upper()} the working tree"
+    return tree + "".join(f", {k}={v}" if v else f", {k} unset" for k, v in settings.items())
+
+
+def run_sides(base: tuple[str, Path] | None, run_args: Sequence[str], out: Path, runs: int, timeout: int | None,
+              progress: Callable[[str], None], settings: dict[str, dict[str, str]] | None = None) -> str | None:
     """Every run of `order(runs)` not yet finished, in turn: None once all are, else the first
-    failure's line. Ctrl-C and the stop signals end it (KeyboardInterrupt) with the running
-    child stopped and the finished runs' documents in place."""
+    failure's line. `settings`: each side's own environment settings ({"a": {...}, "b": {...}}).
+    Ctrl-C and the stop signals end it (KeyboardInterrupt) with the running child stopped and
+    the finished runs' documents in place."""
+    settings = settings or {}
     for sub in ("runs", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     names = order(runs)
@@ -120,7 +162,8 @@ def run_sides(base: tuple[str, Path], run_args: Sequence[str], out: Path, runs: 
         if finished(out / "runs" / f"{name}.json"):
             progress(f"[{k}/{len(names)}] {name}: kept (its document is there)")
             continue
-        progress(f"[{k}/{len(names)}] {name}: {'A ' + base[0][:7] if name[0] == 'a' else 'B the working tree'}")
-        if problem := run_one(name, run_args, out, base, timeout):
+        side = settings.get(name[0], {})
+        progress(f"[{k}/{len(names)}] {name}: {describe_side(name[0], base, side)}")
+        if problem := run_one(name, run_args, out, base, timeout, side):
             return problem
     return None

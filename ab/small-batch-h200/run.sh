@@ -3,7 +3,7 @@
 #   bash run.sh norm     the norm backward's row groups alone (normbench.py), b4 and b32
 #   bash run.sh ab       this branch's tree (min_programs_bwd) against main at batch 4, 3 runs a side
 #   bash run.sh merger   XLA's dot merger off (--xla_gpu_dot_merger_threshold_mb=0) against on,
-#                        this tree, batch 4, 3 runs a side, interleaved A B B A A B
+#                        this tree, batch 4, 3 runs a side (harness.ab --env-b)
 # Needs nvtx importable and, for `ab`, .ab-trees/<main's commit> (harness.ab --unpack-only).
 set -u
 out=${OUT:-/tmp/out}
@@ -12,15 +12,7 @@ case "${1:?norm, ab or merger}" in
 norm) python3 ab/small-batch-h200/normbench.py ;;
 ab) python3 -m harness.ab --base "${BASE:?set BASE to the full commit of main}" --runs 3 --out /tmp/sb/ab --timeout 150 -- $M
     tar czf "$out/ab.tgz" -C /tmp/sb ab ;;
-merger)
-    mkdir -p /tmp/sb/merger/runs
-    for run in a-1 b-1 b-2 a-2 a-3 b-3; do
-        [ -e "/tmp/sb/merger/runs/$run.json" ] && continue
-        if [ "${run%-*}" = b ]; then flags=--xla_gpu_dot_merger_threshold_mb=0; else flags=; fi
-        XLA_FLAGS=$flags timeout 150 python3 -m harness.run $M --quiet --out "/tmp/sb/merger/runs/$run.json"
-    done
-    r=/tmp/sb/merger/runs
-    python3 -m harness.diff $r/a-1.json,$r/a-2.json,$r/a-3.json $r/b-1.json,$r/b-2.json,$r/b-3.json \
-        --out /tmp/sb/merger 2>&1 | tail -3
+merger) python3 -m harness.ab --env-b XLA_FLAGS=--xla_gpu_dot_merger_threshold_mb=0 --runs 3 \
+        --out /tmp/sb/merger --timeout 150 -- $M
     tar czf "$out/merger.tgz" -C /tmp/sb merger ;;
 esac

@@ -8,16 +8,17 @@ sides, interleaved on one machine, then `harness.diff` of the two sides.
 A is the tree of --base (its shipped packages and pyproject.toml, unpacked from git once into
 .ab-trees/<commit> at the repository's root), B the working tree as it is now, uncommitted
 changes included; without --base both sides run the working tree. --env-a and --env-b set
-environment variables for one side's runs only (an empty value removes one), among those the
-run documents record (compiler flags, allocator and NCCL settings), so that the diff names
-them among what differs. The runs go A B B A A B ..., so that what drifts over a session (the GPU's
+environment variables for one side's runs only (an empty value removes one), among those the run
+documents record (compiler flags, allocator and NCCL settings), so that the diff names them
+among what differs. The runs go A B B A A B ..., so that what drifts over a session (the GPU's
 clock under its power cap, the host's load) falls on both sides alike, and each writes
-DIR/runs/{a,b}-N.json with its log in DIR/logs/. A run whose document is already there is
-kept: a command stopped by a signal or a machine's time limit goes on where it stopped when
-given again. Once every run is done, DIR holds `harness.diff`'s diff.md and diff.json of the
-two sides (judged by the spread between runs from three a side; `docs/diff.md`), rendered again
-by `harness.regenerate` from the documents beside them. Everything after `--` goes to
-`harness.run` as it is, checked before any run starts.
+DIR/runs/{a,b}-N.json with its log in DIR/logs/. A run whose document is already there is kept:
+a command stopped by a signal or a machine's time limit goes on where it stopped when given
+again; a kept document that ran other options, another tree or other settings than this A/B
+would ends it before any run. Once every run is done, DIR holds `harness.diff`'s diff.md and
+diff.json of the two sides (judged by the spread between runs from three a side;
+`docs/diff.md`), rendered again by `harness.regenerate` from the documents beside them.
+Everything after `--` goes to `harness.run` as it is, checked before any run starts.
 """
 
 from __future__ import annotations

@@ -93,6 +93,50 @@ def test_without_a_base_both_sides_run_the_working_tree_each_with_its_settings(t
                      "[2/2] b-1: B the working tree, XLA_FLAGS=--xla_gpu_enable_command_buffer=, NCCL_ALGO unset"]
 
 
+def _kept_doc(path, run_args, **env) -> None:
+    from harness.common.results import command_line
+
+    command = command_line(["python", "-m", "harness.run", *run_args, "--out", str(path)])
+    path.write_text(json.dumps({"status": "ok", "env": {"command": command, **env}}))
+
+
+@pytest.mark.parametrize(("doc_args", "env", "says"), [
+    (CELL, {}, None),
+    ([*CELL[:-1], "--seed", "1", "--quiet"], {}, "was run as `python -m harness.run --backend torch"),
+    (CELL, {"source_sha256": "f" * 64}, "ran source fffffff, where the working tree is now"),
+    (CELL, {"settings": {"XLA_FLAGS": "--old"}}, "ran with XLA_FLAGS=--old, where this A/B runs B with "
+                                                 "XLA_FLAGS=--new"),
+    (CELL, {"settings": {}}, "ran with XLA_FLAGS=(unset), where this A/B runs B with XLA_FLAGS=--new"),
+])
+def test_a_kept_run_must_be_what_this_ab_would_run(tmp_path, monkeypatch, doc_args, env, says) -> None:
+    """A finished run's document is kept only where it ran the same harness.run options, tree
+    and settings as this A/B would: given again after an edit, other options or other settings,
+    the A/B refuses before running anything rather than mix two configurations into one side."""
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(runs, "child_process", no_run)
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    for sub in ("runs", "logs"):
+        (tmp_path / sub).mkdir()
+    base = ("c0ffee" * 6 + "c0ff", tmp_path)
+    _kept_doc(tmp_path / "runs" / "a-1.json", CELL, git_commit=base[0])
+    defaults = {"source_sha256": source_digest(), "settings": {"XLA_FLAGS": "--new"}}
+    _kept_doc(tmp_path / "runs" / "b-1.json", doc_args, **{**defaults, **env})
+    lines = []
+    problem = runs.run_sides(base, CELL, tmp_path, 1, None, lines.append, {"b": {"XLA_FLAGS": "--new"}})
+    if says is None:
+        assert problem is None and lines == [f"[{k}/2] {n}: kept (its document is there)" for k, n in ((1, "a-1"),
+                                                                                                    (2, "b-1"))]
+    else:
+        assert problem.startswith(f"{tmp_path / 'runs' / 'b-1.json'} {says}") and not lines
+        assert problem.endswith("give another --out, or remove the runs of the earlier A/B to run them again")
+    # A's document must name --base's commit.
+    _kept_doc(tmp_path / "runs" / "a-1.json", CELL, git_commit="0" * 40)
+    problem = runs.run_sides(base, CELL, tmp_path, 1, None, lines.append, {"b": {"XLA_FLAGS": "--new"}})
+    assert f"a-1.json ran commit 0000000, where this A/B's --base is {base[0][:7]}" in problem
+
+
 def test_a_failed_run_says_so_and_where_its_log_is(tmp_path, monkeypatch) -> None:
     _fake_runs(monkeypatch, 3, {"status": "failed", "error": "out of memory"})
     for sub in ("runs", "logs"):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness import child_process
-from harness.common.provenance import EXTRA, PACKAGES, ROOT
+from harness.common.provenance import EXTRA, PACKAGES, ROOT, source_digest
 
 TREES = ROOT / ".ab-trees"  # the base commits' trees, one folder each, unpacked once (git-ignored)
 
@@ -142,6 +142,34 @@ def finished_count(out: Path, runs: int) -> int:
     return sum(finished(out / "runs" / f"{name}.json") for name in order(runs))
 
 
+def kept_mismatch(doc: dict, name: str, run_args: Sequence[str], base: tuple[str, Path] | None,
+                  settings: dict[str, dict[str, str]], working_digest: str) -> str | None:
+    """How a finished run's document differs from what this A/B would run as `name`: other
+    harness.run options, another tree, or other values of the settings either side sets; None
+    where it matches, so that giving the command again after an edit or with other options
+    never mixes runs of two configurations into one side."""
+    from harness.common.results import command_line
+
+    env, side = doc.get("env") or {}, name[0]
+    ran = str(env.get("command", "")).rsplit(" --out ", 1)[0]
+    wanted = command_line(["python", "-m", "harness.run", *run_args])
+    if ran != wanted:
+        return f"was run as `{ran}`, where this A/B runs `{wanted}`"
+    if side == "a" and base is not None:
+        if env.get("git_commit") != base[0]:
+            return f"ran commit {str(env.get('git_commit'))[:7]}, where this A/B's --base is {base[0][:7]}"
+    elif env.get("source_sha256") != working_digest:
+        return (f"ran source {str(env.get('source_sha256'))[:7]}, where the working tree is now "
+                f"{working_digest[:7]}")
+    recorded = env.get("settings") or {}
+    for setting in sorted({k for each in settings.values() for k in each}):
+        want = settings.get(side, {}).get(setting, os.environ.get(setting)) or None
+        if recorded.get(setting) != want:
+            return (f"ran with {setting}={recorded.get(setting) or '(unset)'}, where this A/B runs {side.upper()} "
+                    f"with {setting}={want or '(unset)'}")
+    return None
+
+
 def describe_side(side: str, base: tuple[str, Path] | None, settings: dict[str, str]) -> str:
     """What one side runs, for the progress lines: its tree and its own settings."""
     tree = f"A {base[0][:7]}" if side == "a" and base is not None else f"{side.upper()} the working tree"
@@ -158,6 +186,13 @@ def run_sides(base: tuple[str, Path] | None, run_args: Sequence[str], out: Path,
     for sub in ("runs", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     names = order(runs)
+    digest = source_digest()
+    for name in names:
+        doc = out / "runs" / f"{name}.json"
+        if finished(doc) and (why := kept_mismatch(json.loads(doc.read_text()), name, run_args, base, settings,
+                                                   digest)):
+            return (f"{doc} {why}: give another --out, or remove the runs of the earlier A/B to run them "
+                    "again")
     for k, name in enumerate(names, 1):
         if finished(out / "runs" / f"{name}.json"):
             progress(f"[{k}/{len(names)}] {name}: kept (its document is there)")

@@ -244,6 +244,28 @@ def test_resume_with_new_axis_values_says_what_it_adds(tmp_path) -> None:
     assert stored["options"]["batch"] == 4  # the base batch stays: its cells keep their keys
 
 
+def test_resume_says_where_recorded_cells_ran_other_code(tmp_path) -> None:
+    """A resume after the code changed says how many recorded cells ran which other source:
+    the report then holds cells of two trees, which its rows do not tell apart."""
+    from harness.common.provenance import source_digest
+
+    out = str(tmp_path / "s")
+    opts = dict(batch=4, warmup=1, steps=2, attention="naive", mode="train", device="cpu", nsys=False)
+    axes = {"models": ["tiny"], "ctx": [16, 32], "batches": [4], "backends": ["torch"], "dtypes": ["fp32"]}
+    said: list[str] = []
+    sweep_records.prepare(out, opts, axes, False, False, log=said.append)
+    here = source_digest()
+    sweep_records.append_record(out, {"key": "a", "result": {"env": {"source_sha256": here}}})
+    sweep_records.prepare(out, opts, axes, True, False, log=said.append)
+    assert said == []  # every recorded cell ran this tree
+    for key in ("b", "c"):
+        sweep_records.append_record(out, {"key": key, "result": {"env": {"source_sha256": "f" * 64}}})
+    sweep_records.append_record(out, {"key": "d", "result": None})  # a cell that left no document
+    sweep_records.prepare(out, opts, axes, True, False, log=said.append)
+    assert said == [f"[sweep] --resume: recorded cells of {out} ran other code than this tree's (source {here[:7]}): "
+                    "2 ran source fffffff; the report will hold both"]
+
+
 def test_fault_injection_is_hidden_from_help() -> None:
     assert "--fail-cell" not in sweep.build_parser().format_help()
 

@@ -18,10 +18,12 @@ import itertools
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from harness.common.documents import SWEEP_SCHEMA, RunDocument, Status, SweepCell
 from harness.common.errors import UsageError
+from harness.common.provenance import source_digest
 
 CELLS_FILE, SWEEP_FILE = "cells.jsonl", "sweep.json"
 WARMUP_STUDY = (0, 1, 2, 5)
@@ -139,6 +141,21 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def other_trees(out_dir: str) -> str | None:
+    """One line where recorded cells of the sweep ran source other than this tree's (the code
+    edited between the sweep and its resume): the report then holds cells of both, and its
+    rows do not say which; None where every recorded cell ran this source."""
+    here = source_digest()
+    others = Counter(str(((rec.get("result") or {}).get("env") or {}).get("source_sha256"))[:7]
+                     for rec in load_records(out_dir)
+                     if ((rec.get("result") or {}).get("env") or {}).get("source_sha256") not in (None, here))
+    if not others:
+        return None
+    ran = ", ".join(f"{n} ran source {digest}" for digest, n in sorted(others.items()))
+    return (f"[sweep] --resume: recorded cells of {out_dir} ran other code than this tree's (source {here[:7]}): "
+            f"{ran}; the report will hold both")
+
+
 def prepare(out_dir: str, opts: dict, axes: dict, resume: bool, warmup_study: bool,
             log: Callable[[str], None] = _stderr) -> dict:
     """Create or (with `resume`) reopen the sweep folder; the stored grid is the union of
@@ -163,6 +180,8 @@ def prepare(out_dir: str, opts: dict, axes: dict, resume: bool, warmup_study: bo
                 + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in added.items() if v))
         sweep["axes"] = {k: _union(old[k], v) for k, v in axes.items()}
         sweep["warmup_study"] = sweep["warmup_study"] or warmup_study
+        if line := other_trees(out_dir):
+            log(line)
     else:
         os.makedirs(out_dir, exist_ok=True)
         sweep = {"schema": SWEEP_SCHEMA, "options": opts, "axes": axes, "warmup_study": warmup_study}

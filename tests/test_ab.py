@@ -137,6 +137,18 @@ def test_a_kept_run_must_be_what_this_ab_would_run(tmp_path, monkeypatch, doc_ar
     assert f"a-1.json ran commit 0000000, where this A/B's --base is {base[0][:7]}" in problem
 
 
+def test_the_command_refuses_a_mismatched_kept_run_as_bad_input(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(runs, "child_process", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    out = tmp_path / "ab"
+    (out / "runs").mkdir(parents=True)
+    _kept_doc(out / "runs" / "b-1.json", CELL, source_sha256="f" * 64, settings={"XLA_FLAGS": "x"})
+    assert _exit_code(["--env-b", "XLA_FLAGS=x", "--runs", "1", "--out", str(out), "--", *CELL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "b-1.json ran source fffffff, where the working tree is now" in err[0]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["b-1.json"]
+
+
 def test_a_failed_run_says_so_and_where_its_log_is(tmp_path, monkeypatch) -> None:
     _fake_runs(monkeypatch, 3, {"status": "failed", "error": "out of memory"})
     for sub in ("runs", "logs"):

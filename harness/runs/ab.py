@@ -170,6 +170,19 @@ def kept_mismatch(doc: dict, name: str, run_args: Sequence[str], base: tuple[str
     return None
 
 
+def kept_problem(base: tuple[str, Path] | None, run_args: Sequence[str], out: Path, runs: int,
+                 settings: dict[str, dict[str, str]]) -> str | None:
+    """The line refusing the first finished run in `out` that `kept_mismatch` finds differing
+    from this A/B, or None."""
+    digest = source_digest()
+    for name in order(runs):
+        doc = out / "runs" / f"{name}.json"
+        if finished(doc) and (why := kept_mismatch(json.loads(doc.read_text()), name, run_args, base, settings,
+                                                   digest)):
+            return f"{doc} {why}: give another --out, or remove the runs of the earlier A/B to run them again"
+    return None
+
+
 def describe_side(side: str, base: tuple[str, Path] | None, settings: dict[str, str]) -> str:
     """What one side runs, for the progress lines: its tree and its own settings."""
     tree = f"A {base[0][:7]}" if side == "a" and base is not None else f"{side.upper()} the working tree"
@@ -183,16 +196,11 @@ def run_sides(base: tuple[str, Path] | None, run_args: Sequence[str], out: Path,
     Ctrl-C and the stop signals end it (KeyboardInterrupt) with the running child stopped and
     the finished runs' documents in place."""
     settings = settings or {}
+    if problem := kept_problem(base, run_args, out, runs, settings):
+        return problem
     for sub in ("runs", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     names = order(runs)
-    digest = source_digest()
-    for name in names:
-        doc = out / "runs" / f"{name}.json"
-        if finished(doc) and (why := kept_mismatch(json.loads(doc.read_text()), name, run_args, base, settings,
-                                                   digest)):
-            return (f"{doc} {why}: give another --out, or remove the runs of the earlier A/B to run them "
-                    "again")
     for k, name in enumerate(names, 1):
         if finished(out / "runs" / f"{name}.json"):
             progress(f"[{k}/{len(names)}] {name}: kept (its document is there)")

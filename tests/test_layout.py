@@ -78,6 +78,8 @@ def test_help_shows_every_option_s_choices_and_default(name: str) -> None:
             assert "default:" not in text, f"{name} {flag}: a default shown for a required option or switch: {text}"
         elif action.default is None:  # "(default: None)" says nothing; the help says what None means, if anything
             assert "default:" not in text, f"{name} {flag}: (default: None) in: {text}"
+        elif action.default == []:  # a repeatable option given no times: "(default: )" says nothing
+            assert "default:" not in text, f"{name} {flag}: an empty default shown in: {text}"
         else:
             assert "default:" in text or "%(default)" in (action.help or ""), f"{name} {flag}: no default in: {text}"
             assert "[" not in text.split("default:")[-1], f"{name} {flag}: a Python list as default: {text}"

@@ -23,14 +23,15 @@ from harness.config import ATTENTION_CHOICES, DEVICES, DTYPES, GRAD_COMM, MODES,
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Every option's default appended to its help as the user would type it ("fp32,bf16",
-    not a Python list); none for a required option, a switch, or a default of None (whose
-    meaning, where it has one, the help text gives). The description's layout kept."""
+    not a Python list); none for a required option, a switch, a default of None (whose
+    meaning, where it has one, the help text gives) or an empty list (a repeatable option
+    given no times). The description's layout kept."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
         if (action.required or default is None or default is argparse.SUPPRESS or isinstance(default, bool)
-                or not action.option_strings):
+                or default == [] or not action.option_strings):
             return text
         shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
         return f"{text} (default: {shown.replace('%', '%%')})"

@@ -32,7 +32,6 @@ from pathlib import Path
 from harness import started, stopped_by
 from harness.cli.dialect import add_out, fail, make_parser, parse_args, positive_int
 from harness.runs.ab import (
-    TREES,
     finished_count,
     kept_problem,
     order,
@@ -119,8 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{unpack_tree(commit)}: the tree of {commit}; elsewhere, --base {commit}")
             return 0
         check_run_args(run_args)
-        if problem := kept_problem(commit and (commit, TREES / commit), run_args, Path(args.out), args.runs,
-                                   settings):
+        if problem := kept_problem(commit, run_args, Path(args.out), args.runs, settings):
             raise ValueError(problem)
     except ValueError as exc:
         return fail(str(exc))

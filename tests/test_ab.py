@@ -111,30 +111,25 @@ def _kept_doc(path, run_args, **env) -> None:
 def test_a_kept_run_must_be_what_this_ab_would_run(tmp_path, monkeypatch, doc_args, env, says) -> None:
     """A finished run's document is kept only where it ran the same harness.run options, tree
     and settings as this A/B would: given again after an edit, other options or other settings,
-    the A/B refuses before running anything rather than mix two configurations into one side."""
-    def no_run(*args, **kwargs):
-        raise AssertionError("a run started")
-
-    monkeypatch.setattr(runs, "child_process", no_run)
+    the A/B refuses rather than mix two configurations into one side."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)
-    for sub in ("runs", "logs"):
-        (tmp_path / sub).mkdir()
-    base = ("c0ffee" * 6 + "c0ff", tmp_path)
-    _kept_doc(tmp_path / "runs" / "a-1.json", CELL, git_commit=base[0])
+    (tmp_path / "runs").mkdir()
+    base = "c0ffee" * 6 + "c0ff"
+    settings = {"b": {"XLA_FLAGS": "--new"}}
+    _kept_doc(tmp_path / "runs" / "a-1.json", CELL, git_commit=base)
     defaults = {"source_sha256": source_digest(), "settings": {"XLA_FLAGS": "--new"}}
     _kept_doc(tmp_path / "runs" / "b-1.json", doc_args, **{**defaults, **env})
-    lines = []
-    problem = runs.run_sides(base, CELL, tmp_path, 1, None, lines.append, {"b": {"XLA_FLAGS": "--new"}})
+    problem = runs.kept_problem(base, CELL, tmp_path, 1, settings)
     if says is None:
-        assert problem is None and lines == [f"[{k}/2] {n}: kept (its document is there)" for k, n in ((1, "a-1"),
-                                                                                                    (2, "b-1"))]
+        assert problem is None
     else:
-        assert problem.startswith(f"{tmp_path / 'runs' / 'b-1.json'} {says}") and not lines
+        assert problem.startswith(f"{tmp_path / 'runs' / 'b-1.json'} {says}")
         assert problem.endswith("give another --out, or remove the runs of the earlier A/B to run them again")
     # A's document must name --base's commit.
     _kept_doc(tmp_path / "runs" / "a-1.json", CELL, git_commit="0" * 40)
-    problem = runs.run_sides(base, CELL, tmp_path, 1, None, lines.append, {"b": {"XLA_FLAGS": "--new"}})
-    assert f"a-1.json ran commit 0000000, where this A/B's --base is {base[0][:7]}" in problem
+    problem = runs.kept_problem(base, CELL, tmp_path, 1, settings)
+    assert problem.startswith(f"{tmp_path / 'runs' / 'a-1.json'} ran commit 0000000, where this A/B's --base is "
+                              f"{base[:7]}")
 
 
 def test_the_command_refuses_a_mismatched_kept_run_as_bad_input(tmp_path, monkeypatch, capsys) -> None:

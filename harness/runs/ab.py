@@ -142,7 +142,7 @@ def finished_count(out: Path, runs: int) -> int:
     return sum(finished(out / "runs" / f"{name}.json") for name in order(runs))
 
 
-def kept_mismatch(doc: dict, name: str, run_args: Sequence[str], base: tuple[str, Path] | None,
+def kept_mismatch(doc: dict, name: str, run_args: Sequence[str], base: str | None,
                   settings: dict[str, dict[str, str]], working_digest: str) -> str | None:
     """How a finished run's document differs from what this A/B would run as `name`: other
     harness.run options, another tree, or other values of the settings either side sets; None
@@ -156,8 +156,8 @@ def kept_mismatch(doc: dict, name: str, run_args: Sequence[str], base: tuple[str
     if ran != wanted:
         return f"was run as `{ran}`, where this A/B runs `{wanted}`"
     if side == "a" and base is not None:
-        if env.get("git_commit") != base[0]:
-            return f"ran commit {str(env.get('git_commit'))[:7]}, where this A/B's --base is {base[0][:7]}"
+        if env.get("git_commit") != base:
+            return f"ran commit {str(env.get('git_commit'))[:7]}, where this A/B's --base is {base[:7]}"
     elif env.get("source_sha256") != working_digest:
         return (f"ran source {str(env.get('source_sha256'))[:7]}, where the working tree is now "
                 f"{working_digest[:7]}")
@@ -170,10 +170,11 @@ def kept_mismatch(doc: dict, name: str, run_args: Sequence[str], base: tuple[str
     return None
 
 
-def kept_problem(base: tuple[str, Path] | None, run_args: Sequence[str], out: Path, runs: int,
+def kept_problem(base: str | None, run_args: Sequence[str], out: Path, runs: int,
                  settings: dict[str, dict[str, str]]) -> str | None:
     """The line refusing the first finished run in `out` that `kept_mismatch` finds differing
-    from this A/B, or None."""
+    from this A/B (`base`: its --base commit, None without one), or None: checked with the
+    A/B's input, before any run."""
     digest = source_digest()
     for name in order(runs):
         doc = out / "runs" / f"{name}.json"
@@ -196,8 +197,6 @@ def run_sides(base: tuple[str, Path] | None, run_args: Sequence[str], out: Path,
     Ctrl-C and the stop signals end it (KeyboardInterrupt) with the running child stopped and
     the finished runs' documents in place."""
     settings = settings or {}
-    if problem := kept_problem(base, run_args, out, runs, settings):
-        return problem
     for sub in ("runs", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     names = order(runs)

@@ -146,9 +146,8 @@ def other_trees(out_dir: str) -> str | None:
     edited between the sweep and its resume): the report then holds cells of both, and its
     rows do not say which; None where every recorded cell ran this source."""
     here = source_digest()
-    others = Counter(str(((rec.get("result") or {}).get("env") or {}).get("source_sha256"))[:7]
-                     for rec in load_records(out_dir)
-                     if ((rec.get("result") or {}).get("env") or {}).get("source_sha256") not in (None, here))
+    ran = (((rec.get("result") or {}).get("env") or {}).get("source_sha256") for rec in load_records(out_dir))
+    others = Counter(digest[:7] for digest in ran if digest not in (None, here))
     if not others:
         return None
     ran = ", ".join(f"{n} ran source {digest}" for digest, n in sorted(others.items()))

@@ -225,15 +225,35 @@ def test_a_setting_given_in_xla_flags_is_not_overridden(monkeypatch) -> None:
     from harness.backends.jax.session import compiler_options
 
     monkeypatch.delenv("XLA_FLAGS", raising=False)
-    assert compiler_options("fsdp", 4) == MERGED
-    assert compiler_options("ddp", 4) == compiler_options("fsdp", 1) == {}
+    assert compiler_options("fsdp", 4, "cpu") == MERGED
+    assert compiler_options("ddp", 4, "cpu") == compiler_options("fsdp", 1, "cpu") == {}
+    # on a GPU the dot merger is off too, on one device and on several
+    assert compiler_options("ddp", 1, "gpu") == {"xla_gpu_dot_merger_threshold_mb": 0}
+    assert compiler_options("fsdp", 4, "gpu") == MERGED | {"xla_gpu_dot_merger_threshold_mb": 0}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_dot_merger_threshold_mb=32")
+    assert compiler_options("ddp", 1, "gpu") == {}
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true "
                                     "--xla_gpu_reduce_scatter_combine_threshold_bytes=33554432")
-    assert compiler_options("fsdp", 4) == {"xla_gpu_all_gather_combine_threshold_bytes": 256 << 20}
+    assert compiler_options("fsdp", 4, "cpu") == {"xla_gpu_all_gather_combine_threshold_bytes": 256 << 20}
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=false")
-    assert "xla_gpu_enable_latency_hiding_scheduler" not in compiler_options("fsdp", 4)
+    assert "xla_gpu_enable_latency_hiding_scheduler" not in compiler_options("fsdp", 4, "cpu")
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_all_gather_combine_threshold_bytes_x=1")  # another flag's name
-    assert compiler_options("fsdp", 4) == MERGED
+    assert compiler_options("fsdp", 4, "cpu") == MERGED
+
+
+def test_the_gpu_options_are_ones_this_xla_compiles_with() -> None:
+    """The GPU options take effect only on a GPU, but XLA checks their names on any backend:
+    a program compiles with them here, and not with a name XLA does not have."""
+    import jax
+    import jax.numpy as jnp
+
+    from harness.backends.jax.session import GPU_COMPILER_OPTIONS, SHARDED_COMPILER_OPTIONS
+
+    x = jnp.ones((4, 8))
+    for options in (GPU_COMPILER_OPTIONS, SHARDED_COMPILER_OPTIONS):
+        assert float(jax.jit(lambda a: (a @ a.T).sum(), compiler_options=options)(x)) == 4 * 4 * 8
+    with pytest.raises(Exception, match="xla_gpu_dot_merger_threshold_megabytes"):
+        jax.jit(lambda a: a.sum(), compiler_options={"xla_gpu_dot_merger_threshold_megabytes": 0})(x)
 
 
 def test_rank_frees_its_cycles_before_it_destroys_the_group(monkeypatch) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,9 @@ class NormBlocks:
         the weight's gradient (one partial sum per rows_bwd * steps_bwd rows goes to memory).
       num_warps_fwd, num_warps_bwd: warps per program.
       num_stages_bwd: Triton's software pipelining of the backward's loop over row groups.
+      min_programs_bwd: the backward walks fewer row groups per program (halving steps_bwd)
+        while its rows would fill fewer programs than this: at a small batch, one one-warp
+        program per SM or less leaves each SM waiting on memory latency.
 
     Rows per program shrink to the largest power of two that divides the row count. The
     defaults give each row one warp: its sums are then warp shuffles, with no shared-memory
@@ -63,6 +67,7 @@ class NormBlocks:
     num_warps_fwd: int = 1
     num_warps_bwd: int = 1
     num_stages_bwd: int = 1
+    min_programs_bwd: int = 1024
 
 
 def _chunks(width: int) -> tuple[tuple[int, int], ...]:
@@ -176,10 +181,15 @@ def _forward(x, delta, w, *, eps, out_dtype, blocks, interpret):
 
 
 def _bwd_rows(x_shape, blocks) -> tuple[int, int]:
-    """(rows, steps) of a backward program: its rows lie in one [..., T, width] slab's T."""
+    """(rows, steps) of a backward program: its rows lie in one [..., T, width] slab's T, and
+    steps shrink until the programs number at least `min_programs_bwd` (or steps is 1)."""
     seq = x_shape[-2] if len(x_shape) >= 2 else 1
+    total = math.prod(x_shape[:-1])
     rows = _dividing_power_of_two(seq, blocks.rows_bwd)
-    return rows, _dividing_power_of_two(seq // rows, blocks.steps_bwd)
+    steps = _dividing_power_of_two(seq // rows, blocks.steps_bwd)
+    while steps > 1 and total // (rows * steps) < blocks.min_programs_bwd:
+        steps //= 2
+    return rows, steps
 
 
 def _backward(h, rstd, w, dy, dh, *, ddelta_dtype, blocks, interpret):

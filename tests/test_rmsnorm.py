@@ -33,7 +33,7 @@ EPS32 = float(np.finfo(np.float32).eps)
 BF16_ULP = 2.0 ** -7
 # Two rows per group and two groups per backward program, so short inputs still take several
 # programs and the loop over row groups.
-SMALL = NormBlocks(rows_fwd=2, rows_bwd=2, steps_bwd=2)
+SMALL = NormBlocks(rows_fwd=2, rows_bwd=2, steps_bwd=2, min_programs_bwd=1)
 
 
 def _inputs(shape, delta_dtype, seed=0):
@@ -101,6 +101,21 @@ def test_chunks_cover_any_width_in_powers_of_two():
         assert sum(size for _, size in chunks) == width
         assert all(size & (size - 1) == 0 for _, size in chunks)
         assert [start for start, _ in chunks] == list(np.cumsum([0] + [s for _, s in chunks[:-1]]))
+
+
+def test_backward_programs_walk_fewer_row_groups_at_small_batches():
+    """The backward's programs take steps_bwd row groups each, fewer while the programs would
+    number under min_programs_bwd: `large`'s rows at batch 32 keep the 32 groups of the
+    defaults (1024 programs), at batch 4 take 4 (1024 programs), at ctx 256 batch 4 one."""
+    blocks = NormBlocks()
+    assert rmsnorm._bwd_rows((32, 1024, 1280), blocks) == (1, 32)
+    assert rmsnorm._bwd_rows((48, 1024, 1280), blocks) == (1, 32)
+    assert rmsnorm._bwd_rows((4, 1024, 1280), blocks) == (1, 4)
+    assert rmsnorm._bwd_rows((4, 256, 1280), blocks) == (1, 1)
+    # steps stay a divisor of the rows of T a program walks; rows per group as before
+    assert rmsnorm._bwd_rows((1, 24, 8), NormBlocks(rows_bwd=2, steps_bwd=8, min_programs_bwd=3)) == (2, 4)
+    assert rmsnorm._bwd_rows((1, 24, 8), NormBlocks(rows_bwd=2, steps_bwd=8, min_programs_bwd=4)) == (2, 2)
+    assert rmsnorm._bwd_rows((1, 24, 8), NormBlocks(rows_bwd=2, steps_bwd=8, min_programs_bwd=1)) == (2, 4)
 
 
 def test_kernels_lower_for_a_gpu_at_the_large_models_width():

@@ -6,20 +6,27 @@
 #                        this tree, batch 4, 3 runs a side (harness.ab --env-b)
 #   bash run.sh profile  this tree at batch 4 under jax.profiler with --layer-ranges: the report
 #                        joins each kernel to its layer and op through the optimized HLO
+#                        (PROFILE_FLAGS, if set, becomes XLA_FLAGS for that run)
 # Needs nvtx importable and, for `ab`, .ab-trees/<main's commit> (harness.ab --unpack-only).
+# LIMIT (seconds) bounds each stage; what finished is packed into $OUT either way.
 set -u
 out=${OUT:-/tmp/out}
+lim=${LIMIT:-540}
+mkdir -p "$out" /tmp/sb
 M="--backend jax --model large --ctx 1024 --dtype bf16 --attention fused --device cuda --batch 4 --warmup 5 --steps 10"
 case "${1:?norm, ab, merger or profile}" in
-norm) python3 ab/small-batch-h200/normbench.py ;;
-ab) python3 -m harness.ab --base "${BASE:?set BASE to the full commit of main}" --runs 3 --out /tmp/sb/ab --timeout 150 -- $M
+norm) timeout "$lim" python3 ab/small-batch-h200/normbench.py ;;
+ab) timeout "$lim" python3 -m harness.ab --base "${BASE:?set BASE to the full commit of main}" --runs 3 \
+        --out /tmp/sb/ab --timeout 150 -- $M
     tar czf "$out/ab.tgz" -C /tmp/sb ab ;;
-merger) python3 -m harness.ab --env-b XLA_FLAGS=--xla_gpu_dot_merger_threshold_mb=0 --runs 3 \
+merger) timeout "$lim" python3 -m harness.ab --env-b XLA_FLAGS=--xla_gpu_dot_merger_threshold_mb=0 --runs 3 \
         --out /tmp/sb/merger --timeout 150 -- $M
     tar czf "$out/merger.tgz" -C /tmp/sb merger ;;
 profile) mkdir -p /tmp/sb/prof
-    python3 -m harness.run $M --layer-ranges --framework-profile /tmp/sb/prof/trace --out /tmp/sb/prof/run.json
-    python3 -m harness.report /tmp/sb/prof/trace/plugins/profile/*/*.xplane.pb --harness-json /tmp/sb/prof/run.json \
-        --out /tmp/sb/prof/report --no-plot | tail -5
+    ( [ -n "${PROFILE_FLAGS:-}" ] && export XLA_FLAGS="$PROFILE_FLAGS"
+      timeout "$lim" python3 -m harness.run $M --layer-ranges --framework-profile /tmp/sb/prof/trace \
+        --out /tmp/sb/prof/run.json )
+    timeout 120 python3 -m harness.report /tmp/sb/prof/trace/plugins/profile/*/*.xplane.pb \
+        --harness-json /tmp/sb/prof/run.json --out /tmp/sb/prof/report --no-plot | tail -5
     tar czf "$out/prof.tgz" -C /tmp/sb prof ;;
 esac

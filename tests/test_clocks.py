@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.common.hardware import boost_mhz, peak_tflops
-from harness.timing.clocks import POWER_CAP, ClockSampler, Sample, open_sampler, peak_at_clock, summarize
+from harness.timing.clocks import (INSTANT, MEAN, POWER_CAP, ClockSampler, Sample, open_sampler, peak_at_clock,
+                                   summarize, watts_text)
 
 
 def test_only_samples_inside_the_measured_calls_count() -> None:
@@ -26,7 +27,7 @@ def test_only_samples_inside_the_measured_calls_count() -> None:
     step = got["phases"]["fused_step"]
     assert step["samples"] == 3
     assert step["sm_mhz"] == {"median": 1700, "min": 1600, "max": 1750}
-    assert step["power_w"] == {"median": 700.0, "max": 700.0}
+    assert step["power_w"] == {"median": 700.0, "max": 700.0, "reading": MEAN}  # the reading the sampler names
     assert step["power_capped"] == pytest.approx(2 / 3)
     assert step["thermal"] == pytest.approx(1 / 3)
     assert step["call_mhz"] == [1725.0, 1600.0]
@@ -80,6 +81,45 @@ def test_each_read_samples_every_device_and_names_what_it_cannot_read() -> None:
     assert (first.device, first.sm_mhz, first.power_w, first.reasons) == (0, 1000, 650.0, POWER_CAP)
     assert (second.device, second.sm_mhz, second.power_w) == (1, 1001, None)
     assert before <= first.t == second.t <= time.perf_counter()
+
+
+class _Field(types.SimpleNamespace):
+    """One of nvmlDeviceGetFieldValues's answers: its return code and its value's union."""
+
+
+def _with_instant_power(nvml: _FakeNVML, answers: dict) -> _FakeNVML:
+    """`nvml` whose devices answer the instantaneous power field: `answers` maps a handle to its
+    mW, or to None for a device whose driver does not have the field."""
+    def field_values(handle, ids):
+        assert ids == [186]  # NVML_FI_DEV_POWER_INSTANT
+        mw = answers[handle]
+        return [_Field(nvmlReturn=0 if mw is not None else 3, value=types.SimpleNamespace(uiVal=mw or 0))]
+    nvml.nvmlDeviceGetFieldValues = field_values
+    return nvml
+
+
+def test_power_is_the_instantaneous_reading_where_every_device_gives_it() -> None:
+    """NVML's power usage is the last second's mean on current GPUs: a 60 ms step's samples then
+    read under the cap the clock is held at. The sampler reads the instantaneous field where
+    each device has it, else the mean on every device, and says which."""
+    sampler = ClockSampler(_with_instant_power(_FakeNVML(), {"gpu0": 702_500, "gpu1": 698_000}), ["gpu0", "gpu1"])
+    assert sampler.power_reading == INSTANT
+    sampler.read()
+    assert [s.power_w for s in sampler.samples] == [702.5, 698.0]
+    # one device without the field: the mean for both, so one record holds one kind of reading
+    sampler = ClockSampler(_with_instant_power(_FakeNVML(), {"gpu0": 702_500, "gpu1": None}), ["gpu0", "gpu1"])
+    assert sampler.power_reading == MEAN
+    sampler.read()
+    assert [s.power_w for s in sampler.samples] == [650.0, None]  # nvmlDeviceGetPowerUsage's, as before
+    assert ClockSampler(_FakeNVML(), ["gpu0"]).power_reading == MEAN  # bindings without field values
+
+
+def test_the_power_says_which_reading_it_is() -> None:
+    got = summarize([Sample(1.5, 0, 1700, 700.0, POWER_CAP)], {"step": [(1.0, 2.0)]}, INSTANT)
+    assert got["phases"]["step"]["power_w"] == {"median": 700.0, "max": 700.0, "reading": INSTANT}
+    assert watts_text(got["phases"]["step"]["power_w"]) == "700 W"
+    # a record made before the instantaneous reading holds NVML's mean
+    assert watts_text({"median": 448.2, "max": 470.0}) == "448 W (1 s mean)"
 
 
 def test_the_thread_samples_until_the_block_ends_then_shuts_nvml_down() -> None:
@@ -170,7 +210,7 @@ def test_a_real_run_s_clock_lines_hold_its_own_figures() -> None:
     assert r < -0.7  # the slower steps ran at the lower clocks
     (line,) = [x for x in format_result(doc).splitlines() if x.startswith("GPU clock over the measured fused_step")]
     assert line == (f"GPU clock over the measured fused_step calls: {mhz['median']:.0f} MHz median ({mhz['min']}-"
-                    f"{mhz['max']}), {clock['power_w']['median']:.0f} W, at the power cap in 100% of samples; MFU at "
+                    f"{mhz['max']}), {clock['power_w']['median']:.0f} W (1 s mean), at the power cap in 100% of samples; MFU at "
                     f"that clock {clock['mfu_at_clock']:.1%} (the datasheet peak's clock: 1830 MHz); its calls' spread "
                     f"follows the clock (r = {r:.2f} between time and clock over 10 calls)")
 
@@ -224,14 +264,16 @@ def test_the_diff_sets_the_two_sides_clocks_side_by_side(tmp_path) -> None:
     a, b = GPU / "torch-small-1.json", GPU / "torch-small-2.json"
     same = diff_runs(resolve_one(a), resolve_one(b))
     watts = [json.loads(p.read_text())["gpu_clocks"]["phases"]["step"]["power_w"]["median"] for p in (a, b)]
-    assert same.clocks == {"a": {"mhz": 1980, "runs": [1980], "watts": watts[0], "capped": 0.0},
-                           "b": {"mhz": 1980, "runs": [1980], "watts": watts[1], "capped": 0.0}}
-    assert (f"GPU clock over the compared steps: B's median 1980 MHz ({watts[1]:.0f} W, at the power cap in 0% of "
-            f"samples) against A's 1980 MHz ({watts[0]:.0f} W, at the power cap in 0% of samples): the same within "
+    assert same.clocks == {"a": {"mhz": 1980, "runs": [1980], "watts": watts[0], "capped": 0.0, "reading": MEAN},
+                           "b": {"mhz": 1980, "runs": [1980], "watts": watts[1], "capped": 0.0, "reading": MEAN}}
+    assert (f"GPU clock over the compared steps: B's median 1980 MHz ({watts[1]:.0f} W (1 s mean), at the power cap "
+            f"in 0% of samples) against A's 1980 MHz ({watts[0]:.0f} W (1 s mean), at the power cap in 0% of samples): "
+            "the same within "
             "1%, so the gap is not the clock's.") in sentences(same)
     doc = json.loads(b.read_text())
     doc["gpu_clocks"]["phases"]["step"]["sm_mhz"]["median"] = 1881  # 5% lower
-    doc["gpu_clocks"]["phases"]["step"].update(power_w={"median": 699.6, "max": 712.0}, power_capped=0.96)
+    doc["gpu_clocks"]["phases"]["step"].update(power_w={"median": 699.6, "max": 712.0, "reading": INSTANT},
+                                               power_capped=0.96)
     lower = tmp_path / "lower.json"
     lower.write_text(json.dumps(doc))
     (line,) = [s for s in sentences(diff_runs(resolve_one(a), resolve_one(lower))) if s.startswith("GPU clock")]
@@ -265,7 +307,7 @@ def test_the_gallery_table_holds_each_run_s_figures() -> None:
         assert rows[f"`{name}.json`"] == [
             f"`{name}.json`", doc["options"]["backend"], str(batch), step, f"{phase['median_ms']:.1f}",
             f"{phase['mfu']:.1%}", f"{mhz['median']:.0f} ({mhz['min']}-{mhz['max']})",
-            f"{clock['power_w']['median']:.0f}", f"{clock['power_capped']:.0%}",
+            f"{clock['power_w']['median']:.0f} W (1 s mean)", f"{clock['power_capped']:.0%}",
             f"{phase['mfu'] * 1830 / mhz['median']:.1%}", f"{r:.2f}"]
         order.append((doc["options"]["backend"], batch, f"`{name}.json`"))
     assert list(rows) == [name for *_, name in sorted(order)]  # by backend, then batch

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 
 from harness.diffs.inputs import Run
+from harness.timing.clocks import INSTANT, MEAN
 
 
 def _record(run: Run, phase: str | None) -> dict:
@@ -23,11 +24,16 @@ def _median_or_none(values: list) -> float | None:
     return None if not values or any(v is None for v in values) else statistics.median(values)
 
 
+def _reading(records: list[dict]) -> str:
+    """Which power reading a side's figure is: the instantaneous one only where every run's is."""
+    return INSTANT if all((rec.get("power_w") or {}).get("reading") == INSTANT for rec in records) else MEAN
+
+
 def step_clocks(phases: tuple[str, str] | None, a: list[Run], b: list[Run]) -> dict[str, dict]:
     """`Diff.clocks`: per side ("a", "b"), the median clock over its runs of the compared step
     (`phases`: A's phase and B's) and each run's, with the median of the runs' power draws
-    (`watts`) and of their shares of samples at the power cap (`capped`), each None where a
-    run did not read it; empty where a run has no clock."""
+    (`watts`, which `reading`) and of their shares of samples at the power cap (`capped`), each
+    None where a run did not read it; empty where a run has no clock."""
     if phases is None:
         return {}
     out = {}
@@ -38,6 +44,7 @@ def step_clocks(phases: tuple[str, str] | None, a: list[Run], b: list[Run]) -> d
         records = [_record(r, phase) for r in runs]
         out[side] = {"mhz": statistics.median(mhz), "runs": mhz,
                      "watts": _median_or_none([(rec.get("power_w") or {}).get("median") for rec in records]),
-                     "capped": _median_or_none([rec.get("power_capped") for rec in records])}
+                     "capped": _median_or_none([rec.get("power_capped") for rec in records]),
+                     "reading": _reading(records)}
     return out
 

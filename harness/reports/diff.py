@@ -15,6 +15,7 @@ from harness.diffs.changes import changes_sentence
 from harness.diffs.decompose import HOST, Diff, PhaseDiff, Throughput, phase_words
 from harness.diffs.layers import LayerPhase, layer_sentences
 from harness.diffs.repeats import BEYOND_CHANCE, parting_chance
+from harness.timing.clocks import MEAN, watts_text
 
 CAUSES = 3
 
@@ -117,7 +118,8 @@ def _power(side: dict) -> str:
     watts, capped = side.get("watts"), side.get("capped")
     if watts is None:
         return ""
-    return f" ({watts:.0f} W" + (f", at the power cap in {capped:.0%} of samples)" if capped is not None else ")")
+    text = watts_text({"median": watts, "reading": side.get("reading", MEAN)})
+    return f" ({text}" + (f", at the power cap in {capped:.0%} of samples)" if capped is not None else ")")
 
 
 def clock_sentence(d: Diff) -> str | None:

@@ -38,7 +38,7 @@ from harness.config import config_from_document
 from harness.diffs.throughput import MFU_PARTS, gemm_flops, profiled_mfu_points
 from harness.reports.compare_answer import compare_findings
 from harness.reports.provenance_block import provenance
-from harness.timing.clocks import time_clock_r
+from harness.timing.clocks import time_clock_r, watts_text
 from harness.trace.kernels import Category
 
 # Markers stand at the start of their own line (a marker quoted in prose or a code span is none).
@@ -256,7 +256,7 @@ def clock_table(folder: Path, root: Path) -> str:
     of samples at the power cap, MFU against the peak at the median clock, and Pearson's r
     between the calls' times and mean clocks (`harness.timing.clocks`)."""
     header = ["run", "backend", "batch", "step", "median (ms)", "MFU", "SM clock MHz: median (min-max)",
-              "power W", "at the power cap", "MFU at that clock", "r (time, clock)"]
+              "power", "at the power cap", "MFU at that clock", "r (time, clock)"]
     rows = []
     docs = _run_documents(folder)
     for name, run in sorted(docs.items(), key=lambda kv: (str(kv[1].backend), kv[1].options.get("batch", 0), kv[0])):
@@ -269,7 +269,7 @@ def clock_table(folder: Path, root: Path) -> str:
         r = time_clock_r(p.get("times_ms") or [], rec["call_mhz"])
         rows.append([f"`{name}`", str(run.backend), str(run.options.get("batch", "-")), step,
                      f"{p['median_ms']:.1f}", f"{p['mfu']:.1%}" if p.get("mfu") else "-",
-                     f"{mhz['median']:.0f} ({mhz['min']}-{mhz['max']})", f"{watts['median']:.0f}" if watts else "-",
+                     f"{mhz['median']:.0f} ({mhz['min']}-{mhz['max']})", watts_text(watts) if watts else "-",
                      f"{rec['power_capped']:.0%}", f"{rec['mfu_at_clock']:.1%}" if rec.get("mfu_at_clock") else "-",
                      "-" if r is None else f"{r:.2f}"])
     if not rows:

@@ -6,7 +6,7 @@ from harness import backends
 from harness.backends.parallel import parallel_label
 from harness.common.documents import RunDocument
 from harness.common.stats import cell, figure, times_the_median
-from harness.timing.clocks import time_clock_r
+from harness.timing.clocks import time_clock_r, watts_text
 
 
 def format_result(doc: dict) -> str:
@@ -58,7 +58,7 @@ def clock_text(rec: dict, boost_mhz: float | None, times_ms: list[float] | None 
         return None
     mhz, watts = rec["sm_mhz"], rec.get("power_w")
     text = f"{mhz['median']:.0f} MHz median ({mhz['min']}-{mhz['max']})"
-    text += f", {watts['median']:.0f} W" if watts else ""
+    text += f", {watts_text(watts)}" if watts else ""
     causes = [f"at the power cap in {rec['power_capped']:.0%}" if rec.get("power_capped") else "",
               f"in a thermal slowdown in {rec['thermal']:.0%}" if rec.get("thermal") else ""]
     text += f", {' and '.join(c for c in causes if c)} of samples" if any(causes) else ""

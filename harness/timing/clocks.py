@@ -8,6 +8,10 @@ runs of the same code at clocks 2% apart differ by about as much, and a step tha
 
 `ClockSampler` reads each device's SM clock, power draw and the reasons NVML gives for a
 clock below its maximum (the power cap, thermal slowdown) from a thread, every `PERIOD_S`.
+The power is NVML's instantaneous reading where the driver gives it: `nvmlDeviceGetPowerUsage`
+returns the mean of the last second on Ampere and newer, which over a step of 60 ms at a
+small batch mixes in the idle gaps between phases and reads well under the cap that the
+clock is held at (448 W "at the power cap" of 700 W). Each record says which it holds.
 `summarize` keeps the samples that fall inside each phase's measured calls (the timer's
 intervals, on the same `time.perf_counter` clock), so warm-up, compilation and the overhead
 check are left out, and returns the figures per phase; rendering is the reports' business.
@@ -26,6 +30,9 @@ SOURCE = f"NVML, every {PERIOD_S * 1e3:.0f} ms from a thread, samples inside the
 # below its maximum. The power cap is the usual one under a training step.
 POWER_CAP = 0x4  # SwPowerCap
 THERMAL = 0x8 | 0x20 | 0x40 | 0x80  # HwSlowdown, SwThermalSlowdown, HwThermalSlowdown, HwPowerBrakeSlowdown
+POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT: the draw now, in mW, through nvmlDeviceGetFieldValues
+# What a record's power figures are (`power_w["reading"]`); a record without one read the mean.
+INSTANT, MEAN = "instant", "1 s mean"
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,9 @@ class ClockSampler:
         # nvmlDeviceGetCurrentClocksEventReasons replaced ...ThrottleReasons; older bindings have only the latter
         self._reasons = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
                          or getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+        # One kind of reading for every device and sample: the instantaneous one where each
+        # device gives it, else NVML's power usage (the last second's mean on current GPUs).
+        self.power_reading = INSTANT if handles and all(self._instant(h) is not None for h in handles) else MEAN
 
     def __enter__(self) -> ClockSampler:
         self._thread.start()
@@ -74,7 +84,8 @@ class ClockSampler:
             mhz = self._ask(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
             if mhz is None:
                 continue
-            milliwatts = self._ask(nvml.nvmlDeviceGetPowerUsage, h)
+            milliwatts = (self._instant(h) if self.power_reading == INSTANT
+                          else self._ask(nvml.nvmlDeviceGetPowerUsage, h))
             reasons = self._ask(self._reasons, h) if self._reasons else None
             self.samples.append(Sample(t, i, int(mhz), None if milliwatts is None else milliwatts / 1e3,
                                        int(reasons or 0)))
@@ -85,6 +96,14 @@ class ClockSampler:
             return call(*args)
         except self.nvml.NVMLError:
             return None
+
+    def _instant(self, handle) -> int | None:
+        """The device's instantaneous power draw in mW, or None where this driver or binding
+        has no such field."""
+        values = self._ask(getattr(self.nvml, "nvmlDeviceGetFieldValues", lambda *_: None), handle, [POWER_INSTANT])
+        if not values or values[0].nvmlReturn != 0:  # NVML_SUCCESS
+            return None
+        return int(values[0].value.uiVal)
 
 
 def open_sampler(devices: list[int], visible: list[str] | None) -> ClockSampler | str:
@@ -115,11 +134,13 @@ def _handle(nvml, name: int | str):
     raise ValueError(f"{name!r} is neither an index nor a GPU UUID (a MIG instance's clock is its GPU's)")
 
 
-def summarize(samples: list[Sample], intervals: dict[str, list[tuple[float, float]]]) -> dict:
+def summarize(samples: list[Sample], intervals: dict[str, list[tuple[float, float]]],
+              power_reading: str = MEAN) -> dict:
     """Per phase, the samples read inside its measured calls (`intervals`: the timer's
     (start, end) per call): their count, the SM clock's median, min and max, the power's
-    median and max, the share read at the power cap and in a thermal slowdown, and each
-    call's mean clock (None for a call shorter than the sampling period that holds none)."""
+    median and max (and which reading they are, `power_reading`), the share read at the power
+    cap and in a thermal slowdown, and each call's mean clock (None for a call shorter than the
+    sampling period that holds none)."""
     phases = {}
     for name, spans in intervals.items():
         inside = [[s for s in samples if a <= s.t <= b] for a, b in spans]
@@ -129,7 +150,8 @@ def summarize(samples: list[Sample], intervals: dict[str, list[tuple[float, floa
             mhz = [s.sm_mhz for s in held]
             watts = [s.power_w for s in held if s.power_w is not None]
             rec.update(sm_mhz={"median": statistics.median(mhz), "min": min(mhz), "max": max(mhz)},
-                       power_w={"median": statistics.median(watts), "max": max(watts)} if watts else None,
+                       power_w={"median": statistics.median(watts), "max": max(watts), "reading": power_reading}
+                       if watts else None,
                        power_capped=sum(bool(s.reasons & POWER_CAP) for s in held) / len(held),
                        thermal=sum(bool(s.reasons & THERMAL) for s in held) / len(held))
         rec["call_mhz"] = [statistics.fmean(s.sm_mhz for s in call) if call else None for call in inside]
@@ -157,3 +179,11 @@ def peak_at_clock(peak_tflops: float | None, boost_mhz: float | None, mhz: float
     """The dense peak scaled from the datasheet's boost clock to `mhz` (tensor-core work per
     cycle is fixed), or None where a figure is missing."""
     return peak_tflops * mhz / boost_mhz if peak_tflops and boost_mhz and mhz else None
+
+
+def watts_text(power_w: dict) -> str:
+    """A power record's median in words: "690 W", or "448 W (1 s mean)" for NVML's mean of the
+    last second (every record made before the instantaneous reading), which over short steps
+    reads under the draw the power cap acts on."""
+    reading = power_w.get("reading", MEAN)
+    return f"{power_w['median']:.0f} W" + ("" if reading == INSTANT else f" ({reading})")

@@ -242,7 +242,7 @@ def _clock_record(sampler: ClockSampler, timer: Timer, phases: dict, peak_tf: fl
                   device_name: str | None) -> dict:
     """`clocks.summarize` of the measured calls, with each phase's MFU against the peak at its
     median clock (`mfu_at_clock`) where the datasheet's boost clock is known."""
-    record = clock_summary(sampler.samples, timer.intervals)
+    record = clock_summary(sampler.samples, timer.intervals, sampler.power_reading)
     record["boost_mhz"] = boost_mhz(device_name)
     for name, rec in record["phases"].items():
         tflops = (phases.get(name) or {}).get("tflops")

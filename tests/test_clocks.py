@@ -13,8 +13,17 @@ from pathlib import Path
 import pytest
 
 from harness.common.hardware import boost_mhz, peak_tflops
-from harness.timing.clocks import (INSTANT, MEAN, POWER_CAP, ClockSampler, Sample, open_sampler, peak_at_clock,
-                                   summarize, watts_text)
+from harness.timing.clocks import (
+    INSTANT,
+    MEAN,
+    POWER_CAP,
+    ClockSampler,
+    Sample,
+    open_sampler,
+    peak_at_clock,
+    summarize,
+    watts_text,
+)
 
 
 def test_only_samples_inside_the_measured_calls_count() -> None:

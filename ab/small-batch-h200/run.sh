@@ -15,7 +15,7 @@ lim=${LIMIT:-540}
 mkdir -p "$out" /tmp/sb
 M="--backend jax --model large --ctx 1024 --dtype bf16 --attention fused --device cuda --batch 4 --warmup 5 --steps 10"
 case "${1:?norm, ab, merger or profile}" in
-norm) timeout "$lim" python3 ab/small-batch-h200/normbench.py ;;
+norm) PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout "$lim" python3 ab/small-batch-h200/normbench.py ;;
 ab) timeout "$lim" python3 -m harness.ab --base "${BASE:?set BASE to the full commit of main}" --runs 3 \
         --out /tmp/sb/ab --timeout 150 -- $M
     tar czf "$out/ab.tgz" -C /tmp/sb ab ;;

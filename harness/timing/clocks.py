@@ -9,9 +9,9 @@ runs of the same code at clocks 2% apart differ by about as much, and a step tha
 `ClockSampler` reads each device's SM clock, power draw and the reasons NVML gives for a
 clock below its maximum (the power cap, thermal slowdown) from a thread, every `PERIOD_S`.
 The power is NVML's instantaneous reading where the driver gives it: `nvmlDeviceGetPowerUsage`
-returns the mean of the last second on Ampere and newer, which over a step of 60 ms at a
-small batch mixes in the idle gaps between phases and reads well under the cap that the
-clock is held at (448 W "at the power cap" of 700 W). Each record says which it holds.
+returns the mean of the last second on Ampere and newer, which over a step of tens of
+milliseconds mixes in the gaps between phases and reads well under the cap that the clock is
+held at. Each record says which reading it holds.
 `summarize` keeps the samples that fall inside each phase's measured calls (the timer's
 intervals, on the same `time.perf_counter` clock), so warm-up, compilation and the overhead
 check are left out, and returns the figures per phase; rendering is the reports' business.

@@ -131,6 +131,19 @@ def test_the_power_says_which_reading_it_is() -> None:
     assert watts_text({"median": 448.2, "max": 470.0}) == "448 W (1 s mean)"
 
 
+def test_a_run_records_the_reading_its_sampler_took() -> None:
+    """The runner's clock record carries the sampler's kind of power reading, so an
+    instantaneous one is not rendered as the mean."""
+    from harness.timing.runner import _clock_record
+
+    sampler = ClockSampler(_with_instant_power(_FakeNVML(), {"gpu0": 702_500}), ["gpu0"])
+    sampler.read()
+    t = sampler.samples[0].t
+    timer = types.SimpleNamespace(intervals={"step": [(t - 1, t + 1)]})
+    record = _clock_record(sampler, timer, {"step": {"tflops": None}}, None, None)
+    assert record["phases"]["step"]["power_w"] == {"median": 702.5, "max": 702.5, "reading": INSTANT}
+
+
 def test_the_thread_samples_until_the_block_ends_then_shuts_nvml_down() -> None:
     nvml = _FakeNVML()
     with ClockSampler(nvml, ["gpu0"], period_s=0.005) as sampler:

@@ -173,7 +173,7 @@ def test_a_document_cut_short_is_named_and_the_rest_rendered(tmp_path, capsys) -
 
 
 # -- the generated blocks of the pages beside the root (README.md, docs/) ---------------------
-MAIN = "main-job/large-ctx256-bf16-h100-80gb-hbm3"  # the compare folder the README's main-job block names
+MAIN = "main-job/large-ctx256-bf16-h200-three-way"  # the compare folder the README's main-job block names
 REPO = RESULTS.parent
 
 
@@ -217,7 +217,7 @@ def test_the_readme_block_agrees_with_the_folder_s_report() -> None:
         assert rows[label].strip("| ").split(" | ")[5] == f"{float(firsts[col[name]]):.1f}"
     run = json.loads((RESULTS / MAIN / "summary.json").read_text())["runs"]["torch"]
     assert rows["torch"].strip("| ").split(" | ")[3] == str(len(run["phases"]["step"]["times_ms"]))
-    assert f"tree {run['env']['git_commit']};" in _block((REPO / "README.md").read_text())
+    assert f"tree {run['env']['git_commit'][:7]};" in _block((REPO / "README.md").read_text())  # git's short hash
 
 
 def test_check_names_the_readme_when_a_number_in_its_block_changes(tmp_path, capsys) -> None:
@@ -420,7 +420,8 @@ def test_hopper_targets_block_renders_the_verdicts_of_a_folder_of_runs(tmp_path)
 
 def test_runs_block_gives_one_row_per_run_document(tmp_path) -> None:
     """A page's `runs` block: one row per harness.run document of a folder (a real run of the
-    fused step at batch 32 on an H200, and the same run as a failure), other JSON left out."""
+    fused step at batch 32 on an H200, the same run as a failure, torch-compile at batch 48), other JSON
+    left out."""
     from harness.reports.doc_blocks import BlockError, render_page
 
     runs = tmp_path / "r"
@@ -429,12 +430,50 @@ def test_runs_block_gives_one_row_per_run_document(tmp_path) -> None:
     (runs / "a.json").write_text(json.dumps(real))
     failed = {**real, "status": "oom", "error": {"phase": "fused_step", "message": "out of memory"}, "phases": {}}
     (runs / "b.json").write_text(json.dumps(failed))
+    torch = json.loads((RESULTS / "mfu/h200/torch-compile-larger-batches/b48.json").read_text())
+    (runs / "c.json").write_text(json.dumps(torch))
     (runs / "notes.json").write_text(json.dumps({"not": "a run"}))
     text = render_page("# x\n<!-- generated: runs r -->\nstale\n<!-- end generated -->\n", "x/README.md", tmp_path)
     # the document's fused step: median 399.227 ms, p10 387.935, p90 405.469, MFU 0.5232, peak 75,017 MiB
     assert "| `a.json` | jax | 32 | fused_step | 399.2 | 387.9-405.5 | 10 | 52.3% | 73.3 |" in text
     assert "| `b.json` | jax | 32 | oom: out of memory | - | - | - | - | - |" in text
+    # torch's step has no peak of its own: the backward's 119,211,749,888 bytes, the largest phase's
+    assert "| `c.json` | torch-compile | 48 | step | 621.6 | 607.7-630.3 | 10 | 50.4% | 111.0 |" in text
     assert "notes.json" not in text and "stale" not in text
     (tmp_path / "empty").mkdir()
     with pytest.raises(BlockError, match=r"^x/README\.md: block 'runs empty': .*empty holds no harness\.run documents"):
         render_page("<!-- generated: runs empty -->\n<!-- end generated -->\n", "x/README.md", tmp_path)
+
+
+def test_best_mfu_block_takes_the_median_over_a_cell_s_runs_not_the_best_run(tmp_path) -> None:
+    """The `best-mfu` block over real runs: JAX's fused step at batch 48 on an H200, three runs in
+    one folder and one in another (MFU 52.3%, 52.6%, 52.6%, 53.0%: median 52.6%); a batch-40 cell
+    whose best run (54.0%) beats every batch-48 run but whose median (51.0%) does not; the same
+    options under another XLA_FLAGS as a cell of its own, and a run that ran out of memory."""
+    from harness.reports.doc_blocks import render_page
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    for i in (1, 2, 3):
+        shutil.copy(RESULTS / f"mfu/h200/jax-larger-batches/flat-state/b48-{i}.json", one / f"b48-{i}.json")
+    shutil.copy(RESULTS / "mfu/h200/cublas-gemm/b48/runs/triton-1.json", two / "b48-4.json")
+    shutil.copy(RESULTS / "mfu/h200/cublas-gemm/b48/runs/cublas-1.json", two / "oom.json")
+    base = json.loads((one / "b48-1.json").read_text())
+    for i, mfu in enumerate((0.54, 0.51, 0.51)):
+        doc = json.loads(json.dumps(base))
+        doc["options"]["batch"] = 40
+        doc["phases"]["fused_step"]["mfu"] = mfu
+        (two / f"b40-{i}.json").write_text(json.dumps(doc))
+    flagged = json.loads(json.dumps(base))
+    flagged["env"]["settings"]["XLA_FLAGS"] = "--xla_gpu_enable_triton_gemm=false"
+    (two / "flagged.json").write_text(json.dumps(flagged))
+    text = render_page("<!-- generated: best-mfu one two -->\n<!-- end generated -->\n", "x/README.md", tmp_path)
+    assert "- jax on one NVIDIA H200: 52.6% at batch 48 (defaults; the median of 4 runs, 52.3%-53.0%)\n" in text
+    rows = [line for line in text.splitlines() if line.startswith("| jax |")]
+    assert rows[0].startswith("| jax | 40 | defaults | fused_step | 3 | 51.0% (51.0%-54.0%) |")
+    assert rows[1].startswith("| jax | 48 | defaults | fused_step | 4 | 52.6% (52.3%-53.0%) | 595.9 (591.4-599.3) |")
+    assert "| 4d4fa2e (3), 1e1d350 | `one/`, `two/` |" in rows[1]
+    assert rows[2].startswith("| jax | 48 | XLA_FLAGS=--xla_gpu_enable_triton_gemm=false | fused_step | 1 (and 1 oom) "
+                              "| 52.3% | 599.3 |")
+    assert len(rows) == 3

@@ -18,7 +18,8 @@ of their machine, versions, trees and commands (`provenance_block`); `hopper-tar
 folder of `harness.bench_attention` runs and renders the Hopper kernel's verdicts on them
 (`harness.attention.targets.hopper_answer`); `runs` takes a folder of `harness.run` documents
 and renders one row per run (`run_table`), and `clocks` the same folder as the GPU clock each
-run held over its step (`clock_table`). `render_page` gives the
+run held over its step (`clock_table`); `best-mfu` takes folders of `harness.run` documents and
+renders the best median MFU per backend over their cells (`best_cells`). `render_page` gives the
 page with every block rendered again; text outside the markers is left as it is.
 """
 
@@ -36,8 +37,9 @@ from harness.common.hardware import peak_tflops
 from harness.common.tables import markdown_table
 from harness.config import config_from_document
 from harness.diffs.throughput import MFU_PARTS, gemm_flops, profiled_mfu_points
+from harness.reports.best_cells import best_mfu_text
 from harness.reports.compare_answer import compare_findings
-from harness.reports.provenance_block import provenance
+from harness.reports.provenance_block import provenance, tree_label
 from harness.timing.clocks import time_clock_r, watts_text
 from harness.trace.kernels import Category
 
@@ -96,7 +98,7 @@ def main_job(folder: Path, root: Path) -> str:
             rows.append(_step_row(backend, phases["step"], first_s))
     header = ["backend", "step median (ms)", "p10-p90 (ms)", "measured steps", "MFU", "time to first step (s)"]
     speed = [f.text for f in compare_findings(summary) if f.topic == "speed"]
-    commits = sorted({str((r.get("env") or {}).get("git_commit")) for r in runs.values()})
+    commits = sorted({tree_label(str((r.get("env") or {}).get("git_commit"))) for r in runs.values()})
     o = summary["options"]
     lines = [*(f"{text}." for text in speed[:1]), "",
              *markdown_table(header, rows), "",
@@ -232,7 +234,8 @@ def _run_documents(folder: Path) -> dict[str, RunDocument]:
 def run_table(folder: Path, root: Path) -> str:
     """One row per `harness.run` document in `folder`, in name order: backend, batch, the step
     timed (JAX's fused step where the run has one), its median and p10-p90 over the measured
-    steps, MFU and peak device memory; a failed run with its reason."""
+    steps, MFU and peak device memory (the step's, else the largest of its phases'); a failed run
+    with its reason."""
     docs = _run_documents(folder)
     header = ["run", "backend", "batch", "step", "median (ms)", "p10-p90 (ms)", "measured steps", "MFU",
               "peak memory (GiB)"]
@@ -244,7 +247,9 @@ def run_table(folder: Path, root: Path) -> str:
             continue
         step = whole_step(run.phases)
         p = run.phases[step]
-        peak = p.get("peak_memory_bytes")
+        # torch records a peak per phase (reset before each), so its step's is the largest of them
+        peak = p.get("peak_memory_bytes") or max((q.get("peak_memory_bytes") or 0 for q in run.phases.values()),
+                                                 default=0)
         rows.append([*label, step, *_step_row("", p, None)[1:5], f"{peak / 2**30:.1f}" if peak else "-"])
     return "\n".join(markdown_table(header, rows)) + "\n"
 
@@ -281,10 +286,10 @@ RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "hopp
                                                      "runs": run_table, "clocks": clock_table}
 # What a renderer's folder must hold (compare folders: their summary.json).
 HOLDS = {"hopper-targets": ("*.json", "harness.bench_attention runs"), "runs": ("*.json", "harness.run documents"),
-         "clocks": ("*.json", "harness.run documents")}
+         "clocks": ("*.json", "harness.run documents"), "best-mfu": ("*.json", "harness.run documents")}
 # Renderers over several compare folders: the block names them all, space-separated.
 MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed, "breakdown": breakdown,
-                                                        "mfu-points": mfu_points_table}
+                                                        "mfu-points": mfu_points_table, "best-mfu": best_mfu_text}
 
 
 def render_page(text: str, name: str, root: Path) -> str:

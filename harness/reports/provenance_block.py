@@ -78,7 +78,8 @@ def command(text: str) -> str:
     return " ".join("PATH" if w.startswith("/") else w for w in kept)
 
 
-def _tree(commit: str) -> str:
+def tree_label(commit: str) -> str:
+    """A recorded commit as the short hash git prints, with "-dirty" kept."""
     base, dirty, _ = commit.partition("-dirty")
     return base[:7] + ("-dirty" if dirty else "")
 
@@ -97,7 +98,7 @@ def provenance(folder: Path, prose: str) -> str:
     devices = Counter(str(e.get("gpu_name") or e["device"]) for _, e in envs if e.get("gpu_name") or e.get("device"))
     versions = {lib: sorted({str(e[lib]) for _, e in envs if e.get(lib)})
                 for lib in (*backends.libraries(), *OTHER_LIBS)}
-    trees = Counter(_tree(str(e["git_commit"])) for _, e in envs if e.get("git_commit"))
+    trees = Counter(tree_label(str(e["git_commit"])) for _, e in envs if e.get("git_commit"))
     commands = Counter(command(str(env["command"])) for _, doc in docs for env in _envs(doc)[:1]
                        if env.get("command"))
     n_docs = len({id(doc) for _, doc in docs if _envs(doc)})
@@ -117,7 +118,7 @@ def provenance(folder: Path, prose: str) -> str:
     sources = {n: _ran(n, envs) for n in unrecorded}
     explained = {id(e) for matched in sources.values() for e in matched}
     for tree in sorted(t for t in trees if t.endswith("-dirty")):
-        of_tree = [e for _, e in envs if _tree(str(e.get("git_commit"))) == tree]
+        of_tree = [e for _, e in envs if tree_label(str(e.get("git_commit"))) == tree]
         if all(id(e) in explained for e in of_tree):
             continue
         files = sorted({str(f) for e in of_tree for f in e.get("dirty_files") or ()})
@@ -125,7 +126,7 @@ def provenance(folder: Path, prose: str) -> str:
                    "the tree had uncommitted changes, which the documents do not name.")
         lines.append(f"The runs record `{tree}`: {changes}")
     for named in unrecorded:
-        ran = Counter(f"`{_tree(str(e.get('git_commit')))}`" for e in sources[named])
+        ran = Counter(f"`{tree_label(str(e.get('git_commit')))}`" for e in sources[named])
         if ran:
             n = sum(ran.values())
             lines.append(f"The text above names `{named}`: the source of {n} environment record{'s' if n > 1 else ''} "

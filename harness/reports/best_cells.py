@@ -1,0 +1,127 @@
+"""The best whole-step MFU each backend reaches over the `harness.run` documents of a few folders,
+as the median over a cell's runs, never the best run: the answer a gallery page of MFU runs
+opens with (the `best-mfu` block of `doc_blocks`).
+
+A cell is one setting of a run: its options (backend, model, batch, ...) and the environment
+settings that change the compiled program (`XLA_FLAGS`, `TORCHINDUCTOR_*` other than where the
+cache lies) on one GPU model. A cell's runs may come from several trees; the page that names
+the folders says why they run the same code at that cell, and the table lists the trees.
+`best_cells` returns the data, `best_mfu_text` renders it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.common.documents import RunDocument, whole_step
+from harness.common.tables import markdown_table
+from harness.reports.provenance_block import tree_label
+
+
+def _program_settings(env: dict) -> tuple[tuple[str, str], ...]:
+    """The settings of a run's environment that change what is compiled, sorted by name."""
+    settings = env.get("settings") or {}
+    return tuple(sorted((k, str(v)) for k, v in settings.items()
+                        if k == "XLA_FLAGS" or (k.startswith("TORCHINDUCTOR_") and "CACHE_DIR" not in k)))
+
+
+@dataclass
+class Cell:
+    """The runs of one setting: each finished run's whole-step MFU and median step time, the
+    trees and folders they came from, and how many runs failed (with their status)."""
+
+    backend: str
+    batch: int
+    gpu: str
+    settings: tuple[tuple[str, str], ...]
+    step: str = ""
+    mfu: list[float] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    trees: Counter = field(default_factory=Counter)
+    folders: list[str] = field(default_factory=list)
+    failed: Counter = field(default_factory=Counter)
+
+    @property
+    def median_mfu(self) -> float | None:
+        return statistics.median(self.mfu) if self.mfu else None
+
+
+def best_cells(folders: list[Path], root: Path) -> list[Cell]:
+    """Every cell of the `harness.run` documents directly in `folders`, in the order first met;
+    ValueError when they hold none."""
+    cells: dict[tuple, Cell] = {}
+    for folder in folders:
+        for path in sorted(folder.glob("*.json")):
+            doc = json.loads(path.read_text())
+            if not (isinstance(doc, dict) and "status" in doc and "options" in doc):
+                continue
+            run = RunDocument.from_dict(doc, str(path))
+            env = run.get("env") or {}
+            options = tuple(sorted((k, json.dumps(v)) for k, v in run.options.items()))
+            key = (options, _program_settings(env), env.get("gpu_name"))
+            cell = cells.setdefault(key, Cell(backend=str(run.backend), batch=int(run.options.get("batch", 0)),
+                                              gpu=str(env.get("gpu_name") or "-"), settings=key[1]))
+            where = folder.relative_to(root).as_posix()
+            if where not in cell.folders:
+                cell.folders.append(where)
+            if not run.ok:
+                cell.failed[run.status.value] += 1
+                continue
+            cell.step = whole_step(run.phases)
+            p = run.phases[cell.step]
+            if p.get("mfu") is None:
+                continue
+            cell.mfu.append(p["mfu"])
+            cell.step_ms.append(p["median_ms"])
+            cell.trees[tree_label(str(env.get("git_commit") or "no commit"))] += 1
+    if not cells:
+        raise ValueError(f"{', '.join(str(f) for f in folders)} hold no harness.run document")
+    return list(cells.values())
+
+
+def _settings_text(cell: Cell) -> str:
+    return ", ".join(f"{k}={v}" for k, v in cell.settings) or "defaults"
+
+
+def _trees_text(cell: Cell) -> str:
+    return ", ".join(f"{t} ({n})" if n > 1 else t for t, n in cell.trees.most_common())
+
+
+def best_mfu_text(folders: list[Path], root: Path) -> str:
+    """Per backend and GPU the cell with the highest median MFU, then every cell in a table:
+    runs, MFU median and range, step median, trees and folders."""
+    cells = best_cells(folders, root)
+    measured = [c for c in cells if c.mfu]
+    best: dict[tuple[str, str], Cell] = {}
+    for c in measured:
+        if (c.backend, c.gpu) not in best or c.median_mfu > best[(c.backend, c.gpu)].median_mfu:
+            best[(c.backend, c.gpu)] = c
+    lines = []
+    for (backend, gpu), c in sorted(best.items()):
+        lines.append(f"- {backend} on one {gpu}: {c.median_mfu:.1%} at batch {c.batch} "
+                     f"({_settings_text(c)}; the median of {len(c.mfu)} run{'s' if len(c.mfu) > 1 else ''}"
+                     + (f", {min(c.mfu):.1%}-{max(c.mfu):.1%}" if len(c.mfu) > 1 else "") + ")")
+    header = ["backend", "batch", "settings", "step", "runs", "MFU: median (range)", "step (ms): median (range)",
+              "trees", "folders"]
+    rows = []
+    for c in sorted(cells, key=lambda c: (c.gpu, c.backend, c.batch, c.settings)):
+        failed = ", ".join(f"{n} {status}" for status, n in c.failed.items())
+        if not c.mfu:
+            rows.append([c.backend, str(c.batch), _settings_text(c), "-", failed, "-", "-", "-",
+                         ", ".join(f"`{f}/`" for f in c.folders)])
+            continue
+        runs = str(len(c.mfu)) + (f" (and {failed})" if failed else "")
+        several = len(c.mfu) > 1
+        rows.append([c.backend, str(c.batch), _settings_text(c), c.step, runs,
+                     f"{c.median_mfu:.1%}" + (f" ({min(c.mfu):.1%}-{max(c.mfu):.1%})" if several else ""),
+                     f"{statistics.median(c.step_ms):.1f}"
+                     + (f" ({min(c.step_ms):.1f}-{max(c.step_ms):.1f})" if several else ""),
+                     _trees_text(c), ", ".join(f"`{f}/`" for f in c.folders)])
+    rules = ("A cell is one setting (the run's options and the settings that change the compiled program) "
+             "on one GPU model; its MFU is the median over its runs, each run's the whole step's "
+             "(JAX's fused step) over its measured steps.")
+    return "\n".join([*lines, "", rules, "", *markdown_table(header, rows)]) + "\n"

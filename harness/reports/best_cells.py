@@ -110,9 +110,9 @@ def best_mfu_text(folders: list[Path], root: Path) -> str:
     rows = []
     for c in sorted(cells, key=lambda c: (c.gpu, c.backend, c.batch, c.settings)):
         failed = ", ".join(f"{n} {status}" for status, n in c.failed.items())
-        if not c.mfu:
-            rows.append([c.backend, str(c.batch), _settings_text(c), "-", failed, "-", "-", "-",
-                         ", ".join(f"`{f}/`" for f in c.folders)])
+        if not c.mfu:  # every run failed, or recorded no MFU (a device with no known peak)
+            rows.append([c.backend, str(c.batch), _settings_text(c), "-", failed or "no MFU recorded", "-", "-",
+                         "-", ", ".join(f"`{f}/`" for f in c.folders)])
             continue
         runs = str(len(c.mfu)) + (f" (and {failed})" if failed else "")
         several = len(c.mfu) > 1

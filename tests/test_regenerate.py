@@ -473,12 +473,13 @@ def test_best_mfu_block_takes_the_median_over_a_cell_s_runs_not_the_best_run(tmp
     unknown["phases"]["fused_step"]["mfu"] = None
     (two / "no-peak.json").write_text(json.dumps(unknown))
     text = render_page("<!-- generated: best-mfu one two -->\n<!-- end generated -->\n", "x/README.md", tmp_path)
-    assert "- jax on one NVIDIA H200: 52.6% at batch 48 (defaults; the median of 4 runs, 52.3%-53.0%)\n" in text
+    assert "- jax on one NVIDIA H200: 52.6% at `large`, ctx 1024, bf16, batch 48 (defaults; the median of 4 runs, " \
+           "52.3%-53.0%)\n" in text
     rows = [line for line in text.splitlines() if line.startswith("| jax |")]
-    assert rows[0] == "| jax | 2 | defaults | - | no MFU recorded | - | - | - | `two/` |"
-    assert rows[1].startswith("| jax | 40 | defaults | fused_step | 3 | 51.0% (51.0%-54.0%) |")
-    assert rows[2].startswith("| jax | 48 | defaults | fused_step | 4 | 52.6% (52.3%-53.0%) | 595.9 (591.4-599.3) |")
+    assert rows[0] == "| jax | `large`, ctx 1024, bf16 | 2 | defaults | - | no MFU recorded | - | - | - | `two/` |"
+    assert rows[1].startswith("| jax | `large`, ctx 1024, bf16 | 40 | defaults | fused_step | 3 | 51.0% (51.0%-54.0%) |")
+    assert rows[2].startswith("| jax | `large`, ctx 1024, bf16 | 48 | defaults | fused_step | 4 | 52.6% (52.3%-53.0%) | 595.9 (591.4-599.3) |")
     assert "| 4d4fa2e (3), 1e1d350 | `one/`, `two/` |" in rows[2]
-    assert rows[3].startswith("| jax | 48 | XLA_FLAGS=--xla_gpu_enable_triton_gemm=false | fused_step | 1 (and 1 oom) "
+    assert rows[3].startswith("| jax | `large`, ctx 1024, bf16 | 48 | XLA_FLAGS=--xla_gpu_enable_triton_gemm=false | fused_step | 1 (and 1 oom) "
                               "| 52.3% | 599.3 |")
     assert len(rows) == 4

@@ -36,6 +36,7 @@ class Cell:
 
     backend: str
     batch: int
+    shape: str  # model, context and dtype, as the table writes them
     gpu: str
     settings: tuple[tuple[str, str], ...]
     step: str = ""
@@ -63,7 +64,9 @@ def best_cells(folders: list[Path], root: Path) -> list[Cell]:
             env = run.get("env") or {}
             options = tuple(sorted((k, json.dumps(v)) for k, v in run.options.items()))
             key = (options, _program_settings(env), env.get("gpu_name"))
-            cell = cells.setdefault(key, Cell(backend=str(run.backend), batch=int(run.options.get("batch", 0)),
+            o = run.options
+            shape = f"`{o.get('model')}`, ctx {o.get('ctx')}, {o.get('dtype')}"
+            cell = cells.setdefault(key, Cell(backend=str(run.backend), batch=int(o.get("batch", 0)), shape=shape,
                                               gpu=str(env.get("gpu_name") or "-"), settings=key[1]))
             where = folder.relative_to(root).as_posix()
             if where not in cell.folders:
@@ -102,21 +105,21 @@ def best_mfu_text(folders: list[Path], root: Path) -> str:
             best[(c.backend, c.gpu)] = c
     lines = []
     for (backend, gpu), c in sorted(best.items()):
-        lines.append(f"- {backend} on one {gpu}: {c.median_mfu:.1%} at batch {c.batch} "
+        lines.append(f"- {backend} on one {gpu}: {c.median_mfu:.1%} at {c.shape}, batch {c.batch} "
                      f"({_settings_text(c)}; the median of {len(c.mfu)} run{'s' if len(c.mfu) > 1 else ''}"
                      + (f", {min(c.mfu):.1%}-{max(c.mfu):.1%}" if len(c.mfu) > 1 else "") + ")")
-    header = ["backend", "batch", "settings", "step", "runs", "MFU: median (range)", "step (ms): median (range)",
-              "trees", "folders"]
+    header = ["backend", "cell", "batch", "settings", "step", "runs", "MFU: median (range)",
+              "step (ms): median (range)", "trees", "folders"]
     rows = []
-    for c in sorted(cells, key=lambda c: (c.gpu, c.backend, c.batch, c.settings)):
+    for c in sorted(cells, key=lambda c: (c.gpu, c.backend, c.shape, c.batch, c.settings)):
         failed = ", ".join(f"{n} {status}" for status, n in c.failed.items())
         if not c.mfu:  # every run failed, or recorded no MFU (a device with no known peak)
-            rows.append([c.backend, str(c.batch), _settings_text(c), "-", failed or "no MFU recorded", "-", "-",
-                         "-", ", ".join(f"`{f}/`" for f in c.folders)])
+            rows.append([c.backend, c.shape, str(c.batch), _settings_text(c), "-", failed or "no MFU recorded",
+                         "-", "-", "-", ", ".join(f"`{f}/`" for f in c.folders)])
             continue
         runs = str(len(c.mfu)) + (f" (and {failed})" if failed else "")
         several = len(c.mfu) > 1
-        rows.append([c.backend, str(c.batch), _settings_text(c), c.step, runs,
+        rows.append([c.backend, c.shape, str(c.batch), _settings_text(c), c.step, runs,
                      f"{c.median_mfu:.1%}" + (f" ({min(c.mfu):.1%}-{max(c.mfu):.1%})" if several else ""),
                      f"{statistics.median(c.step_ms):.1f}"
                      + (f" ({min(c.step_ms):.1f}-{max(c.step_ms):.1f})" if several else ""),

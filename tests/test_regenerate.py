@@ -183,9 +183,11 @@ def _block(text: str) -> str:
 
 
 def _repo_copy(tmp_path: Path) -> Path:
-    """README.md beside a results/ holding the main job's folder: a repository the check reads."""
+    """README.md beside a results/ holding the main job's folders (the run and its profile, which
+    the README's blocks name): a repository the check reads."""
     shutil.copy(REPO / "README.md", tmp_path / "README.md")
-    shutil.copytree(RESULTS / MAIN, tmp_path / "results" / MAIN)
+    for folder in (MAIN, f"{MAIN}-profiled"):
+        shutil.copytree(RESULTS / folder, tmp_path / "results" / folder)
     return tmp_path / "results"
 
 
@@ -483,3 +485,28 @@ def test_best_mfu_block_takes_the_median_over_a_cell_s_runs_not_the_best_run(tmp
     assert rows[3].startswith("| jax | `large`, ctx 1024, bf16 | 48 | XLA_FLAGS=--xla_gpu_enable_triton_gemm=false | fused_step | 1 (and 1 oom) "
                               "| 52.3% | 599.3 |")
     assert len(rows) == 4
+
+
+def test_why_block_gives_each_pair_s_largest_causes_as_harness_diff_wrote_them(tmp_path) -> None:
+    """The `why` block over the committed profiled main job recomputes each pair's decomposition;
+    its cause sentences must be those of the committed `diff.md` that `python -m harness.diff`
+    wrote for the pair, and a compare folder that was not profiled is refused in one line."""
+    from harness.reports.doc_blocks import BlockError, render_page
+
+    profiled = "main-job/large-ctx256-bf16-h200-three-way-profiled"
+    text = render_page(f"<!-- generated: why {profiled} -->\n<!-- end generated -->\n", "x/README.md", RESULTS)
+    lines = [line for line in text.splitlines() if line.startswith("- **")]
+    assert [line.split(" (B) against ")[0] for line in lines] == ["- **torch-compile**", "- **jax**", "- **jax**"]
+    diffs = RESULTS / "main-job/diff-large-ctx256-bf16-h200"
+    name = "large-ctx256-bf16-h200-three-way-profiled"
+    for line, (a, b) in zip(lines, [("torch", "torch-compile"), ("torch", "jax"), ("torch-compile", "jax")]):
+        committed = (diffs / f"{name}-{a}-vs-{name}-{b}" / "diff.md").read_text()
+        assert f"**{b}** (B) against **{a}** (A): " in line
+        causes = line.split("beyond the noise. ", 1)[1]
+        first, second = causes.split(". ", 1)
+        assert f"- {first}.\n" in committed and f"- {second}\n" in committed
+    assert "7.60x faster (86.8% less time, 248.480 ms)" in lines[1]  # diff.md's headline for torch -> jax
+    with pytest.raises(BlockError, match=r"^x/README\.md: block 'why main-job/large-ctx256-bf16-h200-three-way': "
+                                         r".* no profile to decompose"):
+        render_page("<!-- generated: why main-job/large-ctx256-bf16-h200-three-way -->\n<!-- end generated -->\n",
+                    "x/README.md", RESULTS)

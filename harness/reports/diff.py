@@ -138,6 +138,15 @@ def clock_sentence(d: Diff) -> str | None:
             f"takes about that much {'longer' if slower else 'less time'} with the same code.")
 
 
+def _largest(p: PhaseDiff, n: int) -> list[str]:
+    return [part.name for part in sorted(p.parts, key=lambda x: -abs(x.delta_ms))[:n]]
+
+
+def causes(p: PhaseDiff, n: int = CAUSES) -> list[str]:
+    """The `n` largest parts of a phase's gap, as sentences, largest first."""
+    return [(c := _cause(p, name))[0].upper() + c[1:] for name in _largest(p, n)]
+
+
 def sentences(d: Diff) -> list[str]:
     """The headline of the step, its three largest causes and, for data-parallel runs, the
     exposed share of each side's communication."""
@@ -147,9 +156,9 @@ def sentences(d: Diff) -> list[str]:
     unlike = ([f"A and B did different work ({'; '.join(d.different_work)}): the times below are of unlike runs, "
                "and their ratio is no speed-up of one over the other."] if d.different_work else [])
     out = [*unlike, _headline(d, p), *filter(None, [changes_sentence(d.changes), step_choice(d)])]
-    causes = [part.name for part in sorted(p.parts, key=lambda x: -abs(x.delta_ms))[:CAUSES]]
-    out += [(c := _cause(p, name))[0].upper() + c[1:] for name in causes]
-    out += [f"{line[0].upper()}{line[1:]}." for t in p.throughput if t.what not in causes and (line := _bound(t))]
+    out += causes(p)
+    named = set(_largest(p, CAUSES))
+    out += [f"{line[0].upper()}{line[1:]}." for t in p.throughput if t.what not in named and (line := _bound(t))]
     if line := _overlap_sentence(d):
         out.append(line)
     if line := clock_sentence(d):

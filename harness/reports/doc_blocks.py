@@ -3,14 +3,16 @@ the result documents, never typed.
 
 A page marks a block with two HTML comments, which markdown renders as nothing:
 
-    <!-- generated: main-job main-job/large-ctx256-bf16-h100-80gb-hbm3 -->
+    <!-- generated: main-job main-job/large-ctx256-bf16-h200-three-way -->
     ...rendered text, rewritten by `python -m harness.regenerate`...
     <!-- end generated -->
 
 The first word after "generated:" names the renderer (`RENDERERS`), the rest its argument: for
 `main-job`, a compare folder under the results root (its path below the root), whose
-summary.json the block is built from; for `exposed`, several such folders, space-separated
-(data-parallel runs profiled under nsys: their exposed communication per step); for
+summary.json the block is built from; for `why`, such a folder run under nsys (each pair of its
+backends decomposed as `harness.diff` does, the two largest parts of each gap); for `exposed`,
+several such folders, space-separated (data-parallel runs profiled under nsys: their exposed
+communication per step); for
 `breakdown`, compare folders profiled under nsys (where each step's GPU time goes), and for
 `mfu-points` the same (each step's MFU and the points each kind of time costs it); `provenance`
 takes none and renders, in a results folder's README.md, what that folder's documents record
@@ -25,6 +27,7 @@ page with every block rendered again; text outside the markers is left as it is.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -32,13 +35,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import backends
+from harness.common.answer import NOISE_WORDS, speed
 from harness.common.documents import CompareDocument, RunDocument, whole_step
 from harness.common.hardware import peak_tflops
 from harness.common.tables import markdown_table
 from harness.config import config_from_document
+from harness.diffs.decompose import diff_runs
+from harness.diffs.inputs import resolve
 from harness.diffs.throughput import MFU_PARTS, gemm_flops, profiled_mfu_points
 from harness.reports.best_cells import best_mfu_text
 from harness.reports.compare_answer import compare_findings
+from harness.reports.diff import causes
 from harness.reports.provenance_block import provenance, tree_label
 from harness.timing.clocks import time_clock_r, watts_text
 from harness.trace.kernels import Category
@@ -106,6 +113,26 @@ def main_job(folder: Path, root: Path) -> str:
              f"{o['steps']} measured steps after {o['warmup']} warm-up; {summary.get('device')}, "
              f"{_versions(runs)}; tree {', '.join(commits)}; `{_command(summary)}` "
              f"(`results/{folder.relative_to(root).as_posix()}/`)."]
+    return "\n".join(lines) + "\n"
+
+
+def why(folder: Path, root: Path) -> str:
+    """Why each pair of a profiled compare's backends differs: per pair (in `harness.diff`'s
+    order), B's speed against A over the whole step under the profiler and the two largest
+    parts of the gap (`harness.reports.diff.causes`), decomposed as `harness.diff` does."""
+    runs = resolve(folder)
+    lines = []
+    for a, b in itertools.combinations(runs, 2):
+        d = diff_runs(a, b)
+        p = d.step
+        if p is None:
+            raise ValueError(f"{a.label} and {b.label} have no step in common")
+        if not p.parts:
+            raise ValueError("no profile to decompose the step's gap with: the block takes a compare folder "
+                             "run with --nsys (kernels.json beside its summary.json)")
+        name_a, name_b = (r.label.rpartition(":")[2] for r in (a, b))
+        lines.append(f"- **{name_b}** (B) against **{name_a}** (A): {speed(p.a_ms, p.b_ms)} per step under the "
+                     f"profiler, {NOISE_WORDS[p.in_noise]}. " + " ".join(causes(p, 2)))
     return "\n".join(lines) + "\n"
 
 
@@ -282,8 +309,9 @@ def clock_table(folder: Path, root: Path) -> str:
     return "\n".join(markdown_table(header, rows)) + "\n"
 
 
-RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "hopper-targets": hopper_targets,
-                                                     "runs": run_table, "clocks": clock_table}
+RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "why": why,
+                                                     "hopper-targets": hopper_targets, "runs": run_table,
+                                                     "clocks": clock_table}
 # What a renderer's folder must hold (compare folders: their summary.json).
 HOLDS = {"hopper-targets": ("*.json", "harness.bench_attention runs"), "runs": ("*.json", "harness.run documents"),
          "clocks": ("*.json", "harness.run documents"), "best-mfu": ("*.json", "harness.run documents")}

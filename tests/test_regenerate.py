@@ -510,3 +510,29 @@ def test_why_block_gives_each_pair_s_largest_causes_as_harness_diff_wrote_them(t
                                          r".* no profile to decompose"):
         render_page("<!-- generated: why main-job/large-ctx256-bf16-h200-three-way -->\n<!-- end generated -->\n",
                     "x/README.md", RESULTS)
+
+
+def test_answer_block_quotes_a_report_s_answer(tmp_path) -> None:
+    """The `answer` block quotes the committed sweep report's answer section (its bullets, the
+    "see:" pointers naming the report), a report with no such section by its first paragraph
+    (the scaling repeats), and refuses what is no report in one line."""
+    from harness.reports.doc_blocks import BlockError, render_page
+
+    def block(arg: str, root: Path = RESULTS) -> str:
+        return render_page(f"<!-- generated: answer {arg} -->\n<!-- end generated -->\n", "x/README.md", root)
+
+    text = block("sweep/h200/report.md")
+    report = (RESULTS / "sweep/h200/report.md").read_text()
+    bullets = [line for line in report.split("## The answer", 1)[1].split("Rules:", 1)[0].splitlines() if line]
+    quoted = [line for line in text.splitlines() if line.startswith("- ")]
+    assert len(quoted) == len(bullets) > 0
+    assert quoted[0] == bullets[0].replace("(see: Phase times)", "(`sweep/h200/report.md`: Phase times)")
+    assert "(From `sweep/h200/report.md`.)" in text
+    repeats = "several-gpus/scaling-large-ctx1024-bf16-h200x4/repeats.md"
+    first = (RESULTS / repeats).read_text().split("\n\n", 1)[0]
+    assert block(repeats).startswith(f"<!-- generated: answer {repeats} -->\n{first}\n\n(From `{repeats}`.)")
+    with pytest.raises(BlockError, match=r"^x/README\.md: block 'answer sweep/h200': .* is no report \(\.md\)"):
+        block("sweep/h200")
+    (tmp_path / "empty.md").write_text("# Only a title\n")
+    with pytest.raises(BlockError, match=r"empty\.md opens with no answer"):
+        block("empty.md", tmp_path)

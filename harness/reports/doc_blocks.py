@@ -10,7 +10,8 @@ A page marks a block with two HTML comments, which markdown renders as nothing:
 The first word after "generated:" names the renderer (`RENDERERS`), the rest its argument: for
 `main-job`, a compare folder under the results root (its path below the root), whose
 summary.json the block is built from; for `why`, such a folder run under nsys (each pair of its
-backends decomposed as `harness.diff` does, the two largest parts of each gap); for `exposed`,
+backends decomposed as `harness.diff` does, the two largest parts of each gap); for `answer`, a
+generated report (.md) whose opening answer the block quotes; for `exposed`,
 several such folders, space-separated (data-parallel runs profiled under nsys: their exposed
 communication per step); for
 `breakdown`, compare folders profiled under nsys (where each step's GPU time goes), and for
@@ -134,6 +135,31 @@ def why(folder: Path, root: Path) -> str:
         lines.append(f"- **{name_b}** (B) against **{name_a}** (A): {speed(p.a_ms, p.b_ms)} per step under the "
                      f"profiler, {NOISE_WORDS[p.in_noise]}. " + " ".join(causes(p, 2)))
     return "\n".join(lines) + "\n"
+
+
+SEE = re.compile(r" \(see: ([^)]*)\)")
+
+
+def answer(path: Path, root: Path) -> str:
+    """The answer a generated report (`path`, a .md under `root`) opens with, quoted: the lines of
+    its "## The answer" section up to its rules, else its first paragraph; each "(see: SECTION)"
+    pointer names the report it points into."""
+    lines = path.read_text().splitlines()
+    rel = path.relative_to(root).as_posix()
+    if "## The answer" in lines:
+        body = []
+        for line in lines[lines.index("## The answer") + 1:]:
+            if line.startswith(("#", "Rules:")):
+                break
+            body.append(line)
+    else:
+        start = next((i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")), len(lines))
+        end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+        body = lines[start:end]
+    quoted = "\n".join(body).strip()
+    if not quoted:
+        raise ValueError(f"{rel} opens with no answer (no '## The answer' section, no first paragraph)")
+    return SEE.sub(lambda m: f" (`{rel}`: {m[1]})", quoted) + f"\n\n(From `{rel}`.)\n"
 
 
 def exposed(folders: list[Path], root: Path) -> str:
@@ -309,7 +335,7 @@ def clock_table(folder: Path, root: Path) -> str:
     return "\n".join(markdown_table(header, rows)) + "\n"
 
 
-RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "why": why,
+RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "why": why, "answer": answer,
                                                      "hopper-targets": hopper_targets, "runs": run_table,
                                                      "clocks": clock_table}
 # What a renderer's folder must hold (compare folders: their summary.json).
@@ -338,7 +364,10 @@ def render_page(text: str, name: str, root: Path) -> str:
         if kind in RENDERERS and len(folders) > 1:
             raise BlockError(f"{name}: block '{m['spec']}' names {len(folders)} folders; '{kind}' takes one")
         pattern, what = HOLDS.get(kind, ("summary.json", "compare folder"))
-        if missing := [f for f in folders if not any(f.glob(pattern))]:
+        if kind == "answer":  # a report, not a folder
+            if not (folders[0].is_file() and folders[0].suffix == ".md"):
+                raise BlockError(f"{name}: block '{m['spec']}': {folders[0]} is no report (.md) under {root}")
+        elif missing := [f for f in folders if not any(f.glob(pattern))]:
             raise BlockError(f"{name}: block '{m['spec']}': {missing[0]} holds no {what} under {root}")
         try:
             body = RENDERERS[kind](folders[0], root) if kind in RENDERERS else MULTI[kind](folders, root)

@@ -77,19 +77,32 @@ def _values(rows: list[dict], key: str, scale: float = 1.0) -> list[float]:
     return [scale * r[key] for r in rows if r.get(key) is not None]
 
 
+def _starts(rows: list[dict]) -> str:
+    return f"{len(rows)} start{'s' if len(rows) > 1 else ''}"
+
+
 def repeats_markdown(starts: Sequence[Start]) -> str:
-    """The table of every cell over its starts, answer first: the cell of the largest N with the
-    highest median efficiency."""
+    """The table of every cell over its starts, answer first: at the largest N, each backend's
+    cell of the highest median efficiency (with its loop efficiency where it has one), the
+    backends in that order."""
     table = cells(starts)
     rated = [c for c in table if c["n"] > 1 and _values(c["rows"], "efficiency")]
     lines = []
     if rated:
         top_n = max(c["n"] for c in rated)
-        best = max((c for c in rated if c["n"] == top_n),
-                   key=lambda c: statistics.median(_values(c["rows"], "efficiency")))
-        lines += [f"At N = {top_n} the highest median efficiency over the starts: {best['backend']} "
-                  f"({best['parallel']}), {figure(_values(best['rows'], 'efficiency', 100), '{:.1f}%')}, "
-                  f"over {len(best['rows'])} start{'s' if len(best['rows']) > 1 else ''}.", ""]
+        best: dict[str, dict] = {}
+        for c in (c for c in rated if c["n"] == top_n):
+            median = statistics.median(_values(c["rows"], "efficiency"))
+            if c["backend"] not in best or median > statistics.median(_values(best[c["backend"]]["rows"],
+                                                                               "efficiency")):
+                best[c["backend"]] = c
+        lines.append(f"At N = {top_n}, each backend's highest median efficiency over the starts:")
+        for c in sorted(best.values(), key=lambda c: -statistics.median(_values(c["rows"], "efficiency"))):
+            loop = _values(c["rows"], "loop_efficiency", 100)
+            lines.append(f"- {c['backend']} ({c['parallel']}): "
+                         f"{figure(_values(c['rows'], 'efficiency', 100), '{:.1f}%')} over {_starts(c['rows'])}"
+                         + (f"; in a loop {figure(loop, '{:.1f}%')}" if loop else ""))
+        lines.append("")
     body = []
     for c in table:
         s, rows = c["shape"], c["rows"]

@@ -93,7 +93,25 @@ def test_parity_cli_prints_a_table_and_exit_code(capsys):
     assert main(["--model", "tiny", "--ctx", "16", "--batch", "1", "--device", "cpu", "--steps", "2",
                  "--backend", "jax"]) == 0
     out = capsys.readouterr().out
-    assert "jax              grad     layers.1.ffn.w3.weight" in out and out.strip().endswith("PASS")
+    assert "jax              grad     layers.1.ffn.w3.weight" in out
+    lines = out.splitlines()
+    rows = [line.split() for line in lines[3:] if line.endswith(("yes", "NO"))]
+    closest = max(rows, key=lambda r: float(r[3]) / float(r[4]))  # read back from the printed table
+    assert lines[1].startswith(f"PASS: all {len(rows)} tensors within their bounds; the closest to its bound: "
+                               f"jax {closest[1]} {closest[2]}, ")  # the answer before the table
+
+
+def test_the_verdict_names_the_tensors_over_their_bound():
+    from harness.timing.parity import ParityResult, ParityRow, verdict
+
+    rows = [ParityRow("grad", "w1", 0.2, 0.05, "jax"), ParityRow("loss", "loss", 1e-3, 1e-2, "jax"),
+            ParityRow("param", "w2", 6e-3, 5e-3, "torch-compile")]
+    result = ParityResult("tiny", "bf16", "cpu", 1, 16, 2, {"torch": "naive", "jax": "naive"}, rows)
+    assert verdict(result) == ("FAIL: 2 of 3 tensors over their bound: jax grad w1 2.0e-01 (bound 5e-02), "
+                               "torch-compile param w2 6.0e-03 (bound 5e-03)")
+    result.rows = rows[1:2]
+    assert verdict(result) == ("PASS: the one tensor within its bound; the closest to its bound: jax loss loss, "
+                               "1.0e-03 against 1e-02")
 
 
 def test_compiled_bounds_sit_inside_the_jax_bounds():

@@ -536,3 +536,19 @@ def test_answer_block_quotes_a_report_s_answer(tmp_path) -> None:
     (tmp_path / "empty.md").write_text("# Only a title\n")
     with pytest.raises(BlockError, match=r"empty\.md opens with no answer"):
         block("empty.md", tmp_path)
+
+
+def test_parity_block_gives_each_document_s_verdict() -> None:
+    """The `parity` block over the committed parity documents: each one's tensor count and the
+    tensor closest to its bound, read back from the document's rows here."""
+    from harness.reports.doc_blocks import render_page
+
+    text = render_page("<!-- generated: parity parity -->\n<!-- end generated -->\n", "x/README.md", RESULTS)
+    for path in sorted((RESULTS / "parity").glob("*.json")):
+        rows = json.loads(path.read_text())["rows"]
+        assert all(r["rel_err"] <= r["tol"] for r in rows)
+        closest = max(rows, key=lambda r: r["rel_err"] / r["tol"])
+        line = next(line for line in text.splitlines() if line.startswith(f"- `{path.name}`: "))
+        assert line.endswith(f"PASS: all {len(rows)} tensors within their bounds; the closest to its bound: jax "
+                             f"{closest['quantity']} {closest['tensor']}, {closest['rel_err']:.1e} against "
+                             f"{closest['tol']:.0e}")

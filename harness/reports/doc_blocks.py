@@ -11,7 +11,8 @@ The first word after "generated:" names the renderer (`RENDERERS`), the rest its
 `main-job`, a compare folder under the results root (its path below the root), whose
 summary.json the block is built from; for `why`, such a folder run under nsys (each pair of its
 backends decomposed as `harness.diff` does, the two largest parts of each gap); for `answer`, a
-generated report (.md) whose opening answer the block quotes; for `exposed`,
+generated report (.md) whose opening answer the block quotes; for `parity`, a folder of
+`harness.parity` documents, each one's verdict; for `exposed`,
 several such folders, space-separated (data-parallel runs profiled under nsys: their exposed
 communication per step); for
 `breakdown`, compare folders profiled under nsys (where each step's GPU time goes), and for
@@ -28,7 +29,6 @@ page with every block rendered again; text outside the markers is left as it is.
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import shlex
@@ -36,17 +36,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import backends
-from harness.common.answer import NOISE_WORDS, speed
 from harness.common.documents import CompareDocument, RunDocument, whole_step
 from harness.common.hardware import peak_tflops
 from harness.common.tables import markdown_table
 from harness.config import config_from_document
-from harness.diffs.decompose import diff_runs
-from harness.diffs.inputs import resolve
 from harness.diffs.throughput import MFU_PARTS, gemm_flops, profiled_mfu_points
 from harness.reports.best_cells import best_mfu_text
 from harness.reports.compare_answer import compare_findings
-from harness.reports.diff import causes
+from harness.reports.page_answers import answer, parity, why
 from harness.reports.provenance_block import provenance, tree_label
 from harness.timing.clocks import time_clock_r, watts_text
 from harness.trace.kernels import Category
@@ -115,51 +112,6 @@ def main_job(folder: Path, root: Path) -> str:
              f"{_versions(runs)}; tree {', '.join(commits)}; `{_command(summary)}` "
              f"(`results/{folder.relative_to(root).as_posix()}/`)."]
     return "\n".join(lines) + "\n"
-
-
-def why(folder: Path, root: Path) -> str:
-    """Why each pair of a profiled compare's backends differs: per pair (in `harness.diff`'s
-    order), B's speed against A over the whole step under the profiler and the two largest
-    parts of the gap (`harness.reports.diff.causes`), decomposed as `harness.diff` does."""
-    runs = resolve(folder)
-    lines = []
-    for a, b in itertools.combinations(runs, 2):
-        d = diff_runs(a, b)
-        p = d.step
-        if p is None:
-            raise ValueError(f"{a.label} and {b.label} have no step in common")
-        if not p.parts:
-            raise ValueError("no profile to decompose the step's gap with: the block takes a compare folder "
-                             "run with --nsys (kernels.json beside its summary.json)")
-        name_a, name_b = (r.label.rpartition(":")[2] for r in (a, b))
-        lines.append(f"- **{name_b}** (B) against **{name_a}** (A): {speed(p.a_ms, p.b_ms)} per step under the "
-                     f"profiler, {NOISE_WORDS[p.in_noise]}. " + " ".join(causes(p, 2)))
-    return "\n".join(lines) + "\n"
-
-
-SEE = re.compile(r" \(see: ([^)]*)\)")
-
-
-def answer(path: Path, root: Path) -> str:
-    """The answer a generated report (`path`, a .md under `root`) opens with, quoted: the lines of
-    its "## The answer" section up to its rules, else its first paragraph; each "(see: SECTION)"
-    pointer names the report it points into."""
-    lines = path.read_text().splitlines()
-    rel = path.relative_to(root).as_posix()
-    if "## The answer" in lines:
-        body = []
-        for line in lines[lines.index("## The answer") + 1:]:
-            if line.startswith(("#", "Rules:")):
-                break
-            body.append(line)
-    else:
-        start = next((i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")), len(lines))
-        end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
-        body = lines[start:end]
-    quoted = "\n".join(body).strip()
-    if not quoted:
-        raise ValueError(f"{rel} opens with no answer (no '## The answer' section, no first paragraph)")
-    return SEE.sub(lambda m: f" (`{rel}`: {m[1]})", quoted) + f"\n\n(From `{rel}`.)\n"
 
 
 def exposed(folders: list[Path], root: Path) -> str:
@@ -336,11 +288,13 @@ def clock_table(folder: Path, root: Path) -> str:
 
 
 RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "why": why, "answer": answer,
+                                                     "parity": parity,
                                                      "hopper-targets": hopper_targets, "runs": run_table,
                                                      "clocks": clock_table}
 # What a renderer's folder must hold (compare folders: their summary.json).
 HOLDS = {"hopper-targets": ("*.json", "harness.bench_attention runs"), "runs": ("*.json", "harness.run documents"),
-         "clocks": ("*.json", "harness.run documents"), "best-mfu": ("*.json", "harness.run documents")}
+         "clocks": ("*.json", "harness.run documents"), "best-mfu": ("*.json", "harness.run documents"),
+         "parity": ("*.json", "harness.parity documents")}
 # Renderers over several compare folders: the block names them all, space-separated.
 MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed, "breakdown": breakdown,
                                                         "mfu-points": mfu_points_table, "best-mfu": best_mfu_text}

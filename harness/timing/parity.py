@@ -147,17 +147,33 @@ def _values(session, steps: int) -> dict:
     return {"logits": logits, "loss": loss, "grads": grads, "start": start, "params": session.params()}
 
 
+def verdict(result: ParityResult) -> str:
+    """PASS or FAIL, with the tensors over their bound or, where none is, the one closest to it."""
+    failed = [r for r in result.rows if not r.ok]
+    if failed:
+        named = ", ".join(f"{r.backend} {r.quantity} {r.tensor} {r.rel_err:.1e} (bound {r.tol:.0e})"
+                          for r in failed[:3])
+        return f"FAIL: {len(failed)} of {len(result.rows)} tensors over their bound: {named}" + (
+            ", ..." if len(failed) > 3 else "")
+    if not result.rows:
+        return "PASS: no tensor compared"
+    r = max(result.rows, key=lambda r: r.rel_err / r.tol)
+    n = len(result.rows)
+    every = f"all {n} tensors within their bounds" if n > 1 else "the one tensor within its bound"
+    return (f"PASS: {every}; the closest to its bound: {r.backend} {r.quantity} {r.tensor}, {r.rel_err:.1e} "
+            f"against {r.tol:.0e}")
+
+
 def format_table(result: ParityResult) -> str:
-    """The terminal table: one line per tensor, then the verdict."""
+    """The terminal table: what was compared, the verdict, one line per tensor, the environment."""
     attention = " ".join(f"{b}={a}" for b, a in result.attention.items())
     lines = [
         f"parity {result.model} {result.dtype} on {result.device}: batch {result.batch}, ctx {result.ctx}, "
         f"{result.steps} AdamW steps, each backend against eager torch, attention {attention}",
+        verdict(result),
         f"{'backend':<16} {'quantity':<8} {'tensor':<36} {'rel err':>10} {'bound':>8}  ok",
     ]
     lines += [f"{r.backend:<16} {r.quantity:<8} {r.tensor:<36} {r.rel_err:>10.2e} {r.tol:>8.0e}  "
               f"{'yes' if r.ok else 'NO'}" for r in result.rows]
     lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in result.env.items()))
-    failed = [r for r in result.rows if not r.ok]
-    lines.append("PASS" if not failed else f"FAIL: {len(failed)} of {len(result.rows)} tensors over their bound")
     return "\n".join(lines)

@@ -132,10 +132,28 @@ def _raw_size(path: Path) -> int:
     return len(gzip.decompress(path.read_bytes())) if path.name.endswith(".gz") else path.stat().st_size
 
 
+def answer(doc: dict) -> str:
+    """How the report held up from the fewest ranks to the most: wall time, the report process's
+    peak memory and the length of kernels.md."""
+    runs = sorted(doc["runs"], key=lambda r: r["ranks"])
+    if not runs:
+        return "No set size finished."
+    lo, hi = runs[0], runs[-1]
+    if lo is hi:
+        return (f"At {hi['ranks']} ranks `harness.report` took {hi['wall_s']:.1f} s on {doc['cores']} cores, its "
+                f"process peaked at {hi['peak_rss_mib']['report']:.0f} MiB, and kernels.md has "
+                f"{hi['kernels_md_lines']} lines.")
+    return (f"From {lo['ranks']} to {hi['ranks']} ranks `harness.report` took {lo['wall_s']:.1f} -> "
+            f"{hi['wall_s']:.1f} s on {doc['cores']} cores, its process peaked at "
+            f"{lo['peak_rss_mib']['report']:.0f} -> {hi['peak_rss_mib']['report']:.0f} MiB, and kernels.md has "
+            f"{lo['kernels_md_lines']} -> {hi['kernels_md_lines']} lines.")
+
+
 def markdown(doc: dict) -> str:
-    """The document's runs as a markdown table, with the machine and the sources."""
+    """The answer, then the document's runs as a markdown table, with the machine and the sources."""
     src = ", ".join(f"`{s['name']}` ({s['uncompressed_bytes'] / 1e6:.1f} MB)" for s in doc["sources"])
-    lines = [f"Sources: {src}; {doc['cores']} cores, {doc['workers']} worker processes; commit "
+    lines = [answer(doc), "",
+             f"Sources: {src}; {doc['cores']} cores, {doc['workers']} worker processes; commit "
              f"{(doc['commit'] or 'unknown')[:12]}.", *([f"Interrupted: {doc['interrupted']}."]
                                                           if doc.get("interrupted") else []), "",
              "| ranks | wall s | peak RSS MiB: report | largest worker | all processes (sampled) | kernels.md lines "

@@ -24,6 +24,7 @@ generated is recognised by the marker files of `KINDS`, not guessed from folder 
                                                                  diff.json, diff.png, report.html
     attention  X.json of `harness.bench_attention`, and X.md      harness.bench_attention --render X.json: X.md, X.png
     tune       X.jsonl of `harness.tune_attention`, and X.md     harness.tune_attention --render X.jsonl: X.md
+    ranks      X.json of `harness.bench_ranks`, and X.md         its table again, answer first: X.md
 
 Compare folders come first, since a diff reads its compare folder (which must sit under the
 same root, at any depth). Then the pages beside the root (README.md and docs/**/*.md in its parent
@@ -32,8 +33,8 @@ each block between `<!-- generated: NAME ARG -->` and `<!-- end generated -->` i
 again from the result documents it names (`harness.reports.doc_blocks`); the rest of a page is
 prose and left as it is. Everything else is not generated from a document here and is left as it is:
 the prose of README.md files outside the generated blocks, logs and .txt outputs, screenshots, Nsight Compute tables,
-projection.md (assembled from several `--project` commands), the report-at-scale and
-report-speed benchmarks, a compare folder with no report.md beside its summary.json, and
+projection.md (assembled from several `--project` commands), the report-speed benchmark
+against `nsys stats`, a compare folder with no report.md beside its summary.json, and
 kernels.png. A compare folder's kernels.md/.csv are rendered from its kernels.json where
 that document is today's (it reads back into the breakdown and writes out the same);
 from an older one, whose runs did not record every figure today's tables show, kernels.md
@@ -87,6 +88,12 @@ def _made_by(path: Path, tool: str) -> bool:
     doc = _doc(path)
     env = doc.get("environment") if isinstance(doc, dict) else None
     return isinstance(env, dict) and f"harness.{tool}" in str(env.get("command", ""))
+
+
+def _rank_benches(folder: Path) -> list[Path]:
+    """`harness.bench_ranks` documents with their .md beside them (the command at the top level)."""
+    return [p for p in sorted(folder.glob("*.json")) if p.with_suffix(".md").is_file()
+            and isinstance(doc := _doc(p), dict) and "harness.bench_ranks" in str(doc.get("command", ""))]
 
 
 def _compares(folder: Path) -> list[Path]:
@@ -246,6 +253,13 @@ def render_attention(path: Path, root: Path, figures: bool) -> list[Path]:
     return list(render_results(path, figures).values())
 
 
+def render_ranks(path: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.bench_ranks import markdown
+
+    write_text(path.with_suffix(".md"), markdown(json.loads(path.read_text())))
+    return [path.with_suffix(".md")]
+
+
 def render_tune(path: Path, root: Path, figures: bool) -> list[Path]:
     from harness.attention.tune import read_rows, tune_markdown
 
@@ -269,6 +283,7 @@ KINDS = (
     Kind("diff", _with_files("diff.json", "diff.md"), render_diff),
     Kind("attention", _beside_md(".json", "bench_attention"), render_attention),
     Kind("tune", _beside_md(".jsonl", "tune_attention"), render_tune),
+    Kind("ranks", _rank_benches, render_ranks),
 )
 
 

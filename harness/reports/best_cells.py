@@ -3,9 +3,10 @@ as the median over a cell's runs, never the best run: the answer a gallery page 
 opens with (the `best-mfu` block of `doc_blocks`).
 
 A cell is one setting of a run: its options (backend, model, batch, ...) and the environment
-settings that change the compiled program (`XLA_FLAGS`, `TORCHINDUCTOR_*` other than where the
-cache lies) on one GPU model. A cell's runs may come from several trees; the page that names
-the folders says why they run the same code at that cell, and the table lists the trees.
+settings that change the program it times (`harness.timing.scaling.program_settings`: XLA's
+flags, Inductor's options, the allocator's configuration, ...) on one GPU model. A cell's runs
+may come from several trees; the page that names the folders says why they run the same code
+at that cell, and the table lists the trees.
 `best_cells` returns the data, `best_mfu_text` renders it.
 """
 
@@ -20,13 +21,7 @@ from pathlib import Path
 from harness.common.documents import RunDocument, whole_step
 from harness.common.tables import markdown_table
 from harness.reports.provenance_block import tree_label
-
-
-def _program_settings(env: dict) -> tuple[tuple[str, str], ...]:
-    """The settings of a run's environment that change what is compiled, sorted by name."""
-    settings = env.get("settings") or {}
-    return tuple(sorted((k, str(v)) for k, v in settings.items()
-                        if k == "XLA_FLAGS" or (k.startswith("TORCHINDUCTOR_") and "CACHE_DIR" not in k)))
+from harness.timing.scaling import program_settings
 
 
 @dataclass
@@ -38,7 +33,7 @@ class Cell:
     batch: int
     shape: str  # model, context and dtype, as the table writes them
     gpu: str
-    settings: tuple[tuple[str, str], ...]
+    settings: str | None  # `program_settings`: "NAME=value, ..." or None
     step: str = ""
     mfu: list[float] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
@@ -63,7 +58,7 @@ def best_cells(folders: list[Path], root: Path) -> list[Cell]:
             run = RunDocument.from_dict(doc, str(path))
             env = run.get("env") or {}
             options = tuple(sorted((k, json.dumps(v)) for k, v in run.options.items()))
-            key = (options, _program_settings(env), env.get("gpu_name"))
+            key = (options, program_settings(doc), env.get("gpu_name"))
             o = run.options
             shape = f"`{o.get('model')}`, ctx {o.get('ctx')}, {o.get('dtype')}"
             cell = cells.setdefault(key, Cell(backend=str(run.backend), batch=int(o.get("batch", 0)), shape=shape,
@@ -87,7 +82,7 @@ def best_cells(folders: list[Path], root: Path) -> list[Cell]:
 
 
 def _settings_text(cell: Cell) -> str:
-    return ", ".join(f"{k}={v}" for k, v in cell.settings) or "defaults"
+    return cell.settings or "defaults"
 
 
 def _trees_text(cell: Cell) -> str:
@@ -111,7 +106,7 @@ def best_mfu_text(folders: list[Path], root: Path) -> str:
     header = ["backend", "cell", "batch", "settings", "step", "runs", "MFU: median (range)",
               "step (ms): median (range)", "trees", "folders"]
     rows = []
-    for c in sorted(cells, key=lambda c: (c.gpu, c.backend, c.shape, c.batch, c.settings)):
+    for c in sorted(cells, key=lambda c: (c.gpu, c.backend, c.shape, c.batch, c.settings or "")):
         failed = ", ".join(f"{n} {status}" for status, n in c.failed.items())
         if not c.mfu:  # every run failed, or recorded no MFU (a device with no known peak)
             rows.append([c.backend, c.shape, str(c.batch), _settings_text(c), "-", failed or "no MFU recorded",

@@ -90,14 +90,12 @@ def repeats_markdown(starts: Sequence[Start]) -> str:
     lines = []
     if rated:
         top_n = max(c["n"] for c in rated)
+        median = {id(c): statistics.median(_values(c["rows"], "efficiency")) for c in rated}
         best: dict[str, dict] = {}
-        for c in (c for c in rated if c["n"] == top_n):
-            median = statistics.median(_values(c["rows"], "efficiency"))
-            if c["backend"] not in best or median > statistics.median(_values(best[c["backend"]]["rows"],
-                                                                               "efficiency")):
-                best[c["backend"]] = c
+        for c in sorted((c for c in rated if c["n"] == top_n), key=lambda c: median[id(c)]):
+            best[c["backend"]] = c  # the highest median of each backend comes last
         lines.append(f"At N = {top_n}, each backend's highest median efficiency over the starts:")
-        for c in sorted(best.values(), key=lambda c: -statistics.median(_values(c["rows"], "efficiency"))):
+        for c in sorted(best.values(), key=lambda c: -median[id(c)]):
             loop = _values(c["rows"], "loop_efficiency", 100)
             lines.append(f"- {c['backend']} ({c['parallel']}): "
                          f"{figure(_values(c['rows'], 'efficiency', 100), '{:.1f}%')} over {_starts(c['rows'])}"

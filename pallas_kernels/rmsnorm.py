@@ -234,6 +234,20 @@ def _layout_shardings(mesh, x_sharding, ndim: int, kinds: str) -> list[NamedShar
     return [NamedSharding(mesh, full[k]) for k in kinds]
 
 
+def _fold_partials(partials: jax.Array, rows: int) -> jax.Array:
+    """The weight's partial sums [..., b, width] summed in adjacent groups to [..., rows, width].
+
+    A device's share of the rows is fewer than the whole batch's, so `_bwd_rows` may give its
+    backward programs fewer row groups each (more programs, more partial sums) than the
+    unpartitioned shape XLA planned the result for; the counts are powers of two apart."""
+    b, width = partials.shape[-2:]
+    if b == rows:
+        return partials
+    if b % rows:
+        raise ValueError(f"{b} partial sums per slab do not fold into the planned {rows}")
+    return partials.reshape(*partials.shape[:-2], rows, b // rows, width).sum(axis=-2)
+
+
 @functools.cache
 def _by_rows(launch, ins: str, outs: str):
     """`launch(*arrays, config)` as an op that XLA partitions by rows: each device runs it on
@@ -250,8 +264,16 @@ def _by_rows(launch, ins: str, outs: str):
 
     def partition(config, mesh, arg_shapes, result_shape):
         out = shardings(mesh, arg_shapes, outs)
-        return (mesh, lambda *arrays: launch(*arrays, config), out[0] if len(out) == 1 else tuple(out),
-                tuple(shardings(mesh, arg_shapes, ins)))
+        results = result_shape if isinstance(result_shape, (tuple, list)) else (result_shape,)
+        partial_rows = [r.shape[-2] if k == "p" else None for k, r in zip(outs, results)]
+
+        def local(*arrays):
+            got = launch(*arrays, config)
+            if len(outs) == 1:
+                return got
+            return tuple(a if n is None else _fold_partials(a, n) for a, n in zip(got, partial_rows))
+
+        return mesh, local, out[0] if len(out) == 1 else tuple(out), tuple(shardings(mesh, arg_shapes, ins))
 
     rule = ", ".join(_FACTORS[k] for k in ins) + " -> " + ", ".join(_FACTORS[k] for k in outs)
     op.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,

@@ -168,3 +168,23 @@ def test_a_bad_plugin_entry_ends_each_tool_in_one_line(tool: str, monkeypatch, c
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "HARNESS_BACKEND_PLUGINS entry 'no_such_module_here:THING'" in err[0]
+
+
+def test_a_failure_line_names_the_error_inside_a_nested_traceback() -> None:
+    """XLA reports a failed Python callback (a custom partitioner's) as a message whose first
+    line only opens a traceback: the failure line takes the traceback's exception instead."""
+    from argparse import Namespace
+
+    from harness.common.errors import describe_failure
+
+    nested = RuntimeError(
+        "INTERNAL: custom_partitioner: Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "ValueError: Mismatch in result shapes. [f32[2,4]] vs [f32[2,2]]\n"
+        "Suspected Python Code Location:\n  model.py:61:15 [RMSNorm.__call__]")
+    size = Namespace(model="large", batch=4, ctx=1024, dtype="bf16")
+    assert describe_failure(nested, "backward", size) == (
+        "RuntimeError in backward (model large, batch 4, ctx 1024, bf16): INTERNAL: custom_partitioner: "
+        "ValueError: Mismatch in result shapes. [f32[2,4]] vs [f32[2,2]]")
+    plain = RuntimeError("INTERNAL: something broke\nmore detail")
+    assert describe_failure(plain, "forward", size).endswith("): INTERNAL: something broke")

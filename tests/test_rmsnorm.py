@@ -161,14 +161,15 @@ def test_model_on_the_kernels_matches_the_model_on_xla(monkeypatch):
 _SHARDED = r"""
 import json, re, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from pallas_kernels.rmsnorm import NormBlocks, add_rms_norm
+from pallas_kernels.rmsnorm import NormBlocks, _bwd_rows, add_rms_norm
+BLOCKS = NormBlocks(rows_fwd=2, rows_bwd=2, steps_bwd=2, min_programs_bwd=8)
 k = jax.random.split(jax.random.key(0), 3)
 x = jax.random.normal(k[0], (4, 8, 96), jnp.float32)
 d = jax.random.normal(k[1], (4, 8, 96), jnp.float32).astype(jnp.bfloat16)
 w = 1 + 0.1 * jax.random.normal(k[2], (96,), jnp.float32)
 def loss(x, d, w):
     h, y = add_rms_norm(x, d, w, eps=1e-5, out_dtype=jnp.bfloat16, implementation="pallas",
-                        blocks=NormBlocks(rows_fwd=2, rows_bwd=2, steps_bwd=2), interpret=True)
+                        blocks=BLOCKS, interpret=True)
     return jnp.sum(h * h) + jnp.sum(jnp.sin(y.astype(jnp.float32))), y
 step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
 mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
@@ -180,7 +181,8 @@ hlo = step.lower(xs, ds, w).compile().as_text()
 # the weight split too, as --parallel fsdp splits the parameters: what gets gathered
 ws = jax.device_put(w, rows)
 fsdp = step.lower(xs, ds, ws).compile().as_text()
-print(json.dumps({"gathered_under_fsdp": re.findall(r"= (\S+) all-gather\(", fsdp),
+print(json.dumps({"steps": [_bwd_rows(a.shape, BLOCKS)[1] for a in (x, x[:2])],
+                  "gathered_under_fsdp": re.findall(r"= (\S+) all-gather\(", fsdp),
                   "devices": len(jax.devices()), "rows_axis": [y2.sharding.spec[0], g2[0].sharding.spec[0], g2[1].sharding.spec[0]],
                   "all_gather": "all-gather" in hlo, "all_reduce": "all-reduce" in hlo,
                   "loss": [float(l1), float(l2)], "y": float(jnp.max(jnp.abs(y1.astype(jnp.float32) - y2.astype(jnp.float32)))),
@@ -193,7 +195,9 @@ def test_kernels_run_on_each_devices_rows():
     """Batch-sharded inputs on two host devices: each device normalizes its own rows (no
     all-gather; with the weight split as under FSDP, the weight alone is gathered), XLA sums
     the weight's gradient (an all-reduce), and the numbers are the one-device numbers up to
-    the order of that sum."""
+    the order of that sum. A device's half of the rows fills fewer backward programs, so its
+    programs walk fewer row groups than the whole batch's would: its extra partial sums of the
+    weight's gradient fold into the count XLA planned for."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
@@ -202,6 +206,7 @@ def test_kernels_run_on_each_devices_rows():
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["devices"] == 2
+    assert got["steps"] == [2, 1]  # the whole batch's programs walk two row groups, a device's one
     assert got["rows_axis"] == ["data"] * 3  # y, dx and d delta stay split by rows
     assert not got["all_gather"] and got["all_reduce"]
     assert got["gathered_under_fsdp"] == ["f32[96]{0}"]  # a split weight is gathered, never the rows

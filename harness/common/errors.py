@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 
 class UsageError(argparse.ArgumentTypeError):
@@ -26,8 +27,27 @@ def size_label(args) -> str:
     return f"model {args.model}, batch {args.batch}, ctx {args.ctx}, {args.dtype}"
 
 
+# A line that names an exception, as a traceback's last line does ("ValueError: ...").
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b")
+
+
+def headline(exc: BaseException) -> str:
+    """The exception's message in one line: its first, unless that only opens a traceback
+    nested in the message (XLA passes a Python callback's failure on that way), where the
+    traceback's own exception line follows it."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = lines[0]
+    marker = "Traceback (most recent call last):"
+    if marker in first:
+        raised = [line.strip() for line in lines[1:] if _EXCEPTION_LINE.match(line.strip())]
+        if raised:
+            first = f"{first.replace(marker, '').strip()} {raised[-1]}".strip()
+    return first[:300]
+
+
 def describe_failure(exc: BaseException, phase: str, args) -> str:
     if is_oom(exc):
         return f"out of memory in {phase} ({size_label(args)})"
-    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
-    return f"{type(exc).__name__} in {phase} ({size_label(args)}): {first_line}"
+    return f"{type(exc).__name__} in {phase} ({size_label(args)}): {headline(exc)}"

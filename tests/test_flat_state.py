@@ -89,3 +89,56 @@ def test_fused_steps_on_the_flat_layout_match_the_split_steps(max_leaves, monkey
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
     assert int(flat.opt_state.count) == int(split.opt_state.count) == 3
+
+
+REPLICATED_SCRIPT = """
+import dataclasses, json
+import jax, numpy as np
+from harness.config import get_config
+from harness.timing.runner import make_session
+from harness.timing.spec import RunSpec
+
+def split(s):
+    loss = float(s.forward()); s.backward(); s.optimizer_step()
+    return loss
+
+opts = RunSpec(backend="jax", model="tiny", ctx=16, batch=2, data_parallel=2, parallel="ddp")
+two = make_session(opts, get_config("tiny"))
+one = make_session(dataclasses.replace(opts, batch=4, data_parallel=1), get_config("tiny"))
+layouts = [x.sharding for x in jax.tree.leaves((two.state, two.opt_state))]
+losses = [float(two.fused_step())]
+flat = jax.tree.leaves(two._flat)
+replicated = all(x.sharding.is_fully_replicated and len(x.sharding.device_set) == 2 for x in flat)
+losses += [split(two), float(two.fused_step()), split(two)]
+reference = [split(one) for _ in range(4)]
+got, want = two.params(), one.params()
+print(json.dumps({"losses": losses, "reference": reference, "replicated": replicated, "arrays": len(flat),
+                  "max_abs": max(float(np.max(np.abs(got[k] - want[k]))) for k in want),
+                  "layouts_kept": layouts == [x.sharding for x in jax.tree.leaves((two.state, two.opt_state))],
+                  "compiles": [two._update._cache_size(), two._fused_flat._cache_size()]}))
+"""
+
+
+def test_replicated_parameters_take_the_flat_layout_over_two_devices() -> None:
+    """With the parameters replicated over two host devices (`--parallel ddp`), the fused step
+    takes the flat arrays, replicated on both; fused and split steps in turn match one device's
+    split steps on the global batch (the two devices' gradients summed in another order: float32
+    rounding), each program compiles once, and the split step gets back the layouts it began with."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", REPLICATED_SCRIPT], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.splitlines()[-1])
+    assert r["replicated"] and r["arrays"] == 4  # tiny's 21 parameters in one array, two moments, the count
+    np.testing.assert_allclose(r["losses"], r["reference"], rtol=1e-6)
+    assert r["max_abs"] < 1e-5
+    assert r["layouts_kept"] and r["compiles"] == [1, 1]

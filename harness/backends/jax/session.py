@@ -175,17 +175,21 @@ class JaxSession:
         self._bwd = jit(lambda vjp: vjp(jnp.ones((), jnp.float32))[0], **_out(keep, "bwd"))
         self._update = jit(self._apply_update, donate_argnums=donate, **_out(keep, "update"))
         self._fused = jit(self._fused_step, donate_argnums=donate, **_out(keep, "fused"))
-        # On one device the fused step takes the parameters and each AdamW moment as a few
-        # arrays (`harness.backends.jax.flat`): `large`'s takes 21 arrays where the dict's took
-        # 984. The split step's programs keep the model's arrays. The state moves between the
-        # two layouts when the other step runs next (in a loop's warm-up, untimed), by programs
-        # that donate nothing: no output has an input's shape to reuse its buffer, and the
-        # session drops the old layout's arrays as soon as the new one is made.
-        self._layout = FlatLayout.of(self._state) if data_parallel == 1 else None
+        # On one device, and with the parameters replicated over several, the fused step takes
+        # the parameters and each AdamW moment as a few arrays (`harness.backends.jax.flat`):
+        # `large`'s takes 21 arrays where the dict's took 984. The split step's programs keep the
+        # model's arrays. The state moves between the two layouts when the other step runs next
+        # (in a loop's warm-up, untimed), by programs that donate nothing: no output has an
+        # input's shape to reuse its buffer, and the session drops the old layout's arrays as
+        # soon as the new one is made. On a mesh every flat array is replicated, as the
+        # parameters are; sharded parameters keep the dict (a flat array's shards would cut
+        # across parameters).
+        self._layout = FlatLayout.of(self._state) if data_parallel == 1 or parallel == "ddp" else None
         if self._layout is not None:
-            self._fused_flat = jit(self._fused_flat_step, donate_argnums=donate)
-            self._to_flat = jit(self._ravel_state)
-            self._from_flat = jit(self._unravel_state)
+            whole = {"out_shardings": params_at} if data_parallel > 1 else {}
+            self._fused_flat = jit(self._fused_flat_step, donate_argnums=donate, **whole)
+            self._to_flat = jit(self._ravel_state, **whole)
+            self._from_flat = jit(self._unravel_state, **whole)
 
     # -- the state, in the layout the step about to run takes --------------------------
     @property

@@ -552,3 +552,23 @@ def test_parity_block_gives_each_document_s_verdict() -> None:
         assert line.endswith(f"PASS: all {len(rows)} tensors within their bounds; the closest to its bound: jax "
                              f"{closest['quantity']} {closest['tensor']}, {closest['rel_err']:.1e} against "
                              f"{closest['tol']:.0e}")
+
+
+def test_best_mfu_block_keeps_data_parallel_cells_apart_and_says_per_device(tmp_path) -> None:
+    """JAX at batch 4 per device on two H200s: one device (two runs, MFU 44.05% and 44.29%), both
+    devices replicated (three runs, 38.34-38.47%) and with sharded parameters (one run, 35.2%).
+    Each device count is a cell and a line of its own, the data-parallel ones per device."""
+    from harness.reports.doc_blocks import render_page
+
+    runs = "several-gpus/flat-state-ddp2-h200x2/runs"
+    text = render_page(f"<!-- generated: best-mfu {runs} -->\n<!-- end generated -->\n", "x/README.md", RESULTS)
+    lines = [line for line in text.splitlines() if line.startswith("- ")]
+    assert lines == [
+        "- jax on one NVIDIA H200: 44.2% at `large`, ctx 1024, bf16, batch 4 (defaults; the median of 2 runs, 44.0%-44.3%)",
+        "- jax on 2 x NVIDIA H200 (replicated), per device: 38.4% at `large`, ctx 1024, bf16, batch 4 (defaults; "
+        "the median of 3 runs, 38.3%-38.5%)"]
+    rows = [line for line in text.splitlines() if line.startswith("| jax |")]
+    assert [row.split(" | ")[1] for row in rows] == [
+        "`large`, ctx 1024, bf16", "`large`, ctx 1024, bf16, 2 devices, replicated",
+        "`large`, ctx 1024, bf16, 2 devices, sharded parameters, collectives merged"]
+    assert "| 1 | 35.2% | 74.2 |" in rows[2]

@@ -2,7 +2,7 @@
 as the median over a cell's runs, never the best run: the answer a gallery page of MFU runs
 opens with (the `best-mfu` block of `doc_blocks`).
 
-A cell is one setting of a run: its options (backend, model, batch, ...) and the environment
+A cell is one setting of a run: its options (backend, model, batch, devices, ...) and the environment
 settings that change the program it times (`harness.timing.scaling.program_settings`: XLA's
 flags, Inductor's options, the allocator's configuration, ...) on one GPU model. A cell's runs
 may come from several trees; the page that names the folders says why they run the same code
@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.backends.parallel import short_label
 from harness.common.documents import RunDocument, whole_step
 from harness.common.tables import markdown_table
 from harness.reports.provenance_block import tree_label
@@ -34,6 +35,8 @@ class Cell:
     shape: str  # model, context and dtype, as the table writes them
     gpu: str
     settings: str | None  # `program_settings`: "NAME=value, ..." or None
+    devices: int = 1  # data-parallel devices; MFU is then per device
+    parallel: str = ""  # the data-parallel strategy's short label, where devices > 1
     step: str = ""
     mfu: list[float] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
@@ -61,8 +64,12 @@ def best_cells(folders: list[Path], root: Path) -> list[Cell]:
             key = (options, program_settings(doc), env.get("gpu_name"))
             o = run.options
             shape = f"`{o.get('model')}`, ctx {o.get('ctx')}, {o.get('dtype')}"
+            devices = int(o.get("data_parallel") or 1)
+            parallel = short_label(str((run.get("data_parallel") or {}).get("label") or o.get("parallel"))) \
+                if devices > 1 else ""
             cell = cells.setdefault(key, Cell(backend=str(run.backend), batch=int(o.get("batch", 0)), shape=shape,
-                                              gpu=str(env.get("gpu_name") or "-"), settings=key[1]))
+                                              gpu=str(env.get("gpu_name") or "-"), settings=key[1],
+                                              devices=devices, parallel=parallel))
             where = folder.relative_to(root).as_posix()
             if where not in cell.folders:
                 cell.folders.append(where)
@@ -85,6 +92,17 @@ def _settings_text(cell: Cell) -> str:
     return cell.settings or "defaults"
 
 
+def _where(cell: Cell) -> str:
+    """Where the cell ran: one GPU, or N of them and how the step is split over them."""
+    if cell.devices == 1:
+        return f"one {cell.gpu}"
+    return f"{cell.devices} x {cell.gpu} ({cell.parallel}), per device"
+
+
+def _cell_text(cell: Cell) -> str:
+    return cell.shape + (f", {cell.devices} devices, {cell.parallel}" if cell.devices > 1 else "")
+
+
 def _trees_text(cell: Cell) -> str:
     return ", ".join(f"{t} ({n})" if n > 1 else t for t, n in cell.trees.most_common())
 
@@ -94,32 +112,33 @@ def best_mfu_text(folders: list[Path], root: Path) -> str:
     runs, MFU median and range, step median, trees and folders."""
     cells = best_cells(folders, root)
     measured = [c for c in cells if c.mfu]
-    best: dict[tuple[str, str], Cell] = {}
+    best: dict[tuple[str, str, int], Cell] = {}
     for c in measured:
-        if (c.backend, c.gpu) not in best or c.median_mfu > best[(c.backend, c.gpu)].median_mfu:
-            best[(c.backend, c.gpu)] = c
+        key = (c.backend, c.gpu, c.devices)
+        if key not in best or c.median_mfu > best[key].median_mfu:
+            best[key] = c
     lines = []
-    for (backend, gpu), c in sorted(best.items()):
-        lines.append(f"- {backend} on one {gpu}: {c.median_mfu:.1%} at {c.shape}, batch {c.batch} "
+    for _, c in sorted(best.items()):
+        lines.append(f"- {c.backend} on {_where(c)}: {c.median_mfu:.1%} at {c.shape}, batch {c.batch} "
                      f"({_settings_text(c)}; the median of {len(c.mfu)} run{'s' if len(c.mfu) > 1 else ''}"
                      + (f", {min(c.mfu):.1%}-{max(c.mfu):.1%}" if len(c.mfu) > 1 else "") + ")")
     header = ["backend", "cell", "batch", "settings", "step", "runs", "MFU: median (range)",
               "step (ms): median (range)", "trees", "folders"]
     rows = []
-    for c in sorted(cells, key=lambda c: (c.gpu, c.backend, c.shape, c.batch, c.settings or "")):
+    for c in sorted(cells, key=lambda c: (c.gpu, c.backend, c.shape, c.devices, c.batch, c.settings or "")):
         failed = ", ".join(f"{n} {status}" for status, n in c.failed.items())
         if not c.mfu:  # every run failed, or recorded no MFU (a device with no known peak)
-            rows.append([c.backend, c.shape, str(c.batch), _settings_text(c), "-", failed or "no MFU recorded",
+            rows.append([c.backend, _cell_text(c), str(c.batch), _settings_text(c), "-", failed or "no MFU recorded",
                          "-", "-", "-", ", ".join(f"`{f}/`" for f in c.folders)])
             continue
         runs = str(len(c.mfu)) + (f" (and {failed})" if failed else "")
         several = len(c.mfu) > 1
-        rows.append([c.backend, c.shape, str(c.batch), _settings_text(c), c.step, runs,
+        rows.append([c.backend, _cell_text(c), str(c.batch), _settings_text(c), c.step, runs,
                      f"{c.median_mfu:.1%}" + (f" ({min(c.mfu):.1%}-{max(c.mfu):.1%})" if several else ""),
                      f"{statistics.median(c.step_ms):.1f}"
                      + (f" ({min(c.step_ms):.1f}-{max(c.step_ms):.1f})" if several else ""),
                      _trees_text(c), ", ".join(f"`{f}/`" for f in c.folders)])
     rules = ("A cell is one setting (the run's options and the settings that change the compiled program) "
              "on one GPU model; its MFU is the median over its runs, each run's the whole step's "
-             "(JAX's fused step) over its measured steps.")
+             "(JAX's fused step) over its measured steps; with several devices, per device (the batch too).")
     return "\n".join([*lines, "", rules, "", *markdown_table(header, rows)]) + "\n"

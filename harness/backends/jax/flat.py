@@ -4,10 +4,10 @@ A jitted call's host work grows with the arrays it takes and returns: on the mod
 the fused step of `large` takes 984 and returns 982, and a synchronized step waits for that
 work before its first kernel. `FlatLayout` concatenates the parameters (all one dtype) in their tree's
 order into a few one-dimensional arrays, each of at most `MAX_LEAVES` consecutive
-parameters, and splits such arrays back; the session's fused step on one device takes
-its state that way (`JaxSession.fused_step`). Inside a jitted program the split is a set
-of slices that XLA fuses into the casts reading them, and autodiff through it concatenates
-the gradients.
+parameters, and splits such arrays back; the session's fused step on one device, and the
+replicated one on several, take their state that way (`JaxSession.fused_step`). Inside a
+jitted program the split is a set of slices that XLA fuses into the casts reading them, and
+autodiff through it concatenates the gradients.
 
 Why a few arrays and not one: the AdamW update of one array reads the concatenation of
 all the gradients, and XLA's GPU fusions take a bounded number of operands, so a

@@ -297,13 +297,22 @@ def targets(root: Path) -> list[tuple[Kind, Path]]:
 
 
 # -- rendering in place, or into a copy to compare ------------------------------------------
-def _copy(target: Path, root: Path, scratch: Path) -> Path:
+def _copy(target: Path, root: Path, scratch: Path, copied: set[Path]) -> Path:
     """`target` (a folder, or a file with the rest of its folder) copied under `scratch` at its
-    place below `root`, less the figures and pages that are not compared."""
+    place below `root`, less the figures and pages that are not compared. A folder is copied once
+    (`copied` holds those that were), also where a folder inside it was copied before it: the
+    folders it holds that were copied already keep what was rendered in them."""
     folder = target if target.is_dir() else target.parent
     copy = scratch / folder.relative_to(root)
-    if not copy.exists():
-        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.png", "*.html", "*.gz"))
+    if folder not in copied:
+        inside = [c for c in copied if folder in c.parents]
+        skip = shutil.ignore_patterns("*.png", "*.html", "*.gz")
+
+        def ignore(where: str, names: list[str]) -> set[str]:
+            return set(skip(where, names)) | {n for n in names if Path(where) / n in inside}
+
+        shutil.copytree(folder, copy, ignore=ignore, dirs_exist_ok=True)
+        copied.add(folder)
     return copy / target.name if target.is_file() else copy
 
 
@@ -322,9 +331,10 @@ def regenerate(root: Path, check: bool) -> tuple[list[str], list[Path]]:
     """Render every target under `root` (in place, or with `check` into a copy): the lines of
     the targets that could not be rendered, and (with `check`) the committed files that differ."""
     errors, differ = [], []
+    copied: set[Path] = set()
     with tempfile.TemporaryDirectory(prefix="regenerate-") as scratch:
         for kind, target in targets(root):
-            where = _copy(target, root, Path(scratch)) if check else target
+            where = _copy(target, root, Path(scratch), copied) if check else target
             try:
                 written = kind.render(where, root, not check)
             except Unrenderable as exc:

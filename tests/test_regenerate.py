@@ -131,6 +131,19 @@ def test_a_several_runs_diff_renders_from_the_runs_in_its_folder(tmp_path, capsy
     assert out == "" and err.count("\n") == 1 and "its run document runs/old-1.json is not in it" in err
 
 
+def test_a_diff_folder_holding_a_compare_folder_is_checked_whole(tmp_path, capsys) -> None:
+    """A several-runs diff whose folder also holds a compare folder (`profiled/`): the compare
+    folder is checked first, and the diff's own files must still be there to check after it."""
+    name = "several-gpus/flat-state-ddp2-h200x2"
+    folder = tmp_path / name
+    shutil.copytree(RESULTS / name, folder, ignore=shutil.ignore_patterns("README.md"))
+    assert (folder / "profiled" / "summary.json").is_file() and (folder / "diff.json").is_file()
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 0, capsys.readouterr().err
+    _plant(folder / "diff.md", "68.025 ms", "68.026 ms")
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.split(": ")[0] == str(folder / "diff.md")
+
+
 @pytest.mark.parametrize("make", ["missing", "file"])
 def test_bad_root_is_one_line_naming_the_option(make, tmp_path, capsys) -> None:
     root = tmp_path / "nowhere"

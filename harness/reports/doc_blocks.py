@@ -129,7 +129,7 @@ def exposed(folders: list[Path], root: Path) -> str:
             step = whole_step(per.get("per_step", {}))
             p = per["per_step"][step]
             rows.append([f"`{folder.name}`", backend, (summary.get("data_parallel") or {}).get("parallel", "-"),
-                         f"`{flags}`" if flags else "-", str(env.get("git_commit", "-"))[:12], step,
+                         f"`{flags}`" if flags else "-", tree_label(str(env.get("git_commit") or "-")), step,
                          f"{p['step_ms']:.1f}", f"{p['communication_ms']:.1f}",
                          f"{p['exposed_ms']:.2f} ({p['exposed_max_ms']:.2f})",
                          f"{100 * p['exposed_share_of_step']:.1f}%"])

@@ -5,13 +5,6 @@ FlashAttention-2 kernels, `pallas_kernels.triton`) and "mosaic" (the Hopper
 FlashAttention-3-style kernels, `pallas_kernels.hopper`). `resolve_backend`
 is the one place that chooses between them; validation, default block sizes
 and the forward/backward wiring are the same for both.
-
-Batch and heads are independent, so under a sharded `jit` (a mesh of automatic
-axes, as data parallelism splits the batch) the kernels are partitioned along
-them (`custom_partitioning`): each device runs them on its own sequences and
-heads, the sequence and head_dim whole. XLA cannot split a kernel call by
-itself; without this it gathers q, k and v onto every device, and each device
-computes the whole batch's attention.
 """
 
 from __future__ import annotations
@@ -22,9 +15,6 @@ import math
 from collections.abc import Callable
 
 import jax
-from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from pallas_kernels import hopper
 from pallas_kernels.hopper import MosaicBlockSizes
@@ -145,71 +135,22 @@ def _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret):
     return name, scale, block_sizes
 
 
-# -- partitioning by batch and heads ---------------------------------------------------------
-
-# What each argument or result of a launch is, as a sharding rule's factors: q, k, v, o, dO and
-# the gradients [batch, seq, heads, head_dim]; lse [batch, heads, seq].
-_FACTORS = {"x": "b s h d", "l": "b h s"}
-
-
-def _shardings(mesh, q_sharding, kinds: str) -> list[NamedSharding]:
-    """q's split of batch and heads for each of `kinds`, seq and head_dim whole."""
-    batch, _, heads, _ = (tuple(q_sharding.spec) + (None,) * 4)[:4]
-    spec = {"x": P(batch, None, heads, None), "l": P(batch, heads, None)}
-    return [NamedSharding(mesh, spec[k]) for k in kinds]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _attention(q, k, v, causal, sm_scale, block_sizes, interpret, backend):
+    return FAMILIES[backend].forward(q, k, v, causal=causal, sm_scale=sm_scale,
+                                      block_sizes=block_sizes, interpret=interpret)[0]
 
 
-@functools.cache
-def _by_batch_and_heads(launch: Callable, ins: str, outs: str):
-    """`launch(*arrays, static)` as an op that XLA partitions along batch and heads."""
-    op = custom_partitioning(launch, static_argnums=(len(ins),))
-
-    def infer(static, mesh, arg_shapes, result_shape):
-        return tuple(_shardings(mesh, arg_shapes[0].sharding, outs))
-
-    def partition(static, mesh, arg_shapes, result_shape):
-        q = arg_shapes[0].sharding
-        return (mesh, lambda *arrays: launch(*arrays, static), tuple(_shardings(mesh, q, outs)),
-                tuple(_shardings(mesh, q, ins)))
-
-    rule = ", ".join(_FACTORS[k] for k in ins) + " -> " + ", ".join(_FACTORS[k] for k in outs)
-    op.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                     need_replication_factors=("s", "d"))
-    return op
-
-
-def _launch_fwd(q, k, v, static):
-    causal, sm_scale, block_sizes, interpret, backend = static
-    return tuple(FAMILIES[backend].forward(q, k, v, causal=causal, sm_scale=sm_scale, block_sizes=block_sizes,
-                                           interpret=interpret))
-
-
-def _launch_bwd(q, k, v, o, lse, do, static):
-    causal, sm_scale, block_sizes, interpret, backend = static
-    return tuple(FAMILIES[backend].backward(q, k, v, o, lse, do, causal=causal, sm_scale=sm_scale,
-                                            block_sizes=block_sizes, interpret=interpret))
-
-
-def _forward(q, k, v, static) -> tuple[jax.Array, jax.Array]:
-    """(o, lse), partitioned along batch and heads."""
-    return _by_batch_and_heads(_launch_fwd, "xxx", "xl")(q, k, v, static)
-
-
-# -- differentiation ------------------------------------------------------------------------
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attention(q, k, v, static):
-    return _forward(q, k, v, static)[0]
-
-
-def _attention_fwd(q, k, v, static):
-    o, lse = _forward(q, k, v, static)
+def _attention_fwd(q, k, v, causal, sm_scale, block_sizes, interpret, backend):
+    o, lse = FAMILIES[backend].forward(q, k, v, causal=causal, sm_scale=sm_scale,
+                                        block_sizes=block_sizes, interpret=interpret)
     return o, (q, k, v, o, lse)
 
 
-def _attention_bwd(static, residuals, do):
+def _attention_bwd(causal, sm_scale, block_sizes, interpret, backend, residuals, do):
     q, k, v, o, lse = residuals
-    return _by_batch_and_heads(_launch_bwd, "xxxxlx", "xxx")(q, k, v, o, lse, do, static)
+    return FAMILIES[backend].backward(q, k, v, o, lse, do, causal=causal, sm_scale=sm_scale,
+                                       block_sizes=block_sizes, interpret=interpret)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -250,7 +191,7 @@ def flash_attention(
       precision); accumulation is float32.
     """
     name, scale, block_sizes = _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret)
-    return _attention(q, k, v, (bool(causal), scale, block_sizes, bool(interpret), name))
+    return _attention(q, k, v, bool(causal), scale, block_sizes, bool(interpret), name)
 
 
 def flash_attention_with_lse(
@@ -267,4 +208,5 @@ def flash_attention_with_lse(
     """Forward pass only: (o, lse), lse = log(sum(exp(scaled scores))) per row,
     shaped [batch, heads, seq], float32. Use `flash_attention` for gradients."""
     name, scale, block_sizes = _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret)
-    return _forward(q, k, v, (bool(causal), scale, block_sizes, bool(interpret), name))
+    return FAMILIES[name].forward(q, k, v, causal=bool(causal), sm_scale=scale,
+                                   block_sizes=block_sizes, interpret=bool(interpret))

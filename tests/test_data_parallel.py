@@ -211,6 +211,35 @@ def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
         assert r["compiler_options"] == (MERGED if parallel == "fsdp" else {}), parallel
 
 
+GATHERED = r"""
+import re, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from pallas_kernels import flash_attention
+q = jax.device_put(jnp.ones((4, 64, 2, 16)), NamedSharding(Mesh(np.array(jax.devices()[:2]), ("data",)), P("data")))
+f = jax.jit(lambda q: jax.grad(lambda q: flash_attention(q, q, q, backend="triton", interpret=True).sum())(q))
+print(len(re.findall(r"all-gather\(", f.lower(q).compile().as_text())))
+"""
+
+
+def test_jax_pallas_attention_under_data_parallel_says_it_is_gathered(tmp_path: Path) -> None:
+    """The run document of JAX's --attention pallas on two devices warns that every device
+    computes the whole batch's attention, and names the option to use; the compiled program
+    of a batch-split attention shows why (XLA gathers the kernels' inputs)."""
+    env = _env(XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")
+    out = tmp_path / "jax.json"
+    proc = _harness(["harness.run", "--backend", "jax", *TINY, "--attention", "pallas", "--data-parallel", "2",
+                     "--quiet", "--out", str(out)], env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    notes = [w for w in json.loads(out.read_text())["warnings"] if w.startswith("--attention pallas")]
+    assert notes == ["--attention pallas with --data-parallel 2: XLA cannot split the Pallas attention kernels, "
+                     "so it gathers q, k and v onto every device and each device computes the whole batch's "
+                     "attention; for data-parallel figures use --attention fused"]
+    proc = subprocess.run([sys.executable, "-c", GATHERED], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split()[-1]) > 0  # were the kernels ever split by device, the note would be wrong
+
+
 def test_jax_without_host_devices_is_one_line() -> None:
     proc = _harness(["harness.run", "--backend", "jax", *TINY, "--data-parallel", "2"], _env(JAX_PLATFORMS="cpu"))
     assert proc.returncode == 2

@@ -305,13 +305,9 @@ def _copy(target: Path, root: Path, scratch: Path, copied: set[Path]) -> Path:
     folder = target if target.is_dir() else target.parent
     copy = scratch / folder.relative_to(root)
     if folder not in copied:
-        inside = [c for c in copied if folder in c.parents]
         skip = shutil.ignore_patterns("*.png", "*.html", "*.gz")
-
-        def ignore(where: str, names: list[str]) -> set[str]:
-            return set(skip(where, names)) | {n for n in names if Path(where) / n in inside}
-
-        shutil.copytree(folder, copy, ignore=ignore, dirs_exist_ok=True)
+        shutil.copytree(folder, copy, dirs_exist_ok=True, ignore=lambda where, names: set(skip(where, names)) | {
+            n for n in names if Path(where) / n in copied})
         copied.add(folder)
     return copy / target.name if target.is_file() else copy
 

@@ -5,6 +5,13 @@ FlashAttention-2 kernels, `pallas_kernels.triton`) and "mosaic" (the Hopper
 FlashAttention-3-style kernels, `pallas_kernels.hopper`). `resolve_backend`
 is the one place that chooses between them; validation, default block sizes
 and the forward/backward wiring are the same for both.
+
+Batch and heads are independent, and XLA cannot split a kernel call over devices: on arrays
+split over several, it would gather q, k and v and compute the whole batch's attention on
+each. With a mesh of several devices set (`jax.set_mesh`), the kernels therefore run under
+`jax.shard_map`, each device on its own sequences (the batch split over every axis of the
+mesh). Each kernel is still lowered once however many layers call it, where partitioning each
+call (`custom_partitioning`) lowered it again per call site at compile time.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import math
 from collections.abc import Callable
 
 import jax
+from jax.sharding import PartitionSpec as P
 
 from pallas_kernels import hopper
 from pallas_kernels.hopper import MosaicBlockSizes
@@ -156,6 +164,17 @@ def _attention_bwd(causal, sm_scale, block_sizes, interpret, backend, residuals,
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def _per_device(fn: Callable, batch: int, outs: int) -> Callable:
+    """`fn(q, k, v)` under `jax.shard_map` over the mesh set, the batch split over all its axes,
+    when one of several devices is set and divides the batch; else `fn` itself."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or batch % mesh.size:
+        return fn
+    split = P(tuple(mesh.axis_names))
+    return jax.shard_map(fn, mesh=mesh, in_specs=(split,) * 3, out_specs=split if outs == 1 else (split,) * outs,
+                         check_vma=False)
+
+
 def flash_attention(
     q: jax.Array,
     k: jax.Array,
@@ -191,7 +210,9 @@ def flash_attention(
       precision); accumulation is float32.
     """
     name, scale, block_sizes = _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret)
-    return _attention(q, k, v, bool(causal), scale, block_sizes, bool(interpret), name)
+    attend = functools.partial(_attention, causal=bool(causal), sm_scale=scale, block_sizes=block_sizes,
+                               interpret=bool(interpret), backend=name)
+    return _per_device(lambda q, k, v: attend(q, k, v), q.shape[0], 1)(q, k, v)
 
 
 def flash_attention_with_lse(
@@ -208,5 +229,6 @@ def flash_attention_with_lse(
     """Forward pass only: (o, lse), lse = log(sum(exp(scaled scores))) per row,
     shaped [batch, heads, seq], float32. Use `flash_attention` for gradients."""
     name, scale, block_sizes = _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret)
-    return FAMILIES[name].forward(q, k, v, causal=bool(causal), sm_scale=scale,
-                                   block_sizes=block_sizes, interpret=bool(interpret))
+    forward = functools.partial(FAMILIES[name].forward, causal=bool(causal), sm_scale=scale, block_sizes=block_sizes,
+                                interpret=bool(interpret))
+    return _per_device(lambda q, k, v: tuple(forward(q, k, v)), q.shape[0], 2)(q, k, v)

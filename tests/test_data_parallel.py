@@ -211,33 +211,33 @@ def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
         assert r["compiler_options"] == (MERGED if parallel == "fsdp" else {}), parallel
 
 
-GATHERED = r"""
-import re, jax, jax.numpy as jnp, numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from pallas_kernels import flash_attention
-q = jax.device_put(jnp.ones((4, 64, 2, 16)), NamedSharding(Mesh(np.array(jax.devices()[:2]), ("data",)), P("data")))
-f = jax.jit(lambda q: jax.grad(lambda q: flash_attention(q, q, q, backend="triton", interpret=True).sum())(q))
-print(len(re.findall(r"all-gather\(", f.lower(q).compile().as_text())))
+SPLIT = r"""
+import json, re, jax, jax.numpy as jnp, numpy as np
+from harness.backends.jax.session import JaxSession
+from harness.config import get_config
+config = get_config("tiny", attention="pallas")
+tokens = np.random.default_rng(0).integers(0, config.vocab_size, (4, 17))
+s = JaxSession(config, tokens, device="cpu", dtype="fp32", seed=0, data_parallel=2, parallel="ddp")
+loss, _ = s._fwd(s.state, s.inputs, s.targets)
+text = s._fwd.lower(s.state, s.inputs, s.targets).compile().as_text()
+one = JaxSession(config, tokens, device="cpu", dtype="fp32", seed=0)
+print(json.dumps({"gathers": len(re.findall(r"all-gather\(", text)),
+                  "loss": [float(loss), float(one._fwd(one.state, one.inputs, one.targets)[0])]}))
 """
 
 
-def test_jax_pallas_attention_under_data_parallel_says_it_is_gathered(tmp_path: Path) -> None:
-    """The run document of JAX's --attention pallas on two devices warns that every device
-    computes the whole batch's attention, and names the option to use; the compiled program
-    of a batch-split attention shows why (XLA gathers the kernels' inputs)."""
+def test_jax_pallas_attention_under_data_parallel_runs_on_each_device_s_batch() -> None:
+    """JAX's --attention pallas on two devices: the session's programs run with its mesh set,
+    so the attention kernels run per device on their share of the batch (XLA, which cannot
+    split a kernel call, would gather q, k and v); nothing in the forward is gathered, and the
+    loss is the one-device loss (4 sequences' token losses averaged in another order)."""
     env = _env(XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")
-    out = tmp_path / "jax.json"
-    proc = _harness(["harness.run", "--backend", "jax", *TINY, "--attention", "pallas", "--data-parallel", "2",
-                     "--quiet", "--out", str(out)], env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    notes = [w for w in json.loads(out.read_text())["warnings"] if w.startswith("--attention pallas")]
-    assert notes == ["--attention pallas with --data-parallel 2: XLA cannot split the Pallas attention kernels, "
-                     "so it gathers q, k and v onto every device and each device computes the whole batch's "
-                     "attention; for data-parallel figures use --attention fused"]
-    proc = subprocess.run([sys.executable, "-c", GATHERED], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", SPLIT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert int(proc.stdout.split()[-1]) > 0  # were the kernels ever split by device, the note would be wrong
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["gathers"] == 0
+    np.testing.assert_allclose(got["loss"][0], got["loss"][1], rtol=4 * 16 * 2 ** -23)
 
 
 def test_jax_without_host_devices_is_one_line() -> None:

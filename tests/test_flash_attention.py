@@ -9,7 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -162,6 +166,59 @@ def test_each_kernel_is_lowered_once_however_many_calls() -> None:
     for fn in ("triton_forward", "triton_backward"):
         assert text.count(f"func.func private @{fn}(") == 1, fn
         assert text.count(f"call @{fn}(") == 3, fn
+
+
+_ON_MESH = r"""
+import json, re, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from pallas_kernels import flash_attention, flash_attention_with_lse
+mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+q, k, v = (jax.random.normal(jax.random.key(i), (4, 128, 2, 32), jnp.float32) for i in range(3))
+attend = lambda q, k, v: flash_attention(q, k, v, causal=True, backend="triton", interpret=True)
+def loss(q, k, v):
+    o = attend(q, k, v)
+    return jnp.sum(o * o), o
+def layers(q, k, v):
+    for _ in range(3):
+        q = attend(q, k, v)
+    return q.sum()
+step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+(l1, o1), g1 = step(q, k, v)
+split = [jax.device_put(x, NamedSharding(mesh, P("data"))) for x in (q, k, v)]
+with jax.set_mesh(mesh):
+    (l2, o2), g2 = step(*split)
+    gathers = len(re.findall(r"all-gather\(", step.lower(*split).compile().as_text()))
+    lse = jax.jit(lambda q, k, v: flash_attention_with_lse(q, k, v, causal=True, backend="triton",
+                                                           interpret=True)[1])(*split)
+    text = jax.jit(jax.grad(layers)).lower(*split).as_text()
+print(json.dumps({"gathers": gathers, "specs": [str(tuple(x.sharding.spec)) for x in (o2, *g2, lse)],
+                  "o": float(jnp.max(jnp.abs(o1 - o2))), "loss": [float(l1), float(l2)],
+                  "grads": [float(jnp.max(jnp.abs(a - b))) for a, b in zip(g1, g2)],
+                  "funcs": [text.count(f"func.func private @{fn}(") for fn in ("triton_forward", "triton_backward")],
+                  "calls": [text.count(f"call @{fn}(") for fn in ("triton_forward", "triton_backward")]}))
+"""
+
+
+def test_with_a_mesh_set_the_kernels_run_on_each_devices_batch() -> None:
+    """q, k, v split by batch over two host devices, with the mesh set: each device runs the
+    kernels on its own sequences and nothing is gathered (XLA cannot split a kernel call by
+    itself: it would gather q, k and v and compute every device's attention on each), the
+    outputs and gradients stay split, and they are the one-device numbers exactly (each row is
+    computed alike wherever it runs; the loss is summed in another order). Three layers still
+    lower each kernel once."""
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", _ON_MESH], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["gathers"] == 0
+    assert got["specs"] == ["('data',)"] * 5  # o, dq, dk, dv, then lse
+    assert got["o"] == 0.0 and max(got["grads"]) == 0.0
+    np.testing.assert_allclose(got["loss"][1], got["loss"][0], rtol=4 * 128 * 2 * 32 * 2 ** -24)
+    assert got["funcs"] == [1, 1] and got["calls"] == [3, 3]
 
 
 def test_wrong_scale_is_detected() -> None:

@@ -488,14 +488,14 @@ def test_best_mfu_block_takes_the_median_over_a_cell_s_runs_not_the_best_run(tmp
     unknown["phases"]["fused_step"]["mfu"] = None
     (two / "no-peak.json").write_text(json.dumps(unknown))
     text = render_page("<!-- generated: best-mfu one two -->\n<!-- end generated -->\n", "x/README.md", tmp_path)
-    assert "- jax on one NVIDIA H200: 52.6% at `large`, ctx 1024, bf16, batch 48 (defaults; the median of 4 runs, " \
+    assert "- jax on one NVIDIA H200: 52.6% at `large`, ctx 1024, bf16, fused attention, batch 48 (defaults; the median of 4 runs, " \
            "52.3%-53.0%)\n" in text
     rows = [line for line in text.splitlines() if line.startswith("| jax |")]
-    assert rows[0] == "| jax | `large`, ctx 1024, bf16 | 2 | defaults | - | no MFU recorded | - | - | - | `two/` |"
-    assert rows[1].startswith("| jax | `large`, ctx 1024, bf16 | 40 | defaults | fused_step | 3 | 51.0% (51.0%-54.0%) |")
-    assert rows[2].startswith("| jax | `large`, ctx 1024, bf16 | 48 | defaults | fused_step | 4 | 52.6% (52.3%-53.0%) | 595.9 (591.4-599.3) |")
+    assert rows[0] == "| jax | `large`, ctx 1024, bf16, fused attention | 2 | defaults | - | no MFU recorded | - | - | - | `two/` |"
+    assert rows[1].startswith("| jax | `large`, ctx 1024, bf16, fused attention | 40 | defaults | fused_step | 3 | 51.0% (51.0%-54.0%) |")
+    assert rows[2].startswith("| jax | `large`, ctx 1024, bf16, fused attention | 48 | defaults | fused_step | 4 | 52.6% (52.3%-53.0%) | 595.9 (591.4-599.3) |")
     assert "| 4d4fa2e (3), 1e1d350 | `one/`, `two/` |" in rows[2]
-    assert rows[3].startswith("| jax | `large`, ctx 1024, bf16 | 48 | XLA_FLAGS=--xla_gpu_enable_triton_gemm=false | fused_step | 1 (and 1 oom) "
+    assert rows[3].startswith("| jax | `large`, ctx 1024, bf16, fused attention | 48 | XLA_FLAGS=--xla_gpu_enable_triton_gemm=false | fused_step | 1 (and 1 oom) "
                               "| 52.3% | 599.3 |")
     assert len(rows) == 4
 
@@ -577,11 +577,32 @@ def test_best_mfu_block_keeps_data_parallel_cells_apart_and_says_per_device(tmp_
     text = render_page(f"<!-- generated: best-mfu {runs} -->\n<!-- end generated -->\n", "x/README.md", RESULTS)
     lines = [line for line in text.splitlines() if line.startswith("- ")]
     assert lines == [
-        "- jax on one NVIDIA H200: 44.2% at `large`, ctx 1024, bf16, batch 4 (defaults; the median of 2 runs, 44.0%-44.3%)",
-        "- jax on 2 x NVIDIA H200 (replicated), per device: 38.4% at `large`, ctx 1024, bf16, batch 4 (defaults; "
+        "- jax on one NVIDIA H200: 44.2% at `large`, ctx 1024, bf16, fused attention, batch 4 (defaults; the median of 2 runs, 44.0%-44.3%)",
+        "- jax on 2 x NVIDIA H200 (replicated), per device: 38.4% at `large`, ctx 1024, bf16, fused attention, batch 4 (defaults; "
         "the median of 3 runs, 38.3%-38.5%)"]
     rows = [line for line in text.splitlines() if line.startswith("| jax |")]
     assert [row.split(" | ")[1] for row in rows] == [
-        "`large`, ctx 1024, bf16", "`large`, ctx 1024, bf16, 2 devices, replicated",
-        "`large`, ctx 1024, bf16, 2 devices, sharded parameters, collectives merged"]
+        "`large`, ctx 1024, bf16, fused attention", "`large`, ctx 1024, bf16, fused attention, 2 devices, replicated",
+        "`large`, ctx 1024, bf16, fused attention, 2 devices, sharded parameters, collectives merged"]
     assert "| 1 | 35.2% | 74.2 |" in rows[2]
+
+
+def test_best_mfu_block_keeps_attention_and_nccl_settings_apart(tmp_path) -> None:
+    """Two H200s, replicated, batch 4 per device: two runs with NCCL's own protocol and two with
+    `NCCL_PROTO=Simple` (its rows' settings; the machine's `NCCL_NVLS_ENABLE=0` is not one), and
+    three with the Pallas attention in place of cuDNN's, each a cell of its own that says so."""
+    from harness.reports.doc_blocks import render_page
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for path in (RESULTS / "several-gpus/flat-state-ddp2-h200x2/nccl-simple").glob("*.json"):
+        shutil.copy(path, runs / path.name)
+    for path in (RESULTS / "several-gpus/pallas-per-device-ddp2-h200x2/runs").glob("b-*.json"):
+        shutil.copy(path, runs / path.name)
+    text = render_page("<!-- generated: best-mfu runs -->\n<!-- end generated -->\n", "x/README.md", tmp_path)
+    rows = [line.split(" | ")[1:7] for line in text.splitlines() if line.startswith("| jax |")]
+    cell = "`large`, ctx 1024, bf16, {} attention, 2 devices, replicated"
+    assert [(r[0], r[2], r[4]) for r in rows] == [(cell.format("fused"), "defaults", "2"),
+                                                  (cell.format("fused"), "NCCL_PROTO=Simple", "2"),
+                                                  (cell.format("pallas"), "defaults", "3")]
+    assert "NCCL_NVLS_ENABLE" not in text

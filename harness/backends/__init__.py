@@ -91,9 +91,6 @@ class Backend:
     # under bf16 on several devices, its compiler sums each matmul weight's gradient across them
     # in bf16 beside float32 sums of the rest: its gradient collectives have no one known size
     bf16_gradient_sums: bool = False
-    # (RunSpec) -> what a run with these options must say beside its figures: the warnings of its
-    # document, for settings that run but time something other than the user may take them for
-    run_notes: Callable[[Any], list[str]] = lambda opts: []
     # the libraries whose versions its run documents record (keys of its session's `versions()`
     # in the document's env): the version lines of the reports
     libraries: tuple[str, ...] = ()

@@ -2,9 +2,10 @@
 as the median over a cell's runs, never the best run: the answer a gallery page of MFU runs
 opens with (the `best-mfu` block of `doc_blocks`).
 
-A cell is one setting of a run: its options (backend, model, batch, devices, ...) and the environment
-settings that change the program it times (`harness.timing.scaling.program_settings`: XLA's
-flags, Inductor's options, the allocator's configuration, ...) on one GPU model. A cell's runs
+A cell is one setting of a run: its options (backend, model, attention, batch, devices, ...) and the
+environment settings that change the program it times (`harness.timing.scaling.program_settings`:
+XLA's flags, Inductor's options, the allocator's configuration, ...) or, on several devices, its
+collectives (`comm_settings`: NCCL's), on one GPU model. A cell's runs
 may come from several trees; the page that names the folders says why they run the same code
 at that cell, and the table lists the trees.
 `best_cells` returns the data, `best_mfu_text` renders it.
@@ -22,7 +23,7 @@ from harness.backends.parallel import short_label
 from harness.common.documents import RunDocument, whole_step
 from harness.common.tables import markdown_table
 from harness.reports.provenance_block import tree_label
-from harness.timing.scaling import program_settings
+from harness.timing.scaling import comm_settings, program_settings
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Cell:
     batch: int
     shape: str  # model, context and dtype, as the table writes them
     gpu: str
-    settings: str | None  # `program_settings`: "NAME=value, ..." or None
+    settings: str | None  # `program_settings` and `comm_settings`: "NAME=value, ..." or None
     devices: int = 1  # data-parallel devices; MFU is then per device
     parallel: str = ""  # the data-parallel strategy's short label, where devices > 1
     step: str = ""
@@ -61,10 +62,11 @@ def best_cells(folders: list[Path], root: Path) -> list[Cell]:
             run = RunDocument.from_dict(doc, str(path))
             env = run.get("env") or {}
             options = tuple(sorted((k, json.dumps(v)) for k, v in run.options.items()))
-            key = (options, program_settings(doc), env.get("gpu_name"))
             o = run.options
-            shape = f"`{o.get('model')}`, ctx {o.get('ctx')}, {o.get('dtype')}"
             devices = int(o.get("data_parallel") or 1)
+            settings = [program_settings(doc), comm_settings(doc) if devices > 1 else None]
+            key = (options, ", ".join(s for s in settings if s) or None, env.get("gpu_name"))
+            shape = f"`{o.get('model')}`, ctx {o.get('ctx')}, {o.get('dtype')}, {o.get('attention', 'naive')} attention"
             parallel = short_label(str((run.get("data_parallel") or {}).get("label") or o.get("parallel"))) \
                 if devices > 1 else ""
             cell = cells.setdefault(key, Cell(backend=str(run.backend), batch=int(o.get("batch", 0)), shape=shape,
@@ -138,7 +140,8 @@ def best_mfu_text(folders: list[Path], root: Path) -> str:
                      f"{statistics.median(c.step_ms):.1f}"
                      + (f" ({min(c.step_ms):.1f}-{max(c.step_ms):.1f})" if several else ""),
                      _trees_text(c), ", ".join(f"`{f}/`" for f in c.folders)])
-    rules = ("A cell is one setting (the run's options and the settings that change the compiled program) "
-             "on one GPU model; its MFU is the median over its runs, each run's the whole step's "
-             "(JAX's fused step) over its measured steps; with several devices, per device (the batch too).")
+    rules = ("A cell is one setting (the run's options and the settings that change the compiled program "
+             "or, on several devices, its collectives) on one GPU model; its MFU is the median over its runs, "
+             "each run's the whole step's (JAX's fused step) over its measured steps; with several devices, "
+             "per device (the batch too).")
     return "\n".join([*lines, "", rules, "", *markdown_table(header, rows)]) + "\n"

@@ -90,7 +90,6 @@ def run(opts: RunSpec, progress: Callable[[str], None] = lambda msg: None) -> di
                                   "first allocations (see first_step_ms); use --warmup 2 or more for speed figures")
     phase = "setup"
     backend = backends.get(opts.backend)
-    result["warnings"].extend(backend.run_notes(opts))
     fault = (lambda name: backend.simulated_oom() if name == opts.fail_in else None)
     clocks = _clock_sampler(opts, backend)  # a sampler, the reason there is none, or None on a CPU run
     with EventLog(backend.compile_events) as events, \

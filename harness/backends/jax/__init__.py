@@ -115,16 +115,6 @@ def _annotation():
     return jax.profiler.TraceAnnotation
 
 
-def _run_notes(opts) -> list[str]:
-    """XLA cannot split a Pallas kernel call over devices: under data parallelism it gathers the
-    attention's inputs, and every device computes the whole batch's attention."""
-    if opts.attention == "pallas" and opts.data_parallel > 1:
-        return [f"--attention pallas with --data-parallel {opts.data_parallel}: XLA cannot split the Pallas "
-                "attention kernels, so it gathers q, k and v onto every device and each device computes the "
-                "whole batch's attention; for data-parallel figures use --attention fused"]
-    return []
-
-
 def _oom() -> BaseException:
     import jax
 
@@ -137,5 +127,5 @@ JAX = Backend(name="jax", make_session=_make_session, precision=PRECISION, atten
               profiler=_profiler, annotation=_annotation, compile_events="jax.monitoring", simulated_oom=_oom,
               tolerances=TOLERANCES, default=True, compile_weight=3,
               compiles=True, environment_problem=xla_flags_problem, framework="JAX",
-              libraries=("jax",), bf16_gradient_sums=True, run_notes=_run_notes)
+              libraries=("jax",), bf16_gradient_sums=True)
 RECORDS = (JAX,)

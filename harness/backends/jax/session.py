@@ -15,7 +15,6 @@ loops (`harness.trace.analyses.hlo_join` joins it to the kernels).
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from pathlib import Path
@@ -31,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 import jax_impl
 from harness.backends.jax.convert import torch_to_jax
 from harness.backends.jax.flat import FlatLayout
+from harness.backends.jax.on_mesh import jit_on
 from harness.config import ModelConfig
 
 LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, always on: the step runs the same "
@@ -137,6 +137,7 @@ class JaxSession:
         # array (the AdamW update of `large` takes 1,309), where a dict's are handled in
         # C++. nnx.merge takes the dict.
         params = params.to_pure_dict()
+        mesh = None
         if data_parallel > 1:
             mesh = Mesh(np.array(devices[:data_parallel]), ("data",))
             batch_at = NamedSharding(mesh, P("data"))
@@ -160,7 +161,8 @@ class JaxSession:
         # Donating buffers is what a real training loop does; the CPU backend ignores it.
         donate = (0, 1) if self.device.platform != "cpu" else ()
         self.compiler_options = compiler_options(parallel, data_parallel, self.device.platform)
-        self._jit = jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
+        # On a mesh each program runs with it set, for the kernels that split their work by device.
+        self._jit = jit = jit_on(mesh, compiler_options=self.compiler_options or None)
         self._loss = jit(self._loss_fn)
         self._fwd = jit(lambda p, x, y: jax.vjp(lambda q: self._loss_fn(q, x, y), p))
         # Under data parallelism every program hands back the layouts it was given: the

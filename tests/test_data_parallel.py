@@ -413,3 +413,33 @@ def test_sigterm_to_the_launcher_stops_its_ranks(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "error: interrupted by SIGTERM before the run finished; nothing was written"
     assert _processes_mentioning(str(tmp_path)) == [] and os.listdir(tmp_path) == []
+
+
+COMPILED = r"""
+import json, re, numpy as np
+from harness.backends.jax.session import JaxSession
+from harness.config import get_config
+config = get_config("tiny", attention="pallas")
+tokens = np.random.default_rng(0).integers(0, config.vocab_size, (4, 17))
+s = JaxSession(config, tokens, device="cpu", dtype="fp32", seed=0, data_parallel=2, parallel="ddp")
+hlo = s.optimized_hlo()
+print(json.dumps({"phases": sorted(hlo), "memory": sorted(s.memory_analysis()),
+                  "reduces": {p: len(re.findall(r"all-reduce(?:-start)?\(", t)) for p, t in hlo.items()},
+                  "gathers": sum(len(re.findall(r"all-gather(?:-start)?\(", t)) for t in hlo.values())}))
+"""
+
+
+def test_jax_data_parallel_programs_compile_for_layers_and_memory() -> None:
+    """The optimized HLO (layer attribution) and XLA's memory account of each program on two
+    devices, with the Pallas attention run per device: the programs are traced with the
+    session's mesh set, where a trace inside another (the backward's residuals) may not set it
+    again. The backward and the fused step sum gradients across the devices; nothing gathers."""
+    env = _env(XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", COMPILED], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    phases = ["backward", "forward", "fused_step", "optimizer"]
+    assert got["phases"] == got["memory"] == phases
+    assert got["reduces"]["backward"] > 0 and got["reduces"]["fused_step"] > 0
+    assert got["gathers"] == 0

@@ -15,8 +15,9 @@ from jax.sharding import Mesh
 
 
 class OnMesh:
-    """A jitted function whose calls and lowerings run with `mesh` set; anything else (the
-    compilation cache's size, ...) is the jitted function's."""
+    """A jitted function whose calls, lowerings and shape evaluations run with `mesh` set;
+    anything else (the compilation cache's size, ...) is the jitted function's. Inside another
+    trace (`jax.eval_shape` of it, say) the mesh cannot be set again: take `eval_shape` here."""
 
     def __init__(self, jitted: Callable, mesh: Mesh) -> None:
         self._jitted, self._mesh = jitted, mesh
@@ -28,6 +29,10 @@ class OnMesh:
     def lower(self, *args, **kwargs):
         with jax.set_mesh(self._mesh):
             return self._jitted.lower(*args, **kwargs)
+
+    def eval_shape(self, *args, **kwargs):
+        with jax.set_mesh(self._mesh):
+            return self._jitted.eval_shape(*args, **kwargs)
 
     def __getattr__(self, name: str):
         return getattr(self._jitted, name)

@@ -299,7 +299,7 @@ class JaxSession:
         the backward's `jax.vjp` residuals come from `jax.eval_shape`, so nothing runs."""
         spec = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)  # noqa: E731
         args = (self.state, self.inputs, self.targets)
-        vjp = jax.eval_shape(self._fwd, *args)[1]
+        vjp = self._fwd.eval_shape(*args)[1]
         return {
             "forward": self._fwd.lower(*args),
             "backward": self._bwd.lower(vjp),

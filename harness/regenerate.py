@@ -332,9 +332,10 @@ def regenerate(root: Path, check: bool) -> tuple[list[str], list[Path]]:
         for kind, target in targets(root):
             where = _copy(target, root, Path(scratch), copied) if check else target
             try:
-                written = kind.render(where, root, not check)
+                # checked, a target reads the folders it needs as rendered in the copy
+                written = kind.render(where, Path(scratch) if check else root, not check)
             except Unrenderable as exc:
-                errors.append(f"{target} ({kind.name}): {exc}")
+                errors.append(f"{target} ({kind.name}): {str(exc).replace(scratch, str(root))}")
                 continue
             except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as exc:
                 # a document cut short or edited by hand: named, and the other folders still rendered

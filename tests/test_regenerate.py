@@ -144,6 +144,20 @@ def test_a_diff_folder_holding_a_compare_folder_is_checked_whole(tmp_path, capsy
     assert capsys.readouterr().out.split(": ")[0] == str(folder / "diff.md")
 
 
+def test_a_diff_reads_the_compare_folders_beside_it_when_checked(tmp_path, capsys) -> None:
+    """A diff folder beside its two compare folders, whose names other folders of the root share
+    (`profiled-b32/jax/` holds one of them): the check reads the compare folders beside the diff,
+    as the render in place does, and finds an edit planted in the diff."""
+    for name in ("several-gpus/second-device-ddp2-h200x2", "mfu/h200/profiled-b32"):
+        shutil.copytree(RESULTS / name, tmp_path / name, ignore=shutil.ignore_patterns("README.md"))
+    diff = tmp_path / "several-gpus/second-device-ddp2-h200x2/diff/diff.md"
+    assert (tmp_path / "mfu/h200/profiled-b32/jax/large-ctx1024-bf16-fused-h200-profiled/summary.json").is_file()
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 0, capsys.readouterr().err
+    _plant(diff, "69.190 ms", "69.191 ms")
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.split(": ")[0] == str(diff)
+
+
 @pytest.mark.parametrize("make", ["missing", "file"])
 def test_bad_root_is_one_line_naming_the_option(make, tmp_path, capsys) -> None:
     root = tmp_path / "nowhere"

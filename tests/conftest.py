@@ -1,4 +1,7 @@
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 # Tests run on the CPU unless a test asks for the GPU explicitly.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -57,3 +60,18 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+
+
+
+def on_two_host_devices(script: str) -> subprocess.CompletedProcess:
+    """`python -c script` in a fresh process whose JAX CPU backend has two devices, run from the
+    repository root: JAX fixes its device count when it starts, so a test in this process cannot
+    split its CPU in two. Raises when it runs past ten minutes (a hung run; a busy machine is
+    slow, not wrong)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               # the tests' folder too, for a script that takes helpers from a test module
+               PYTHONPATH=os.pathsep.join(p for p in (str(root), str(root / "tests"), env.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import on_two_host_devices
 
 from harness.backends.parallel import SAFE_ENV
 from harness.runs import distributed
@@ -198,8 +199,7 @@ def test_jax_two_host_devices_end_to_end_and_parity(tmp_path: Path) -> None:
     assert doc["phases"]["step"]["tokens_per_s"] == pytest.approx(4 * 16 / (doc["phases"]["step"]["median_ms"] / 1e3))
     _assert_per_device(doc["phases"], devices=2)  # one device's work, not the sum over two
     assert doc["figures"]["tflops"] == "per device"
-    proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = on_two_host_devices(JAX_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for parallel, r in json.loads(proc.stdout.splitlines()[-1]).items():
         assert r["same_keys"], parallel
@@ -231,9 +231,7 @@ def test_jax_pallas_attention_under_data_parallel_runs_on_each_device_s_batch() 
     so the attention kernels run per device on their share of the batch (XLA, which cannot
     split a kernel call, would gather q, k and v); nothing in the forward is gathered, and the
     loss is the one-device loss (4 sequences' token losses averaged in another order)."""
-    env = _env(XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SPLIT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = on_two_host_devices(SPLIT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.splitlines()[-1])
     assert got["gathers"] == 0
@@ -434,9 +432,7 @@ def test_jax_data_parallel_programs_compile_for_layers_and_memory() -> None:
     devices, with the Pallas attention run per device: the programs are traced with the
     session's mesh set, where a trace inside another (the backward's residuals) may not set it
     again. The backward and the fused step sum gradients across the devices; nothing gathers."""
-    env = _env(XLA_FLAGS=HOST_2, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", COMPILED], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = on_two_host_devices(COMPILED)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.splitlines()[-1])
     phases = ["backward", "forward", "fused_step", "optimizer"]

@@ -9,16 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 import zlib
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import on_two_host_devices
 
 from pallas_kernels import BlockSizes, flash_attention, flash_attention_with_lse, mha_reference, reference_lse
 
@@ -206,12 +203,7 @@ def test_with_a_mesh_set_the_kernels_run_on_each_devices_batch() -> None:
     outputs and gradients stay split, and they are the one-device numbers exactly (each row is
     computed alike wherever it runs; the loss is summed in another order). Three layers still
     lower each kernel once."""
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-c", _ON_MESH], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = on_two_host_devices(_ON_MESH)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["gathers"] == 0

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import on_two_host_devices
 from flax import nnx
 
 import jax_impl
@@ -198,11 +196,7 @@ def test_kernels_run_on_each_devices_rows():
     the order of that sum. A device's half of the rows fills fewer backward programs, so its
     programs walk fewer row groups than the whole batch's would: its extra partial sums of the
     weight's gradient fold into the count XLA planned for."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-c", _SHARDED], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = on_two_host_devices(_SHARDED)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["devices"] == 2
@@ -250,11 +244,7 @@ def test_arrays_split_over_explicit_axes_take_the_reference():
     """Pallas refuses arrays split over a mesh's explicit axes: the default choice on a GPU
     takes the reference for them (the kernels for unsplit arrays), and asking for the kernels
     is one line naming the fix."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-c", _EXPLICIT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = on_two_host_devices(_EXPLICIT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[0] == "True"  # unsplit: the kernels

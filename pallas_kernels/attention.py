@@ -166,9 +166,10 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def _per_device(fn: Callable, batch: int, outs: int) -> Callable:
     """`fn(q, k, v)` under `jax.shard_map` over the mesh set, the batch split over all its axes,
-    when one of several devices is set and divides the batch; else `fn` itself."""
+    when one of several devices is set and divides the batch; else `fn` itself (also inside a
+    caller's own `shard_map`, where the arrays are already one device's)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1 or batch % mesh.size:
+    if mesh.empty or mesh.size == 1 or batch % mesh.size or mesh.manual_axes:
         return fn
     split = P(tuple(mesh.axis_names))
     return jax.shard_map(fn, mesh=mesh, in_specs=(split,) * 3, out_specs=split if outs == 1 else (split,) * outs,

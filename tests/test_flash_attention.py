@@ -213,6 +213,29 @@ def test_with_a_mesh_set_the_kernels_run_on_each_devices_batch() -> None:
     assert got["funcs"] == [1, 1] and got["calls"] == [3, 3]
 
 
+_IN_SHARD_MAP = r"""
+import json, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from pallas_kernels import flash_attention
+mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+q, k, v = jax.random.normal(jax.random.key(0), (3, 4, 128, 2, 64), jnp.float32)
+attend = lambda q, k, v: flash_attention(q, k, v, causal=True, interpret=True)
+whole = jax.jit(attend)(q, k, v)
+with jax.set_mesh(mesh):
+    mine = jax.jit(jax.shard_map(attend, mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False))(q, k, v)
+print(json.dumps({"max_abs": float(jnp.max(jnp.abs(mine - whole)))}))
+"""
+
+
+def test_inside_a_caller_s_shard_map_the_kernels_take_the_arrays_as_given() -> None:
+    """Called inside the caller's own `shard_map` over the mesh set, the arrays are one device's
+    already: the kernels run on them as given (no second split over the same axes), and each
+    row is the one the unsplit call computes, exactly."""
+    proc = on_two_host_devices(_IN_SHARD_MAP)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["max_abs"] == 0.0
+
+
 def test_wrong_scale_is_detected() -> None:
     """The harness can fail: a 10% wrong softmax scale exceeds the tolerance."""
     case = Case(1, 64, 1, 64, True, "float32")

@@ -253,3 +253,39 @@ def test_arrays_split_over_explicit_axes_take_the_reference():
     np.testing.assert_allclose(float(total), 128 / np.sqrt(1 + 1e-5), rtol=128 * EPS32)
     assert lines[2] == ("implementation='pallas' takes arrays on no mesh or a mesh of automatic axes; these are "
                         "split over explicit axes ('data', None, None): use implementation='xla' (or None)")
+
+
+_IN_SHARD_MAP = r"""
+import json, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from pallas_kernels.rmsnorm import add_rms_norm
+mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+x, d = jax.random.normal(jax.random.key(0), (2, 4, 64, 128), jnp.float32)
+w = 1 + 0.1 * jax.random.normal(jax.random.key(1), (128,), jnp.float32)
+def loss(x, d, w):
+    h, y = add_rms_norm(x, d, w, eps=1e-5, out_dtype=jnp.bfloat16, implementation="pallas", interpret=True)
+    return jnp.sum(y.astype(jnp.float32) ** 2) + jnp.sum(h * h)
+def local(x, d, w):
+    l, (dx, dd, dw) = jax.value_and_grad(loss, argnums=(0, 1, 2))(x, d, w)
+    return jax.lax.psum(l, "data"), dx, dd, jax.lax.psum(dw, "data")
+with jax.set_mesh(mesh):
+    got = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P("data"), P("data"), P()),
+                                out_specs=(P(), P("data"), P("data"), P()), check_vma=False))(x, d, w)
+l, g = jax.value_and_grad(loss, argnums=(0, 1, 2))(x, d, w)
+rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+print(json.dumps({"loss": [float(got[0]), float(l)], "dx": rel(got[1], g[0]), "dd": rel(got[2], g[1]),
+                  "dw": rel(got[3], g[2])}))
+"""
+
+
+def test_kernels_inside_a_caller_s_shard_map_take_each_devices_rows():
+    """Called inside the caller's `shard_map` over two host devices (as a step that sums its own
+    gradients runs the model), the kernels run on the device's rows as given: its rows' gradients
+    are the one-device ones exactly, and the weight's gradient summed over the devices and the
+    loss are the one-device ones up to the order of that sum (float32, a few hundred rows)."""
+    proc = on_two_host_devices(_IN_SHARD_MAP)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["dx"] == 0.0 and got["dd"] == 0.0
+    np.testing.assert_allclose(got["loss"][0], got["loss"][1], rtol=512 * EPS32)
+    assert got["dw"] <= 512 * EPS32

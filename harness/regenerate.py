@@ -334,13 +334,12 @@ def regenerate(root: Path, check: bool) -> tuple[list[str], list[Path]]:
             try:
                 # checked, a target reads the folders it needs as rendered in the copy
                 written = kind.render(where, Path(scratch) if check else root, not check)
-            except Unrenderable as exc:
-                errors.append(f"{target} ({kind.name}): {str(exc).replace(scratch, str(root))}")
-                continue
-            except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as exc:
+            except (Unrenderable, KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as exc:
+                said = str(exc).replace(scratch, str(root))  # a checked copy's paths as the committed ones
                 # a document cut short or edited by hand: named, and the other folders still rendered
-                errors.append(f"{target} ({kind.name}): cannot be rendered from its documents "
-                              f"({type(exc).__name__}: {exc}); restore them as the tool wrote them")
+                errors.append(f"{target} ({kind.name}): " + (said if isinstance(exc, Unrenderable) else
+                              f"cannot be rendered from its documents ({type(exc).__name__}: {said}); "
+                              "restore them as the tool wrote them"))
                 continue
             if check:
                 differ += stale(written, Path(scratch), root)

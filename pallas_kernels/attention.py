@@ -213,7 +213,7 @@ def flash_attention(
     name, scale, block_sizes = _prepare(q, k, v, causal, sm_scale, block_sizes, backend, interpret)
     attend = functools.partial(_attention, causal=bool(causal), sm_scale=scale, block_sizes=block_sizes,
                                interpret=bool(interpret), backend=name)
-    return _per_device(lambda q, k, v: attend(q, k, v), q.shape[0], 1)(q, k, v)
+    return _per_device(attend, q.shape[0], 1)(q, k, v)
 
 
 def flash_attention_with_lse(

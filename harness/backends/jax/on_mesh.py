@@ -7,7 +7,6 @@ cannot split a kernel call, would gather their inputs onto every device.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import jax
@@ -43,4 +42,4 @@ def jit_on(mesh: Mesh | None, **options) -> Callable[..., Callable]:
     def jit(fn: Callable, **kwargs) -> Callable:
         jitted = jax.jit(fn, **options, **kwargs)
         return jitted if mesh is None else OnMesh(jitted, mesh)
-    return jit if mesh is not None else functools.partial(jax.jit, **options)
+    return jit

@@ -439,3 +439,48 @@ def test_jax_data_parallel_programs_compile_for_layers_and_memory() -> None:
     assert got["phases"] == got["memory"] == phases
     assert got["reduces"]["backward"] > 0 and got["reduces"]["fused_step"] > 0
     assert got["gathers"] == 0
+
+
+SUMMED = r"""
+import json, re, numpy as np, jax
+from harness.backends.jax.session import JaxSession
+from harness.config import get_config
+out = {}
+for dtype in ("fp32", "bf16"):
+    config = get_config("tiny")
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, (4, 17))
+    two = JaxSession(config, tokens, device="cpu", dtype=dtype, seed=0, data_parallel=2, parallel="ddp")
+    one = JaxSession(config, tokens, device="cpu", dtype=dtype, seed=0)
+    text = two._lowered()["fused_step"].as_text()
+    losses = [float(s.fused_step()) for s in (one, two)]
+    moved = [float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(one.state), jax.tree.leaves(
+        JaxSession(config, tokens, device="cpu", dtype=dtype, seed=0).state))]
+    out[dtype] = {"loss": losses, "moved": max(moved), "arrays": len(two._layout.groups),
+                  "sums": re.findall(r'"stablehlo\.all_reduce"\(%\w+\).*?\}\) : \(tensor<([^>]*)>\)', text, re.S),
+                  "diffs": [float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
+                            for a, b in zip(jax.tree.leaves(one.state), jax.tree.leaves(two.state))]}
+print(json.dumps(out))
+"""
+
+
+def test_jax_replicated_fused_step_sums_each_flat_array_itself() -> None:
+    """JAX's replicated fused step on two devices against one device's on the whole batch: it
+    sums its gradients itself, one all-reduce per array of the flat layout (in bf16 for the
+    arrays of bf16 matmul weights, as XLA sums them when it partitions the step), and one for
+    the loss. fp32: the loss to float32 rounding of a mean over two means, the parameters to
+    1e-5 (the module's bound). bf16: the loss likewise; a parameter whose gradient is at bf16
+    rounding level may step either way, so its bound is the largest move of one step."""
+    proc = on_two_host_devices(SUMMED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    # tiny (d 128, d_ff 512, vocab 10,000): in bf16 each of the two layers' seven matmul weights
+    # (4 x 128 x 128 + 3 x 512 x 128) summed in bf16 and its two norms in float32, then the head,
+    # then the final norm with the embedding; in fp32 all of them as one array; then the loss
+    layer, head = 4 * 128 * 128 + 3 * 512 * 128, 10_000 * 128
+    assert got["bf16"]["arrays"] == 6 and got["fp32"]["arrays"] == 1
+    assert got["bf16"]["sums"] == [f"{layer}xbf16", "256xf32"] * 2 + [f"{head}xbf16", f"{head + 128}xf32", "f32"]
+    assert got["fp32"]["sums"] == [f"{2 * (layer + 256) + 2 * head + 128}xf32", "f32"]
+    for dtype in ("fp32", "bf16"):
+        np.testing.assert_allclose(got[dtype]["loss"][1], got[dtype]["loss"][0], rtol=4 * 2 ** -23)
+    assert max(got["fp32"]["diffs"]) <= 1e-5
+    assert max(got["bf16"]["diffs"]) <= got["bf16"]["moved"] * 2

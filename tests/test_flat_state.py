@@ -56,6 +56,22 @@ def test_the_layout_round_trips_the_parameters_and_adamw_state_exactly(max_leave
         np.testing.assert_array_equal(x, y)
 
 
+def test_the_layout_cut_by_kinds_holds_one_kind_to_an_array() -> None:
+    """With each parameter's dtype in the backward as its kind (bf16 matmul weights beside
+    float32 norms and the embedding), an array ends where the kind changes and at max_leaves:
+    `tiny`'s two layers of seven weights and two norms each, then the head, then the final norm
+    with the embedding."""
+    from harness.backends.jax.flat import FlatLayout
+    from harness.backends.jax.precision import sum_dtypes
+
+    s = _session()
+    layout = FlatLayout.of(s.state, kinds=sum_dtypes(s.state, "bf16"))
+    assert layout.groups == ((0, 7), (7, 9), (9, 16), (16, 18), (18, 19), (19, 21))
+    assert layout.kinds == ("bfloat16", "float32") * 3
+    assert FlatLayout.of(s.state, 5, kinds=sum_dtypes(s.state, "bf16")).groups[:3] == ((0, 5), (5, 7), (7, 9))
+    assert FlatLayout.of(s.state, kinds=sum_dtypes(s.state, "fp32")).groups == ((0, 21),)
+
+
 def test_the_layout_refuses_what_one_array_cannot_hold() -> None:
     from harness.backends.jax.flat import FlatLayout
 

@@ -38,9 +38,13 @@ class FlatLayout:
     shapes: tuple[tuple[int, ...], ...]
     dtype: object
     groups: tuple[tuple[int, int], ...]
+    kinds: tuple = ()  # each array's kind, where the layout was cut by kinds (`of`)
 
     @classmethod
-    def of(cls, params, max_leaves: int | None = None) -> FlatLayout:
+    def of(cls, params, max_leaves: int | None = None, kinds=None) -> FlatLayout:
+        """The layout of `params`; with `kinds` (a tree like `params` of hashable labels), an
+        array also ends wherever the next leaf's label differs, so that each array holds one
+        kind of parameter (`kinds` then gives each array's label)."""
         max_leaves = MAX_LEAVES if max_leaves is None else max_leaves
         if max_leaves < 1:
             raise ValueError(f"max_leaves={max_leaves} must be at least 1")
@@ -48,9 +52,14 @@ class FlatLayout:
         dtypes = {jnp.dtype(a.dtype) for a in leaves}
         if len(dtypes) != 1:
             raise ValueError(f"one array needs one dtype; the parameters have {sorted(map(str, dtypes))}")
-        bounds = [*range(0, len(leaves), max_leaves), len(leaves)]
-        return cls(treedef, tuple(tuple(a.shape) for a in leaves), dtypes.pop(),
-                   tuple(zip(bounds[:-1], bounds[1:], strict=True)))
+        labels = treedef.flatten_up_to(kinds) if kinds is not None else [None] * len(leaves)
+        groups, start = [], 0
+        for i in range(1, len(leaves) + 1):
+            if i == len(leaves) or i - start == max_leaves or labels[i] != labels[start]:
+                groups.append((start, i))
+                start = i
+        return cls(treedef, tuple(tuple(a.shape) for a in leaves), dtypes.pop(), tuple(groups),
+                   tuple(labels[a] for a, _ in groups) if kinds is not None else ())
 
     def sizes(self) -> tuple[int, ...]:
         """Elements of each array."""

@@ -31,6 +31,7 @@ import jax_impl
 from harness.backends.jax.convert import torch_to_jax
 from harness.backends.jax.flat import FlatLayout
 from harness.backends.jax.on_mesh import jit_on
+from harness.backends.jax.precision import compute_params, set_matmul_precision, sum_dtypes
 from harness.config import ModelConfig
 
 LAYER_METHOD = ("jax.named_scope per block and sub-module (HLO metadata only, always on: the step runs the same "
@@ -82,22 +83,6 @@ def shard_params(params, mesh: Mesh):
         return NamedSharding(mesh, P(*[None] * axis, "data") if axis is not None else P())
 
     return jax.tree_util.tree_map(spec, params)
-
-
-def set_matmul_precision(dtype: str) -> None:
-    jax.config.update("jax_default_matmul_precision", "highest" if dtype == "fp32" else None)
-
-
-def compute_params(params, dtype: str):
-    """The parameters as the model sees them: bf16 matmul weights under "bf16"."""
-    if dtype != "bf16":
-        return params
-
-    def cast(path, p):
-        is_embedding = any(getattr(k, "key", None) == "token_embeddings" for k in path)
-        return p.astype(jnp.bfloat16) if p.ndim == 2 and not is_embedding else p
-
-    return jax.tree_util.tree_map_with_path(cast, params)
 
 
 class JaxSession:
@@ -186,10 +171,17 @@ class JaxSession:
         # soon as the new one is made. On a mesh every flat array is replicated, as the
         # parameters are; sharded parameters keep the dict (a flat array's shards would cut
         # across parameters).
-        self._layout = FlatLayout.of(self._state) if data_parallel == 1 or parallel == "ddp" else None
+        # Replicated over several, each array holds parameters whose gradients are summed in one
+        # dtype (`sum_dtypes`), and the step sums each array itself (`_fused_flat_local`).
+        replicated = data_parallel > 1 and parallel == "ddp"
+        self._layout = (FlatLayout.of(self._state, kinds=sum_dtypes(self._state, dtype)) if replicated
+                        else FlatLayout.of(self._state) if data_parallel == 1 else None)
         if self._layout is not None:
             whole = {"out_shardings": params_at} if data_parallel > 1 else {}
-            self._fused_flat = jit(self._fused_flat_step, donate_argnums=donate, **whole)
+            step = self._fused_flat_step if not replicated else jax.shard_map(
+                self._fused_flat_local, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")), out_specs=P(),
+                check_vma=False)
+            self._fused_flat = jit(step, donate_argnums=donate, **whole)
             self._to_flat = jit(self._ravel_state, **whole)
             self._from_flat = jit(self._unravel_state, **whole)
 
@@ -253,6 +245,21 @@ class JaxSession:
         loss, grads = jax.value_and_grad(lambda p: self._loss_fn(self._layout.unravel(p), inputs, targets))(flat)
         flat, opt_state = self._apply_update(flat, opt_state, grads)
         return flat, opt_state, loss
+
+    def _fused_flat_local(self, flat, opt_state, inputs, targets):
+        """The replicated fused step as each device runs it (under `jax.shard_map`): the
+        gradients of its share of the batch, each array of them summed over the devices in its
+        parameters' dtype in the backward (the matmul weights' in bf16, as XLA sums them in the
+        step it partitions itself), then the update every device applies alike. Each all-reduce
+        then reads an array the update takes as it is: XLA's own sums, one per gradient, are
+        combined by copying the gradients into one buffer and out again, and the split-K halves
+        of a weight's gradient are summed before them instead of inside the update."""
+        devices = jax.lax.axis_size("data")
+        loss, grads = jax.value_and_grad(lambda p: self._loss_fn(self._layout.unravel(p), inputs, targets))(flat)
+        grads = tuple(jax.lax.psum(g.astype(kind), "data").astype(g.dtype) / devices
+                      for g, kind in zip(grads, self._layout.kinds, strict=True))
+        flat, opt_state = self._apply_update(flat, opt_state, grads)
+        return flat, opt_state, jax.lax.pmean(loss, "data")
 
     def sync(self, value: object = None) -> None:
         """Wait for `value` (default: the parameters) to be computed."""

@@ -37,7 +37,7 @@ from harness.cli.dialect import (
 from harness.cli.trace_options import add_timeline, timeline_problem, timeline_steps_problem
 from harness.common.html import svg_of, write_html
 from harness.diffs.decompose import Diff, MismatchError, diff_runs, regression
-from harness.diffs.inputs import InputError, Run, mismatch, resolve, resolve_one
+from harness.diffs.inputs import InputError, Run, distinct, mismatch, resolve, resolve_one
 from harness.diffs.repeats import check_sides, count_problem, representative, with_repeats
 from harness.diffs.timeline import check_profiles, diff_timeline, timeline_runs
 from harness.reports.diff import diff_markdown, plot_waterfall, render
@@ -78,6 +78,8 @@ def _pairs(specs: list[str], nsys_bin: str | None) -> list[tuple[list[Run], list
         raise InputError(problem)
     a, b = ([resolve_one(spec, nsys_bin) for spec in side] for side in sides)
     check_sides(a, b)
+    if len(a) == 1:
+        a[0], b[0] = distinct(a[0], b[0])
     return [(a, b)]
 
 

@@ -166,7 +166,8 @@ def compare_folder(name: str, diff: Path, root: Path) -> Path | None:
             return above / name
         if above == root or root not in above.parents:
             break
-    found = [p.parent for p in root.rglob("summary.json") if p.parent.name == name]
+    parts = Path(name).parts  # a label led by the folders that tell it apart names them too
+    found = [p.parent for p in root.rglob("summary.json") if p.parent.parts[-len(parts):] == parts]
     return found[0] if len(found) == 1 else None
 
 
@@ -186,7 +187,7 @@ def render_repeats(folder: Path, root: Path, figures: bool) -> list[Path]:
 def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     from harness.diff import write_diff
     from harness.diffs.decompose import MismatchError, diff_runs
-    from harness.diffs.inputs import InputError, resolve_one
+    from harness.diffs.inputs import InputError, distinct, resolve_one
 
     doc = _doc(folder / "diff.json")
     try:
@@ -208,7 +209,7 @@ def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
                                "it is rendered from that folder's summary.json and kernels.json")
         runs.append(f"{compare}:{backend}")
     try:
-        d = diff_runs(*(resolve_one(run) for run in runs))
+        d = diff_runs(*distinct(*(resolve_one(run) for run in runs)))
     except (InputError, MismatchError) as exc:
         raise Unrenderable(f"{folder}: {exc}") from None
     return list(write_diff(d, folder, figures).values())

@@ -300,3 +300,17 @@ def test_unequal_run_counts_are_refused_in_one_line(tmp_path, capsys) -> None:
     assert err == ["error: RUN: A names 2 runs and B one; the noise between runs needs several on each side "
                    "(A1,A2 B1,B2), or name one run each"]
     assert not (tmp_path / "d").exists()
+
+
+def test_two_compare_folders_of_one_name_are_labelled_apart(tmp_path) -> None:
+    """The same cell compared in two gallery folders: the labels name the folders that tell the
+    runs apart, and A's stays A's."""
+    args = Comparison(run=RunSpec(backend="torch", model="small", ctx=128, batch=4, dtype="fp32", attention="naive",
+                                  mode="train", device="cuda", warmup=2, steps=3, seed=0, optimizer="foreach"),
+                      backends=("torch",))
+    run = {"torch": json.loads(TORCH.read_text())}
+    folders = [write_results(summarize_compare(args, run, None), str(tmp_path / q / "same"), "small-ctx128")
+               for q in ("before", "after")]
+    assert diff_cli.main([f"{folders[0]}:torch", f"{folders[1]}:torch", "--out", str(tmp_path / "d")]) == 0
+    doc = json.loads((tmp_path / "d" / "diff.json").read_text())
+    assert (doc["a_label"], doc["b_label"]) == ("before/same/small-ctx128:torch", "after/same/small-ctx128:torch")

@@ -620,3 +620,19 @@ def test_best_mfu_block_keeps_attention_and_nccl_settings_apart(tmp_path) -> Non
                                                   (cell.format("fused"), "NCCL_PROTO=Simple", "2"),
                                                   (cell.format("pallas"), "defaults", "3")]
     assert "NCCL_NVLS_ENABLE" not in text
+
+
+def test_a_diff_of_two_compare_folders_of_one_name_reads_each(tmp_path, capsys) -> None:
+    """A profiled diff of one cell's compare folders from two gallery folders: its labels name
+    the folders that tell them apart, and the check reads each side from its own folder (the
+    figures of both sides are in the diff, and an edit planted in it is found)."""
+    after, before = "several-gpus/flat-allreduce-ddp2-h200x2", "several-gpus/second-device-ddp2-h200x2"
+    for name in (after, before):
+        shutil.copytree(RESULTS / name, tmp_path / name, ignore=shutil.ignore_patterns("README.md"))
+    diff = tmp_path / after / "profiled-diff" / "diff.json"
+    labels = [json.loads(diff.read_text())[k] for k in ("a_label", "b_label")]
+    assert [label.split("/")[0] for label in labels] == [Path(before).name, Path(after).name]
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 0, capsys.readouterr().err
+    _plant(diff.with_name("diff.md"), "69.190 ms", "69.191 ms")
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.split(": ")[0] == str(diff.with_name("diff.md"))

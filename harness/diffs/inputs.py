@@ -283,6 +283,21 @@ def resolve(spec: str | Path, nsys_bin: str | None = None) -> list[Run]:
                      "or a folder of per-rank profiles)")
 
 
+def distinct(a: Run, b: Run) -> tuple[Run, Run]:
+    """`a` and `b`, labelled apart where they share a label (the same cell's compare folder from
+    two gallery folders, say): each label is then led by the fewest folders above its run that
+    tell the two apart, as in `second-device/large-ctx1024-bf16-fused-profiled:jax`."""
+    if a.label != b.label:
+        return a, b
+    above = [Path(r.source.rpartition(":")[0] if ":" in r.label else r.source).resolve().parent.parts
+             for r in (a, b)]
+    for k in range(1, min(map(len, above)) + 1):
+        if above[0][-k:] != above[1][-k:]:
+            return tuple(replace(r, label="/".join((*parts[-k:], r.label)))  # type: ignore[return-value]
+                         for r, parts in zip((a, b), above, strict=True))
+    return a, b
+
+
 def resolve_one(spec: str | Path, nsys_bin: str | None = None) -> Run:
     """The one run `spec` names; a compare folder must name its backend."""
     runs = resolve(spec, nsys_bin)

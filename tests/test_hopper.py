@@ -390,6 +390,12 @@ def test_forward_schedule_counts_idle_consumers(seq, causal) -> None:
 def _cuda_launch_grids(lowered) -> list[tuple[int, ...]]:
     """The CUDA grid (x, y, z) of every Mosaic GPU kernel in a lowered
     program, read from the kernels' serialized MLIR."""
+    return [grid for grid, _ in _cuda_launches(lowered)]
+
+
+def _cuda_launches(lowered) -> list[tuple[tuple[int, ...], tuple[int, ...] | None]]:
+    """The CUDA grid (x, y, z) and cluster (x, y, z; None: no clusters) of every Mosaic GPU
+    kernel in a lowered program, read from the kernels' serialized MLIR."""
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
 
@@ -410,9 +416,11 @@ def _cuda_launch_grids(lowered) -> list[tuple[int, ...]]:
         with context:
             for inner in walk(ir.Module.parse(module).operation):
                 if inner.name.endswith("gpu.launch"):
-                    # Operands: async token, then grid x, y, z, block x, y, z.
-                    grids.append(tuple(ir.IntegerAttr(value.owner.attributes["value"]).value
-                                       for value in list(inner.operands)[1:4]))
+                    # Operands: async token, grid x, y, z, block x, y, z, with clusters
+                    # cluster x, y, z, then the dynamic shared memory size.
+                    sizes = [ir.IntegerAttr(value.owner.attributes["value"]).value
+                             for value in list(inner.operands)[1:-1]]
+                    grids.append((tuple(sizes[:3]), tuple(sizes[6:9]) if len(sizes) == 9 else None))
     return grids
 
 
@@ -435,6 +443,20 @@ def test_tile_grids_launch_batch_then_tiles_then_heads() -> None:
         bwd = jax.jit(functools.partial(hopper.mosaic_backward, block_sizes=blocks, **kwargs))
         grids = _cuda_launch_grids(bwd.trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)))
         assert grids == [(batch, tiles, heads)] * (1 if fused else 2)
+
+
+@pytest.mark.skipif(not hopper.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")
+@pytest.mark.parametrize(("causal", "seq", "cluster"), [(False, 512, 2), (True, 512, 1), (False, 640, 1)])
+def test_kv_multicast_launches_clusters_of_two_where_tiles_pair(causal, seq, cluster) -> None:
+    """With kv_multicast the forward runs in clusters of two CTAs, one pair of a head's query
+    tiles per cluster: 4 tiles of 128 rows per head pair up; causal tiles (whose key blocks
+    differ) and a head of 5 tiles run one CTA per tile as before. Read from the CUDA launch."""
+    batch, heads = 3, 5
+    x = jax.ShapeDtypeStruct((batch, seq, heads, 64), jnp.bfloat16)
+    fwd = jax.jit(functools.partial(hopper.mosaic_forward, block_sizes=MosaicBlockSizes(kv_multicast=True),
+                                    causal=causal, sm_scale=0.125))
+    launches = _cuda_launches(fwd.trace(x, x, x).lower(lowering_platforms=("cuda",)))
+    assert launches == [((batch * heads * seq // 128, 1, 1), (cluster, 1, 1) if cluster > 1 else None)]
 
 
 def _kernel_eqns(jaxpr) -> list[tuple[str, object]]:
@@ -540,6 +562,9 @@ def test_consumer_key_blocks_skip_only_masked_work(seq, bq, consumers, bk) -> No
 # Shapes that exercise every static branch of the kernels: ragged and exact
 # lengths, causal and not, head_dim 64/80/128, both dtypes, every schedule.
 LOWERING_CASES = [
+    # K/V multicast to clusters of two: overlapped (a ragged tail) and three consumers.
+    ((2, 1000, 2, 128), False, "bfloat16", MosaicBlockSizes(overlap=True, fwd_stagger=True, kv_multicast=True)),
+    ((1, 1500, 2, 64), False, "float16", MosaicBlockSizes(consumers=3, kv_multicast=True)),
     ((1, 256, 2, 64), True, "bfloat16", None),
     ((1, 256, 2, 128), False, "float16", None),
     ((2, 200, 1, 80), True, "bfloat16", None),

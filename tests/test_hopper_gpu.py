@@ -101,13 +101,16 @@ def test_gpu_alt_blocks_match_reference(case: Case) -> None:
 # and softmax (head_dim > 64), also staggered (head_dim 128); round-robin
 # turns with two and three consumers (head_dim 64; three: 192 query rows per
 # CTA, at most lengths the last tile's extra consumers idle); one head at a
-# time (short non-causal head_dim 128).
+# time (short non-causal head_dim 128); K/V multicast to clusters of two CTAs
+# (non-causal cases with an even number of tiles; the others run without).
 FORWARD_VARIANTS = {
     "overlap": dict(consumers=2, overlap=True, fwd_stagger=False),
     "overlap-stagger": dict(consumers=2, overlap=True, fwd_stagger=True),
     "roundrobin": dict(consumers=2, overlap=False, fwd_stagger=False),
     "roundrobin-consumers3": dict(consumers=3, overlap=False, fwd_stagger=False),
     "one-head-at-a-time": dict(group_heads=False),
+    "multicast": dict(kv_multicast=True),
+    "multicast-consumers3": dict(consumers=3, overlap=False, fwd_stagger=False, kv_multicast=True),
 }
 
 

@@ -60,6 +60,7 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"consumers": 3, "num_stages": 4},
         {"group_heads": False},
         {"group_heads": True},
+        {"kv_multicast": True},
     ],
     ("mosaic", "bwd"): [
         {},

@@ -24,6 +24,7 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels.hopper.pipeline import (
+    CLUSTER,
     LN_2,
     LOG2_E,
     accumulate,
@@ -154,17 +155,23 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     # their diagonal key block (row0 % bk + bq <= bk / 2) runs that block on
     # its first half only; the second half is masked for every one of its rows.
     half_diagonal = causal and not blocks.overlap
-    # One program per SM walks its row of a static schedule (a few heads at
-    # a time, balanced by list scheduling), with two query/output buffers so
-    # the next tile's q loads while this one computes, and one K/V ring
-    # across tiles.
-    n_programs = min(num_tiles * batch * heads, _num_sms())
+    # kv_multicast: CTAs run in clusters of two, on query tiles 2p and 2p + 1
+    # of one head, which stream the same key blocks (not causal); the
+    # schedule's items are then such pairs, one per cluster.
+    cluster = 2 if blocks.kv_multicast and not causal and num_tiles % 2 == 0 else 1
+    pairs = num_tiles // cluster
+    # One program (cluster) per SM walks its row of a static schedule (a few
+    # heads at a time, balanced by list scheduling), with two query/output
+    # buffers so the next tile's q loads while this one computes, and one K/V
+    # ring across tiles.
+    n_programs = min(pairs * batch * heads, _num_sms() // cluster)
 
-    def key_blocks(t):
-        return tile_cost(t, tile=tile, block_k=bk, num_k_blocks=num_k_blocks, padded_len=padded_len,
-                         causal=causal, idle_past_end=idle_past_end)
+    def key_blocks(p):
+        return max(tile_cost(cluster * p + c, tile=tile, block_k=bk, num_k_blocks=num_k_blocks,
+                             padded_len=padded_len, causal=causal, idle_past_end=idle_past_end)
+                   for c in range(cluster))
 
-    schedule = jnp.asarray(forward_schedule(batch, heads, num_tiles, n_programs, causal=causal,
+    schedule = jnp.asarray(forward_schedule(batch, heads, pairs, n_programs, causal=causal,
                                             key_blocks=key_blocks, bytes_per_head=2 * padded_len * row,
                                             group_heads=blocks.group_heads))
     stages = fit_stages("forward", blocks.num_stages, num_k_blocks, 2 * n_wg * bq * (row + 4), 2 * bk * row)
@@ -182,12 +189,13 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
              v_ready, k_free, v_free, turn):
         wg = lax.axis_index("wg")
         program = lax.axis_index("programs")
+        member = lax.axis_index(CLUSTER) if cluster > 1 else 0
         n_items = schedule_ref[program, 0]
 
         def coords(i):
             code = schedule_ref[program, 1 + i]
-            bh = lax.div(code, num_tiles)
-            return lax.div(bh, heads), lax.rem(bh, heads), lax.rem(code, num_tiles)
+            bh = lax.div(code, pairs)
+            return lax.div(bh, heads), lax.rem(bh, heads), lax.rem(code, pairs) * cluster + member
 
         def tile_blocks(t):
             # Only a ragged tail key block needs a mask when not causal.
@@ -204,7 +212,8 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
             def produce(i, steps):
                 b, h, t = coords(i)
                 return kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, b=b, h=h,
-                                    block_k=bk, n_blocks=tile_blocks(t)[1], num_stages=stages, start=steps)
+                                    block_k=bk, n_blocks=tile_blocks(t)[1], num_stages=stages, start=steps,
+                                    multicast=cluster > 1)
 
             drain(for_each_tile(produce, 0), stages, (k_free, v_free))
 
@@ -419,6 +428,10 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
             # (their writes to global memory complete on their own).
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
+    # A slot is refilled once every consumer that reads it has released it:
+    # with multicast, the consumers of both CTAs of the cluster.
+    free = (plgpu.ClusterBarrier(collective_axes=(CLUSTER,), num_arrivals=n_wg, num_barriers=stages)
+            if cluster > 1 else plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages))
     scratch = (
         plgpu.SMEM((2 * n_wg, bq, head_dim), dtype, transforms=transforms),
         plgpu.SMEM((stages, bk, head_dim), dtype, transforms=transforms),
@@ -427,14 +440,13 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
         plgpu.Barrier(num_barriers=2 * n_wg),
         plgpu.Barrier(num_barriers=stages),
         plgpu.Barrier(num_barriers=stages),
-        plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),
-        plgpu.Barrier(num_arrivals=n_wg, num_barriers=stages),
+        *[free] * 2,
         plgpu.Barrier(num_barriers=n_wg),
     )
     out_type = (jax.ShapeDtypeStruct(q.shape, dtype), jax.ShapeDtypeStruct((batch, heads, padded_len), jnp.float32))
     # The forward keeps Pallas's automatic warpgroup barriers (see launch).
     return launch(body, out_type, scratch, (n_programs,), "flash_attention_mgpu_fwd", auto_barriers=True,
-                  consumers=n_wg, grid_names=("programs",))(q, k, v, schedule)
+                  consumers=n_wg, grid_names=("programs",), cluster=cluster)(q, k, v, schedule)
 
 
 def mosaic_forward(q, k, v, *, causal: bool, sm_scale: float, block_sizes: MosaicBlockSizes,

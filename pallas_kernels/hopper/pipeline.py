@@ -131,6 +131,10 @@ def accumulate(fn, *initial):
     return out if len(initial) > 1 else out[0]
 
 
+# The cluster axis of kernels launched in clusters (launch's `cluster`).
+CLUSTER = "cluster"
+
+
 def compiler_params(auto_barriers: bool):
     # approx_math: exp2/log use the MUFU approximations (ex2.approx), which is
     # what makes the softmax cheap enough to hide behind the matmuls.
@@ -153,7 +157,7 @@ TILE_GRID_NAMES = ("heads", "tiles", "batch")
 
 
 def launch(body, out_type, scratch, grid: tuple, name: str, *, auto_barriers: bool, consumers: int = 2,
-           grid_names: tuple = TILE_GRID_NAMES, mutable: bool = False):
+           grid_names: tuple = TILE_GRID_NAMES, mutable: bool = False, cluster: int = 1):
     """One program per grid point (by default tile_grid's) with `consumers`
     consumer warpgroups (`wg` 0 .. consumers - 1) and the producer
     (`wg` == consumers). Mosaic GPU launches the grid's last axis fastest.
@@ -168,11 +172,14 @@ def launch(body, out_type, scratch, grid: tuple, name: str, *, auto_barriers: bo
 
     mutable: some operands are `jax.Ref`s the kernel writes in place. That
     takes `pl.kernel` itself: `plgpu.kernel` wraps the call in a custom_vmap,
-    which does not pass refs through."""
+    which does not pass refs through.
+
+    cluster: CTAs per cluster (axis CLUSTER), each grid point one cluster."""
+    clusters = {"cluster": (cluster,), "cluster_names": (CLUSTER,)} if cluster > 1 else {}
     if not mutable:
         return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                             grid_names=grid_names, num_threads=consumers + 1, thread_name="wg",
-                            compiler_params=compiler_params(auto_barriers), kernel_name=name)
+                            compiler_params=compiler_params(auto_barriers), kernel_name=name, **clusters)
     mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=consumers + 1, thread_name="wg")
 
     def with_scratch(*refs):
@@ -183,18 +190,23 @@ def launch(body, out_type, scratch, grid: tuple, name: str, *, auto_barriers: bo
 
 
 def kv_producer(k_ref, v_ref, k_smem, v_smem, k_ready, v_ready, k_free, v_free, *, b, h, block_k: int,
-                 n_blocks, num_stages: int, start=0):
+                 n_blocks, num_stages: int, start=0, multicast: bool = False):
     """Producer warpgroup of the kernels that stream key/value blocks (forward, dQ):
     TMA copies of each block's K and V into the ring, each slot refilled once all
     consumers have released it. `start`: ring steps issued before (earlier
-    tiles of a persistent program); returns the count after this tile."""
+    tiles of a persistent program); returns the count after this tile.
+
+    multicast: the CTAs of a cluster (axis CLUSTER) stream the same blocks in
+    step; each copies its share of a block into every CTA's ring, and the
+    release barriers (ClusterBarriers) count the consumers of the whole cluster."""
+    collective = {"collective_axes": CLUSTER} if multicast else {}
 
     def issue(step, slot, wait):
         rows = pl.ds(step * block_k, block_k)
         when(wait, lambda: plgpu.barrier_wait(k_free.at[slot]))
-        plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_ready.at[slot])
+        plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_ready.at[slot], **collective)
         when(wait, lambda: plgpu.barrier_wait(v_free.at[slot]))
-        plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_ready.at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_ready.at[slot], **collective)
 
     return producer_loop(n_blocks, num_stages, issue, start=start)
 

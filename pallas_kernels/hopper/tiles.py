@@ -59,6 +59,11 @@ class MosaicBlockSizes:
       group_heads: the schedule hands tiles out in groups of heads whose K/V
         fit a share of L2; False: one head after another (short sequences,
         where a head has few tiles).
+      kv_multicast: non-causal, where each head has an even number of query
+        tiles: CTAs run in clusters of two on two tiles of one head, in step,
+        and each loads half of every K/V block into both CTAs' rings (FA3's
+        TMA multicast), so each block leaves L2 once per cluster. Elsewhere
+        it has no effect.
 
     Backward (no atomics; dQ either in its own kernel or by TMA reduce-add):
       fused_bwd: one kernel per key tile computes dK, dV and adds its share
@@ -87,6 +92,7 @@ class MosaicBlockSizes:
     overlap: bool = False
     fwd_stagger: bool = False
     group_heads: bool = True
+    kv_multicast: bool = False
     fused_bwd: bool = False
     block_k_dq: int = 64
     block_q_dkv: int = 64

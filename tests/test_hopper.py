@@ -99,7 +99,18 @@ def test_default_backward_depends_on_length() -> None:
         assert (long_.fused_bwd, long_.block_q_dkv) == (True, 64)
     # The backward and the forward's consumers change at the limit, nothing else.
     assert dataclasses.replace(MosaicBlockSizes.get_default(64, limit), fused_bwd=True, block_q_dkv=64,
-                               consumers=3) == MosaicBlockSizes.get_default(64)
+                               consumers=3) == MosaicBlockSizes.get_default(64, 4096)
+
+
+def test_default_kv_multicast_from_long_sequences() -> None:
+    """K/V multicast is set from seq 4096 at head_dim 128 (non-causal) and above 4096 at head_dim
+    64, where the forward multicasts only when not causal; nothing else changes with it."""
+    assert [MosaicBlockSizes.get_default(128, seq, causal=False).kv_multicast for seq in (1024, 2048, 2049, 16384)] == [
+        False, False, True, True]
+    assert [MosaicBlockSizes.get_default(64, seq).kv_multicast for seq in (1024, 4096, 4097, None)] == [
+        False, False, True, True]
+    assert not any(MosaicBlockSizes.get_default(128, seq, causal=True).kv_multicast for seq in (1024, 16384, None))
+    assert dataclasses.replace(MosaicBlockSizes.get_default(64, 4096), kv_multicast=True) == MosaicBlockSizes.get_default(64)
 
 
 def test_default_head_dim_128_backward_depends_on_causal_and_length() -> None:

@@ -61,6 +61,7 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"group_heads": False},
         {"group_heads": True},
         {"kv_multicast": True},
+        {"kv_multicast": False},
     ],
     ("mosaic", "bwd"): [
         {},

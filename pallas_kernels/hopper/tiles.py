@@ -147,15 +147,19 @@ _D128_FUSED = dict(_D128, fused_bwd=True, dq_split=True)
 # - head_dim 128: overlapped and staggered forward; the split fused backward,
 #   except causal up to seq 1024 where the two kernels win; causal steps
 #   load lse early, non-causal ones lag dQ; non-causal short sequences run
-#   one head at a time.
+#   one head at a time;
+# - K/V multicast to clusters of two (non-causal only) from seq 4096 at
+#   head_dim 128 and above it at 64, measured on an H200: at seq 1024 it was
+#   slower, at head_dim 64 and seq 4096 even (`results/attention/kv-multicast-h200/`).
 DEFAULTS: tuple[tuple[int, bool | None, tuple[float, float], MosaicBlockSizes], ...] = (
     (64, None, (1, 1023), MosaicBlockSizes(**_D64, block_q_dkv=128)),
     (64, True, (1024, 1024), MosaicBlockSizes(**_D64, block_q_dkv=128)),
     (64, False, (1024, 1024), MosaicBlockSizes(**_D64, block_q_dkv=128, consumers=3)),
-    (64, None, (1025, _LONG), MosaicBlockSizes(**_D64, consumers=3, fused_bwd=True)),
+    (64, None, (1025, 4096), MosaicBlockSizes(**_D64, consumers=3, fused_bwd=True)),
+    (64, None, (4097, _LONG), MosaicBlockSizes(**_D64, consumers=3, fused_bwd=True, kv_multicast=True)),
     (112, None, (1, _LONG), MosaicBlockSizes(overlap=True)),
     (128, True, (1, 1024), MosaicBlockSizes(**_D128)),
     (128, True, (1025, _LONG), MosaicBlockSizes(**_D128_FUSED, lse_early=True)),
     (128, False, (1, 2048), MosaicBlockSizes(**_D128_FUSED, dq_lag=True, group_heads=False)),
-    (128, False, (2049, _LONG), MosaicBlockSizes(**_D128_FUSED, dq_lag=True)),
+    (128, False, (2049, _LONG), MosaicBlockSizes(**_D128_FUSED, dq_lag=True, kv_multicast=True)),
 )

@@ -7,7 +7,10 @@ longest first within them, balanced by list scheduling. Each tile is
 K and V into a ring that runs on across tiles, and the next tile's q loads
 while the current one computes. The consumers either take turns on the
 tensor cores (FA3 §3.1 ping-pong, as a round robin) or each overlap their
-softmax with the previous block's P V (FA3 §3.2).
+softmax with the previous block's P V (FA3 §3.2). With `kv_multicast` (not
+causal), CTAs run in clusters of two on two tiles of one head, and each
+producer loads half of every K/V block into both CTAs' rings (FA3's TMA
+multicast).
 
 Scores live in base 2 with the softmax scale and log2(e) folded into one
 multiply; causal loops are split into an unmasked and a masked part.

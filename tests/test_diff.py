@@ -314,3 +314,17 @@ def test_two_compare_folders_of_one_name_are_labelled_apart(tmp_path) -> None:
     assert diff_cli.main([f"{folders[0]}:torch", f"{folders[1]}:torch", "--out", str(tmp_path / "d")]) == 0
     doc = json.loads((tmp_path / "d" / "diff.json").read_text())
     assert (doc["a_label"], doc["b_label"]) == ("before/same/small-ctx128:torch", "after/same/small-ctx128:torch")
+
+
+def test_the_same_gemms_of_two_programs_are_one_row_whatever_xla_numbered_them() -> None:
+    """JAX's fused step on one device and on two (the committed second-device profiles): the
+    split-K weight-gradient GEMMs are XLA's `gemm_fusion_dot_N` on both, numbered apart; the
+    diff's GEMM movers set them against each other (145 calls a side) instead of listing one
+    program's as gone and the other's as new."""
+    root = Path(__file__).resolve().parents[1] / "results/several-gpus/second-device-ddp2-h200x2"
+    d = diff_runs(resolve_one(f"{root}/large-ctx1024-bf16-fused-h200-profiled:jax"),
+                  resolve_one(f"{root}/large-ctx1024-bf16-fused-ddp2-h200-profiled:jax"))
+    gemm = next(p for p in d.phase("fused_step").parts if p.name == "GEMM")
+    rows = {m.name: (m.a_calls, m.b_calls) for m in gemm.movers}
+    assert rows["gemm_fusion_dot_*"] == (145, 145)
+    assert not any(name.startswith("gemm_fusion_dot_") and name[-1].isdigit() for name in rows)

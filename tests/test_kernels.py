@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.trace import kernels
 from harness.trace.kernels import Category, classify, decode_gemm, is_autotuning
 
 # Names seen in public nsys/torch.profiler output and in NOTES of the project's GPU machine.
@@ -297,3 +298,21 @@ def test_nsys_and_kineto_spellings_of_one_kernel_are_one_name() -> None:
     ]
     for nsys, kineto in pairs:
         assert canonical_name(nsys) == canonical_name(kineto)
+
+
+def test_xla_s_numbered_kernels_are_compared_by_stem_where_two_programs_number_them_apart() -> None:
+    """Names from the one- and two-device programs of JAX's step (the second-device profiles):
+    XLA's numbers differ between programs, so those names are compared by stem; a stem whose
+    names are the same on both sides, or that only one program has, keeps its names."""
+    a = {"gemm_fusion_dot_1297", "loop_reduce_fusion_141", "add_rms_norm_bwd__1", "add_rms_norm_bwd__2",
+         "loop_add_fusion_4", "nvjet_sm90_tst_128x160_64x5_2x1_v_bz_TNT"}
+    b = {"gemm_fusion_dot_1942", "loop_reduce_fusion_2", "add_rms_norm_bwd", "loop_add_fusion_4",
+         "wrapped_concatenate_70", "nvjet_sm90_tst_128x160_64x5_2x1_v_bz_TNT"}
+    got = kernels.across_programs(a, b)
+    assert got == {"gemm_fusion_dot_1297": "gemm_fusion_dot_*", "gemm_fusion_dot_1942": "gemm_fusion_dot_*",
+                   "loop_reduce_fusion_141": "loop_reduce_fusion_*", "loop_reduce_fusion_2": "loop_reduce_fusion_*",
+                   "add_rms_norm_bwd__1": "add_rms_norm_bwd_*", "add_rms_norm_bwd__2": "add_rms_norm_bwd_*",
+                   "add_rms_norm_bwd": "add_rms_norm_bwd_*", "loop_add_fusion_4": "loop_add_fusion_4",
+                   "wrapped_concatenate_70": "wrapped_concatenate_70",
+                   "nvjet_sm90_tst_128x160_64x5_2x1_v_bz_TNT": "nvjet_sm90_tst_128x160_64x5_2x1_v_bz_TNT"}
+    assert kernels.across_programs(a, a) == {name: name for name in a}

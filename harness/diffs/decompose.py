@@ -49,7 +49,7 @@ from harness.diffs.throughput import doc_field as _get
 from harness.diffs.work import different_work
 from harness.timing.spec import PHASE_ORDER
 from harness.trace.analyses.registry import jsonable
-from harness.trace.kernels import Category
+from harness.trace.kernels import Category, across_programs
 
 COMMUNICATION = "communication"  # the group of NCCL's kernels and XLA's collectives
 # Report groups of harness.trace.kernels.Category, in the order tables list them.
@@ -241,12 +241,13 @@ def _group_kernels(p: PhaseProfile) -> dict[str, float]:
 
 def _movers(a: PhaseProfile, b: PhaseProfile, group: str) -> list[Mover]:
     rows: dict[str, list[float]] = {}
-    for side, p in ((0, a), (1, b)):
-        for k in p.rows:
-            if _group_of(k.category) == group:
-                r = rows.setdefault(k.name, [0.0, 0.0, 0.0, 0.0])
-                r[side] += k.ns_per_step / 1e6
-                r[2 + side] += k.calls_per_step
+    kernels = [[k for k in p.rows if _group_of(k.category) == group] for p in (a, b)]
+    compared_as = across_programs(*({k.name for k in side} for side in kernels))
+    for side, ks in enumerate(kernels):
+        for k in ks:
+            r = rows.setdefault(compared_as[k.name], [0.0, 0.0, 0.0, 0.0])
+            r[side] += k.ns_per_step / 1e6
+            r[2 + side] += k.calls_per_step
     ranked = sorted(rows.items(), key=lambda kv: -abs(kv[1][1] - kv[1][0]))
     return [Mover(name, *r) for name, r in ranked[:MOVERS]]
 

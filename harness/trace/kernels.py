@@ -225,6 +225,25 @@ def canonical_name(name: str) -> str:
     return out
 
 
+_NUMBERED = re.compile(r"^([A-Za-z][A-Za-z0-9_]*?)_{1,2}\d+$")
+
+
+def across_programs(a: set[str], b: set[str]) -> dict[str, str]:
+    """Each kernel name of two programs -> the name it is compared under. XLA numbers the
+    kernels it generates per program (`loop_add_fusion_35`, `add_rms_norm_bwd__1` beside
+    `add_rms_norm_bwd`), so one name in two programs need not be one kernel: where both
+    programs have names of a stem and those names differ, all of them are compared as one row,
+    `stem_*`; other names stand for themselves."""
+    stems = {m[1] for name in a | b if (m := _NUMBERED.match(name))}
+    out = {name: name for name in a | b}
+    for stem in stems:
+        in_a, in_b = ({n for n in names if n == stem or ((m := _NUMBERED.match(n)) and m[1] == stem)}
+                      for names in (a, b))
+        if in_a and in_b and in_a != in_b:
+            out.update(dict.fromkeys(in_a | in_b, f"{stem}_*"))
+    return out
+
+
 def classify(name: str, ranges: tuple[str, ...] = ()) -> Category:
     """Category of kernel `name`; `ranges` are the names of the ranges containing it."""
     own = own_name(name)

@@ -128,3 +128,13 @@ def test_the_answer_names_each_pass_best_candidate() -> None:
         "1 of 7 measurements did not run or did not match",
     ]
     assert tune.tune_markdown(rows).splitlines()[2] == "## The answer"
+
+
+def test_multicast_is_skipped_where_the_forward_runs_without_it() -> None:
+    """K/V multicast changes nothing on a causal cell or where a head's query tiles do not pair
+    (seq 2048 in 192-row tiles: 11); there the candidate repeats the default and is not timed."""
+    for seq, causal, timed in ((4096, True, False), (2048, False, False), (4096, False, True)):
+        seen: list = []
+        cell = {"head_dim": 64, "seq": seq, "causal": causal}
+        assert not tune._repeats("mosaic", cell, {"kv_multicast": False}, seen)
+        assert tune._repeats("mosaic", cell, {"kv_multicast": True}, seen) is not timed, (seq, causal)

@@ -181,12 +181,15 @@ def run(args: TuneOptions, out_path: Path) -> list[dict]:
 
 
 def _repeats(backend: str, cell: dict, overrides: dict, seen: list) -> bool:
-    """True if these overrides give block sizes already measured on this cell
-    (e.g. a candidate that sets the cell's default value)."""
+    """True if these overrides give block sizes already measured on this cell, as the kernels
+    run them there (e.g. a candidate that sets the cell's default value, or K/V multicast on a
+    causal cell, which runs without it)."""
     try:
         blocks = block_sizes_for(backend, cell["head_dim"], overrides, cell["seq"], cell["causal"])
     except ValueError:
         return False
+    if hasattr(blocks, "as_run"):
+        blocks = blocks.as_run(cell["seq"], cell["causal"])
     if blocks in seen:
         return True
     seen.append(blocks)

@@ -161,7 +161,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     # kv_multicast: CTAs run in clusters of two, on query tiles 2p and 2p + 1
     # of one head, which stream the same key blocks (not causal); the
     # schedule's items are then such pairs, one per cluster.
-    cluster = 2 if blocks.kv_multicast and not causal and num_tiles % 2 == 0 else 1
+    cluster = 2 if blocks.as_run(seq_len, causal).kv_multicast else 1
     pairs = num_tiles // cluster
     # One program (cluster) per SM walks its row of a static schedule (a few
     # heads at a time, balanced by list scheduling), with two query/output

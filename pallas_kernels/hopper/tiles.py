@@ -119,6 +119,16 @@ class MosaicBlockSizes:
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"num_stages={self.num_stages!r} must be an integer between 1 and 8")
 
+    def as_run(self, seq_len: int, causal: bool) -> MosaicBlockSizes:
+        """These block sizes as the kernels run them on sequences of `seq_len`: kv_multicast off
+        where the forward's query tiles cannot pair (causal tiles read different key blocks; a
+        head of an odd number of tiles has one left over)."""
+        padded = -(-seq_len // SEQ_MULTIPLE) * SEQ_MULTIPLE  # the kernels' padded length
+        tiles = -(-padded // (self.consumers * BLOCK_Q))
+        if self.kv_multicast and (causal or tiles % 2):
+            return dataclasses.replace(self, kv_multicast=False)
+        return self
+
     @classmethod
     def get_default(cls, head_dim: int, seq_len: int | None = None, causal: bool | None = None) -> MosaicBlockSizes:
         """The `DEFAULTS` row for this shape; seq_len None counts as long,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +14,11 @@ from harness import tune_attention
 from harness.attention import tune
 
 
-def _row(pass_, seq, candidate, ms, status="ok", causal=True):
+def _row(pass_, seq, candidate, ms, status="ok", causal=True, spread=0.01):
+    """One measurement; its repeats range `spread` either side of the median."""
     return {"pass": pass_, "candidate": candidate, "batch": 1, "heads": 2, "seq": seq, "head_dim": 64,
-            "dtype": "bfloat16", "causal": causal, "status": status, "ms": ms, "tflops": 1.0}
+            "dtype": "bfloat16", "causal": causal, "status": status, "ms": ms, "tflops": 1.0,
+            "ms_spread": None if ms is None else [ms * (1 - spread), ms * (1 + spread)]}
 
 
 def test_baseline_is_the_faster_default_measurement() -> None:
@@ -123,8 +126,10 @@ def test_the_answer_names_each_pass_best_candidate() -> None:
     texts = [f.text for f in tune.tune_findings(rows)]
     assert texts == [  # fwd: a is 2x and 2/3x, geomean sqrt(4/3) = 1.155; bwd: c is slower
         "bwd, head dim 64: the default is the best candidate",
+        "bwd, head dim 64: faster than the default beyond the noise: none",
         "fwd, head dim 64: best: a, 1.155x the default's speed (geomean over 2 shapes; worst shape 0.667x, "
         "best 2.000x)",
+        "fwd, head dim 64: faster than the default beyond the noise: a at 1x1024x2x64 causal (2.000x)",
         "1 of 7 measurements did not run or did not match",
     ]
     assert tune.tune_markdown(rows).splitlines()[2] == "## The answer"
@@ -138,3 +143,14 @@ def test_multicast_is_skipped_where_the_forward_runs_without_it() -> None:
         cell = {"head_dim": 64, "seq": seq, "causal": causal}
         assert not tune._repeats("mosaic", cell, {"kv_multicast": False}, seen)
         assert tune._repeats("mosaic", cell, {"kv_multicast": True}, seen) is not timed, (seq, causal)
+
+
+def test_beyond_the_noise_needs_the_candidate_s_range_below_every_default_measurement() -> None:
+    """2% faster with repeats within 1%: apart from a default measured at 1.00 +- 1%, not from
+    one whose second measurement ranged down to 0.97; and the committed multicast search, whose
+    ranges all overlap the default's, has none."""
+    rows = [_row("fwd", 1024, "default", 1.0), _row("fwd", 1024, "a", 0.98, spread=0.005)]
+    assert [r["candidate"] for r in tune.beyond_noise(rows)] == ["a"]
+    assert tune.beyond_noise([*rows, _row("fwd", 1024, tune.AGAIN, 1.0, spread=0.03)]) == []
+    committed = Path(__file__).resolve().parents[1] / "results/attention/kv-multicast-h200/multicast-fwd.jsonl"
+    assert tune.beyond_noise(tune.read_rows(committed)[0]) == []

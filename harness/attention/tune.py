@@ -255,12 +255,26 @@ def best_per_cell(rows: list[dict]) -> list[dict]:
     return out
 
 
+def beyond_noise(rows: list[dict]) -> list[dict]:
+    """The measurements faster than the default beyond the noise: the candidate's range of
+    repeats below the range of each of the default's measurements on that cell."""
+    defaults: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["candidate"] in ("default", AGAIN) and r["status"] == "ok":
+            defaults.setdefault((r["pass"], cell_key(r)), []).append(r)
+    return [r for r in rows if r["candidate"] not in ("default", AGAIN) and r["status"] == "ok"
+            and (ds := defaults.get((r["pass"], cell_key(r)))) and r.get("ms_spread")
+            and all(d.get("ms_spread") and r["ms_spread"][1] < d["ms_spread"][0] for d in ds)]
+
+
 def _f(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
 TUNE_RULES = ("a candidate's speed-up is the default's time over its own, per shape; the best candidate per pass "
-              "and head dim has the highest geometric mean over the shapes where both ran")
+              "and head dim has the highest geometric mean over the shapes where both ran; faster beyond the "
+              "noise where the candidate's range of repeats lies below the range of each of the default's "
+              "measurements")
 
 
 def tune_findings(rows: list[dict]) -> list[Finding]:
@@ -275,6 +289,14 @@ def tune_findings(rows: list[dict]) -> list[Finding]:
                 f"best: {g['candidate']}, {g['geomean']:.3f}x the default's speed (geomean over {g['cells']} "
                 f"shapes; worst shape {g['worst']:.3f}x, best {g['best']:.3f}x)")
         findings.append(Finding("tune", f"{g['pass']}, head dim {g['head_dim']}: {what}", "Candidates ranked"))
+        base = _baseline(rows)
+        ahead = [f"{r['candidate']} at {r['batch']}x{r['seq']}x{r['heads']}x{r['head_dim']}"
+                 f"{' causal' if r['causal'] else ''} ({base[(r['pass'], cell_key(r))] / r['ms']:.3f}x)"
+                 for r in sorted(beyond_noise(rows), key=lambda r: r["ms"] / base[(r["pass"], cell_key(r))])
+                 if (r["pass"], r["head_dim"]) == key]
+        findings.append(Finding("noise", f"{g['pass']}, head dim {g['head_dim']}: faster than the default beyond "
+                                f"the noise: {'; '.join(ahead[:4]) + (' ...' if len(ahead) > 4 else '') or 'none'}",
+                                "Fastest candidate per shape"))
     failed = [r for r in rows if r["status"] != "ok"]
     if failed:
         findings.append(Finding("failed", f"{len(failed)} of {len(rows)} measurements did not run or did not match",

@@ -280,6 +280,8 @@ TUNE_RULES = ("a candidate's speed-up is the default's time over its own, per sh
 def tune_findings(rows: list[dict]) -> list[Finding]:
     """Per pass and head dim, the best candidate and what it gives over the default; failures."""
     findings, seen = [], set()
+    base = _baseline(rows)
+    ahead_of_default = sorted(beyond_noise(rows), key=lambda r: r["ms"] / base[(r["pass"], cell_key(r))])
     for g in rank(rows):  # best first within each (pass, head_dim)
         key = (g["pass"], g["head_dim"])
         if key in seen or g["geomean"] is None:
@@ -289,11 +291,9 @@ def tune_findings(rows: list[dict]) -> list[Finding]:
                 f"best: {g['candidate']}, {g['geomean']:.3f}x the default's speed (geomean over {g['cells']} "
                 f"shapes; worst shape {g['worst']:.3f}x, best {g['best']:.3f}x)")
         findings.append(Finding("tune", f"{g['pass']}, head dim {g['head_dim']}: {what}", "Candidates ranked"))
-        base = _baseline(rows)
         ahead = [f"{r['candidate']} at {r['batch']}x{r['seq']}x{r['heads']}x{r['head_dim']}"
                  f"{' causal' if r['causal'] else ''} ({base[(r['pass'], cell_key(r))] / r['ms']:.3f}x)"
-                 for r in sorted(beyond_noise(rows), key=lambda r: r["ms"] / base[(r["pass"], cell_key(r))])
-                 if (r["pass"], r["head_dim"]) == key]
+                 for r in ahead_of_default if (r["pass"], r["head_dim"]) == key]
         findings.append(Finding("noise", f"{g['pass']}, head dim {g['head_dim']}: faster than the default beyond "
                                 f"the noise: {'; '.join(ahead[:4]) + (' ...' if len(ahead) > 4 else '') or 'none'}",
                                 "Fastest candidate per shape"))

@@ -48,7 +48,6 @@ from pallas_kernels.hopper.pipeline import (
     launch,
     longest_first,
     pad_seq,
-    padded_length,
     pl,
     plgpu,
     producer_loop,
@@ -66,6 +65,7 @@ from pallas_kernels.hopper.tiles import (
     NUM_STAGES_BWD,
     REGISTERS,
     MosaicBlockSizes,
+    padded_length,
 )
 
 

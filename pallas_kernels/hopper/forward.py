@@ -40,7 +40,6 @@ from pallas_kernels.hopper.pipeline import (
     kv_producer,
     launch,
     pad_seq,
-    padded_length,
     pl,
     plgpu,
     query_tile_key_blocks,
@@ -49,7 +48,7 @@ from pallas_kernels.hopper.pipeline import (
     when,
     zeros_f32,
 )
-from pallas_kernels.hopper.tiles import BLOCK_K, BLOCK_Q, REGISTERS, MosaicBlockSizes
+from pallas_kernels.hopper.tiles import BLOCK_K, BLOCK_Q, REGISTERS, MosaicBlockSizes, padded_length
 
 
 def _num_sms(default: int = 132) -> int:

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels.hopper.tiles import (
-    SEQ_MULTIPLE,
     SUPPORTED_HEAD_DIMS,
     MosaicBlockSizes,
 )
@@ -180,7 +179,7 @@ def launch(body, out_type, scratch, grid: tuple, name: str, *, auto_barriers: bo
         return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=grid,
                             grid_names=grid_names, num_threads=consumers + 1, thread_name="wg",
                             compiler_params=compiler_params(auto_barriers), kernel_name=name, **clusters)
-    mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=consumers + 1, thread_name="wg")
+    mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=consumers + 1, thread_name="wg", **clusters)
 
     def with_scratch(*refs):
         pl.run_scoped(functools.partial(body, *refs), *scratch, collective_axes="wg")
@@ -280,11 +279,6 @@ def drain(n_steps, num_stages: int, frees) -> None:
             plgpu.barrier_wait(free.at[slot])
 
     lax.fori_loop(jnp.maximum(n_steps - num_stages, 0), n_steps, drain, None)
-
-
-def padded_length(seq_len: int) -> int:
-    """Sequences are zero-padded to whole SEQ_MULTIPLE tiles before the kernels run."""
-    return pl.cdiv(seq_len, SEQ_MULTIPLE) * SEQ_MULTIPLE
 
 
 def pad_seq(x: jax.Array, padded_len: int, axis: int) -> jax.Array:

@@ -40,6 +40,11 @@ LSE_EARLY_REGISTERS = (240, 24)
 SUPPORTED_HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128)
 
 
+def padded_length(seq_len: int) -> int:
+    """Sequences are zero-padded to whole SEQ_MULTIPLE tiles before the kernels run."""
+    return -(-seq_len // SEQ_MULTIPLE) * SEQ_MULTIPLE
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class MosaicBlockSizes:
     """The per-shape choices of the Hopper kernels (see `DEFAULTS`).
@@ -123,8 +128,7 @@ class MosaicBlockSizes:
         """These block sizes as the kernels run them on sequences of `seq_len`: kv_multicast off
         where the forward's query tiles cannot pair (causal tiles read different key blocks; a
         head of an odd number of tiles has one left over)."""
-        padded = -(-seq_len // SEQ_MULTIPLE) * SEQ_MULTIPLE  # the kernels' padded length
-        tiles = -(-padded // (self.consumers * BLOCK_Q))
+        tiles = -(-padded_length(seq_len) // (self.consumers * BLOCK_Q))
         if self.kv_multicast and (causal or tiles % 2):
             return dataclasses.replace(self, kv_multicast=False)
         return self

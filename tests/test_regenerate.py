@@ -56,7 +56,7 @@ PLANTS = {
     "scaling": (["several-gpus/scaling-large-ctx1024-bf16-h200x2"], "several-gpus/scaling-large-ctx1024-bf16-h200x2/scaling.md",
                 "| 100.0% |", "| 100.1% |"),
     "diff": ([COMPARE, DIFF], f"{DIFF}/diff.md", "82.924 ms", "82.925 ms"),
-    "attention": (["attention/hopper-h200"], "attention/hopper-h200/fa3-hd64-bf16.md", " | ok |", " | OOM |"),
+    "attention": (["attention/hopper-h200"], "attention/hopper-h200/fa3-hd64-bf16-short.md", " | ok |", " | OOM |"),
     "tune": (["attention/tune-h200"], "attention/tune-h200/mosaic-fwd.md", "| fwd |", "| bwd |"),
 }
 

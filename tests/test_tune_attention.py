@@ -133,6 +133,9 @@ def test_the_answer_names_each_pass_best_candidate() -> None:
         "1 of 7 measurements did not run or did not match",
     ]
     assert tune.tune_markdown(rows).splitlines()[2] == "## The answer"
+    # One shape searched: no geomean, worst or best to speak of.
+    one = [_row("bwd", 1024, "default", 1.0), _row("bwd", 1024, "d", 0.8)]
+    assert tune.tune_findings(one)[0].text == "bwd, head dim 64: best: d, 1.250x the default's speed (one shape)"
 
 
 def test_multicast_is_skipped_where_the_forward_runs_without_it() -> None:

@@ -287,9 +287,10 @@ def tune_findings(rows: list[dict]) -> list[Finding]:
         if key in seen or g["geomean"] is None:
             continue
         seen.add(key)
+        over = (f"geomean over {g['cells']} shapes; worst shape {g['worst']:.3f}x, best {g['best']:.3f}x"
+                if g["cells"] > 1 else "one shape")
         what = ("the default is the best candidate" if g["candidate"] in ("default", AGAIN) else
-                f"best: {g['candidate']}, {g['geomean']:.3f}x the default's speed (geomean over {g['cells']} "
-                f"shapes; worst shape {g['worst']:.3f}x, best {g['best']:.3f}x)")
+                f"best: {g['candidate']}, {g['geomean']:.3f}x the default's speed ({over})")
         findings.append(Finding("tune", f"{g['pass']}, head dim {g['head_dim']}: {what}", "Candidates ranked"))
         ahead = [f"{r['candidate']} at {r['batch']}x{r['seq']}x{r['heads']}x{r['head_dim']}"
                  f"{' causal' if r['causal'] else ''} ({base[(r['pass'], cell_key(r))] / r['ms']:.3f}x)"

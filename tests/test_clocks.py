@@ -301,8 +301,13 @@ def test_the_diff_sets_the_two_sides_clocks_side_by_side(tmp_path) -> None:
     (line,) = [s for s in sentences(diff_runs(resolve_one(a), resolve_one(lower))) if s.startswith("GPU clock")]
     assert line.startswith("GPU clock over the compared steps: B's median 1881 MHz (700 W, at the power cap in 96% of "
                            "samples) against A's 1980 MHz")
+    step = diff_runs(resolve_one(a), resolve_one(lower)).step
+    at_a = step.b_ms * 1881 / 1980  # B's cycles at A's clock
     assert line.endswith("B's 5.0% lower; a step bound by the GPU's clock takes about that much longer with the "
-                         "same code.")
+                         f"same code; at A's clock B's would take about {at_a:.3f} ms (its time x B's clock / A's), "
+                         f"{abs(at_a / step.a_ms - 1):.1%} {'more' if at_a > step.a_ms else 'less'} than A's "
+                         f"{step.a_ms:.3f} ms.")
+    assert at_a < step.b_ms and abs(at_a / step.b_ms - 0.95) < 1e-9
     del doc["gpu_clocks"]["phases"]["step"]["power_w"]  # a run that read no power: its clock alone
     lower.write_text(json.dumps(doc))
     (line,) = [s for s in sentences(diff_runs(resolve_one(a), resolve_one(lower))) if s.startswith("GPU clock")]

@@ -134,8 +134,16 @@ def clock_sentence(d: Diff) -> str | None:
     if abs(b - a) <= CLOCK_SAME * a:
         return text + f": the same within {CLOCK_SAME:.0%}, so the gap is not the clock's."
     slower = b < a
-    return (text + f": B's {abs(b - a) / a:.1%} {'lower' if slower else 'higher'}; a step bound by the GPU's clock "
-            f"takes about that much {'longer' if slower else 'less time'} with the same code.")
+    text += (f": B's {abs(b - a) / a:.1%} {'lower' if slower else 'higher'}; a step bound by the GPU's clock "
+             f"takes about that much {'longer' if slower else 'less time'} with the same code")
+    p = d.step
+    if p is None or p.a_ms <= 0:
+        return text + "."
+    # The same count of clock cycles at A's clock: what is left of the gap is not the clock's.
+    at_a = p.b_ms * b / a
+    change = at_a / p.a_ms - 1
+    return text + (f"; at A's clock B's would take about {at_a:.3f} ms (its time x B's clock / A's), "
+                   f"{abs(change):.1%} {'more' if change > 0 else 'less'} than A's {p.a_ms:.3f} ms.")
 
 
 def _largest(p: PhaseDiff, n: int) -> list[str]:

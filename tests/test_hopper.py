@@ -454,6 +454,10 @@ def test_tile_grids_launch_batch_then_tiles_then_heads() -> None:
         bwd = jax.jit(functools.partial(hopper.mosaic_backward, block_sizes=blocks, **kwargs))
         grids = _cuda_launch_grids(bwd.trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)))
         assert grids == [(batch, tiles, heads)] * (1 if fused else 2)
+        blocks = MosaicBlockSizes(fused_bwd=fused, bwd_tiles_first=True)
+        bwd = jax.jit(functools.partial(hopper.mosaic_backward, block_sizes=blocks, **kwargs))
+        grids = _cuda_launch_grids(bwd.trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)))
+        assert grids == [(tiles, batch, heads)] * (1 if fused else 2)
 
 
 @pytest.mark.skipif(not hopper.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")

@@ -83,6 +83,7 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"dq_lag": True},
         {"lse_early": False},
         {"lse_early": True},
+        {"bwd_tiles_first": True},
     ],
     ("triton", "fwd"): [
         {},

@@ -140,19 +140,24 @@ def compiler_params(auto_barriers: bool):
     return plgpu.CompilerParams(approx_math=True, unsafe_no_auto_barriers=not auto_barriers)
 
 
-def tile_grid(heads: int, num_tiles: int, batch: int) -> tuple[int, int, int]:
-    """Grid of the kernels with one program per (head, tile, batch), in
-    Pallas order, named TILE_GRID_NAMES.
+TILE_GRID_NAMES = ("heads", "tiles", "batch")
+
+
+def tile_grid(heads: int, num_tiles: int, batch: int, tiles_first: bool = False) -> dict:
+    """Grid and grid names (launch's keywords) of the kernels with one program per
+    (head, tile, batch).
 
     Mosaic GPU launches a Pallas grid reversed: its last axis becomes CUDA's
     x, the fastest in launch order. So this runs batch fastest, then tiles,
     then heads, and the programs running at once cover every tile of a few
     (batch, head) pairs, whose streamed blocks they share through L2 (the
-    reverse spread them over every head and read several times more DRAM)."""
-    return heads, num_tiles, batch
-
-
-TILE_GRID_NAMES = ("heads", "tiles", "batch")
+    reverse spread them over every head and read several times more DRAM).
+    tiles_first: tiles fastest, then batch, then heads: the programs running
+    at once cover whole (batch, head) pairs also where batch x tiles is more
+    than the SMs hold."""
+    if tiles_first:
+        return {"grid": (heads, batch, num_tiles), "grid_names": ("heads", "batch", "tiles")}
+    return {"grid": (heads, num_tiles, batch), "grid_names": TILE_GRID_NAMES}
 
 
 def launch(body, out_type, scratch, grid: tuple, name: str, *, auto_barriers: bool, consumers: int = 2,

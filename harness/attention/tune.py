@@ -83,7 +83,6 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"dq_lag": True},
         {"lse_early": False},
         {"lse_early": True},
-        {"bwd_tiles_first": True},
     ],
     ("triton", "fwd"): [
         {},

@@ -184,7 +184,7 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
     )
     out_type = jax.ShapeDtypeStruct(q.shape, dtype)
     return launch(body, out_type, scratch, name="flash_attention_mgpu_bwd_dq", auto_barriers=False,
-                  **tile_grid(heads, num_tiles, batch, blocks.bwd_tiles_first))(q, k, v, do, lse, delta)
+                  **tile_grid(heads, num_tiles, batch))(q, k, v, do, lse, delta)
 
 
 # ----------------------------------------------------------------------------
@@ -540,7 +540,7 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
     call = launch(body, (grad, grad), scratch, name=name, auto_barriers=False, mutable=fused,
-                  **tile_grid(heads, num_tiles, batch, blocks.bwd_tiles_first))
+                  **tile_grid(heads, num_tiles, batch))
     return call(q, k, v, do, lse, delta, *((dq_acc,) if fused else ()))
 
 

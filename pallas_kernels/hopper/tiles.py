@@ -90,9 +90,6 @@ class MosaicBlockSizes:
         the scores, instead of a mask computed from indices in registers.
       lse_early: dK/dV and fused kernels load each step's lse while S and dP
         run; the consumers then take LSE_EARLY_REGISTERS.
-      bwd_tiles_first: the backward kernels launch each (batch, head)'s key
-        tiles one after another, so the programs running at once cover whole
-        (batch, head) pairs; False: batch fastest, then tiles, then heads.
     """
 
     num_stages: int = 2
@@ -108,7 +105,6 @@ class MosaicBlockSizes:
     dq_lag: bool = False
     mask_tile: bool = False
     lse_early: bool = False
-    bwd_tiles_first: bool = False
 
     def __post_init__(self) -> None:
         if self.consumers not in REGISTERS:

@@ -440,20 +440,25 @@ def test_tile_grids_launch_batch_then_tiles_then_heads() -> None:
     """Mosaic GPU launches a Pallas grid reversed. Every backward kernel (dQ,
     dK/dV, the fused one) must come out as CUDA grid (batch, tiles, heads):
     batch fastest, then tiles, so the programs running at once share a few
-    heads' blocks (tile_grid). The persistent forward is one row of programs."""
-    batch, seq, heads, head_dim = 3, 512, 5, 64
-    x = jax.ShapeDtypeStruct((batch, seq, heads, head_dim), jnp.bfloat16)
-    lse = jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)
-    tiles = seq // 128  # 2 x 64 rows per program, forward and backward
+    heads' blocks (tile_grid). The persistent forward is one row of programs.
+    Past one wave of programs (132 SMs when lowered without a GPU) tiles
+    run fastest: CUDA grid (tiles, batch, heads)."""
+    heads, head_dim = 5, 64
+    lse_of = lambda x: jax.ShapeDtypeStruct((x.shape[0], heads, x.shape[1]), jnp.float32)  # noqa: E731
     kwargs = dict(causal=True, sm_scale=0.125)
+    x = jax.ShapeDtypeStruct((3, 512, heads, head_dim), jnp.bfloat16)
     fwd = jax.jit(functools.partial(hopper.mosaic_forward, block_sizes=MosaicBlockSizes(), **kwargs))
-    assert _cuda_launch_grids(fwd.trace(x, x, x).lower(lowering_platforms=("cuda",))) == [
-        (min(batch * heads * tiles, 132), 1, 1)]
-    for fused in (False, True):  # the forward has no fused_bwd: one lowering above covers it
-        blocks = MosaicBlockSizes(fused_bwd=fused)
-        bwd = jax.jit(functools.partial(hopper.mosaic_backward, block_sizes=blocks, **kwargs))
-        grids = _cuda_launch_grids(bwd.trace(x, x, x, x, lse, x).lower(lowering_platforms=("cuda",)))
-        assert grids == [(batch, tiles, heads)] * (1 if fused else 2)
+    assert _cuda_launch_grids(fwd.trace(x, x, x).lower(lowering_platforms=("cuda",))) == [(min(3 * heads * 4, 132), 1, 1)]
+    # 2 x 64 rows per program: 3 x 4 tiles in one wave; 33 x 4 = 132 still one; 19 x 8 = 152 past it.
+    for batch, seq, tiles_first in ((3, 512, False), (33, 512, False), (19, 1024, True)):
+        x = jax.ShapeDtypeStruct((batch, seq, heads, head_dim), jnp.bfloat16)
+        tiles = seq // 128
+        for fused in (False, True):
+            bwd = jax.jit(functools.partial(hopper.mosaic_backward, block_sizes=MosaicBlockSizes(fused_bwd=fused),
+                                            **kwargs))
+            grids = _cuda_launch_grids(bwd.trace(x, x, x, x, lse_of(x), x).lower(lowering_platforms=("cuda",)))
+            expected = (tiles, batch, heads) if tiles_first else (batch, tiles, heads)
+            assert grids == [expected] * (1 if fused else 2), (batch, seq, fused)
 
 
 @pytest.mark.skipif(not hopper.AVAILABLE, reason="jax.experimental.pallas.mosaic_gpu is not importable")

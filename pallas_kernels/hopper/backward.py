@@ -183,8 +183,8 @@ def _dq_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_len:
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),
     )
     out_type = jax.ShapeDtypeStruct(q.shape, dtype)
-    return launch(body, out_type, scratch, tile_grid(heads, num_tiles, batch), "flash_attention_mgpu_bwd_dq",
-                  auto_barriers=False)(q, k, v, do, lse, delta)
+    return launch(body, out_type, scratch, name="flash_attention_mgpu_bwd_dq", auto_barriers=False,
+                  **tile_grid(heads, num_tiles, batch))(q, k, v, do, lse, delta)
 
 
 # ----------------------------------------------------------------------------
@@ -539,8 +539,8 @@ def _dkdv_call(q, k, v, do, lse, delta, *, causal: bool, sm_scale: float, seq_le
         scratch += (plgpu.SMEM((2, bk, bq), dtype, transforms=transforms),)
     grad = jax.ShapeDtypeStruct(k.shape, dtype)
     name = "flash_attention_mgpu_bwd_fused" if fused else "flash_attention_mgpu_bwd_dkdv"
-    call = launch(body, (grad, grad), scratch, tile_grid(heads, num_tiles, batch), name, auto_barriers=False,
-                  mutable=fused)
+    call = launch(body, (grad, grad), scratch, name=name, auto_barriers=False, mutable=fused,
+                  **tile_grid(heads, num_tiles, batch))
     return call(q, k, v, do, lse, delta, *((dq_acc,) if fused else ()))
 
 

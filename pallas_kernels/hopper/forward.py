@@ -39,6 +39,7 @@ from pallas_kernels.hopper.pipeline import (
     iota,
     kv_producer,
     launch,
+    num_sms,
     pad_seq,
     pl,
     plgpu,
@@ -49,15 +50,6 @@ from pallas_kernels.hopper.pipeline import (
     zeros_f32,
 )
 from pallas_kernels.hopper.tiles import BLOCK_K, BLOCK_Q, REGISTERS, MosaicBlockSizes, padded_length
-
-
-def _num_sms(default: int = 132) -> int:
-    """Streaming multiprocessors of the first device (the persistent grid's
-    size); `default` (an H100 SXM) where the count is unknown (CPU lowering)."""
-    device = jax.devices()[0]
-    count = getattr(device, "core_count", None) if device.platform == "gpu" else None
-    return int(count) if count else default
-
 
 # Bytes of streamed K/V that the programs of a persistent grid running at once
 # should share: a fraction of the 50 MiB L2 of an H100, leaving room for the
@@ -166,7 +158,7 @@ def _forward_call(q, k, v, *, causal: bool, sm_scale: float, seq_len: int, block
     # heads at a time, balanced by list scheduling), with two query/output
     # buffers so the next tile's q loads while this one computes, and one K/V
     # ring across tiles.
-    n_programs = min(pairs * batch * heads, _num_sms() // cluster)
+    n_programs = min(pairs * batch * heads, num_sms() // cluster)
 
     def key_blocks(p):
         return max(tile_cost(cluster * p + c, tile=tile, block_k=bk, num_k_blocks=num_k_blocks,

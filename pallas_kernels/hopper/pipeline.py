@@ -140,19 +140,34 @@ def compiler_params(auto_barriers: bool):
     return plgpu.CompilerParams(approx_math=True, unsafe_no_auto_barriers=not auto_barriers)
 
 
-def tile_grid(heads: int, num_tiles: int, batch: int) -> tuple[int, int, int]:
-    """Grid of the kernels with one program per (head, tile, batch), in
-    Pallas order, named TILE_GRID_NAMES.
+TILE_GRID_NAMES = ("heads", "tiles", "batch")
+
+
+def num_sms(default: int = 132) -> int:
+    """Streaming multiprocessors of the first device (the persistent forward's
+    grid, the backward's launch order); `default` (an H100 SXM) where the count is unknown (CPU lowering)."""
+    device = jax.devices()[0]
+    count = getattr(device, "core_count", None) if device.platform == "gpu" else None
+    return int(count) if count else default
+
+
+def tile_grid(heads: int, num_tiles: int, batch: int) -> dict:
+    """Grid and grid names (launch's keywords) of the kernels with one program
+    per (head, tile, batch), in the launch order that keeps the programs
+    running at once on the tiles of a few (batch, head) pairs, whose streamed
+    blocks they then share through L2 (spread over every head they read
+    several times more DRAM).
 
     Mosaic GPU launches a Pallas grid reversed: its last axis becomes CUDA's
-    x, the fastest in launch order. So this runs batch fastest, then tiles,
-    then heads, and the programs running at once cover every tile of a few
-    (batch, head) pairs, whose streamed blocks they share through L2 (the
-    reverse spread them over every head and read several times more DRAM)."""
-    return heads, num_tiles, batch
-
-
-TILE_GRID_NAMES = ("heads", "tiles", "batch")
+    x, the fastest in launch order. Where batch x tiles fits one wave of
+    programs, batch runs fastest, then tiles, then heads: the wave holds
+    whole (batch, head) pairs either way, and a causal wave starts every
+    batch's longest tiles first. Beyond one wave (long sequences at a large
+    batch) tiles run fastest, then batch: batch first would spread each
+    wave over every batch, a few tiles each."""
+    if batch * num_tiles > num_sms():
+        return {"grid": (heads, batch, num_tiles), "grid_names": ("heads", "batch", "tiles")}
+    return {"grid": (heads, num_tiles, batch), "grid_names": TILE_GRID_NAMES}
 
 
 def launch(body, out_type, scratch, grid: tuple, name: str, *, auto_barriers: bool, consumers: int = 2,

@@ -408,6 +408,7 @@ def _cuda_launches(lowered) -> list[tuple[tuple[int, ...], tuple[int, ...] | Non
     """The CUDA grid (x, y, z) and cluster (x, y, z; None: no clusters) of every Mosaic GPU
     kernel in a lowered program, read from the kernels' serialized MLIR."""
     from jax._src.interpreters import mlir
+    from jax._src.lib import mosaic_gpu_dialect
     from jax._src.lib.mlir import ir
 
     def walk(op):
@@ -424,6 +425,8 @@ def _cuda_launches(lowered) -> list[tuple[tuple[int, ...], tuple[int, ...] | Non
         module = bytes(ir.StringAttr(op.attributes["mhlo.backend_config"]["module"]).value_bytes)
         context = mlir.make_ir_context()
         context.allow_unregistered_dialects = True
+        # The kernels' memrefs may hold Mosaic GPU's own types, which parse only with its dialect.
+        mosaic_gpu_dialect.register_dialect(context)
         with context:
             for inner in walk(ir.Module.parse(module).operation):
                 if inner.name.endswith("gpu.launch"):

@@ -636,3 +636,34 @@ def test_a_diff_of_two_compare_folders_of_one_name_reads_each(tmp_path, capsys) 
     _plant(diff.with_name("diff.md"), "69.190 ms", "69.191 ms")
     assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
     assert capsys.readouterr().out.split(": ")[0] == str(diff.with_name("diff.md"))
+
+
+def test_tune_speedups_block_sets_each_candidate_against_its_faster_default(tmp_path) -> None:
+    """A page's `tune-speedups` block: per search in a folder, each candidate's median against the
+    faster of the default's two measurements on the same shape, their repeats' ranges, and
+    whether the candidate's range lies below both of the default's. The real leaderboard search
+    of the launch order, and the same with the candidate's repeats moved below the defaults'."""
+    from harness.reports.doc_blocks import BlockError, render_page
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    lines = (RESULTS / "attention/tune-h200/launch-order/leaderboard-tiles-first.jsonl").read_text().splitlines()
+    (folder / "a.jsonl").write_text("\n".join(lines) + "\n")
+    rows = [json.loads(line) for line in lines if '"environment"' not in line]
+    default = min((r for r in rows if r["candidate"] in ("default", "default (again)")), key=lambda r: r["ms"])
+    cand = next(r for r in rows if r["candidate"] not in ("default", "default (again)"))
+    assert default["ms"] == pytest.approx(3.140, abs=5e-4) and cand["ms"] == pytest.approx(3.033, abs=5e-4)
+    moved = [{**r, "ms_spread": [2.9, 3.0]} if r is cand else r for r in rows]
+    (folder / "b.jsonl").write_text("\n".join([lines[0], *map(json.dumps, moved)]) + "\n")
+    text = render_page("<!-- generated: tune-speedups t -->\nstale\n<!-- end generated -->\n", "x/README.md", tmp_path)
+    low, high = default["ms_spread"]
+    shape = f"| bwd | 16 x 1 x 16384 x 64 | yes | {cand['candidate']} | {default['ms']:.3f} ({low:.3f}-{high:.3f})"
+    spread = "({:.3f}-{:.3f})".format(*cand["ms_spread"])
+    # its repeats reach 3.184, above both defaults' lowest (3.101, 3.083)
+    assert f"| `a` {shape} | {cand['ms']:.3f} {spread} | 1.035x | no |" in text
+    assert f"| `b` {shape} | {cand['ms']:.3f} (2.900-3.000) | 1.035x | yes |" in text
+    assert "stale" not in text
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "c.jsonl").write_text("\n".join(line for line in lines if cand["candidate"] not in line) + "\n")
+    with pytest.raises(BlockError, match=r"^x/README\.md: block 'tune-speedups d': .*no search with a candidate"):
+        render_page("<!-- generated: tune-speedups d -->\n<!-- end generated -->\n", "x/README.md", tmp_path)

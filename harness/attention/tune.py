@@ -73,9 +73,6 @@ CANDIDATES: dict[tuple[str, str], list[dict]] = {
         {"fused_bwd": True, **UNSPLIT_BWD},
         {"fused_bwd": True, **UNSPLIT_BWD, "block_q_dkv": 64},
         {"fused_bwd": True, **UNSPLIT_BWD, "block_q_dkv": 128},
-        # FA3's head_dim 64 step (128 queries against 128 keys) on lse_early's 240 registers:
-        # on 232 the 128-query fused step spills.
-        {"fused_bwd": True, **UNSPLIT_BWD, "block_q_dkv": 128, "lse_early": True},
         {"fused_bwd": True, "dq_split": True},
         {"mask_tile": False},
         {"mask_tile": True},

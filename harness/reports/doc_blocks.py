@@ -23,7 +23,9 @@ folder of `harness.bench_attention` runs and renders the Hopper kernel's verdict
 (`harness.attention.targets.hopper_answer`); `runs` takes a folder of `harness.run` documents
 and renders one row per run (`run_table`), and `clocks` the same folder as the GPU clock each
 run held over its step (`clock_table`); `best-mfu` takes folders of `harness.run` documents and
-renders the best median MFU per backend over their cells (`best_cells`). `render_page` gives the
+renders the best median MFU per backend over their cells (`best_cells`); `tune-speedups` takes a
+folder of `harness.tune_attention` searches and renders each candidate against its default per
+shape (`tune_speedups`). `render_page` gives the
 page with every block rendered again; text outside the markers is left as it is.
 """
 
@@ -287,14 +289,46 @@ def clock_table(folder: Path, root: Path) -> str:
     return "\n".join(markdown_table(header, rows)) + "\n"
 
 
+def tune_speedups(folder: Path, root: Path) -> str:
+    """Every candidate of the `harness.tune_attention` searches in `folder` (their .jsonl, in
+    name order) against its default, one row per shape: both medians with their repeats' range
+    (the default's the faster of its two measurements), the speed-up, and whether it lies beyond
+    the noise (`tune.beyond_noise`)."""
+    from harness.attention.tune import AGAIN, beyond_noise, read_rows  # imports JAX: only for this block
+
+    header = ["search", "pass", "B x H x seq x D", "causal", "candidate", "default ms (range)",
+              "candidate ms (range)", "speed-up", "beyond the noise"]
+    out = []
+    for path in sorted(folder.glob("*.jsonl")):
+        rows = [r for r in read_rows(path)[0] if r["status"] == "ok"]
+        faster = beyond_noise(rows)
+        for r in rows:
+            if r["candidate"] in ("default", AGAIN):
+                continue
+            same = [d for d in rows if d["candidate"] in ("default", AGAIN) and d["pass"] == r["pass"]
+                    and all(d[k] == r[k] for k in ("batch", "heads", "seq", "head_dim", "causal"))]
+            if not same:
+                continue
+            d = min(same, key=lambda x: x["ms"])
+            out.append([f"`{path.stem}`", r["pass"], f"{r['batch']} x {r['heads']} x {r['seq']} x {r['head_dim']}",
+                        "yes" if r["causal"] else "no", r["candidate"],
+                        f"{d['ms']:.3f} ({d['ms_spread'][0]:.3f}-{d['ms_spread'][1]:.3f})",
+                        f"{r['ms']:.3f} ({r['ms_spread'][0]:.3f}-{r['ms_spread'][1]:.3f})",
+                        f"{d['ms'] / r['ms']:.3f}x", "yes" if any(r is f for f in faster) else "no"])
+    if not out:
+        raise ValueError(f"{folder} holds no search with a candidate measured beside its default")
+    return "\n".join(markdown_table(header, out)) + "\n"
+
+
 RENDERERS: dict[str, Callable[[Path, Path], str]] = {"main-job": main_job, "why": why, "answer": answer,
                                                      "parity": parity,
                                                      "hopper-targets": hopper_targets, "runs": run_table,
-                                                     "clocks": clock_table}
+                                                     "clocks": clock_table, "tune-speedups": tune_speedups}
 # What a renderer's folder must hold (compare folders: their summary.json).
 HOLDS = {"hopper-targets": ("*.json", "harness.bench_attention runs"), "runs": ("*.json", "harness.run documents"),
          "clocks": ("*.json", "harness.run documents"), "best-mfu": ("*.json", "harness.run documents"),
-         "parity": ("*.json", "harness.parity documents")}
+         "parity": ("*.json", "harness.parity documents"),
+         "tune-speedups": ("*.jsonl", "harness.tune_attention searches")}
 # Renderers over several compare folders: the block names them all, space-separated.
 MULTI: dict[str, Callable[[list[Path], Path], str]] = {"exposed": exposed, "breakdown": breakdown,
                                                         "mfu-points": mfu_points_table, "best-mfu": best_mfu_text}

@@ -294,6 +294,7 @@ def tune_speedups(folder: Path, root: Path) -> str:
     name order) against its default, one row per shape: both medians with their repeats' range
     (the default's the faster of its two measurements), the speed-up, and whether it lies beyond
     the noise (`tune.beyond_noise`)."""
+    from harness.attention.catalog import cell_key
     from harness.attention.tune import AGAIN, beyond_noise, read_rows  # imports JAX: only for this block
 
     header = ["search", "pass", "B x H x seq x D", "causal", "candidate", "default ms (range)",
@@ -306,7 +307,7 @@ def tune_speedups(folder: Path, root: Path) -> str:
             if r["candidate"] in ("default", AGAIN):
                 continue
             same = [d for d in rows if d["candidate"] in ("default", AGAIN) and d["pass"] == r["pass"]
-                    and all(d[k] == r[k] for k in ("batch", "heads", "seq", "head_dim", "causal"))]
+                    and cell_key(d) == cell_key(r)]
             if not same:
                 continue
             d = min(same, key=lambda x: x["ms"])

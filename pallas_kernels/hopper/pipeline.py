@@ -145,7 +145,8 @@ TILE_GRID_NAMES = ("heads", "tiles", "batch")
 
 def num_sms(default: int = 132) -> int:
     """Streaming multiprocessors of the first device (the persistent forward's
-    grid, the backward's launch order); `default` (an H100 SXM) where the count is unknown (CPU lowering)."""
+    grid, the backward's launch order); `default` (an H100 SXM) where the
+    count is unknown (CPU lowering)."""
     device = jax.devices()[0]
     count = getattr(device, "core_count", None) if device.platform == "gpu" else None
     return int(count) if count else default

@@ -20,8 +20,10 @@ generated is recognised by the marker files of `KINDS`, not guessed from folder 
                                                                  (beside the diff or above it, else the one of
                                                                  that name under ROOT), or of the run documents
                                                                  of a several-runs diff (named as given,
-                                                                 relative to the diff's folder): diff.md,
-                                                                 diff.json, diff.png, report.html
+                                                                 relative to the diff's folder), or of one
+                                                                 run a side (the run documents its labels
+                                                                 name, in the diff's folder or its runs/):
+                                                                 diff.md, diff.json, diff.png, report.html
     attention  X.json of `harness.bench_attention`, and X.md      harness.bench_attention --render X.json: X.md, X.png
     tune       X.jsonl of `harness.tune_attention`, and X.md     harness.tune_attention --render X.jsonl: X.md
     ranks      X.json of `harness.bench_ranks`, and X.md         its table again, answer first: X.md
@@ -197,6 +199,12 @@ def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     if doc is not None and (named := several_runs(doc)):
         return _render_several_runs(folder, named, figures)
     labels = [diff.a_label, diff.b_label] if diff else []
+    if len(labels) == 2 and (documents := _run_documents(folder, labels)):
+        try:
+            d = diff_runs(*distinct(*(resolve_one(str(path)) for path in documents)))
+        except (InputError, MismatchError) as exc:
+            raise Unrenderable(f"{folder}: {exc}") from None
+        return list(write_diff(d, folder, figures).values())
     if not all(isinstance(label, str) and ":" in label for label in labels) or len(labels) != 2:
         raise Unrenderable(f"{folder / 'diff.json'}: names no two compare-folder runs (a_label, b_label: "
                            "FOLDER:BACKEND)")
@@ -223,6 +231,21 @@ def several_runs(doc: dict) -> tuple[list[str], list[str]] | None:
             if all(isinstance(labels, list) and labels for labels in sides):
                 return sides[0], sides[1]
     return None
+
+
+def _run_documents(folder: Path, labels: list) -> list[Path] | None:
+    """The two run documents of a diff of one run a side, run in the diff's folder
+    (`harness.diff a.json b.json --out .`, or runs/a.json runs/b.json), found by the labels the
+    diff gave them (each document's name less .json); None where a label is no such document."""
+    found = []
+    for label in labels:
+        if not isinstance(label, str) or ":" in label or label.startswith(("/", "..")):
+            return None
+        paths = [path for path in (folder / f"{label}.json", folder / "runs" / f"{label}.json") if path.is_file()]
+        if len(paths) != 1:
+            return None
+        found.append(paths[0])
+    return found
 
 
 def _render_several_runs(folder: Path, named: tuple[list[str], list[str]], figures: bool) -> list[Path]:

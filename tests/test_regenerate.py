@@ -131,6 +131,30 @@ def test_a_several_runs_diff_renders_from_the_runs_in_its_folder(tmp_path, capsy
     assert out == "" and err.count("\n") == 1 and "its run document runs/old-1.json is not in it" in err
 
 
+ONE_RUN_DIFF = "mfu/h200/pallas-attention/b48"  # one run document a side, in its runs/
+
+
+def test_a_diff_of_one_run_a_side_renders_from_the_documents_its_labels_name(tmp_path, capsys) -> None:
+    folder = tmp_path / ONE_RUN_DIFF
+    shutil.copytree(RESULTS / ONE_RUN_DIFF, folder)
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 0
+    # B's step times moved in its document: the rendering moves with them.
+    run = json.loads((folder / "runs" / "pallas-1.json").read_text())
+    times = run["phases"]["fused_step"]["times_ms"] = [t * 0.9 for t in run["phases"]["fused_step"]["times_ms"]]
+    run["phases"]["fused_step"]["median_ms"] = statistics.median(times)
+    (folder / "runs" / "pallas-1.json").write_text(json.dumps(run))
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.split(": ")[0] == str(folder / "diff.md")
+    assert regenerate.main(["--root", str(tmp_path)]) == 0
+    assert f"B (pallas-1) takes {statistics.median(times):.3f} ms per fused_step" in (folder / "diff.md").read_text()
+    capsys.readouterr()
+    # Without the document its label names, the diff cannot be rendered: one line naming the folder.
+    (folder / "runs" / "fused-1.json").unlink()
+    assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and f"{folder}" in err and "names no two" in err
+
+
 def test_a_diff_folder_holding_a_compare_folder_is_checked_whole(tmp_path, capsys) -> None:
     """A several-runs diff whose folder also holds a compare folder (`profiled/`): the compare
     folder is checked first, and the diff's own files must still be there to check after it."""

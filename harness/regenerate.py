@@ -189,7 +189,7 @@ def render_repeats(folder: Path, root: Path, figures: bool) -> list[Path]:
 def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     from harness.diff import write_diff
     from harness.diffs.decompose import MismatchError, diff_runs
-    from harness.diffs.inputs import InputError, distinct, resolve_one
+    from harness.diffs.inputs import InputError, distinct, resolve_one, run_documents_by_label, several_runs
 
     doc = _doc(folder / "diff.json")
     try:
@@ -199,7 +199,7 @@ def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     if doc is not None and (named := several_runs(doc)):
         return _render_several_runs(folder, named, figures)
     labels = [diff.a_label, diff.b_label] if diff else []
-    if len(labels) == 2 and (documents := _run_documents(folder, labels)):
+    if len(labels) == 2 and (documents := run_documents_by_label(folder, labels)):
         try:
             d = diff_runs(*distinct(*(resolve_one(str(path)) for path in documents)))
         except (InputError, MismatchError) as exc:
@@ -221,31 +221,6 @@ def render_diff(folder: Path, root: Path, figures: bool) -> list[Path]:
     except (InputError, MismatchError) as exc:
         raise Unrenderable(f"{folder}: {exc}") from None
     return list(write_diff(d, folder, figures).values())
-
-
-def several_runs(doc: dict) -> tuple[list[str], list[str]] | None:
-    """The A and B run documents a several-runs diff names (as its command named them), or None."""
-    for phase in doc.get("phases") or []:
-        if isinstance(phase, dict) and isinstance(runs := phase.get("runs"), dict):
-            sides = [runs.get(side, {}).get("labels") for side in ("a", "b")]
-            if all(isinstance(labels, list) and labels for labels in sides):
-                return sides[0], sides[1]
-    return None
-
-
-def _run_documents(folder: Path, labels: list) -> list[Path] | None:
-    """The two run documents of a diff of one run a side, run in the diff's folder
-    (`harness.diff a.json b.json --out .`, or runs/a.json runs/b.json), found by the labels the
-    diff gave them (each document's name less .json); None where a label is no such document."""
-    found = []
-    for label in labels:
-        if not isinstance(label, str) or ":" in label or label.startswith(("/", "..")):
-            return None
-        paths = [path for path in (folder / f"{label}.json", folder / "runs" / f"{label}.json") if path.is_file()]
-        if len(paths) != 1:
-            return None
-        found.append(paths[0])
-    return found
 
 
 def _render_several_runs(folder: Path, named: tuple[list[str], list[str]], figures: bool) -> list[Path]:

@@ -18,6 +18,10 @@ A run is named by
 A data-parallel run's overlap (communication hidden under compute, `harness.trace.analyses.overlap`)
 comes from the compare folder's summary, or from the profile where it has communication
 kernels (of a torch run, rank 0's profile).
+
+A committed diff names its runs again for `harness.regenerate`: `several_runs` reads a
+several-runs diff's documents from its diff.json, `run_documents_by_label` finds the two of a
+diff of one run a side in the diff's folder.
 """
 
 from __future__ import annotations
@@ -304,3 +308,29 @@ def resolve_one(spec: str | Path, nsys_bin: str | None = None) -> Run:
     if len(runs) != 1:
         raise InputError(f"{spec}: holds {len(runs)} runs; name one as {spec}:BACKEND")
     return runs[0]
+
+
+def several_runs(doc: dict) -> tuple[list[str], list[str]] | None:
+    """The A and B run documents a several-runs diff's diff.json names (as its command named them),
+    or None."""
+    for phase in doc.get("phases") or []:
+        if isinstance(phase, dict) and isinstance(runs := phase.get("runs"), dict):
+            sides = [runs.get(side, {}).get("labels") for side in ("a", "b")]
+            if all(isinstance(labels, list) and labels for labels in sides):
+                return sides[0], sides[1]
+    return None
+
+
+def run_documents_by_label(folder: Path, labels: list) -> list[Path] | None:
+    """The two run documents of a diff of one run a side, run in the diff's folder
+    (`harness.diff a.json b.json --out .`, or runs/a.json runs/b.json), found by the labels the
+    diff gave them (each document's name less .json); None where a label is no such document."""
+    found = []
+    for label in labels:
+        if not isinstance(label, str) or ":" in label or label.startswith(("/", "..")):
+            return None
+        paths = [path for path in (folder / f"{label}.json", folder / "runs" / f"{label}.json") if path.is_file()]
+        if len(paths) != 1:
+            return None
+        found.append(paths[0])
+    return found

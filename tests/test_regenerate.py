@@ -109,6 +109,16 @@ def test_a_moved_diff_finds_its_compare_folder(place, tmp_path, capsys) -> None:
     assert err == "" and out.startswith(str(tmp_path / "q" / Path(DIFF).name / "diff.md"))
 
 
+def _scale_step_times(path: Path, factor: float) -> list[float]:
+    """A run document's fused-step times (and their median) times `factor`, written back; the new times."""
+    run = json.loads(path.read_text())
+    step = run["phases"]["fused_step"]
+    step["times_ms"] = [t * factor for t in step["times_ms"]]
+    step["median_ms"] = statistics.median(step["times_ms"])
+    path.write_text(json.dumps(run))
+    return step["times_ms"]
+
+
 def test_a_several_runs_diff_renders_from_the_runs_in_its_folder(tmp_path, capsys) -> None:
     folder = tmp_path / RUNS_DIFF
     shutil.copytree(RESULTS / RUNS_DIFF, folder)
@@ -119,9 +129,7 @@ def test_a_several_runs_diff_renders_from_the_runs_in_its_folder(tmp_path, capsy
     # A run's step times moved in its document: the rendering moves with them (B's range now
     # starts at that run's median).
     shutil.copy(RESULTS / RUNS_DIFF / "diff.md", folder / "diff.md")
-    run = json.loads((folder / "runs" / "new-1.json").read_text())
-    times = run["phases"]["fused_step"]["times_ms"] = [t * 0.9 for t in run["phases"]["fused_step"]["times_ms"]]
-    (folder / "runs" / "new-1.json").write_text(json.dumps(run))
+    times = _scale_step_times(folder / "runs" / "new-1.json", 0.9)
     assert regenerate.main(["--root", str(tmp_path)]) == 0
     assert f"B's 3 runs {statistics.median(times):.3f}-" in (folder / "diff.md").read_text()
     capsys.readouterr()
@@ -139,10 +147,7 @@ def test_a_diff_of_one_run_a_side_renders_from_the_documents_its_labels_name(tmp
     shutil.copytree(RESULTS / ONE_RUN_DIFF, folder)
     assert regenerate.main(["--check", "--root", str(tmp_path)]) == 0
     # B's step times moved in its document: the rendering moves with them.
-    run = json.loads((folder / "runs" / "pallas-1.json").read_text())
-    times = run["phases"]["fused_step"]["times_ms"] = [t * 0.9 for t in run["phases"]["fused_step"]["times_ms"]]
-    run["phases"]["fused_step"]["median_ms"] = statistics.median(times)
-    (folder / "runs" / "pallas-1.json").write_text(json.dumps(run))
+    times = _scale_step_times(folder / "runs" / "pallas-1.json", 0.9)
     assert regenerate.main(["--check", "--root", str(tmp_path)]) == 1
     assert capsys.readouterr().out.split(": ")[0] == str(folder / "diff.md")
     assert regenerate.main(["--root", str(tmp_path)]) == 0

@@ -692,6 +692,12 @@ def test_tune_speedups_block_sets_each_candidate_against_its_faster_default(tmp_
     assert f"| `a` {shape} | {cand['ms']:.3f} {spread} | 1.035x | no |" in text
     assert f"| `b` {shape} | {cand['ms']:.3f} (2.900-3.000) | 1.035x | yes |" in text
     assert "stale" not in text
+    # A search that recorded no ranges (older ones did not) gives its medians alone.
+    (folder / "b.jsonl").unlink()
+    bare = [{k: v for k, v in r.items() if k != "ms_spread"} for r in rows]
+    (folder / "a.jsonl").write_text("\n".join([lines[0], *map(json.dumps, bare)]) + "\n")
+    text = render_page("<!-- generated: tune-speedups t -->\n<!-- end generated -->\n", "x/README.md", tmp_path)
+    assert f"| {default['ms']:.3f} | {cand['ms']:.3f} | 1.035x | no |" in text
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "c.jsonl").write_text("\n".join(line for line in lines if cand["candidate"] not in line) + "\n")
     with pytest.raises(BlockError, match=r"^x/README\.md: block 'tune-speedups d': .*no search with a candidate"):

@@ -289,6 +289,12 @@ def clock_table(folder: Path, root: Path) -> str:
     return "\n".join(markdown_table(header, rows)) + "\n"
 
 
+def _with_range(row: dict) -> str:
+    """A search row's median and, where it recorded them (older searches did not), its repeats' range."""
+    spread = row.get("ms_spread")
+    return f"{row['ms']:.3f}" + (f" ({spread[0]:.3f}-{spread[1]:.3f})" if spread else "")
+
+
 def tune_speedups(folder: Path, root: Path) -> str:
     """Every candidate of the `harness.tune_attention` searches in `folder` (their .jsonl, in
     name order) against its default, one row per shape: both medians with their repeats' range
@@ -312,9 +318,7 @@ def tune_speedups(folder: Path, root: Path) -> str:
                 continue
             d = min(same, key=lambda x: x["ms"])
             out.append([f"`{path.stem}`", r["pass"], f"{r['batch']} x {r['heads']} x {r['seq']} x {r['head_dim']}",
-                        "yes" if r["causal"] else "no", r["candidate"],
-                        f"{d['ms']:.3f} ({d['ms_spread'][0]:.3f}-{d['ms_spread'][1]:.3f})",
-                        f"{r['ms']:.3f} ({r['ms_spread'][0]:.3f}-{r['ms_spread'][1]:.3f})",
+                        "yes" if r["causal"] else "no", r["candidate"], _with_range(d), _with_range(r),
                         f"{d['ms'] / r['ms']:.3f}x", "yes" if any(r is f for f in faster) else "no"])
     if not out:
         raise ValueError(f"{folder} holds no search with a candidate measured beside its default")

@@ -34,18 +34,18 @@ def rope_reference(x: np.ndarray, theta: float) -> np.ndarray:
 
 def test_rope_matches_complex_rotation_in_both():
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, 1, 9, 64)).astype(np.float32)  # (B, nh, T, hd)
-    ref = rope_reference(x[0, 0].astype(np.float64), 10_000.0)
+    x = rng.standard_normal((1, 9, 1, 64)).astype(np.float32)  # (B, T, nh, hd)
+    ref = rope_reference(x[0, :, 0].astype(np.float64), 10_000.0)
     cos, sin = tm.rope_angles(9, 64, 10_000.0, "cpu")
-    got_t = tm.apply_rope(torch.from_numpy(x), cos, sin).numpy()[0, 0]
+    got_t = tm.apply_rope(torch.from_numpy(x), cos, sin).numpy()[0, :, 0]
     cos, sin = jm.rope_tables(9, 64, 10_000.0)
-    got_j = np.asarray(jm.apply_rope(jnp.asarray(x.transpose(0, 2, 1, 3)), cos, sin)).transpose(0, 2, 1, 3)[0, 0]
+    got_j = np.asarray(jm.apply_rope(jnp.asarray(x), cos, sin))[0, :, 0]
     # float32 angles t * theta^(-i/d) are off by ~2 eps of the angle (up to T rad), which
     # moves the rotated value by that much of |x|; cos, sin and the rotation add a few eps of |x|
     atol = (2 * 9 + 8) * float(np.finfo(np.float32).eps) * float(np.abs(x).max())
     np.testing.assert_allclose(got_t, ref, rtol=0, atol=atol)
     np.testing.assert_allclose(got_j, ref, rtol=0, atol=atol)
-    assert np.abs(ref - x[0, 0]).max() > 0.5  # the rotation did something
+    assert np.abs(ref - x[0, :, 0]).max() > 0.5  # the rotation did something
 
 
 def test_compiled_torch_reads_rope_from_tables_made_once_a_step():

@@ -32,10 +32,9 @@ def test_fused_attention_parity():
 
 
 def _half_split_rope(x, cos, sin):
-    """RoPE rotating (i, i + d/2) pairs (the GPT-NeoX layout) instead of adjacent ones."""
+    """RoPE pairing (i, i + d/2) (the GPT-NeoX layout) instead of adjacent entries."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return (x * cos[:, None, :] + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin[:, None, :]).to(x.dtype)
 
 
 def _unscaled_scores(self, q, k):

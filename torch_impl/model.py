@@ -56,10 +56,12 @@ class RMSNorm(nn.Module):
 
 
 def rope_angles(seq_len: int, d_head: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position p times frequency theta^(-2i/d_head), each [seq, d_head/2]."""
+    """RoPE's rotation as two [seq, d_head] float32 tables for `apply_rope`: cos(p * f_i) at
+    both positions of pair i, and sin(p * f_i) signed -, + (f_i = theta^(-2i/d_head))."""
     inv_freq = theta ** (-torch.arange(0, d_head, 2, device=device, dtype=torch.float32) / d_head)
     angles = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
 
 
 @torch.library.custom_op("xfprof::rope_angles", mutates_args=())
@@ -69,7 +71,7 @@ def _rope_angles_op(seq_len: int, d_head: int, theta: float, device: torch.devic
 
 @_rope_angles_op.register_fake
 def _(seq_len, d_head, theta, device):
-    return tuple(torch.empty(seq_len, d_head // 2, device=device) for _ in range(2))
+    return tuple(torch.empty(seq_len, d_head, device=device) for _ in range(2))
 
 
 def rope_tables(seq_len: int, d_head: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,10 +86,14 @@ def rope_tables(seq_len: int, d_head: int, theta: float, device) -> tuple[torch.
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (2i, 2i+1) of the last axis in place of the pair. x: (B, nh, T, hd)."""
-    x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.flatten(-2).to(x.dtype)
+    """Rotate adjacent pairs (2i, 2i+1) of the last axis in place of the pair, in float32.
+    x: (B, T, nh, hd); cos, sin from `rope_angles`. Written as x * cos + swap(x) * sin, with
+    swap exchanging each pair's two entries: one elementwise pass over x as the projection
+    laid it out, where slicing the even and odd entries, stacking the results back and
+    writing them in attention's (B, nh, T, hd) order takes strided reads and writes."""
+    x32 = x.float()
+    swapped = x32.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return (x32 * cos[:, None, :] + swapped * sin[:, None, :]).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -117,13 +123,10 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
-        # (B, T, D) -> (B, nh, T, hd)
-        q, k, v = (
-            proj(x).view(B, T, self.num_heads, self.d_head).transpose(1, 2)
-            for proj in (self.q_proj, self.k_proj, self.v_proj)
-        )
+        # (B, T, D) -> (B, T, nh, hd): RoPE in the projections' layout, then (B, nh, T, hd) views
+        q, k, v = (proj(x).view(B, T, self.num_heads, self.d_head) for proj in (self.q_proj, self.k_proj, self.v_proj))
         cos, sin = rope_tables(T, self.d_head, self.rope_theta, x.device)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v))
         if self.attention == "fused":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(self.d_head))
         else:

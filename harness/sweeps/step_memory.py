@@ -81,7 +81,7 @@ def activation_terms(config: ModelConfig, batch: int, ctx: int, dtype: str = "fp
         "attention_output": L * btd * mm,
         "swiglu": L * 4 * btf * mm,  # w1 out, silu out, w3 out, gate product
         "attention_probs": L * scores * ((FP32 + BF16) if bf16 else FP32) if naive else 0,
-        "mask_and_rope_tables": L * ((T * T if naive else 0) + 2 * T * (d // H // 2) * FP32),
+        "mask_and_rope_tables": L * ((T * T if naive else 0) + 2 * T * (d // H) * FP32),
         "bf16_weight_copies": matmul_params(config) * BF16 if bf16 else 0,
         "log_softmax": B * T * V * FP32,
         "tokens": B * (T + 1) * INT64,

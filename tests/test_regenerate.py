@@ -651,6 +651,23 @@ def test_best_mfu_block_keeps_attention_and_nccl_settings_apart(tmp_path) -> Non
     assert "NCCL_NVLS_ENABLE" not in text
 
 
+def test_best_mfu_block_names_the_memory_pool_a_batch_needed(tmp_path) -> None:
+    """JAX at batch 56 and 64 with XLA's client pool raised to 95% of the GPU's memory (they do not
+    fit in its default 75%) and at batch 48 without: the larger batches' rows name the setting, the
+    batch-48 row's says defaults."""
+    from harness.reports.doc_blocks import render_page
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for path in [*(RESULTS / "mfu/h200/jax-larger-batches/mem-fraction").glob("*.json"),
+                 *(RESULTS / "mfu/h200/jax-larger-batches/tree-1eb194e").glob("*.json")]:
+        shutil.copy(path, runs / path.name)
+    text = render_page("<!-- generated: best-mfu runs -->\n<!-- end generated -->\n", "x/README.md", tmp_path)
+    rows = [line.split(" | ")[2:4] for line in text.splitlines() if line.startswith("| jax |")]
+    assert rows == [["48", "defaults"], ["56", "XLA_PYTHON_CLIENT_MEM_FRACTION=0.95"],
+                    ["64", "XLA_PYTHON_CLIENT_MEM_FRACTION=0.95"]]
+
+
 def test_a_diff_of_two_compare_folders_of_one_name_reads_each(tmp_path, capsys) -> None:
     """A profiled diff of one cell's compare folders from two gallery folders: its labels name
     the folders that tell them apart, and the check reads each side from its own folder (the

@@ -383,7 +383,7 @@ def test_the_breakdown_block_is_each_profile_s_kernels_summed_by_category() -> N
 
     folders = sorted((RESULTS / PROFILED).glob("*/*-profiled"))
     lines = breakdown(folders, RESULTS).splitlines()
-    assert len(folders) == 3 and len(lines) == 5
+    assert len(folders) == 4 and len(lines) == 6
     for cells, p, per_category in _profiled_rows(folders, lines):
         gemm = per_category["gemm"]
         assert cells[5] == f"{gemm / 1e6:.1f} ({100 * gemm / p['gpu_ns_per_step']:.1f}%)"
@@ -407,7 +407,7 @@ def test_the_mfu_points_block_splits_each_profiled_step_into_its_mfu_and_what_co
 
     folders = sorted((RESULTS / PROFILED).glob("*/*-profiled"))
     lines = mfu_points_table(folders, RESULTS).splitlines()
-    assert len(lines) == 2 + len(folders) == 5
+    assert len(lines) == 2 + len(folders) == 6
     d, f, layers, vocab, batch, ctx, peak = 1280, 5120, 36, 10_000, 32, 1024, 989.4e12
     gemm_flops = 3 * 2 * batch * ctx * (layers * (4 * d * d + 3 * d * f) + d * vocab)
     attention_flops = 3 * layers * 2 * (2 * batch * ctx * ctx * d)

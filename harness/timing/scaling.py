@@ -52,9 +52,11 @@ def step_figures(doc: dict) -> tuple[int, str, float, float, float | None]:
 
 # Settings that change the program a run times: XLA's flags, Inductor's options (not where
 # it caches), JAX's numerics options (not its platform or cache) and the device memory
-# allocators' configuration (torch's caching allocator, the pool XLA's client takes), which
-# decides what fits.
-PROGRAM_SETTINGS = ("XLA_FLAGS", "TORCHINDUCTOR_", "PYTORCH_CUDA_ALLOC_CONF", "XLA_PYTHON_CLIENT_",
+# allocators' configuration (torch's caching allocator, the share of the GPU's memory XLA's
+# client pool may take), which decides what fits. Whether XLA's pool is allocated up front
+# (XLA_PYTHON_CLIENT_PREALLOCATE, which the harness sets where two processes share a GPU)
+# is none: it moves no limit.
+PROGRAM_SETTINGS = ("XLA_FLAGS", "TORCHINDUCTOR_", "PYTORCH_CUDA_ALLOC_CONF", "XLA_PYTHON_CLIENT_MEM_FRACTION",
                     "JAX_DEFAULT_MATMUL_PRECISION",
                     "JAX_ENABLE_X64", "JAX_DEFAULT_PRNG_IMPL", "JAX_THREEFRY_PARTITIONABLE")
 CACHE_SETTINGS = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE")

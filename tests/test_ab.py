@@ -245,6 +245,18 @@ def test_a_commit_against_the_working_tree(tmp_path, capsys) -> None:
     assert capsys.readouterr().err.count("kept (its document is there)") == 2
 
 
+def test_a_side_s_out_names_no_folder_of_the_machine_inside_the_repository(tmp_path) -> None:
+    """A run's --out inside the repository is its path from the run's folder (the working tree's
+    root for B, a base tree under .ab-trees for A), which resolves there to the document; outside
+    the repository it stays absolute."""
+    doc = runs.ROOT / "ab" / "x" / "runs" / "b-1.json"
+    assert runs.out_argument(doc, runs.ROOT) == os.path.join("ab", "x", "runs", "b-1.json")
+    tree = runs.TREES / ("0" * 40)
+    got = runs.out_argument(doc, tree)
+    assert not os.path.isabs(got) and (tree / got).resolve() == doc.resolve()
+    assert runs.out_argument(tmp_path / "b-1.json", runs.ROOT) == str((tmp_path / "b-1.json").resolve())
+
+
 @pytest.mark.slow
 @needs_git
 def test_a_stopped_ab_keeps_its_runs_and_goes_on(tmp_path, capsys) -> None:

@@ -108,6 +108,16 @@ def side_env(settings: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def out_argument(doc: Path, cwd: Path) -> str:
+    """The --out a side's `harness.run` is given for `doc`: its path from the run's folder `cwd`
+    where both lie in the repository, so that the command its document records names no folder
+    of this machine; the absolute path where an A/B writes outside the repository."""
+    doc, cwd, root = doc.resolve(), cwd.resolve(), ROOT.resolve()
+    if doc.is_relative_to(root) and cwd.is_relative_to(root):
+        return os.path.relpath(doc, cwd)
+    return str(doc)
+
+
 def run_one(name: str, run_args: Sequence[str], out: Path, base: tuple[str, Path] | None, timeout: int | None,
             settings: dict[str, str] | None = None) -> str | None:
     """`harness.run` of one side into runs/<name>.json, A from `base`'s tree (the working tree
@@ -121,7 +131,7 @@ def run_one(name: str, run_args: Sequence[str], out: Path, base: tuple[str, Path
         env["XFPROF_GIT_COMMIT"] = base[0]
     doc = out / "runs" / f"{name}.json"
     doc.unlink(missing_ok=True)  # an earlier attempt's document of a failed or stopped run
-    cmd = [sys.executable, "-m", "harness.run", *run_args, "--out", str(doc.resolve())]
+    cmd = [sys.executable, "-m", "harness.run", *run_args, "--out", out_argument(doc, cwd)]
     with open(out / "logs" / f"{name}.log", "w") as log, \
             child_process(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT) as proc:
         try:

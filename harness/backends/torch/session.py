@@ -54,6 +54,10 @@ class TorchSession:
         self.device = torch.device(device)
         self.dtype = dtype
         self.model = (weights or init_model(config, seed)).to(self.device)
+        if self.device.type == "cuda" and dtype == "bf16":
+            from harness.backends.torch.gemm import use_tuned_gemms
+
+            use_tuned_gemms(self.model)
         self.optimizer = make_optimizer(self.model.parameters(), optimizer)
         batch = torch.from_numpy(tokens).to(self.device)
         self.inputs, self.targets = batch[:, :-1], batch[:, 1:]

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 import time
@@ -561,7 +562,10 @@ def test_why_block_gives_each_pair_s_largest_causes_as_harness_diff_wrote_them(t
         causes = line.split("beyond the noise. ", 1)[1]
         first, second = causes.split(". ", 1)
         assert f"- {first}.\n" in committed and f"- {second}\n" in committed
-    assert "7.60x faster (86.8% less time, 248.480 ms)" in lines[1]  # diff.md's headline for torch -> jax
+    # diff.md's headline for torch -> jax: its ratio and gap, as the block's second line gives them
+    torch_jax = (diffs / f"{name}-torch-vs-{name}-jax" / "diff.md").read_text()
+    headline = re.search(r"\): (\d+\.\d\dx (?:faster|slower) \([\d.]+% (?:less|more) time, [\d.]+ ms\))", torch_jax)
+    assert headline and f"(A): {headline.group(1)} per step" in lines[1]
     with pytest.raises(BlockError, match=r"^x/README\.md: block 'why main-job/large-ctx256-bf16-h200-three-way': "
                                          r".* no profile to decompose"):
         render_page("<!-- generated: why main-job/large-ctx256-bf16-h200-three-way -->\n<!-- end generated -->\n",

@@ -15,8 +15,6 @@ import torch_impl
 from harness.backends.weights import init_model
 from harness.config import OPTIMIZERS, ModelConfig
 
-# The torch backends that compile, and the torch.compile mode each runs.
-
 
 class Loss(torch.nn.Module):
     """torch_impl's cross-entropy as a module, so the harness can hang the `loss` layer

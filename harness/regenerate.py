@@ -27,6 +27,7 @@ generated is recognised by the marker files of `KINDS`, not guessed from folder 
     attention  X.json of `harness.bench_attention`, and X.md      harness.bench_attention --render X.json: X.md, X.png
     tune       X.jsonl of `harness.tune_attention`, and X.md     harness.tune_attention --render X.jsonl: X.md
     ranks      X.json of `harness.bench_ranks`, and X.md         its table again, answer first: X.md
+    gemms      X.json of `harness.bench_gemms`, and X.md         harness.bench_gemms --render X.json: X.md
 
 Compare folders come first, since a diff reads its compare folder (which must sit under the
 same root, at any depth). Then the pages beside the root (README.md and docs/**/*.md in its parent
@@ -266,6 +267,12 @@ def render_tune(path: Path, root: Path, figures: bool) -> list[Path]:
     return [path.with_suffix(".md")]
 
 
+def render_gemms(path: Path, root: Path, figures: bool) -> list[Path]:
+    from harness.bench_gemms import render
+
+    return [render(path)]
+
+
 @dataclass(frozen=True)
 class Kind:
     name: str
@@ -283,6 +290,7 @@ KINDS = (
     Kind("attention", _beside_md(".json", "bench_attention"), render_attention),
     Kind("tune", _beside_md(".jsonl", "tune_attention"), render_tune),
     Kind("ranks", _rank_benches, render_ranks),
+    Kind("gemms", _beside_md(".json", "bench_gemms"), render_gemms),
 )
 
 

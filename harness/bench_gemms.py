@@ -15,6 +15,7 @@ Ctrl-C or a stop signal keeps the GEMMs that finished.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness import stopped_by
+from harness import backends, stopped_by
 from harness.cli.dialect import (
     add_batch,
     add_ctx,
@@ -123,10 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
            "problems": done}
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch
     try:
-        import jax
-
-        doc["environment"] = environment({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                          "jax": jax.__version__, "cublaslt": version()})
+        versions = {lib: importlib.import_module(lib).__version__ for lib in backends.libraries()}
+        doc["environment"] = environment({"device": torch.cuda.get_device_name(), **versions, "cublaslt": version()})
         measure(problems, args.rounds, args.seconds, lambda text: say(TOOL, text), done)
     except KeyboardInterrupt as exc:
         finished = ", ".join(f"{p['layer']} {p['pass']}" for p in done) or "none"

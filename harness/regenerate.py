@@ -29,19 +29,17 @@ generated is recognised by the marker files of `KINDS`, not guessed from folder 
     ranks      X.json of `harness.bench_ranks`, and X.md         its table again, answer first: X.md
     gemms      X.json of `harness.bench_gemms`, and X.md         harness.bench_gemms --render X.json: X.md
 
-Compare folders come first, since a diff reads its compare folder (which must sit under the
-same root, at any depth). Then the pages beside the root (README.md and docs/**/*.md in its parent
-folder) and the README.md files under it:
-each block between `<!-- generated: NAME ARG -->` and `<!-- end generated -->` is rendered
-again from the result documents it names (`harness.reports.doc_blocks`); the rest of a page is
-prose and left as it is. Everything else is not generated from a document here and is left as it is:
-the prose of README.md files outside the generated blocks, logs and .txt outputs, screenshots, Nsight Compute tables,
-projection.md (assembled from several `--project` commands), the report-speed benchmark
-against `nsys stats`, a compare folder with no report.md beside its summary.json, and
-kernels.png. A compare folder's kernels.md/.csv are rendered from its kernels.json where
-that document is today's (it reads back into the breakdown and writes out the same);
-from an older one, whose runs did not record every figure today's tables show, kernels.md
-is kept as the run wrote it and the compare report embeds it as it is.
+Compare folders come first, since a diff reads its compare folder (which must sit under the same root, at any
+depth). Then the pages beside the root (README.md and docs/**/*.md in its parent folder) and the README.md
+files under it: each block between `<!-- generated: NAME ARG -->` and `<!-- end generated -->` is rendered
+again from the result documents it names (`harness.reports.doc_blocks`); the rest of a page is prose and left
+as it is. Everything else is not generated from a document here and is left as it is: the prose of README.md
+files outside the generated blocks, logs and .txt outputs, screenshots, Nsight Compute tables, projection.md
+(assembled from several `--project` commands), the report-speed benchmark against `nsys stats`, a compare
+folder with no report.md beside its summary.json, and kernels.png. A compare folder's kernels.md/.csv are
+rendered from its kernels.json where that document is today's (it reads back into the breakdown and writes out
+the same); from an older one, whose runs did not record every figure today's tables show, kernels.md is kept
+as the run wrote it and the compare report embeds it as it is.
 
 --check renders into a temporary folder instead and compares every text output (.md, .csv,
 .json, and each page with generated blocks) with the committed file byte for byte, one line
@@ -57,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import filecmp
+import importlib
 import json
 import os
 import shutil
@@ -253,11 +252,12 @@ def render_attention(path: Path, root: Path, figures: bool) -> list[Path]:
     return list(render_results(path, figures).values())
 
 
-def render_ranks(path: Path, root: Path, figures: bool) -> list[Path]:
-    from harness.bench_ranks import markdown
-
-    write_text(path.with_suffix(".md"), markdown(json.loads(path.read_text())))
-    return [path.with_suffix(".md")]
+def render_markdown(module: str) -> Callable[[Path, Path, bool], list[Path]]:
+    """The renderer of a tool whose report is X.md from its document X.json: `module`'s `markdown`."""
+    def render(path: Path, root: Path, figures: bool) -> list[Path]:
+        write_text(path.with_suffix(".md"), importlib.import_module(module).markdown(json.loads(path.read_text())))
+        return [path.with_suffix(".md")]
+    return render
 
 
 def render_tune(path: Path, root: Path, figures: bool) -> list[Path]:
@@ -265,12 +265,6 @@ def render_tune(path: Path, root: Path, figures: bool) -> list[Path]:
 
     write_text(path.with_suffix(".md"), tune_markdown(*read_rows(path)))
     return [path.with_suffix(".md")]
-
-
-def render_gemms(path: Path, root: Path, figures: bool) -> list[Path]:
-    from harness.bench_gemms import render
-
-    return [render(path)]
 
 
 @dataclass(frozen=True)
@@ -289,8 +283,8 @@ KINDS = (
     Kind("diff", _with_files("diff.json", "diff.md"), render_diff),
     Kind("attention", _beside_md(".json", "bench_attention"), render_attention),
     Kind("tune", _beside_md(".jsonl", "tune_attention"), render_tune),
-    Kind("ranks", _rank_benches, render_ranks),
-    Kind("gemms", _beside_md(".json", "bench_gemms"), render_gemms),
+    Kind("ranks", _rank_benches, render_markdown("harness.bench_ranks")),
+    Kind("gemms", _beside_md(".json", "bench_gemms"), render_markdown("harness.reports.gemms")),
 )
 
 

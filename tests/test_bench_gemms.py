@@ -102,19 +102,19 @@ def test_summarize_takes_medians_over_the_rounds_and_weighs_them_by_the_step() -
     s = gemms.summarize(doc)
     for p, row in zip(doc["problems"], s["rows"]):
         times = {name: [r[name]["us"] for r in p["rounds"]] for name in p["rounds"][0]}
-        assert row["torch"]["median"] == statistics.median(times["torch"])
-        candidates = [k for k in times if k not in ("torch", "xla_call")]
+        assert row["mm"]["median"] == statistics.median(times["mm"])
+        candidates = [k for k in times if k not in ("mm", "xla_call")]
         fastest = min(candidates, key=lambda k: statistics.median(times[k]))
         assert row["best"]["candidate"] == int(fastest)
         if p["xla"]["kind"] == "cublaslt":
             assert row["xla"]["median"] == statistics.median(times[str(p["xla"]["candidate"])])
         else:
             assert row["xla"]["median"] == statistics.median(times["xla_call"])
-        assert row["xla_over_torch"] == row["xla"]["median"] / row["torch"]["median"]
-    assert s["step_ms"]["torch"] == pytest.approx(
-        sum(statistics.median([r["torch"]["us"] for r in p["rounds"]]) * p["per_step"] for p in doc["problems"]) / 1e3,
+        assert row["xla_over_mm"] == row["xla"]["median"] / row["mm"]["median"]
+    assert s["step_ms"]["mm"] == pytest.approx(
+        sum(statistics.median([r["mm"]["us"] for r in p["rounds"]]) * p["per_step"] for p in doc["problems"]) / 1e3,
         rel=1e-12)
-    assert s["step_ms"]["best"] <= min(s["step_ms"]["torch"], s["step_ms"]["xla"]) + 1e-9 or \
+    assert s["step_ms"]["best"] <= min(s["step_ms"]["mm"], s["step_ms"]["xla"]) + 1e-9 or \
         any(r["xla"]["candidate"] is None for r in s["rows"])
 
 
@@ -124,8 +124,8 @@ def test_torch_s_kernel_is_matched_to_its_candidate_by_name() -> None:
     for p, row in zip(doc["problems"], rows):
         names = [c["kernel"] for c in p["candidates"]]
         expected = p["candidates"][names.index(p["torch_kernel"])]["index"] if p["torch_kernel"] in names else None
-        assert row["torch"]["candidate"] == expected
-    assert gemms.summarize(doc)["torch_first"] == sum(r["torch"]["candidate"] == 0 for r in rows)
+        assert row["mm"]["candidate"] == expected
+    assert gemms.summarize(doc)["mm_first"] == sum(r["mm"]["candidate"] == 0 for r in rows)
 
 
 def test_the_report_opens_with_its_answer_in_the_document_s_figures() -> None:
@@ -134,9 +134,9 @@ def test_the_report_opens_with_its_answer_in_the_document_s_figures() -> None:
     text = markdown(doc)
     lines = text.splitlines()
     assert lines[0].startswith("# ") and lines[2] == answer(doc)[0]
-    t, x = s["step_ms"]["torch"], s["step_ms"]["xla"]
+    t, x = s["step_ms"]["mm"], s["step_ms"]["xla"]
     assert f"{t:.1f} ms with torch's kernels and {x:.1f} ms with XLA's choices ({x / t:.3f}x)" in text
-    assert f"first candidate in {s['torch_first']} of {len(s['rows'])} GEMMs" in text
+    assert f"first candidate in {s['mm_first']} of {len(s['rows'])} GEMMs" in text
     assert text.count("\n| ") == len(doc["problems"]) + 1  # header and one row per GEMM
 
 

@@ -3,6 +3,7 @@ GEMMs and what that choice costs, answer first, from the document alone."""
 
 from __future__ import annotations
 
+from harness import backends
 from harness.common.tables import markdown_table
 from harness.timing.gemms import summarize
 
@@ -29,10 +30,10 @@ def answer(doc: dict) -> list[str]:
     o, rows = doc["options"], s["rows"]
     if not rows:
         return ["No GEMM finished."]
-    t, x, b = s["step_ms"]["torch"], s["step_ms"]["xla"], s["step_ms"]["best"]
+    t, x, b = s["step_ms"]["mm"], s["step_ms"]["xla"], s["step_ms"]["best"]
     cell = f"`{o['model']}` at batch {o['batch']}, ctx {o['ctx']}, bf16"
     lines = [
-        f"- torch's matmul ran the cuBLASLt heuristic's first candidate in {s['torch_first']} of {len(rows)} GEMMs; "
+        f"- torch's matmul ran the cuBLASLt heuristic's first candidate in {s['mm_first']} of {len(rows)} GEMMs; "
         f"XLA's autotuner chose another candidate in {s['xla_other']} of them"
         + (f", and made {s['xla_not_cublaslt']} something other than one cuBLASLt call"
            if s["xla_not_cublaslt"] else "")
@@ -41,10 +42,10 @@ def answer(doc: dict) -> list[str]:
         f"torch's kernels and {x:.1f} ms with XLA's choices ({x / t:.3f}x); the fastest candidate of each GEMM "
         f"would take {b:.1f} ms ({b / t:.3f}x).",
     ]
-    gaps = sorted(rows, key=lambda r: (r["xla"]["median"] - r["torch"]["median"]) * r["per_step"])
-    named = [f"{r['layer']} {r['pass']} {r['xla_over_torch']:.3f}x ({_pick(r['xla'])} against "
-             f"`{short(r['torch']['kernel'])}`, {r['per_step']} a step)"
-             for r in gaps[:3] if r["xla"]["median"] < r["torch"]["median"]]
+    gaps = sorted(rows, key=lambda r: (r["xla"]["median"] - r["mm"]["median"]) * r["per_step"])
+    named = [f"{r['layer']} {r['pass']} {r['xla_over_mm']:.3f}x ({_pick(r['xla'])} against "
+             f"`{short(r['mm']['kernel'])}`, {r['per_step']} a step)"
+             for r in gaps[:3] if r["xla"]["median"] < r["mm"]["median"]]
     if named:
         lines.append("- Where XLA's choice gains most over the step: " + "; ".join(named) + ".")
     if stopped := doc.get("interrupted"):
@@ -61,19 +62,20 @@ def markdown(doc: dict) -> str:
               "SM MHz: torch / XLA"]
     table = []
     for r in s["rows"]:
-        t, x = r["torch"], r["xla"]
+        t, x = r["mm"], r["xla"]
         mj = f"{t['mj']:.0f} / {x['mj']:.0f}" if t["mj"] is not None and x["mj"] is not None else "-"
         mhz = f"{t['mhz']:.0f} / {x['mhz']:.0f}" if t["mhz"] is not None and x["mhz"] is not None else "-"
         best = r["best"]
         table.append([r["layer"], r["pass"], " x ".join(map(str, r["shape"])), r["per_step"],
-                      _pick(t), _us(t), _pick(x), _us(x), f"{r['xla_over_torch']:.3f}",
+                      _pick(t), _us(t), _pick(x), _us(x), f"{r['xla_over_mm']:.3f}",
                       _pick(best) if best else "-", _us(best) if best else "-", _us(r["xla_call"]), mj, mhz])
     device = env.get("device") or env.get("name") or "the GPU"
     return "\n".join([
         "# Which cuBLAS kernels do torch and XLA run for the step's GEMMs, and what does the choice cost?", "",
         *answer(doc), "",
         *markdown_table(header, table), "",
-        f"On {device}; torch {env.get('torch', '?')}, jax {env.get('jax', '?')}, cuBLASLt {env.get('cublaslt', '?')}. "
+        f"On {device}; {', '.join(f'{lib} {env[lib]}' for lib in backends.libraries() if lib in env)}, "
+        f"cuBLASLt {env.get('cublaslt', '?')}. "
         f"Per GEMM, torch's `mm`, each of the heuristic's {o['requested']}-candidate list that ran (`#` its index, "
         "XLA's `selected_algorithm`) and XLA's own compiled call, each run back to back for "
         f"{o['seconds']} s untimed and {o['seconds']} s timed, in {o['rounds']} rounds of rotating order: medians "

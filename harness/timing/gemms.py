@@ -176,7 +176,7 @@ def measure(problems: list[Gemm], rounds: int, seconds: float, say: Callable[[st
             done: list[dict]) -> None:
     """Each problem's entry appended to `done` as it finishes (a stop keeps the finished ones):
     the candidates (index, waves, kernel), torch's kernel, XLA's choice, and per round the
-    sustained figures of torch's `mm` ("torch"), each candidate (its index) and XLA's own call
+    sustained figures of torch's `mm` ("mm"), each candidate (its index) and XLA's own call
     ("xla_call")."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch here
     import jax
@@ -213,7 +213,7 @@ def measure(problems: list[Gemm], rounds: int, seconds: float, say: Callable[[st
         choice = xla_choice(compiled.as_text())
 
         entries: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {
-            "torch": _torch_enqueue(lambda a=a, b=b: torch.mm(a, b)),
+            "mm": _torch_enqueue(lambda a=a, b=b: torch.mm(a, b)),
             **{str(c.index): _torch_enqueue(lambda c=c: run(c)) for c, _ in usable},
             "xla_call": _jax_enqueue(compiled, x_like),
         }
@@ -294,14 +294,14 @@ def summarize(doc: dict) -> dict:
         xla = p["xla"]
         picked = str(xla.get("candidate"))
         xla_key = picked if xla.get("kind") == "cublaslt" and picked in by else None
-        cands = [k for k in by if k not in ("torch", "xla_call")]
+        cands = [k for k in by if k not in ("mm", "xla_call")]
         best = min(cands, key=lambda k: by[k]["median"]) if cands else None
         row = {
             "layer": p["layer"], "pass": p["pass"], "shape": (p["m"], p["n"], p["k"]), "per_step": p["per_step"],
             "flops": 2 * p["m"] * p["n"] * p["k"], "candidates": len(cands),
-            "torch": {"kernel": p["torch_kernel"], "candidate": torch_as, **by["torch"],
-                      "mj": statistics.median(energy["torch"]) if energy["torch"] else None,
-                      "mhz": statistics.median(clock["torch"]) if clock["torch"] else None},
+            "mm": {"kernel": p["torch_kernel"], "candidate": torch_as, **by["mm"],
+                      "mj": statistics.median(energy["mm"]) if energy["mm"] else None,
+                      "mhz": statistics.median(clock["mm"]) if clock["mm"] else None},
             "xla": {"kernel": kernels.get(xla_key) if xla_key else (xla.get("op") or xla.get("kind")),
                     "candidate": int(xla_key) if xla_key else None,
                     **(by[xla_key] if xla_key else by["xla_call"]),
@@ -311,12 +311,12 @@ def summarize(doc: dict) -> dict:
             "xla_call": by["xla_call"],
             "best": {"kernel": kernels.get(best), "candidate": int(best), **by[best]} if best else None,
         }
-        row["xla_over_torch"] = row["xla"]["median"] / row["torch"]["median"]
+        row["xla_over_mm"] = row["xla"]["median"] / row["mm"]["median"]
         rows.append(row)
-    totals = {side: sum(r[side]["median"] * r["per_step"] for r in rows) / 1e3 for side in ("torch", "xla")}
-    totals["best"] = sum((r["best"] or r["torch"])["median"] * r["per_step"] for r in rows) / 1e3
+    totals = {side: sum(r[side]["median"] * r["per_step"] for r in rows) / 1e3 for side in ("mm", "xla")}
+    totals["best"] = sum((r["best"] or r["mm"])["median"] * r["per_step"] for r in rows) / 1e3
     flops = sum(r["flops"] * r["per_step"] for r in rows)
     return {"rows": rows, "step_ms": totals, "step_flops": flops,
-            "torch_first": sum(r["torch"]["candidate"] == 0 for r in rows),
+            "mm_first": sum(r["mm"]["candidate"] == 0 for r in rows),
             "xla_other": sum(r["xla"]["candidate"] not in (None, 0) for r in rows),
             "xla_not_cublaslt": sum(r["xla"]["candidate"] is None for r in rows)}

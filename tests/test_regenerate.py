@@ -59,7 +59,7 @@ PLANTS = {
     "diff": ([COMPARE, DIFF], f"{DIFF}/diff.md", "82.924 ms", "82.925 ms"),
     "attention": (["attention/hopper-h200"], "attention/hopper-h200/fa3-hd64-bf16-short.md", " | ok |", " | OOM |"),
     "tune": (["attention/tune-h200"], "attention/tune-h200/mosaic-fwd.md", "| fwd |", "| bwd |"),
-    "gemms": (["gemms"], "gemms/large-ctx1024-b32-h200.md", "| q/k/v/o | fwd |", "| q/k/v/o | bwd |"),
+    "gemms": (["gemms"], "gemms/large-ctx1024-b32-h200-1.md", "| q/k/v/o | fwd |", "| q/k/v/o | bwd |"),
 }
 
 

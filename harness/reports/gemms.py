@@ -35,7 +35,7 @@ def answer(doc: dict) -> list[str]:
     lines = [
         f"- torch's matmul ran the cuBLASLt heuristic's first candidate in {s['mm_first']} of {len(rows)} GEMMs; "
         f"XLA's autotuner chose another candidate in {s['xla_other']} of them"
-        + (f", and made {s['xla_not_cublaslt']} something other than one cuBLASLt call"
+        + (f", and compiled {s['xla_not_cublaslt']} to a fusion of its own rather than one cuBLASLt call"
            if s["xla_not_cublaslt"] else "")
         + ".",
         f"- Each kernel run back to back at the power cap: one training step's GEMMs of {cell} take {t:.1f} ms with "

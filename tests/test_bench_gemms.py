@@ -186,3 +186,29 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, monkeypatch) ->
     assert bench_gemms.main(["--out", str(tmp_path / "g.json")]) == 2
     assert "no CUDA GPU" in _one_line(capsys)
     assert not (tmp_path / "g.json").exists()
+
+
+@pytest.mark.parametrize("stop, code, said", [(KeyboardInterrupt("SIGTERM"), 130, "stopped by"),
+                                              (RuntimeError("cuBLASLt heuristic failed with status 7"), 1, "failed:")])
+def test_a_stop_or_a_failure_keeps_the_gemms_that_finished(stop, code, said, tmp_path, capsys, monkeypatch) -> None:
+    """The document and its report hold the GEMMs measured before the stop, and say where it stopped."""
+    from harness.timing import cublaslt
+
+    finished = _doc()["problems"][:2]
+
+    def measure(problems, rounds, seconds, say, done):
+        done.extend(finished)
+        raise stop
+
+    import torch
+
+    monkeypatch.setattr(bench_gemms, "gpu_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")
+    monkeypatch.setattr(cublaslt, "version", lambda: 130100)
+    monkeypatch.setattr(gemms, "measure", measure)
+    out = tmp_path / "g.json"
+    assert bench_gemms.main(["--model", "tiny", "--ctx", "64", "--batch", "2", "--out", str(out)]) == code
+    doc = json.loads(out.read_text())
+    assert doc["problems"] == finished and said in doc["interrupted"]
+    assert "Interrupted: " + doc["interrupted"] in out.with_suffix(".md").read_text()
+    assert "the finished GEMMs are kept" in capsys.readouterr().err

@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +44,7 @@ from harness.common.errors import UsageError
 from harness.common.progress import say
 from harness.common.results import environment, new_file_problem, save_json, write_text
 from harness.config import get_config
+from harness.reports.gemms import markdown
 from harness.timing.gemms import LAYERS, PASSES, gemm_problems
 
 TOOL = "harness.bench_gemms"
@@ -67,15 +67,6 @@ def build_parser():
     p.add_argument("--render", metavar="PATH.json", default=None,
                    help="write the report of this document again (PATH.md) and run nothing")
     return p
-
-
-def render(path: Path) -> Path:
-    """The report of the document at `path`, written beside it (.md)."""
-    from harness.reports.gemms import markdown
-
-    out = path.with_suffix(".md")
-    write_text(out, markdown(json.loads(path.read_text())))
-    return out
 
 
 def _check(args) -> None:
@@ -102,10 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = Path(args.render)
         try:
             doc = json.loads(path.read_text())
-            doc["problems"], doc["options"]  # noqa: B018 - a document of this tool has both
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError):
+            doc = None
+        if not isinstance(doc, dict) or not {"problems", "options"} <= doc.keys():
             return fail(f"--render {path}: not a {TOOL} document; give the .json the tool wrote")
-        print(f"wrote {render(path)}")
+        write_text(out := path.with_suffix(".md"), markdown(doc))
+        print(f"wrote {out}")
         return 0
     try:
         _check(args)
@@ -122,7 +115,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "passes": args.passes, "rounds": args.rounds, "seconds": args.seconds,
                        "requested": REQUESTED},
            "problems": done}
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch
     try:
         versions = {lib: importlib.import_module(lib).__version__ for lib in backends.libraries()}
         doc["environment"] = environment({"device": torch.cuda.get_device_name(), **versions, "cublaslt": version()})
@@ -132,8 +124,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["interrupted"] = f"stopped by {stopped_by(exc)}; finished: {finished}"
     except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
         doc["interrupted"] = f"failed: {str(exc).splitlines()[0]}"
-    from harness.reports.gemms import markdown
-
     if not done:
         return fail(doc.get("interrupted", "no GEMM finished"), 130 if "stopped" in doc.get("interrupted", "") else 1)
     text = markdown(doc)

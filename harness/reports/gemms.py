@@ -76,8 +76,8 @@ def markdown(doc: dict) -> str:
         *markdown_table(header, table), "",
         f"On {device}; {', '.join(f'{lib} {env[lib]}' for lib in backends.libraries() if lib in env)}, "
         f"cuBLASLt {env.get('cublaslt', '?')}. "
-        f"Per GEMM, torch's `mm`, each of the heuristic's {o['requested']}-candidate list that ran (`#` its index, "
-        "XLA's `selected_algorithm`) and XLA's own compiled call, each run back to back for "
+        f"Per GEMM, torch's `mm`, each candidate of the heuristic's list that ran ({o['requested']} asked for; `#` "
+        "its index, as XLA's `selected_algorithm` counts) and XLA's own compiled call, each run back to back for "
         f"{o['seconds']} s untimed and {o['seconds']} s timed, in {o['rounds']} rounds of rotating order: medians "
         "and ranges over the rounds. \"XLA's choice\" is the candidate XLA's compiled program selected, timed here "
         "as every candidate is; where XLA compiled the dot to something else its own call's time stands there. "

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from harness.common.spread import spread
 from harness.config import ModelConfig
 
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -274,49 +275,42 @@ def _jax_enqueue(fn, args):
 
 
 # -- the figures of a document -----------------------------------------------------------------
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+def _entry(rounds: list[dict], name: str) -> dict:
+    """One timed entry over the rounds: its time's median and range (`spread`), the rounds'
+    count, and the median energy per call and SM clock where NVML gave them."""
+    us = [r[name]["us"] for r in rounds if name in r]
+    mj, mhz = ([r[name][k] for r in rounds if r.get(name, {}).get(k) is not None] for k in ("mj", "mhz"))
+    s = spread(dict(enumerate(us)))
+    return {"median": s["median"], "min": s["min"], "max": s["max"], "n": len(us),
+            "mj": statistics.median(mj) if mj else None, "mhz": statistics.median(mhz) if mhz else None}
 
 
 def summarize(doc: dict) -> dict:
     """Per GEMM: torch's kernel and which candidate it is, XLA's choice, and the medians (with
-    ranges) over the rounds of torch's `mm`, XLA's choice run as the others are, XLA's own call
-    and the fastest candidate; then the step's totals (each GEMM's median times its count)."""
+    ranges) over the rounds of torch's `mm`, XLA's choice run as the others are (XLA's own call
+    where its choice is no candidate), XLA's own call and the fastest candidate; then the step's
+    totals (each GEMM's median times its count)."""
     rows = []
     for p in doc["problems"]:
-        by = {name: _spread([r[name]["us"] for r in p["rounds"] if name in r]) for name in p["rounds"][0]}
-        energy = {name: [r[name]["mj"] for r in p["rounds"] if r.get(name, {}).get("mj") is not None]
-                  for name in p["rounds"][0]}
-        clock = {name: [r[name]["mhz"] for r in p["rounds"] if r.get(name, {}).get("mhz") is not None]
-                 for name in p["rounds"][0]}
+        by = {name: _entry(p["rounds"], name) for name in p["rounds"][0]}
         kernels = {str(c["index"]): c["kernel"] for c in p["candidates"]}
-        torch_as = next((c["index"] for c in p["candidates"] if c["kernel"] == p["torch_kernel"]), None)
-        xla = p["xla"]
-        picked = str(xla.get("candidate"))
-        xla_key = picked if xla.get("kind") == "cublaslt" and picked in by else None
-        cands = [k for k in by if k not in ("mm", "xla_call")]
-        best = min(cands, key=lambda k: by[k]["median"]) if cands else None
-        row = {
+        picked = str(p["xla"].get("candidate"))
+        xla_key = picked if p["xla"].get("kind") == "cublaslt" and picked in kernels else None
+        best = min(kernels, key=lambda k: by[k]["median"]) if kernels else None
+        rows.append({
             "layer": p["layer"], "pass": p["pass"], "shape": (p["m"], p["n"], p["k"]), "per_step": p["per_step"],
-            "flops": 2 * p["m"] * p["n"] * p["k"], "candidates": len(cands),
-            "mm": {"kernel": p["torch_kernel"], "candidate": torch_as, **by["mm"],
-                      "mj": statistics.median(energy["mm"]) if energy["mm"] else None,
-                      "mhz": statistics.median(clock["mm"]) if clock["mm"] else None},
-            "xla": {"kernel": kernels.get(xla_key) if xla_key else (xla.get("op") or xla.get("kind")),
-                    "candidate": int(xla_key) if xla_key else None,
-                    **(by[xla_key] if xla_key else by["xla_call"]),
-                    "mj": statistics.median(energy[xla_key or "xla_call"]) if energy[xla_key or "xla_call"] else None,
-                    "mhz": statistics.median(clock[xla_key or "xla_call"]) if clock[xla_key or "xla_call"] else None,
-                    "as_run_here": xla_key is not None},
+            "mm": {"kernel": p["torch_kernel"],
+                   "candidate": next((c["index"] for c in p["candidates"] if c["kernel"] == p["torch_kernel"]), None),
+                   **by["mm"]},
+            "xla": {"kernel": kernels[xla_key] if xla_key else p["xla"].get("op") or p["xla"].get("kind"),
+                    "candidate": int(xla_key) if xla_key else None, **by[xla_key or "xla_call"]},
             "xla_call": by["xla_call"],
-            "best": {"kernel": kernels.get(best), "candidate": int(best), **by[best]} if best else None,
-        }
-        row["xla_over_mm"] = row["xla"]["median"] / row["mm"]["median"]
-        rows.append(row)
+            "best": {"kernel": kernels[best], "candidate": int(best), **by[best]} if best else None,
+            "xla_over_mm": by[xla_key or "xla_call"]["median"] / by["mm"]["median"],
+        })
     totals = {side: sum(r[side]["median"] * r["per_step"] for r in rows) / 1e3 for side in ("mm", "xla")}
     totals["best"] = sum((r["best"] or r["mm"])["median"] * r["per_step"] for r in rows) / 1e3
-    flops = sum(r["flops"] * r["per_step"] for r in rows)
-    return {"rows": rows, "step_ms": totals, "step_flops": flops,
+    return {"rows": rows, "step_ms": totals,
             "mm_first": sum(r["mm"]["candidate"] == 0 for r in rows),
             "xla_other": sum(r["xla"]["candidate"] not in (None, 0) for r in rows),
             "xla_not_cublaslt": sum(r["xla"]["candidate"] is None for r in rows)}
